@@ -1,0 +1,132 @@
+"""``gpudask`` command line (also ``dask gpudask ...`` through dask's ``dask_cli`` entry point)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from gpudask.errors import GpudaskError
+
+
+class _CleanErrors(click.Group):
+    """GpudaskError -> one line on stderr and exit 2; never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except GpudaskError as e:
+            click.echo(f"gpudask: error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_CleanErrors, name="gpudask")
+@click.version_option(package_name="gpudask")
+def main() -> None:
+    """gpudask: stock dask scheduler/worker, set up for GPUs by plugins."""
+
+
+_facts_option = click.option("--facts", "facts", type=click.Path(dir_okay=False),
+                             help="Describe the host with a facts file (schema 1) instead of probing it.")
+_config_option = click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+                              help="A gpudask.toml (or dask YAML) file merged over the config in effect.")
+
+
+@main.command()
+@_facts_option
+@_config_option
+@click.option("--protocol", default="tcp", show_default=True, help="tcp, ucx or ucxx.")
+@click.option("--nworkers", type=click.IntRange(min=1), default=None,
+              help="Workers on this host (default: one per visible GPU, at least 1).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (DESIGN §4).")
+def info(facts: str | None, config_file: str | None, protocol: str, nworkers: int | None, as_json: bool) -> None:
+    """Print what gpudask would do on this host (or the described one), starting nothing."""
+    from gpudask.session import plan_host
+
+    host = plan_host(protocol, nworkers, facts_path=facts, config_file=config_file)
+    if as_json:
+        click.echo(json.dumps(host.to_dict(), indent=1))
+    else:
+        from gpudask.report import plan_table
+
+        click.echo(plan_table(host))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def plugins(as_json: bool) -> None:
+    """List the plugins in effect: name, priority, source, hooks."""
+    from gpudask.manager import PluginManager
+
+    loaded = [p.to_dict() for p in PluginManager.from_environment().plugins]
+    if as_json:
+        click.echo(json.dumps(loaded, indent=1))
+        return
+    from gpudask.report import table
+
+    rows = [[p["name"], p["priority"], p["source"] + (f" ({p['distribution']})" if p["source"] != "builtin" else ""),
+             ", ".join(h.removeprefix("gpudask_") for h in p["hooks"])] for p in loaded]
+    click.echo(table(["plugin", "priority", "source", "hooks"], rows))
+
+
+@main.command("config")
+@click.option("--json", "as_json", is_flag=True)
+def config_cmd(as_json: bool) -> None:
+    """List every gpudask setting with its value in effect and where it comes from."""
+    from gpudask.config import Settings, load_dask_config, register_defaults
+    from gpudask.manager import PluginManager
+
+    load_dask_config()
+    options = PluginManager.from_environment().config_options()
+    register_defaults(options)
+    settings = Settings(options)
+    rows = []
+    for opt in options:
+        s = settings.get(opt.key)
+        rows.append({"key": opt.key, "value": s.value, "source": s.source, "default": opt.default, "doc": opt.doc})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1, default=str))
+        return
+    from gpudask.report import table
+
+    click.echo(table(["key", "value", "source"], [[r["key"], json.dumps(r["value"], default=str), r["source"]]
+                                                  for r in rows]))
+    for warning in settings.unknown_keys():
+        click.echo(f"warning: {warning}", err=True)
+
+
+@main.command()
+@click.option("--nworkers", type=click.IntRange(min=1), default=None,
+              help="Workers (default: one per GPU, 2 without a GPU).")
+@click.option("--protocol", default="tcp", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def demo(nworkers: int | None, protocol: str, as_json: bool) -> None:
+    """Start a local cluster of stock workers with gpudask preloaded, compute, report."""
+    from gpudask.demo import run_demo
+
+    report = run_demo(nworkers=nworkers, protocol=protocol, echo=None if as_json else click.echo)
+    if as_json:
+        click.echo(json.dumps(report, indent=1, default=str))
+
+
+@main.command()
+@click.argument("address", required=False)
+@click.option("--scheduler-file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the scheduler.")
+def check(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float) -> None:
+    """Compare the scheduler, its workers and this client (exit 1 on an error finding)."""
+    from gpudask.check import check_cli
+
+    sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def bench(ctx: click.Context) -> None:
+    """Benchmark tcp, ucx-stock, gpudask and dask-cuda side by side (see --help)."""
+    from gpudask.bench import bench_main
+
+    bench_main(ctx.args)

@@ -1,0 +1,282 @@
+"""Settings: the ``gpudask.*`` namespace of dask's config, plus ``gpudask.toml``.
+
+Where a value comes from, in increasing precedence:
+
+1. the option's default (``gpudask/gpudask.yaml`` for core keys, each plugin's
+   :class:`Option` list for its own);
+2. a *legacy* key users already have (``distributed.comm.ucx.nvlink``,
+   ``distributed.rmm.pool-size`` ...), used only when the gpudask key is not set;
+3. dask's YAML files (``~/.config/dask/*.yaml``, ``DASK_CONFIG``) and
+   ``dask.config.set``;
+4. ``gpudask.toml`` in the working directory, or the file named by
+   ``$GPUDASK_CONFIG``;
+5. ``DASK_GPUDASK__...`` environment variables.
+
+Dask's own machinery does the merging, so ``dask.config.get("gpudask.x")`` works in
+user code too; this module adds typed parsing, one-line errors, did-you-mean warnings
+and the *source* of each value, which the plan reasons quote.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import pathlib
+import sys
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpudask.errors import ConfigError
+
+_HERE = pathlib.Path(__file__).parent
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: ``key`` under ``gpudask.``, its default and how to parse it."""
+
+    key: str
+    default: Any
+    doc: str
+    parse: Callable[[Any], Any] = lambda value: value
+    accepts: str = "any value"
+    legacy: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    value: Any
+    source: str  # "default", "dask config", "gpudask.toml (path)", "$DASK_...", "legacy key ..."
+
+    @property
+    def explicit(self) -> bool:
+        """Set by the user somewhere (config, environment, file, legacy key)."""
+        return self.source != "default"
+
+
+# -- parsers: each raises ValueError; Settings turns that into a ConfigError ---------
+def parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError("true or false")
+
+
+def parse_optional_bool(value: Any) -> bool | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto", "none", "null")):
+        return None
+    try:
+        return parse_bool(value)
+    except ValueError:
+        raise ValueError("true, false or null (auto)") from None
+
+
+def choice(*choices: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if isinstance(value, str) and value.strip().lower() in choices:
+            return value.strip().lower()
+        raise ValueError(" | ".join(choices))
+
+    return parse
+
+
+def parse_name_list(value: Any) -> list[str]:
+    """A list of names, or a comma-separated string (``"nvlink,rmm"``)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return [v.strip() for v in value if v.strip()]
+    raise ValueError("a list of names or a comma-separated string")
+
+
+def parse_optional_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError("a number of seconds or null") from None
+
+
+CORE_OPTIONS = [
+    Option("gpudask.plugins.enable", [], "Only these plugins are loaded (empty: all). Also $GPUDASK_PLUGINS.",
+           parse_name_list, "a list of plugin names"),
+    Option("gpudask.plugins.disable", [], "These plugins are not loaded. Also $GPUDASK_DISABLE_PLUGINS.",
+           parse_name_list, "a list of plugin names"),
+    Option("gpudask.plugins.autoload", True,
+           "Load third-party plugins from the 'gpudask' entry point group "
+           "($GPUDASK_DISABLE_PLUGIN_AUTOLOAD=1 turns it off).", parse_bool, "true or false"),
+    Option("gpudask.plugins.trace", False, "Log every hook call (also $GPUDASK_TRACE_PLUGINS=1).",
+           parse_bool, "true or false"),
+]
+
+
+def toml_path() -> pathlib.Path | None:
+    """The gpudask.toml in effect: ``$GPUDASK_CONFIG`` or ``./gpudask.toml``."""
+    named = os.environ.get("GPUDASK_CONFIG")
+    if named:
+        path = pathlib.Path(named)
+        if not path.is_file():
+            raise ConfigError(f"GPUDASK_CONFIG={named}: no such file (expected a gpudask.toml)")
+        return path
+    local = pathlib.Path.cwd() / "gpudask.toml"
+    return local if local.is_file() else None
+
+
+def read_toml(path: pathlib.Path) -> dict[str, Any]:
+    """Read a gpudask.toml: top-level tables are dask config namespaces.
+
+    ``[gpudask.rmm] pool-size = "4GB"`` and ``[distributed.comm.ucx] nvlink = true``
+    both work; a file whose tables are not namespaced (``[rmm]``) is read as the
+    ``gpudask`` namespace, which is the short form the docs show.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{path}: not a valid TOML file ({e})") from None
+    if not any(k in data for k in ("gpudask", "distributed", "distributed-ucxx", "dask", "array")):
+        data = {"gpudask": data}
+    return data
+
+
+def load_dask_config(extra_file: str | os.PathLike | None = None) -> None:
+    """Merge gpudask's YAML defaults, gpudask.toml (and ``extra_file``) into dask.config.
+
+    Safe to call more than once; environment variables are re-applied last so that
+    ``DASK_GPUDASK__...`` keeps the highest precedence.
+    """
+    import dask.config
+    import yaml
+
+    with open(_HERE / "gpudask.yaml") as f:
+        dask.config.update_defaults(yaml.safe_load(f))
+    files = [p for p in (toml_path(), pathlib.Path(extra_file) if extra_file else None) if p]
+    for path in files:
+        if str(path).endswith((".yaml", ".yml")):
+            with open(path) as f:
+                doc = yaml.safe_load(f) or {}
+        else:
+            doc = read_toml(path)
+        _TOML_KEYS.update((str(path), key) for key in _flatten(doc))
+        dask.config.update(dask.config.config, doc, priority="new")
+    dask.config.update(dask.config.config, dask.config.collect_env(), priority="new")
+
+
+_TOML_KEYS: set[tuple[str, str]] = set()
+
+
+def register_defaults(options: Iterable[Option]) -> None:
+    """Make plugin defaults visible through ``dask.config.get`` (without overriding users)."""
+    import dask.config
+
+    tree: dict[str, Any] = {}
+    for opt in options:
+        node = tree
+        *parents, leaf = opt.key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = opt.default
+    dask.config.update_defaults(tree)
+
+
+class Settings:
+    """Typed, validated view of the options in effect for one process."""
+
+    def __init__(self, options: Iterable[Option], config: dict[str, Any] | None = None,
+                 environ: dict[str, str] | None = None):
+        import dask.config
+
+        self.options = {o.key: o for o in options}
+        self._config = dask.config.config if config is None else config
+        self._environ = os.environ if environ is None else environ
+        self._cache: dict[str, Setting] = {}
+
+    def _raw(self, key: str) -> Any:
+        import dask.config
+
+        return dask.config.get(key, default=_MISSING, config=self._config)
+
+    def _source(self, key: str) -> str:
+        env_name = "DASK_" + key.upper().replace(".", "__").replace("-", "_")
+        if env_name in self._environ:
+            return f"${env_name}"
+        for path, toml_key in _TOML_KEYS:
+            if toml_key.replace("_", "-") == key.replace("_", "-"):
+                return f"gpudask.toml ({path})"
+        return "dask config"
+
+    def get(self, key: str) -> Setting:
+        if key in self._cache:
+            return self._cache[key]
+        opt = self.options.get(key)
+        if opt is None:
+            raise KeyError(f"gpudask has no option {key!r}")
+        raw, source = self._raw(key), "dask config"
+        if raw is _MISSING or raw == opt.default:
+            raw, source = opt.default, "default"
+            for legacy in opt.legacy:
+                value = self._raw(legacy)
+                if value is not _MISSING and value is not None:
+                    raw, source = value, f"legacy key {legacy}"
+                    break
+        else:
+            source = self._source(key)
+        try:
+            value = opt.parse(raw)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{key} = {raw!r} (from {source}) is not valid; accepted: {e or opt.accepts}") from None
+        setting = Setting(key, value, source)
+        self._cache[key] = setting
+        return setting
+
+    def __getitem__(self, key: str) -> Any:
+        return self.get(key).value
+
+    def validate_all(self) -> list[str]:
+        """Parse every option (raising on the first bad one); return unknown-key warnings."""
+        for key in self.options:
+            self.get(key)
+        return self.unknown_keys()
+
+    def unknown_keys(self) -> list[str]:
+        known = set(self.options) | {"gpudask.version"}
+        # plugins may keep a whole table of free-form settings (e.g. extra environment)
+        tables = {k for k, o in self.options.items() if isinstance(o.default, dict)}
+        out = []
+        for key in _flatten({"gpudask": self._config.get("gpudask", {})}):
+            norm = key.replace("_", "-")
+            if norm in known or any(norm.startswith(t + ".") for t in tables):
+                continue
+            close = difflib.get_close_matches(norm, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            out.append(f"unknown gpudask setting {key!r} (from {self._source(key)}){hint}")
+        return out
+
+
+def _flatten(tree: Any, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict) or not tree:
+        return [prefix] if prefix else []
+    keys: list[str] = []
+    for k, v in tree.items():
+        keys += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    return keys
+
+
+def warn_unknown(messages: list[str]) -> None:
+    for message in messages:
+        warnings.warn(message, UserWarning, stacklevel=3)

@@ -1,0 +1,167 @@
+"""What gpudask decided, per process, and why.
+
+A :class:`ProcessPlan` is filled by the plan hooks through its ``set_*`` / ``add_*``
+methods, each of which records a :class:`Reason` naming the plugin that decided.  The
+plan is plain data: it is printed by ``gpudask info``, applied by
+:mod:`gpudask.apply`, and published by workers in their startup information.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("scheduler", "nanny", "client", "worker")
+
+
+@dataclass
+class Reason:
+    plugin: str
+    decision: str
+    why: str
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class ProcessPlan:
+    role: str
+    index: int | None = None
+    gpu: str | None = None  # UUID of the worker's own GPU (MIG UUID for MIG instances)
+    gpu_index: int | None = None  # NVML index of that GPU
+    cuda_visible_devices: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    interface: str | None = None
+    cpu_affinity: list[int] | None = None
+    memory: dict[str, Any] | None = None
+    multiprocessing_method: str | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+    ucx_transports: list[str] = field(default_factory=list)
+    reasons: list[Reason] = field(default_factory=list)
+    # set by the plugin manager around each hook call, so reasons name the plugin
+    acting_plugin: str = field(default="gpudask", repr=False, compare=False)
+
+    # -- recording decisions -------------------------------------------------------
+    def note(self, decision: str, why: str) -> None:
+        """Record a decision (or a skip: ``note("skipped", "no GPU")``) with its reason."""
+        self.reasons.append(Reason(self.acting_plugin, decision, why))
+
+    def set_env(self, name: str, value: str, why: str) -> None:
+        self.env[name] = str(value)
+        self.note(f"{name}={value}", why)
+
+    def unset_env(self, name: str, why: str) -> None:
+        if self.env.pop(name, None) is not None:
+            self.note(f"{name} unset", why)
+
+    def set_config(self, key: str, value: Any, why: str) -> None:
+        self.config[key] = value
+        self.note(f"{key}={value!r}", why)
+
+    def set_gpu(self, uuid: str, index: int, cuda_visible_devices: str, why: str) -> None:
+        self.gpu, self.gpu_index = uuid, index
+        self.cuda_visible_devices = cuda_visible_devices
+        self.env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        self.note(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices}", why)
+
+    def set_interface(self, interface: str, why: str) -> None:
+        self.interface = interface
+        self.note(f"interface={interface}", why)
+
+    def set_cpu_affinity(self, cpus: list[int], why: str) -> None:
+        self.cpu_affinity = sorted(cpus)
+        self.note(f"cpu_affinity={_cpu_ranges(self.cpu_affinity)}", why)
+
+    def set_multiprocessing_method(self, method: str, why: str) -> None:
+        self.multiprocessing_method = method
+        self.note(f"multiprocessing_method={method}", why)
+
+    def set_memory(self, memory: dict[str, Any] | None, why: str) -> None:
+        self.memory = memory
+        shown = "none" if memory is None else ", ".join(f"{k}={v}" for k, v in memory.items())
+        self.note(f"memory: {shown}", why)
+
+    def set_resource(self, name: str, amount: float, why: str) -> None:
+        self.resources[name] = amount
+        self.note(f"resource {name}={amount:g}", why)
+
+    def add_ucx_transport(self, name: str, why: str) -> None:
+        if name not in self.ucx_transports:
+            self.ucx_transports.append(name)
+            self.note(f"UCX transport {name}", why)
+
+    def remove_ucx_transport(self, name: str, why: str) -> None:
+        if name in self.ucx_transports:
+            self.ucx_transports.remove(name)
+            self.note(f"no UCX transport {name}", why)
+
+    # -- reading -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = {
+            "role": self.role,
+            "index": self.index,
+            "gpu": self.gpu,
+            "gpu_index": self.gpu_index,
+            "cuda_visible_devices": self.cuda_visible_devices,
+            "env": dict(self.env),
+            "config": dict(self.config),
+            "interface": self.interface,
+            "cpu_affinity": self.cpu_affinity,
+            "memory": self.memory,
+            "multiprocessing_method": self.multiprocessing_method,
+            "resources": dict(self.resources),
+            "ucx_transports": list(self.ucx_transports),
+            "reasons": [r.to_dict() for r in self.reasons],
+        }
+        return data
+
+
+@dataclass
+class HostPlan:
+    """The plan for one host: every process gpudask may run in."""
+
+    facts: Any  # gpudask.facts.Facts
+    protocol: str
+    nworkers: int
+    plugins: list[dict[str, Any]]
+    scheduler: ProcessPlan
+    nanny: ProcessPlan
+    client: ProcessPlan
+    workers: list[ProcessPlan]
+    warnings: list[str] = field(default_factory=list)
+    ctx: Any = field(default=None, repr=False, compare=False)  # the PlanContext it was built with
+
+    def for_role(self, role: str, index: int | None = None) -> ProcessPlan:
+        if role == "worker":
+            return self.workers[(index or 0) % len(self.workers)]
+        return getattr(self, role)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "facts": self.facts.to_dict(),
+            "facts_origin": self.facts.origin,
+            "protocol": self.protocol,
+            "nworkers": self.nworkers,
+            "plugins": self.plugins,
+            "warnings": list(self.warnings),
+            "scheduler": self.scheduler.to_dict(),
+            "nanny": self.nanny.to_dict(),
+            "client": self.client.to_dict(),
+            "workers": [w.to_dict() for w in self.workers],
+        }
+
+
+def _cpu_ranges(cpus: list[int]) -> str:
+    """[0,1,2,3,8] -> '0-3,8' (short enough for a reason line)."""
+    out: list[str] = []
+    for cpu in cpus:
+        if out and "-" in out[-1] and int(out[-1].split("-")[1]) == cpu - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{cpu}"
+        elif out and "-" not in out[-1] and int(out[-1]) == cpu - 1:
+            out[-1] = f"{out[-1]}-{cpu}"
+        else:
+            out.append(str(cpu))
+    return ",".join(out)

@@ -1,0 +1,56 @@
+"""facts + settings + plugins -> HostPlan.  Pure: reads, never changes the process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpudask.context import PlanContext
+from gpudask.plan import HostPlan, ProcessPlan
+
+# gpudask's own bookkeeping variables travel to child processes but are not decisions
+INTERNAL_ENV_PREFIX = "GPUDASK_"
+
+
+def build_plan(facts: Any, settings: Any, manager: Any, protocol: str = "tcp", nworkers: int | None = None,
+               user_env: Mapping[str, str] | None = None, user_config: Mapping[str, Any] | None = None) -> HostPlan:
+    """The plan for every process on the host described by ``facts``."""
+    if nworkers is None:
+        nworkers = max(1, len(facts.visible_gpus()))
+    ctx = PlanContext(facts, settings, protocol, nworkers, dict(user_env or {}), dict(user_config or {}))
+    manager.validate(ctx)
+    plans = [ProcessPlan("scheduler"), ProcessPlan("nanny"), ProcessPlan("client")]
+    plans += [ProcessPlan("worker", index=i) for i in range(nworkers)]
+    for step in (manager.plan_process, manager.select_transport, _compose_ucx_tls, manager.plan_memory,
+                 _explicit_env_wins):
+        for plan in plans:
+            step(ctx, plan)
+    scheduler, nanny, client, *workers = plans
+    return HostPlan(facts, protocol, nworkers, [p.to_dict() for p in manager.plugins],
+                    scheduler, nanny, client, workers, ctx.warnings, ctx)
+
+
+def _compose_ucx_tls(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """One UCX_TLS from every plugin's contribution (transport selection is additive)."""
+    if not ctx.uses_ucx or not plan.ucx_transports or "UCX_TLS" in plan.env:
+        return
+    plan.acting_plugin = "gpudask"
+    detected = ",".join(plan.ucx_transports)
+    if ctx.user_env.get("UCX_TLS"):
+        plan.set_env("UCX_TLS", ctx.user_env["UCX_TLS"],
+                     f"set in the environment: explicit settings win (detection chose {detected})")
+        return
+    contributors = sorted({r.plugin for r in plan.reasons if r.decision.startswith("UCX transport ")})
+    plan.set_env("UCX_TLS", detected, f"transports contributed by {', '.join(contributors)}")
+
+
+def _explicit_env_wins(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """A variable the user exported beats any detection (CUDA_VISIBLE_DEVICES is an input, not a rival)."""
+    for name in list(plan.env):
+        if name == "CUDA_VISIBLE_DEVICES" or name.startswith(INTERNAL_ENV_PREFIX):
+            continue
+        user = ctx.user_env.get(name)
+        if user is not None and user != plan.env[name]:
+            planned = plan.env[name]
+            plan.env[name] = user
+            plan.note(f"{name}={user}", f"set in the environment (explicit settings win; detection chose {planned})")

@@ -1,0 +1,189 @@
+"""Plan for this host and apply this process's part of it (DESIGN §2, §1).
+
+``plan_host`` is what ``gpudask info`` prints; ``start`` is what ``--preload gpudask``
+does at import time in a scheduler, nanny-host or worker process, and what
+:func:`gpudask.initialize` does in a client.  Both go through the same code, so a
+worker gets exactly what ``gpudask info`` says for the same host and config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudask import runtime
+from gpudask.errors import GpudaskError
+from gpudask.plan import HostPlan, ProcessPlan
+
+logger = logging.getLogger("gpudask")
+
+
+def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_path: str | None = None,
+              config_file: str | None = None, extra_plugins: Iterable[Any] = ()) -> HostPlan:
+    """The plan for every process of this (or the described) host.  No side effects
+    beyond loading config into dask.config."""
+    import dask.config
+
+    from gpudask.config import Settings, load_dask_config, register_defaults, warn_unknown
+    from gpudask.facts import get_facts
+    from gpudask.manager import PluginManager
+    from gpudask.planner import build_plan
+
+    user_env = runtime.user_environ()
+    load_dask_config(config_file)
+    manager = PluginManager.from_environment(extra_plugins)
+    options = manager.config_options()
+    register_defaults(options)
+    settings = Settings(options)
+    warn_unknown(settings.validate_all())
+    facts = get_facts(facts_path)
+    host = build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env,
+                      dask.config.config)
+    host.ctx.manager = manager  # apply hooks need it
+    return host
+
+
+@dataclass
+class Session:
+    """What gpudask did in this process."""
+
+    role: str
+    host: HostPlan
+    plan: ProcessPlan
+    memory: dict[str, Any] = field(default_factory=dict)
+    applied: bool = False
+
+    @property
+    def manager(self) -> Any:
+        return self.host.ctx.manager
+
+    @property
+    def ctx(self) -> Any:
+        return self.host.ctx
+
+    def published(self) -> dict[str, Any]:
+        """JSON-compatible summary for the worker's startup information / scheduler."""
+        from gpudask import __version__
+
+        return {"version": __version__, "role": self.role, "protocol": self.host.protocol,
+                "facts": self.host.facts.to_dict(), "facts_origin": self.host.facts.origin,
+                "plugins": self.host.plugins, "plan": self.plan.to_dict(), "memory": self.memory}
+
+
+_SESSION: Session | None = None
+
+
+def current() -> Session | None:
+    return _SESSION
+
+
+def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = None,
+          nworkers: int | None = None, apply: bool = True) -> Session:
+    """Plan for this host and apply this process's part (``role``)."""
+    global _SESSION
+    if role == "worker":
+        runtime.restore_parent_changes()
+    locals_ = runtime.worker_init_locals() if role == "worker" else {}
+    if cli is not None:
+        protocol = protocol or cli.protocol or runtime.protocol_from(cli.scheduler_address, cli.scheduler_file)
+        nworkers = nworkers or cli.nworkers
+    if locals_:
+        protocol = protocol or locals_.get("protocol") or runtime.protocol_from(
+            locals_.get("scheduler_ip"), locals_.get("scheduler_file"))
+    protocol = protocol or os.environ.get("GPUDASK_PROTOCOL") or "tcp"
+    nworkers = nworkers or runtime.int_env("GPUDASK_NWORKERS")
+    index = runtime.worker_index(locals_) if role == "worker" else None
+    if index is not None and nworkers is not None:
+        nworkers = max(nworkers, index + 1)
+    elif index is not None:
+        nworkers = None  # default: one per visible GPU; widened below if needed
+    host = plan_host(protocol, nworkers)
+    if index is not None and index >= host.nworkers:
+        host = plan_host(protocol, index + 1)
+    plan = host.for_role(role, index)
+    _SESSION = Session(role, host, plan)
+    if apply:
+        apply_plan(_SESSION)
+        _export_for_children(_SESSION)
+        if role in ("nanny", "client") and plan.multiprocessing_method == "forkserver":
+            _start_forkserver()
+    return _SESSION
+
+
+def apply_plan(session: Session) -> None:
+    """Environment, config, CPU binding, start method, then the apply hooks."""
+    import dask.config
+
+    plan, ctx = session.plan, session.ctx
+    shadow = runtime.load_shadow()
+    for name, value in plan.env.items():
+        if os.environ.get(name) != value:
+            shadow["env"].setdefault(name, os.environ.get(name))
+            os.environ[name] = value
+    config = dict(plan.config)
+    if plan.multiprocessing_method:
+        config["distributed.worker.multiprocessing-method"] = plan.multiprocessing_method
+    for key, value in config.items():
+        current = dask.config.get(key, default=None)
+        if current != value:
+            shadow["config"].setdefault(key, current)
+            dask.config.set({key: value})
+    os.environ[runtime.SHADOW_ENV] = json.dumps(shadow)
+    if plan.cpu_affinity and session.role == "worker":
+        _bind_cpus(plan.cpu_affinity, ctx)
+    session.manager.context_init(ctx, plan)
+    if session.role == "worker":
+        session.memory = session.manager.setup_memory(ctx, plan)
+    session.applied = True
+
+
+def _start_forkserver() -> None:
+    """Start the fork server now, before this process opens UCX or CUDA, so worker
+    processes are forked from a clean parent (with the environment exported above)."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed"])
+    multiprocessing.forkserver.ensure_running()
+
+
+def _bind_cpus(cpus: list[int], ctx: Any) -> None:
+    if ctx.facts.described:
+        return  # the CPUs of a described host are not this machine's
+    try:
+        allowed = os.sched_getaffinity(0)
+        target = set(cpus) & allowed
+        if not target:
+            logger.warning("gpudask: CPU affinity %s not applied: none of these CPUs is allowed to this process "
+                           "(allowed: %s)", cpus, sorted(allowed))
+            return
+        os.sched_setaffinity(0, target)
+    except OSError as e:  # e.g. EINVAL under Slurm cgroups: never fail the start for it
+        logger.warning("gpudask: could not set CPU affinity %s: %s", cpus, e)
+
+
+def _export_for_children(session: Session) -> None:
+    """What child processes (a nanny's workers) need to plan the same way."""
+    host = session.host
+    os.environ["GPUDASK_PROTOCOL"] = host.protocol
+    os.environ["GPUDASK_NWORKERS"] = str(host.nworkers)
+    if session.role in ("nanny", "client"):
+        os.environ.setdefault("GPUDASK_GROUP", f"pid-{os.getpid()}")
+    if not host.facts.described:
+        os.environ["GPUDASK_PROBED_FACTS"] = json.dumps(host.facts.to_dict())
+
+
+def startup_line(session: Session) -> str:
+    from gpudask import __version__
+
+    plugins = ", ".join(f"{p['name']}({p['priority']})" for p in session.host.plugins)
+    where = session.role + (f" {session.plan.index}" if session.plan.index is not None else "")
+    return f"gpudask {__version__} ({where}, protocol {session.host.protocol}): plugins {plugins or 'none'}"
+
+
+def fail_clean(error: GpudaskError) -> None:
+    logger.error("gpudask: %s", error)
