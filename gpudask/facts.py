@@ -350,7 +350,7 @@ def _from_dict(data: Any, origin: str, where: str, check_visible: bool) -> Facts
     gpus = [_read_gpu(r, g, f"gpus[{i}]") for i, g in enumerate(r.list(data, "gpus", "gpus"))]
     indices = [g.index for g in gpus]
     for i, g in enumerate(gpus):
-        if indices.count(g.index) > 1:
+        if g.index in indices[:i]:
             raise r.fail(f"gpus[{i}].index", "unique among the GPUs", g.index)
         for j, peer in enumerate(g.nvlink_peers):
             if peer not in indices or peer == g.index:

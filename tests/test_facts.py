@@ -1,0 +1,653 @@
+"""Tests of gpudask.facts: facts files, visible GPUs, probing (real CPU host, fake NVML, fake sysfs)."""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata as md
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOSTS = os.path.join(ROOT, "tests", "hosts")
+FACTS_PY = os.path.join(ROOT, "gpudask", "facts.py")
+# Importing gpudask must not load these (DESIGN.md §1); facts.py alone must not even load psutil.
+HEAVY = ("pynvml", "cupy", "ucxx", "rmm", "numba")
+FORBIDDEN = HEAVY + ("torch", "psutil")
+
+
+def _load_by_path():
+    """Load facts.py (and errors.py) from their files, without running gpudask/__init__.py."""
+    pkg = types.ModuleType("gpudask")
+    pkg.__path__ = [os.path.join(ROOT, "gpudask")]
+    sys.modules["gpudask"] = pkg
+    for name in ("errors", "facts"):
+        spec = importlib.util.spec_from_file_location(f"gpudask.{name}", os.path.join(ROOT, "gpudask", f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[f"gpudask.{name}"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["gpudask.facts"]
+
+
+try:
+    from gpudask import facts as F
+except Exception:  # the package's other modules may still be incomplete
+    F = _load_by_path()
+FactsError = F.FactsError
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for var in ("GPUDASK_FACTS", "GPUDASK_PROBED_FACTS", "GPUDASK_SYSFS_ROOT", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    F.clear_cache()
+    yield
+    F.clear_cache()
+
+
+def host(name: str) -> str:
+    return os.path.join(HOSTS, name)
+
+
+def write(tmp_path, data, name="host.json") -> str:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def raw(name: str) -> dict:
+    with open(host(name)) as f:
+        return json.load(f)
+
+
+# ------------------------------------------------------------------- described hosts
+
+HOST_FILES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(HOSTS, "*.json")))
+
+
+def test_host_files_present():
+    expected = {
+        "single-gpu.json", "dgx-8gpu-nvswitch-4ib.json", "ib-down-and-roce.json", "partial-nvlink.json",
+        "mig.json", "subset-visible.json", "uuid-visible.json", "ucx-missing.json",
+        "h200-single.json", "hgx-4gpu-2ib.json", "no-gpu.json", "workstation-2gpu-pcie.json",
+    }
+    assert expected <= set(HOST_FILES)
+
+
+@pytest.mark.parametrize("name", HOST_FILES)
+def test_load_and_round_trip(name):
+    facts = F.load_facts(host(name))
+    assert facts.origin == host(name) and facts.described and facts.schema == 1
+    data = facts.to_dict()
+    assert "origin" not in data
+    assert data == raw(name)  # the files hold exactly the schema-1 shape
+    again = F.facts_from_dict(json.loads(json.dumps(data)), host(name))
+    assert again == facts
+    # every file's peers are symmetric and name other GPUs
+    for g in facts.gpus:
+        for p in g.nvlink_peers:
+            assert g.index in facts.gpu_by_index(p).nvlink_peers
+
+
+def test_dgx():
+    f = F.load_facts(host("dgx-8gpu-nvswitch-4ib.json"))
+    assert len(f.gpus) == 8 and f.cuda_major == 12
+    assert all(g.nvlink_peers == [p for p in range(8) if p != g.index] for g in f.gpus)
+    assert [d.name for d in f.ib_devices if d.is_infiniband] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert {g.numa_node for g in f.gpus} == {0, 1}
+    # each port shares the PCIe switch (first four path components) with exactly two GPUs
+    for d in f.ib_devices:
+        switch = d.pci_path.split("/")[:6]
+        assert sum(g.pci_path.split("/")[:6] == switch for g in f.gpus) == 2
+    assert "rc_mlx5" in f.ucx_transports
+
+
+def test_ib_down_and_roce():
+    f = F.load_facts(host("ib-down-and-roce.json"))
+    by = {d.name: d for d in f.ib_devices}
+    assert not by["mlx5_0"].is_infiniband and by["mlx5_0"].state == "DOWN"
+    assert not by["mlx5_1"].is_infiniband and by["mlx5_1"].link_layer == "Ethernet"
+    assert by["mlx5_2"].is_infiniband
+    root_port = by["mlx5_2"].pci_path.split("/")[:5]
+    assert [g.index for g in f.gpus if g.pci_path.split("/")[:5] == root_port] == [2, 3]
+
+
+def test_partial_nvlink_and_mig_and_ucx_missing():
+    f = F.load_facts(host("partial-nvlink.json"))
+    assert [g.nvlink_peers for g in f.gpus] == [[1], [0], [3], [2]]
+    m = F.load_facts(host("mig.json")).gpus[0]
+    assert m.mig["enabled"] and len(m.mig["instances"]) == 2
+    assert all(i["uuid"].startswith("MIG-") for i in m.mig["instances"])
+    u = F.load_facts(host("ucx-missing.json"))
+    assert u.ucx_transports is None and u.packages["distributed-ucxx"] is None
+    n = F.load_facts(host("no-gpu.json"))
+    assert n.gpus == [] and n.cuda_major is None and n.visible_gpus() == []
+    assert F.load_facts(host("h200-single.json")).cuda_major == 13
+
+
+# ------------------------------------------------------------------ malformed files
+
+
+def test_wrong_type(tmp_path):
+    data = raw("hgx-4gpu-2ib.json")
+    data["gpus"][1]["memory_total"] = "abc"
+    path = write(tmp_path, data)
+    with pytest.raises(FactsError) as e:
+        F.load_facts(path)
+    assert str(e.value) == f"{path}: key 'gpus[1].memory_total' must be an integer, got 'abc'"
+
+
+def test_missing_key(tmp_path):
+    data = raw("hgx-4gpu-2ib.json")
+    del data["ib_devices"][1]["link_layer"]
+    path = write(tmp_path, data)
+    with pytest.raises(FactsError, match=r"key 'ib_devices\[1\]\.link_layer' is missing \(expected a string\)") as e:
+        F.load_facts(path)
+    assert str(e.value).startswith(path + ":")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "change, key, expected",
+    [
+        (lambda d: d.update(cpu_count=True), "cpu_count", "an integer"),  # JSON true is not a number
+        (lambda d: d.update(gpus={}), "gpus", "a list"),
+        (lambda d: d["gpus"][0].update(compute_capability=[9]), "gpus[0].compute_capability", "[major, minor]"),
+        (lambda d: d["gpus"][0]["cpu_affinity"].append("x"), "gpus[0].cpu_affinity[24]", "an integer"),
+        (lambda d: d["gpus"][2].update(nvlink_peers=[0, 7]), "gpus[2].nvlink_peers[1]", "another GPU"),
+        (lambda d: d["gpus"][3].update(index=0), "gpus[3].index", "unique"),
+        (lambda d: d["gpus"][0]["mig"].update(enabled="no"), "gpus[0].mig.enabled", "true or false"),
+        (lambda d: d["gpus"][0]["mig"]["instances"].append({"uuid": "MIG-x"}), "gpus[0].mig.instances[0].memory_total", "missing"),
+        (lambda d: d.update(net_interfaces={"eth0": "10.0.0.1"}), "net_interfaces.eth0", "a list"),
+        (lambda d: d["packages"].update(cupy=14), "packages.cupy", "a string or null"),
+        (lambda d: d.update(ucx_transports="tcp"), "ucx_transports", "a list or null"),
+        (lambda d: d.pop("hostname"), "hostname", "missing"),
+        (lambda d: d.update(driver_version=570), "driver_version", "a string or null"),
+        (lambda d: d["ib_devices"].append("mlx5_9"), "ib_devices[2]", "an object"),
+    ],
+)
+def test_bad_values(tmp_path, change, key, expected):
+    data = raw("hgx-4gpu-2ib.json")
+    change(data)
+    path = write(tmp_path, data)
+    with pytest.raises(FactsError) as e:
+        F.load_facts(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: key {key!r} ") and expected in msg and "\n" not in msg
+
+
+def test_unknown_keys_ignored_and_optional_cvd(tmp_path):
+    data = raw("single-gpu.json")
+    data["comment"] = "hand-written"
+    data["gpus"][0]["temperature"] = 40
+    del data["cuda_visible_devices"]
+    facts = F.load_facts(write(tmp_path, data))
+    assert facts.cuda_visible_devices is None
+    assert "comment" not in facts.to_dict() and "temperature" not in facts.to_dict()["gpus"][0]
+
+
+def test_bad_json(tmp_path):
+    path = write(tmp_path, '{\n  "schema": 1,\n  "hostname": "x",,\n}')
+    with pytest.raises(FactsError, match=r"invalid JSON at line 3 column 19") as e:
+        F.load_facts(path)
+    assert str(e.value).startswith(path + ":")
+
+
+def test_not_an_object(tmp_path):
+    path = write(tmp_path, "[1, 2]")
+    with pytest.raises(FactsError, match=r"must hold a JSON object"):
+        F.load_facts(path)
+
+
+def test_schema_2(tmp_path):
+    data = raw("no-gpu.json")
+    data["schema"] = 2
+    path = write(tmp_path, data)
+    with pytest.raises(FactsError) as e:
+        F.load_facts(path)
+    assert str(e.value).startswith(f"{path}: key 'schema' must be 1") and "got 2" in str(e.value)
+
+
+def test_missing_schema(tmp_path):
+    data = raw("no-gpu.json")
+    del data["schema"]
+    with pytest.raises(FactsError, match=r"key 'schema' is missing \(expected the integer 1\)"):
+        F.load_facts(write(tmp_path, data))
+
+
+def test_nonexistent_file(tmp_path):
+    path = str(tmp_path / "nope.json")
+    with pytest.raises(FactsError, match=r"cannot read facts file") as e:
+        F.load_facts(path)
+    assert str(e.value).startswith(path + ":")
+
+
+def test_bad_cuda_visible_devices_in_file(tmp_path):
+    data = raw("hgx-4gpu-2ib.json")
+    data["cuda_visible_devices"] = "0,7"
+    path = write(tmp_path, data)
+    with pytest.raises(FactsError) as e:
+        F.load_facts(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: key 'cuda_visible_devices' entry '7' names no GPU")
+    assert "0, 1, 2, 3" in msg
+
+
+def test_facts_from_dict_names_origin():
+    with pytest.raises(FactsError, match=r"^somewhere: key 'hostname' must be a string, got null$"):
+        F.facts_from_dict({**raw("no-gpu.json"), "hostname": None}, "somewhere")
+
+
+# ------------------------------------------------------------------ visible GPUs
+
+
+def with_cvd(name, value):
+    data = raw(name)
+    data["cuda_visible_devices"] = value
+    return F.facts_from_dict(data, host(name))
+
+
+def idx(gpus):
+    return [g.index for g in gpus]
+
+
+def test_visible_integers_and_subsets():
+    assert idx(with_cvd("hgx-4gpu-2ib.json", None).visible_gpus()) == [0, 1, 2, 3]
+    assert idx(with_cvd("hgx-4gpu-2ib.json", "3,1").visible_gpus()) == [3, 1]
+    assert idx(with_cvd("hgx-4gpu-2ib.json", " 2 , 0 ").visible_gpus()) == [2, 0]
+    assert idx(with_cvd("hgx-4gpu-2ib.json", "").visible_gpus()) == []
+    assert idx(with_cvd("hgx-4gpu-2ib.json", "1,-1,2").visible_gpus()) == [1]  # CUDA stops at -1
+    assert idx(F.load_facts(host("subset-visible.json")).visible_gpus()) == [2, 3]
+
+
+def test_visible_uuids():
+    f = F.load_facts(host("uuid-visible.json"))
+    assert idx(f.visible_gpus()) == [1, 0]
+    uuid1 = f.gpus[1].uuid
+    assert idx(with_cvd("uuid-visible.json", uuid1[:12]).visible_gpus()) == [1]  # prefix, as CUDA allows
+    assert idx(with_cvd("uuid-visible.json", f"{uuid1.upper()},0").visible_gpus()) == [1, 0]
+    with pytest.raises(FactsError, match=r"entry 'GPU-' is ambiguous"):
+        with_cvd("uuid-visible.json", "GPU-")
+    with pytest.raises(FactsError, match=r"entry 'GPU-ffff' names no GPU"):
+        with_cvd("uuid-visible.json", "GPU-ffff")
+
+
+def test_visible_mig():
+    f = F.load_facts(host("mig.json"))
+    a, b = (i["uuid"] for i in f.gpus[0].mig["instances"])
+    assert idx(with_cvd("mig.json", a).visible_gpus()) == [0]
+    assert idx(with_cvd("mig.json", f"{b},{a}").visible_gpus()) == [0]  # one parent, listed once
+    old_style = f"MIG-{f.gpus[0].uuid}/1/0"
+    assert idx(with_cvd("mig.json", old_style).visible_gpus()) == [0]
+    with pytest.raises(FactsError, match=r"entry 'MIG-00000000' names no GPU"):
+        with_cvd("mig.json", "MIG-00000000")
+
+
+def test_visible_error_on_probed_facts_is_lazy():
+    data = raw("workstation-2gpu-pcie.json")
+    data["cuda_visible_devices"] = "5"
+    f = F.facts_from_dict(data, "probed")  # the environment of a probed process is not a file error
+    with pytest.raises(FactsError, match=r"^probed host: CUDA_VISIBLE_DEVICES entry '5' names no GPU"):
+        f.visible_gpus()
+
+
+def test_gpu_by_index():
+    f = F.load_facts(host("hgx-4gpu-2ib.json"))
+    assert f.gpu_by_index(2).pci_bus_id == "0000:43:00.0"
+    with pytest.raises(FactsError, match=r"no GPU with index 9"):
+        f.gpu_by_index(9)
+
+
+# ------------------------------------------------------------------ probing this host
+
+
+def test_probe_this_host():
+    f = F.probe_facts()
+    assert f.origin == "probed" and not f.described
+    assert f.cpu_count == os.cpu_count()
+    assert f.packages["distributed"] == md.version("distributed")
+    assert f.packages["python"] and "gpudask" in f.packages
+    assert "127.0.0.1" in f.net_interfaces.get("lo", [])
+    if not os.path.exists("/dev/nvidiactl"):  # the CPU CI machine
+        assert f.gpus == [] and f.driver_version is None and f.cuda_driver_version is None
+    try:
+        md.version("libucx-cu13")
+    except md.PackageNotFoundError:
+        pass
+    else:
+        assert f.ucx_transports and "tcp" in f.ucx_transports and f.ucx_transports == sorted(set(f.ucx_transports))
+    # what was probed is a valid schema-1 file
+    assert F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed") == f
+
+
+def test_ucx_missing(monkeypatch):
+    monkeypatch.setattr(F, "_UCX_DISTS", ("no-such-ucx-dist",))
+    assert F._probe_ucx_transports() is None
+
+
+def test_ucx_info_parsing_and_failure(tmp_path, monkeypatch):
+    script = tmp_path / "ucx_info"
+    script.write_text(
+        "#!/bin/sh\n"
+        'echo "# Memory domain: posix"\n'
+        'echo "#      Transport: posix"\n'
+        'echo "#      Transport: tcp"\n'
+        'echo "#      Transport: tcp"\n'
+        'echo "#      Transport: rc_mlx5"\n'
+        'echo "#      Transport: cuda_copy"\n'
+    )
+    script.chmod(0o755)
+    monkeypatch.setattr(F, "_ucx_info_commands", lambda: [(str(script), {})])
+    assert F._probe_ucx_transports() == ["cuda_copy", "posix", "rc_mlx5", "tcp"]
+    monkeypatch.setattr(F, "_ucx_info_commands", lambda: [("/bin/false", {})])
+    assert F._probe_ucx_transports() is None
+    monkeypatch.setattr(F, "_ucx_info_commands", lambda: [(str(tmp_path / "missing"), {})])
+    assert F._probe_ucx_transports() is None
+
+
+# ------------------------------------------------------------------ fake sysfs + NVML
+
+
+def _mkfile(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text + "\n")
+
+
+def _pci_device(root, path, numa, cpulist="0-7"):
+    """A PCI function under <root>/devices/..., linked from <root>/bus/pci/devices/<bus id>."""
+    full = os.path.join(root, path.lstrip("/"))
+    _mkfile(os.path.join(full, "numa_node"), str(numa))
+    _mkfile(os.path.join(full, "local_cpulist"), cpulist)
+    link = os.path.join(root, "bus", "pci", "devices", os.path.basename(full))
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    os.symlink(full, link)
+    return full
+
+
+def _ib_device(root, name, device_dir, ports, nets=()):
+    """ports: {n: (state file text, link_layer)}; nets: [(netdev, dev_port)]."""
+    dev = os.path.join(root, "class", "infiniband", name)
+    os.makedirs(dev)
+    if device_dir:
+        os.symlink(device_dir, os.path.join(dev, "device"))
+        for netdev, dev_port in nets:
+            _mkfile(os.path.join(device_dir, "net", netdev, "dev_port"), str(dev_port))
+    for n, (state, link_layer) in ports.items():
+        _mkfile(os.path.join(dev, "ports", str(n), "state"), state)
+        _mkfile(os.path.join(dev, "ports", str(n), "link_layer"), link_layer)
+
+
+def test_infiniband_from_fake_sysfs(tmp_path, monkeypatch):
+    root = str(tmp_path / "sys")
+    sw = "/devices/pci0000:15/0000:15:01.0/0000:16:00.0"
+    d0 = _pci_device(root, f"{sw}/0000:17:10.0/0000:1a:00.0", 0)
+    d1 = _pci_device(root, f"{sw}/0000:17:11.0/0000:1b:00.0", -1)
+    d2 = _pci_device(root, "/devices/pci0000:40/0000:40:01.0/0000:41:00.0", 1)
+    _ib_device(root, "mlx5_0", d0, {1: ("4: ACTIVE", "InfiniBand")}, [("ibp26s0", 0)])
+    _ib_device(root, "mlx5_1", d1, {1: ("1: DOWN", "InfiniBand")})
+    _ib_device(root, "mlx5_2", d2, {1: ("4: ACTIVE", "Ethernet"), 2: ("4: ACTIVE", "Ethernet")},
+               [("enp65s0f0np0", 0), ("enp65s0f1np1", 1)])
+    _ib_device(root, "rxe0", None, {1: ("4: ACTIVE", "Ethernet")})  # soft RoCE: no PCI device
+    monkeypatch.setenv("GPUDASK_SYSFS_ROOT", root)
+
+    got = {(d.name, d.port): d for d in F._probe_ib_devices()}
+    assert list(got) == [("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_2", 2), ("rxe0", 1)]
+    m0 = got["mlx5_0", 1]
+    assert (m0.state, m0.link_layer, m0.netdev, m0.numa_node) == ("ACTIVE", "InfiniBand", "ibp26s0", 0)
+    assert m0.pci_path == f"/sys{sw}/0000:17:10.0/0000:1a:00.0" and m0.is_infiniband
+    m1 = got["mlx5_1", 1]
+    assert m1.state == "DOWN" and m1.numa_node is None and m1.netdev is None and not m1.is_infiniband
+    assert not got["mlx5_2", 1].is_infiniband
+    assert (got["mlx5_2", 1].netdev, got["mlx5_2", 2].netdev) == ("enp65s0f0np0", "enp65s0f1np1")
+    assert got["rxe0", 1].pci_path is None
+
+    # the probed IB list is valid schema 1 as a whole
+    f = F.probe_facts()
+    assert [d.name for d in f.ib_devices if d.is_infiniband] == ["mlx5_0"]
+    F.facts_from_dict(f.to_dict(), "probed")
+
+
+def test_no_infiniband_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUDASK_SYSFS_ROOT", str(tmp_path))
+    assert F._probe_ib_devices() == []
+
+
+class _FakeNVML(types.ModuleType):
+    """Enough of pynvml for _probe_nvml: 4 GPUs; 0-1 linked directly, 2-3 through an NVSwitch,
+    GPU 3 in MIG mode with one instance; GPU 1 gives no CPU affinity (sysfs fallback)."""
+
+    NVML_FEATURE_ENABLED = 1
+    NVML_NVLINK_MAX_LINKS = 4
+    NVML_NVLINK_DEVICE_TYPE_GPU = 0
+    NVML_NVLINK_DEVICE_TYPE_IBMNPU = 1
+    NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
+    NVML_DEVICE_MIG_ENABLE = 1
+    BUSES = ["00000000:18:00.0", "00000000:19:00.0", "00000000:9A:00.0", "00000000:9B:00.0"]
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self):
+        super().__init__("pynvml")
+        self.shutdown = False
+        self.calls = []
+
+    def _ns(self, **kw):
+        return types.SimpleNamespace(**kw)
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shutdown = True
+
+    def nvmlSystemGetDriverVersion(self):
+        return "580.159.04"
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return 13000
+
+    def nvmlDeviceGetCount(self):
+        return 4
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return ("gpu", i)
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return self._ns(busId=self.BUSES[h[1]].encode())
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self._ns(total=20 * 2**30 if h[0] == "mig" else 80 * 2**30)
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return (9, 0)
+
+    def nvmlDeviceGetCpuAffinity(self, h, size):
+        if h[1] == 1:
+            raise self.NVMLError("Not Supported")
+        return [0b1111 << (4 * h[1])] + [0] * (size - 1)
+
+    def nvmlDeviceGetNumaNodeId(self, h):
+        raise self.NVMLError("Not Supported")
+
+    def nvmlDeviceGetUUID(self, h):
+        if h[0] == "mig":
+            return "MIG-aaaaaaaa-0000-0000-0000-000000000003"
+        return f"GPU-00000000-0000-0000-0000-00000000000{h[1]}".encode()  # old bindings give bytes
+
+    def nvmlDeviceGetName(self, h):
+        return "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetMigMode(self, h):
+        return [1, 1] if h[1] == 3 else [0, 0]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        return 2
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, j):
+        if j == 1:
+            raise self.NVMLError("Not Found")
+        return ("mig", h[1])
+
+    def nvmlDeviceGetGpuInstanceId(self, h):
+        return 1
+
+    def nvmlDeviceGetComputeInstanceId(self, h):
+        return 0
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        if link >= 2:
+            raise self.NVMLError("Invalid Argument")
+        return 1
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
+        return 0 if h[1] < 2 else 2
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
+        if h[1] < 2:
+            return self._ns(busId=self.BUSES[1 - h[1]])
+        return self._ns(busId="00000000:C0:00.0")  # the switch
+
+
+def test_probe_with_fake_nvml(tmp_path, monkeypatch):
+    root = str(tmp_path / "sys")
+    paths = [
+        "/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0",
+        "/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:19:00.0",
+        "/devices/pci0000:97/0000:97:01.0/0000:9a:00.0",
+        # GPU 3 has no sysfs entry (a VM hiding PCI): its PCIe fields stay unknown
+    ]
+    for i, p in enumerate(paths):
+        _pci_device(root, p, 0 if i < 2 else -1, cpulist="0-3,8-9")
+    monkeypatch.setenv("GPUDASK_SYSFS_ROOT", root)
+    fake = _FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+
+    driver, cuda, gpus = F._probe_nvml()
+    assert fake.shutdown
+    assert (driver, cuda) == ("580.159.04", 13000)
+    assert [g.pci_bus_id for g in gpus] == ["0000:18:00.0", "0000:19:00.0", "0000:9a:00.0", "0000:9b:00.0"]
+    assert [g.pci_path for g in gpus] == ["/sys" + p for p in paths] + [None]
+    assert [g.numa_node for g in gpus] == [0, 0, None, None]
+    assert [g.nvlink_peers for g in gpus] == [[1], [0], [3], [2]]
+    assert gpus[0].cpu_affinity == [0, 1, 2, 3]
+    assert gpus[1].cpu_affinity == [0, 1, 2, 3, 8, 9]  # from sysfs local_cpulist
+    assert gpus[3].cpu_affinity == [12, 13, 14, 15]
+    assert gpus[0].uuid == "GPU-00000000-0000-0000-0000-000000000000"
+    assert gpus[0].compute_capability == (9, 0) and gpus[0].memory_total == 80 * 2**30
+    assert gpus[0].mig == {"enabled": False, "instances": []}
+    assert gpus[3].mig == {
+        "enabled": True,
+        "instances": [{"uuid": "MIG-aaaaaaaa-0000-0000-0000-000000000003", "memory_total": 20 * 2**30,
+                       "gpu_instance_id": 1, "compute_instance_id": 0}],
+    }
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-aaaaaaaa,1")
+    f = F.probe_facts()
+    assert idx(f.visible_gpus()) == [3, 1]
+    assert F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed") == f
+
+
+def test_probe_nvml_init_fails(monkeypatch):
+    fake = _FakeNVML()
+
+    def boom():
+        raise fake.NVMLError("Driver Not Loaded")
+
+    fake.nvmlInit = boom
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert F._probe_nvml() == (None, None, [])
+
+
+def test_bus_id_normalised():
+    assert F._norm_bus_id(b"00000000:9A:00.0") == "0000:9a:00.0"
+    assert F._norm_bus_id("00010000:01:00.0") == "10000:01:00.0"  # VMD domains are wider
+    assert F._norm_bus_id("") is None and F._norm_bus_id("junk") is None
+
+
+# ------------------------------------------------------------------ get_facts
+
+
+def test_get_facts_env_and_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUDASK_FACTS", host("hgx-4gpu-2ib.json"))
+    f = F.get_facts()
+    assert f.origin == host("hgx-4gpu-2ib.json") and len(f.gpus) == 4
+    assert F.get_facts() is f  # cached
+    assert F.get_facts(host("mig.json")).origin == host("mig.json")  # the argument wins
+
+
+def test_get_facts_cache_cleared(tmp_path, monkeypatch):
+    path = write(tmp_path, raw("single-gpu.json"))
+    monkeypatch.setenv("GPUDASK_FACTS", path)
+    assert F.get_facts().hostname == "ws-4090"
+    write(tmp_path, {**raw("single-gpu.json"), "hostname": "changed"})
+    assert F.get_facts().hostname == "ws-4090"
+    F.clear_cache()
+    assert F.get_facts().hostname == "changed"
+
+
+def test_get_facts_bad_env_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUDASK_FACTS", str(tmp_path / "missing.json"))
+    with pytest.raises(FactsError, match="missing.json: cannot read"):
+        F.get_facts()
+
+
+def test_get_facts_probed_cache(monkeypatch):
+    data = raw("hgx-4gpu-2ib.json")
+    data["cuda_visible_devices"] = "0,1,2,3"  # the parent's value
+    monkeypatch.setenv("GPUDASK_PROBED_FACTS", json.dumps(data))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,0,1")  # this worker's
+    f = F.get_facts()
+    assert f.origin == "probed" and not f.described
+    assert f.cuda_visible_devices == "2,3,0,1" and idx(f.visible_gpus()) == [2, 3, 0, 1]
+    monkeypatch.setenv("GPUDASK_PROBED_FACTS", "{not json")
+    with pytest.raises(FactsError, match=r"^\$GPUDASK_PROBED_FACTS: invalid JSON at line 1 column 2"):
+        F.get_facts()
+
+
+def test_get_facts_probes_once(monkeypatch):
+    calls = []
+    real = F.probe_facts
+    monkeypatch.setattr(F, "probe_facts", lambda: calls.append(1) or real())
+    a = F.get_facts()
+    b = F.get_facts()
+    assert a is b and a.origin == "probed" and calls == [1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert F.get_facts().cuda_visible_devices == "" and F.get_facts().visible_gpus() == [] and calls == [1]
+
+
+# ------------------------------------------------------------------ import stays light
+
+
+def _modules_after(code: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_facts_py_imports_nothing_heavy():
+    # facts.py alone, loaded from its file so that gpudask/__init__.py does not run
+    code = (
+        "import importlib.util, json, sys, types\n"
+        f"root = {ROOT!r}\n"
+        "pkg = types.ModuleType('gpudask'); pkg.__path__ = [root + '/gpudask']; sys.modules['gpudask'] = pkg\n"
+        "for n in ('errors', 'facts'):\n"
+        "    s = importlib.util.spec_from_file_location('gpudask.' + n, f'{root}/gpudask/{n}.py')\n"
+        "    m = importlib.util.module_from_spec(s); sys.modules[s.name] = m; s.loader.exec_module(m)\n"
+        f"print(json.dumps([m for m in {FORBIDDEN!r} if m in sys.modules]))\n"
+    )
+    assert _modules_after(code) == []
+
+
+def test_import_gpudask_facts_imports_nothing_heavy():
+    code = f"import json, sys\nimport gpudask.facts\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        pytest.skip(f"the gpudask package does not import yet: {out.stderr.strip().splitlines()[-1:]}")
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
