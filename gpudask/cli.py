@@ -130,3 +130,7 @@ def bench(ctx: click.Context) -> None:
     from gpudask.bench import bench_main
 
     bench_main(ctx.args)
+
+
+if __name__ == "__main__":  # python -m gpudask.cli
+    main()

@@ -165,6 +165,7 @@ def load_dask_config(extra_file: str | os.PathLike | None = None) -> None:
 
     with open(_HERE / "gpudask.yaml") as f:
         dask.config.update_defaults(yaml.safe_load(f))
+    _FILE_VALUES.clear()
     files = [p for p in (toml_path(), pathlib.Path(extra_file) if extra_file else None) if p]
     for path in files:
         if str(path).endswith((".yaml", ".yml")):
@@ -172,12 +173,14 @@ def load_dask_config(extra_file: str | os.PathLike | None = None) -> None:
                 doc = yaml.safe_load(f) or {}
         else:
             doc = read_toml(path)
-        _TOML_KEYS.update((str(path), key) for key in _flatten(doc))
+        for key in _flatten(doc):
+            _FILE_VALUES[key.replace("_", "-")] = (str(path), dask.config.get(key, config=doc))
         dask.config.update(dask.config.config, doc, priority="new")
     dask.config.update(dask.config.config, dask.config.collect_env(), priority="new")
 
 
-_TOML_KEYS: set[tuple[str, str]] = set()
+# key -> (file, value) as last merged from gpudask.toml / --config, to name the source
+_FILE_VALUES: dict[str, tuple[str, Any]] = {}
 
 
 def register_defaults(options: Iterable[Option]) -> None:
@@ -215,9 +218,9 @@ class Settings:
         env_name = "DASK_" + key.upper().replace(".", "__").replace("-", "_")
         if env_name in self._environ:
             return f"${env_name}"
-        for path, toml_key in _TOML_KEYS:
-            if toml_key.replace("_", "-") == key.replace("_", "-"):
-                return f"gpudask.toml ({path})"
+        path, value = _FILE_VALUES.get(key.replace("_", "-"), (None, _MISSING))
+        if path is not None and value == self._raw(key):
+            return f"{pathlib.Path(path).name} ({path})"
         return "dask config"
 
     def get(self, key: str) -> Setting:

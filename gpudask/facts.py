@@ -247,7 +247,7 @@ class _Reader:
             raise FactsError(f"{self.where}: key {path!r} is missing (expected {expected})")
         return obj[key]
 
-    def int(self, obj, key, path, nullable=False):
+    def integer(self, obj, key, path, nullable=False):
         v = self.get(obj, key, path, "an integer" + (" or null" if nullable else ""))
         if v is None and nullable:
             return None
@@ -255,7 +255,7 @@ class _Reader:
             raise self.fail(path, "an integer" + (" or null" if nullable else ""), v)
         return v
 
-    def str(self, obj, key, path, nullable=False):
+    def string(self, obj, key, path, nullable=False):
         v = self.get(obj, key, path, "a string" + (" or null" if nullable else ""))
         if v is None and nullable:
             return None
@@ -268,7 +268,7 @@ class _Reader:
             raise self.fail(path, "an object", value)
         return value
 
-    def list(self, obj, key, path, nullable=False) -> list | None:
+    def array(self, obj, key, path, nullable=False) -> list | None:
         v = self.get(obj, key, path, "a list" + (" or null" if nullable else ""))
         if v is None and nullable:
             return None
@@ -277,14 +277,14 @@ class _Reader:
         return v
 
     def int_list(self, obj, key, path) -> list[int]:
-        items = self.list(obj, key, path)
+        items = self.array(obj, key, path)
         for i, x in enumerate(items):
             if isinstance(x, bool) or not isinstance(x, int):
                 raise self.fail(f"{path}[{i}]", "an integer", x)
         return list(items)
 
     def str_list(self, obj, key, path, nullable=False) -> list[str] | None:
-        items = self.list(obj, key, path, nullable)
+        items = self.array(obj, key, path, nullable)
         if items is None:
             return None
         for i, x in enumerate(items):
@@ -305,21 +305,21 @@ def _read_gpu(r: _Reader, data: Any, p: str) -> GPU:
     if not isinstance(enabled, bool):
         raise r.fail(f"{p}.mig.enabled", "true or false", enabled)
     instances = []
-    for i, inst in enumerate(r.list(mig, "instances", f"{p}.mig.instances")):
+    for i, inst in enumerate(r.array(mig, "instances", f"{p}.mig.instances")):
         ip = f"{p}.mig.instances[{i}]"
         inst = r.obj(inst, ip)
-        r.str(inst, "uuid", f"{ip}.uuid")
-        r.int(inst, "memory_total", f"{ip}.memory_total")
+        r.string(inst, "uuid", f"{ip}.uuid")
+        r.integer(inst, "memory_total", f"{ip}.memory_total")
         instances.append(copy.deepcopy(inst))  # extra instance keys (ids) are kept
     return GPU(
-        index=r.int(d, "index", f"{p}.index"),
-        uuid=r.str(d, "uuid", f"{p}.uuid"),
-        name=r.str(d, "name", f"{p}.name"),
-        memory_total=r.int(d, "memory_total", f"{p}.memory_total"),
+        index=r.integer(d, "index", f"{p}.index"),
+        uuid=r.string(d, "uuid", f"{p}.uuid"),
+        name=r.string(d, "name", f"{p}.name"),
+        memory_total=r.integer(d, "memory_total", f"{p}.memory_total"),
         compute_capability=cc,
-        pci_bus_id=r.str(d, "pci_bus_id", f"{p}.pci_bus_id", nullable=True),
-        pci_path=r.str(d, "pci_path", f"{p}.pci_path", nullable=True),
-        numa_node=r.int(d, "numa_node", f"{p}.numa_node", nullable=True),
+        pci_bus_id=r.string(d, "pci_bus_id", f"{p}.pci_bus_id", nullable=True),
+        pci_path=r.string(d, "pci_path", f"{p}.pci_path", nullable=True),
+        numa_node=r.integer(d, "numa_node", f"{p}.numa_node", nullable=True),
         cpu_affinity=r.int_list(d, "cpu_affinity", f"{p}.cpu_affinity"),
         nvlink_peers=r.int_list(d, "nvlink_peers", f"{p}.nvlink_peers"),
         mig={"enabled": enabled, "instances": instances},
@@ -329,13 +329,13 @@ def _read_gpu(r: _Reader, data: Any, p: str) -> GPU:
 def _read_ib(r: _Reader, data: Any, p: str) -> IBDevice:
     d = r.obj(data, p)
     return IBDevice(
-        name=r.str(d, "name", f"{p}.name"),
-        port=r.int(d, "port", f"{p}.port"),
-        state=r.str(d, "state", f"{p}.state"),
-        link_layer=r.str(d, "link_layer", f"{p}.link_layer"),
-        pci_path=r.str(d, "pci_path", f"{p}.pci_path", nullable=True),
-        numa_node=r.int(d, "numa_node", f"{p}.numa_node", nullable=True),
-        netdev=r.str(d, "netdev", f"{p}.netdev", nullable=True),
+        name=r.string(d, "name", f"{p}.name"),
+        port=r.integer(d, "port", f"{p}.port"),
+        state=r.string(d, "state", f"{p}.state"),
+        link_layer=r.string(d, "link_layer", f"{p}.link_layer"),
+        pci_path=r.string(d, "pci_path", f"{p}.pci_path", nullable=True),
+        numa_node=r.integer(d, "numa_node", f"{p}.numa_node", nullable=True),
+        netdev=r.string(d, "netdev", f"{p}.netdev", nullable=True),
     )
 
 
@@ -347,36 +347,35 @@ def _from_dict(data: Any, origin: str, where: str, check_visible: bool) -> Facts
     if schema != SCHEMA_VERSION or isinstance(schema, bool):
         raise r.fail("schema", f"{SCHEMA_VERSION} (the only facts schema this gpudask reads)", schema)
 
-    gpus = [_read_gpu(r, g, f"gpus[{i}]") for i, g in enumerate(r.list(data, "gpus", "gpus"))]
+    gpus = [_read_gpu(r, g, f"gpus[{i}]") for i, g in enumerate(r.array(data, "gpus", "gpus"))]
     indices = [g.index for g in gpus]
     for i, g in enumerate(gpus):
         if g.index in indices[:i]:
             raise r.fail(f"gpus[{i}].index", "unique among the GPUs", g.index)
+    for i, g in enumerate(gpus):
         for j, peer in enumerate(g.nvlink_peers):
             if peer not in indices or peer == g.index:
                 raise r.fail(f"gpus[{i}].nvlink_peers[{j}]", f"the index of another GPU ({', '.join(map(str, indices))})", peer)
 
-    ibs = [_read_ib(r, d, f"ib_devices[{i}]") for i, d in enumerate(r.list(data, "ib_devices", "ib_devices"))]
+    ibs = [_read_ib(r, d, f"ib_devices[{i}]") for i, d in enumerate(r.array(data, "ib_devices", "ib_devices"))]
 
     nets = r.obj(r.get(data, "net_interfaces", "net_interfaces", "an object {interface: [IPv4 addresses]}"), "net_interfaces")
     net_interfaces = {name: r.str_list(nets, name, f"net_interfaces.{name}") for name in nets}
 
     packages = r.obj(r.get(data, "packages", "packages", "an object {package: version or null}"), "packages")
     for name in packages:
-        r.str(packages, name, f"packages.{name}", nullable=True)
+        r.string(packages, name, f"packages.{name}", nullable=True)
 
     facts = Facts(
-        hostname=r.str(data, "hostname", "hostname"),
-        cpu_count=r.int(data, "cpu_count", "cpu_count"),
-        driver_version=r.str(data, "driver_version", "driver_version", nullable=True),
-        cuda_driver_version=r.int(data, "cuda_driver_version", "cuda_driver_version", nullable=True),
+        hostname=r.string(data, "hostname", "hostname"),
+        cpu_count=r.integer(data, "cpu_count", "cpu_count"),
+        driver_version=r.string(data, "driver_version", "driver_version", nullable=True),
+        cuda_driver_version=r.integer(data, "cuda_driver_version", "cuda_driver_version", nullable=True),
         gpus=gpus,
         ib_devices=ibs,
         net_interfaces=net_interfaces,
         # The one key that may be left out: unset is its natural state.
-        cuda_visible_devices=r.str(data, "cuda_visible_devices", "cuda_visible_devices", nullable=True)
-        if "cuda_visible_devices" in data
-        else None,
+        cuda_visible_devices=r.string({"cuda_visible_devices": None, **data}, "cuda_visible_devices", "cuda_visible_devices", nullable=True),
         ucx_transports=r.str_list(data, "ucx_transports", "ucx_transports", nullable=True),
         packages=dict(packages),
         origin=origin,

@@ -310,7 +310,11 @@ def test_probe_this_host():
     f = F.probe_facts()
     assert f.origin == "probed" and not f.described
     assert f.cpu_count == os.cpu_count()
-    assert f.packages["distributed"] == md.version("distributed")
+    try:
+        distributed = md.version("distributed")
+    except md.PackageNotFoundError:
+        distributed = None
+    assert f.packages["distributed"] == distributed
     assert f.packages["python"] and "gpudask" in f.packages
     assert "127.0.0.1" in f.net_interfaces.get("lo", [])
     if not os.path.exists("/dev/nvidiactl"):  # the CPU CI machine

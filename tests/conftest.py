@@ -1,0 +1,138 @@
+"""Shared fixtures: described hosts, real subprocess clusters on loopback, GPU detection."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HOSTS = pathlib.Path(__file__).parent / "hosts"
+BIN = pathlib.Path(sys.executable).parent
+
+
+@functools.cache
+def real_gpu_count() -> int:
+    """GPUs NVML sees on this machine (0 without a driver). Never creates a CUDA context."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    if real_gpu_count():
+        return
+    skip = pytest.mark.skip(reason="needs a real NVIDIA GPU (run on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _clean_gpudask_env(monkeypatch, tmp_path):
+    """Tests start from the user's view: no gpudask bookkeeping from a parent, no cached facts."""
+    for name in list(os.environ):
+        if name.startswith("GPUDASK_") or name.startswith("DASK_GPUDASK__"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # no stray gpudask.toml
+    from gpudask import facts
+
+    facts.clear_cache()
+    yield
+    facts.clear_cache()
+
+
+def host(name: str) -> str:
+    return str(HOSTS / name)
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUDASK_", "DASK_GPUDASK__"))}
+    env.update(PYTHONUNBUFFERED="1", UCX_WARN_UNUSED_ENV_VARS="n", DASK_DISTRIBUTED__WORKER__DAEMON="False")
+    env.update(extra)
+    return env
+
+
+class Cluster:
+    """A real `dask scheduler` + `dask worker` pair of processes on 127.0.0.1."""
+
+    def __init__(self, tmp_path: pathlib.Path):
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen] = []
+        self.scheduler_file = str(tmp_path / "scheduler.json")
+        self.logs: dict[str, pathlib.Path] = {}
+
+    def _spawn(self, label: str, args: list[str], env: dict[str, str], cwd: str | None = None) -> subprocess.Popen:
+        log = self.tmp_path / f"{label}.log"
+        self.logs[label] = log
+        proc = subprocess.Popen(args, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                cwd=cwd or str(self.tmp_path), start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def scheduler(self, *extra: str, env: dict[str, str] | None = None, protocol: str = "tcp",
+                  cwd: str | None = None) -> subprocess.Popen:
+        args = [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                "--protocol", protocol, "--scheduler-file", self.scheduler_file, *extra]
+        proc = self._spawn("scheduler", args, env or base_env(), cwd)
+        deadline = time.time() + 60
+        while not os.path.exists(self.scheduler_file):
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("scheduler did not start:\n" + self.log("scheduler"))
+            time.sleep(0.1)
+        return proc
+
+    def worker(self, *extra: str, env: dict[str, str] | None = None, label: str = "worker",
+               cwd: str | None = None) -> subprocess.Popen:
+        args = [str(BIN / "dask"), "worker", "--scheduler-file", self.scheduler_file, "--host", "127.0.0.1",
+                "--no-dashboard", "--death-timeout", "60", *extra]
+        return self._spawn(label, args, env or base_env(), cwd)
+
+    def client(self, timeout: float = 30):
+        from distributed import Client
+
+        return Client(scheduler_file=self.scheduler_file, timeout=timeout)
+
+    @property
+    def address(self) -> str:
+        return json.loads(pathlib.Path(self.scheduler_file).read_text())["address"]
+
+    def log(self, label: str) -> str:
+        path = self.logs.get(label)
+        return path.read_text() if path and path.exists() else ""
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()

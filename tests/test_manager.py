@@ -1,0 +1,137 @@
+"""Plugin manager: discovery, priority order, allow/deny, failures, tracing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from gpudask import hookimpl
+from gpudask.errors import ConfigError, PluginError
+from gpudask.manager import PluginManager
+from gpudask.plan import ProcessPlan
+
+BUILTINS = {"tcp", "nvlink", "infiniband", "rmm", "forkserver", "cuda-context", "gpu-pinning", "cpu-affinity",
+            "scheduler-parity", "gpu-dask-defaults"}
+
+
+def make_plugin(name, priority=500, **hooks):
+    mod = types.SimpleNamespace(name=name, priority=priority)
+    for hook_name, fn in hooks.items():
+        setattr(mod, hook_name, hookimpl(fn))
+    return mod
+
+
+def test_builtins_come_from_the_entry_point_group_in_priority_order():
+    m = PluginManager.from_environment()
+    assert BUILTINS <= set(m.names())
+    assert all(p.source == "builtin" and p.distribution == "gpudask" for p in m.plugins if p.name in BUILTINS)
+    keys = [(p.priority, p.name) for p in m.plugins]
+    assert keys == sorted(keys)
+
+
+def test_ties_are_broken_by_name_and_lower_priority_runs_first():
+    calls = []
+    m = PluginManager()
+    for name, prio in [("zeta", 5), ("alpha", 5), ("first", 1)]:
+        m.register(make_plugin(name, prio, gpudask_plan_process=lambda plan, n=name: calls.append(n)))
+    m.plan_process(None, ProcessPlan("worker", 0))
+    assert calls == ["first", "alpha", "zeta"]
+
+
+@pytest.mark.parametrize("priority", [-1, 1001, "10", 2.5, True])
+def test_priority_range_is_checked(priority):
+    with pytest.raises(PluginError, match="priority must be an integer from 0 to 1000"):
+        PluginManager().register(make_plugin("bad", priority))
+
+
+def test_unknown_hook_name_is_refused_with_a_suggestion():
+    with pytest.raises(PluginError, match="did you mean 'gpudask_select_transport'"):
+        PluginManager().register(make_plugin("typo", gpudask_select_transprt=lambda ctx, plan: None))
+
+
+def test_reasons_are_attributed_to_the_plugin_that_decided():
+    m = PluginManager()
+    m.register(make_plugin("mine", gpudask_plan_process=lambda plan: plan.set_env("X", "1", "because")))
+    plan = ProcessPlan("worker", 0)
+    m.plan_process(None, plan)
+    assert plan.reasons[0].plugin == "mine" and plan.reasons[0].decision == "X=1"
+
+
+def test_a_raising_hook_names_plugin_distribution_hook_and_cause():
+    def boom(ctx, plan):
+        raise RuntimeError("kaput")
+
+    m = PluginManager()
+    m.register(make_plugin("fragile", gpudask_select_transport=boom), distribution="gpudask-fragile")
+    with pytest.raises(PluginError) as info:
+        m.select_transport(None, ProcessPlan("worker", 0))
+    text = str(info.value)
+    assert "'fragile'" in text and "gpudask-fragile" in text and "gpudask_select_transport" in text
+    assert "RuntimeError: kaput" in text
+
+
+def test_disable_by_environment_and_config(monkeypatch):
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "nvlink,rmm")
+    names = PluginManager.from_environment().names()
+    assert "nvlink" not in names and "rmm" not in names and "tcp" in names
+    monkeypatch.delenv("GPUDASK_DISABLE_PLUGINS")
+    import dask
+
+    with dask.config.set({"gpudask.plugins.disable": ["infiniband"]}):
+        assert "infiniband" not in PluginManager.from_environment().names()
+
+
+def test_enable_list_keeps_only_the_named_plugins(monkeypatch):
+    monkeypatch.setenv("GPUDASK_PLUGINS", "tcp,gpu-pinning")
+    assert PluginManager.from_environment().names() == ["gpu-pinning", "tcp"]
+
+
+def test_unknown_plugin_name_in_lists_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "nvlnk")
+    with pytest.raises(ConfigError, match="no gpudask plugin named 'nvlnk'.*did you mean 'nvlink'"):
+        PluginManager.from_environment()
+
+
+def test_autoload_off_keeps_builtins(monkeypatch):
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGIN_AUTOLOAD", "1")
+    m = PluginManager.from_environment()
+    assert BUILTINS <= set(m.names())
+    assert all(p.source == "builtin" for p in m.plugins)
+
+
+def test_tracing_logs_each_hook_call():
+    code = ("import types; from gpudask import hookimpl; from gpudask.session import plan_host\n"
+            "p = types.SimpleNamespace(name='probe', priority=7)\n"
+            "p.gpudask_plan_process = hookimpl(lambda plan: plan.note('seen', 'test'))\n"
+            "plan_host('tcp', 1, extra_plugins=[p])")
+    env = {"GPUDASK_TRACE_PLUGINS": "1", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "gpudask trace: gpudask_plan_process -> probe role=worker index=0: None" in out.stderr
+    env["GPUDASK_TRACE_PLUGINS"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert "gpudask trace" not in out.stderr
+
+
+def test_plugin_failing_to_import_is_reported_by_name(tmp_path):
+    """A real installed distribution whose entry point module raises on import."""
+    dist = tmp_path / "site"
+    (dist / "broken_plugin_pkg").mkdir(parents=True)
+    (dist / "broken_plugin_pkg" / "__init__.py").write_text("raise ImportError('needs libfoo')\n")
+    info = dist / "gpudask_broken-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gpudask-broken\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[gpudask]\nbroken = broken_plugin_pkg\n")
+    code = "from gpudask.cli import main; main()"
+    env = {"PYTHONPATH": str(dist), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code, "plugins"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("gpudask: error: gpudask plugin 'broken' (from gpudask-broken) failed in import: "
+                                  "ImportError: needs libfoo")
+    env["GPUDASK_DISABLE_PLUGINS"] = "broken"
+    assert subprocess.run([sys.executable, "-c", code, "plugins"], env=env, capture_output=True,
+                          timeout=60).returncode == 0
