@@ -1,0 +1,62 @@
+"""Real processes on loopback: stock `dask scheduler` / `dask worker` with `--preload gpudask`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import base_env, host
+
+
+def info_json(*args: str, env: dict[str, str] | None = None) -> dict:
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--json", *args], capture_output=True,
+                         text=True, timeout=120, env=env or base_env())
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_preloaded_cluster_computes_and_workers_publish_their_plan(cluster):
+    cluster.scheduler("--preload", "gpudask")
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", "--nthreads", "1")
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=60)
+        assert client.submit(sum, [1, 2, 3]).result() == 6
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        published = [w["gpudask"] for w in workers.values()]
+    assert sorted(p["plan"]["index"] for p in published) == [0, 1]
+    assert all(p["role"] == "worker" and p["plan"]["role"] == "worker" for p in published)
+    assert all(p["facts"]["schema"] == 1 and p["protocol"] == "tcp" for p in published)
+    # the CLI process logged one line naming gpudask's version and plugins
+    assert "gpudask 0.1.0 (nanny, protocol tcp): plugins " in cluster.log("worker")
+    assert "gpudask 0.1.0 (scheduler, protocol tcp): plugins " in cluster.log("scheduler")
+
+
+def test_workers_get_exactly_what_gpudask_info_prints(cluster):
+    """A described 4-GPU host: each worker's plan and environment equal `gpudask info` for that host."""
+    facts = host("hgx-4gpu-2ib.json")
+    env = base_env(GPUDASK_FACTS=facts)
+    expected = info_json("--facts", facts, "--nworkers", "2", env=base_env())["workers"]
+    cluster.scheduler("--preload", "gpudask", env=env)
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=60)
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        plans = {w["gpudask"]["plan"]["index"]: w["gpudask"]["plan"] for w in workers.values()}
+        real_env = client.run(lambda: {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "UCX_TLS")})
+        cvd = {w["gpudask"]["plan"]["index"]: real_env[addr]["CUDA_VISIBLE_DEVICES"] for addr, w in workers.items()}
+    for i in (0, 1):
+        for field in ("gpu", "cuda_visible_devices", "env", "config", "interface", "cpu_affinity", "memory",
+                      "multiprocessing_method"):
+            assert plans[i][field] == expected[i][field], (i, field)
+        assert cvd[i] == expected[i]["env"].get("CUDA_VISIBLE_DEVICES")
+
+
+def test_worker_without_nanny_plans_for_itself(cluster):
+    cluster.scheduler("--preload", "gpudask")
+    cluster.worker("--preload", "gpudask", "--no-nanny")
+    with cluster.client() as client:
+        client.wait_for_workers(1, timeout=60)
+        (published,) = [w["gpudask"] for w in client.scheduler_info()["workers"].values()]
+    assert published["role"] == "worker" and published["plan"]["index"] == 0
