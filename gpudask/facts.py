@@ -20,6 +20,7 @@ import copy
 import functools
 import json
 import os
+import pathlib
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -581,6 +582,50 @@ def _probe_ucx_transports() -> list[str] | None:
 
     if not any(installed(d) for d in _UCX_DISTS):
         return None
+    cache = _ucx_cache_path()
+    if cache is not None:
+        try:
+            return json.loads(cache.read_text())
+        except (OSError, ValueError):
+            pass
+    transports = _run_ucx_info()
+    if cache is not None and transports is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(transports))
+        except OSError:
+            pass
+    return transports
+
+
+def _ucx_cache_path() -> pathlib.Path | None:
+    """Where this boot's `ucx_info -d` answer is kept.
+
+    `ucx_info` costs ~0.4 s, paid by every `dask worker` start otherwise.  Its answer
+    changes only with the UCX build or the hardware, so the key is the boot id (new
+    devices mean a reboot or a driver reload) and the UCX library's identity.
+    """
+    import hashlib
+    import tempfile
+
+    try:
+        boot_id = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    ident = [boot_id]
+    for exe, _env in _ucx_info_commands():
+        try:
+            st = os.stat(exe)
+        except OSError:
+            continue
+        ident.append(f"{os.path.realpath(exe)}:{st.st_mtime_ns}:{st.st_size}")
+    key = hashlib.sha1("|".join(ident).encode()).hexdigest()[:16]
+    return pathlib.Path(tempfile.gettempdir()) / f"gpudask-{os.getuid()}" / f"ucx-transports-{key}.json"
+
+
+def _run_ucx_info() -> list[str] | None:
+    import subprocess
+
     for exe, extra_env in _ucx_info_commands():
         env = dict(os.environ, **extra_env)
         # We want what the host can do, not what this process selected or sees.

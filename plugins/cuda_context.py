@@ -1,6 +1,249 @@
-"""The CUDA-context-first check: no stray context before UCX, the worker's context on its own GPU."""
+"""The CUDA-context-first check: no stray context before UCX, the worker's context on its own GPU.
+
+UCX (through distributed-ucxx) must find the worker's CUDA context on the worker's own
+GPU when it initialises at the first ``listen()``.  A context that exists before --
+created by a module-level ``import cudf``, a library that touches CUDA on import, or a
+preload listed before gpudask -- was made before gpudask set ``CUDA_VISIBLE_DEVICES``:
+it sits on the wrong GPU (usually GPU 0), holds memory there, and UCX is set up for it.
+
+In every process gpudask runs in (worker, nanny host, scheduler, and a client through
+``gpudask.initialize()``) this plugin looks for an existing context through NVML --
+which never creates one -- and says which device, which process, the likely cause and
+the fix (``gpudask.context.on-existing``: warn or error).  In workers it sets
+``RAPIDS_NO_INITIALIZE=1`` and, when UCX will need a context (cuda transports in
+``UCX_TLS`` or ``create-cuda-context``), creates it on the worker's own GPU before UCX
+does, with cuda.core (what ucxx uses), and checks the device UUID.  Nothing here runs
+on a described host (``GPUDASK_FACTS``): its GPUs are not this machine's.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+from typing import Any
+
+from gpudask import hookimpl
+from gpudask.config import Option, choice
+from gpudask.errors import GpudaskError
+
 name = "cuda-context"
 priority = 40
+
+ON_EXISTING = "gpudask.context.on-existing"
+CREATE_KEYS = ("distributed-ucxx.create-cuda-context", "distributed.comm.ucx.create-cuda-context")
+
+logger = logging.getLogger("gpudask")
+
+
+@hookimpl
+def gpudask_config_options():
+    return [Option(ON_EXISTING, "warn", "What to do when a process already has a CUDA context it should not have "
+                   "(before gpudask set up the worker's GPU, or in a nanny, scheduler or client): warn or error.",
+                   choice("warn", "error"), "warn | error")]
+
+
+# -- plan ----------------------------------------------------------------------------
+def ucx_wants_context(env: dict[str, str], config_get: Any) -> bool:
+    """distributed-ucxx's own rule (``init_once``): a context before UCX when create-cuda-context
+    is true or UCX_TLS names a cuda transport."""
+    if any(config_get(key) is True for key in CREATE_KEYS):
+        return True
+    tls = env.get("UCX_TLS", "")
+    return "cuda" in tls and "^cuda" not in tls
+
+
+@hookimpl
+def gpudask_plan_process(ctx, plan):
+    if plan.role not in ("worker", "nanny", "scheduler"):
+        return  # the client: checked by gpudask.initialize(), its environment is the user's
+    if not ctx.gpus:
+        if plan.role == "worker":
+            plan.note("skipped", "no GPU visible")
+        return
+    what = {"worker": "the worker's context is made on its own GPU, by gpudask or UCX",
+            "nanny": "the process hosting the nannies must hold no CUDA context",
+            "scheduler": "the scheduler must hold no CUDA context"}[plan.role]
+    plan.set_env("RAPIDS_NO_INITIALIZE", "1", f"cudf/rmm create no CUDA context when imported: {what}")
+
+
+@hookimpl
+def gpudask_plan_memory(ctx, plan):
+    """Runs after transport selection: UCX_TLS is known, so is whether UCX needs a context."""
+    if plan.role == "client" or not ctx.gpus:
+        return
+    if ctx.facts.described:
+        plan.note("CUDA context check not run here",
+                  f"the host is described ({ctx.facts.origin}): nothing touching a device runs")
+        return
+    if plan.role != "worker" or plan.gpu is None:
+        return
+
+    def config_get(key: str) -> Any:
+        return plan.config.get(key, ctx.user_dask_config(key))
+
+    if ucx_wants_context(plan.env, config_get) and ctx.uses_ucx:
+        plan.note(f"CUDA context on {plan.gpu} before UCX",
+                  "UCX needs one (UCX_TLS names cuda or create-cuda-context is set): created at import, on "
+                  "device 0 of CUDA_VISIBLE_DEVICES, and its UUID checked")
+
+
+# -- apply ---------------------------------------------------------------------------
+def existing_context() -> Any:
+    """NVML's view of this process's CUDA context (never creates one): ``CudaDeviceInfo`` or None."""
+    from distributed.diagnostics import nvml
+
+    try:
+        found = nvml.has_cuda_context()
+    except Exception as e:  # noqa: BLE001 - NVML errors must not stop a process
+        logger.debug("gpudask: NVML could not list CUDA contexts: %s", e)
+        return None
+    return found.device_info if found.has_context else None
+
+
+def _describe(info: Any) -> str:
+    uuid = info.uuid.decode() if isinstance(info.uuid, bytes) else str(info.uuid)
+    mig = f" MIG instance {info.mig_index}" if info.mig_index is not None else ""
+    return f"GPU {info.device_index}{mig} ({uuid})"
+
+
+def _uuid_of(info: Any) -> str:
+    return info.uuid.decode() if isinstance(info.uuid, bytes) else str(info.uuid)
+
+
+def _same_device(uuid: str, plan: Any, ctx: Any) -> bool:
+    """Does ``uuid`` (GPU-, MIG- or bare) name the worker's GPU (or its MIG instance's parent)?"""
+    def norm(u: str) -> str:
+        u = u.lower()
+        for prefix in ("gpu-", "mig-"):
+            u = u.removeprefix(prefix)
+        return u
+
+    mine = {norm(plan.gpu)}
+    if plan.gpu_index is not None:
+        mine.add(norm(ctx.facts.gpu_by_index(plan.gpu_index).uuid))
+    return norm(uuid) in mine
+
+
+def _where(plan: Any) -> str:
+    names = {"worker": f"worker {plan.index}", "nanny": "the dask worker process hosting the nannies",
+             "scheduler": "the scheduler", "client": "this client process"}
+    return f"{names[plan.role]} (pid {os.getpid()})"
+
+
+def _cause_and_fix(plan: Any) -> str:
+    if plan.role == "client":
+        return ("Likely cause: something touched the GPU (a CuPy/cuDF/Numba call, or an import that initialises "
+                "CUDA) before gpudask.initialize(). Fix: call gpudask.initialize() and start the cluster and the "
+                "Client first, set RAPIDS_NO_INITIALIZE=1, or move that code after them.")
+    preload = "a --preload listed before gpudask" if plan.role == "worker" else "a --preload/--preload-nanny module"
+    return (f"Likely cause: a module imported before gpudask touches CUDA ({preload}, a sitecustomize, or a library "
+            "that initialises CUDA when imported, e.g. cudf without RAPIDS_NO_INITIALIZE=1). Fix: set "
+            "RAPIDS_NO_INITIALIZE=1, list gpudask first in --preload, or move the import into the tasks.")
+
+
+def report(ctx: Any, plan: Any, message: str) -> None:
+    text = f"{message} {_cause_and_fix(plan)}"
+    if ctx.settings[ON_EXISTING] == "error":
+        raise GpudaskError(f"{text} ({ON_EXISTING}=error)")
+    logger.warning("gpudask: %s", text)
+
+
+def check_existing(ctx: Any, plan: Any, when: str) -> None:
+    """Report a CUDA context this process should not have at this point."""
+    info = existing_context()
+    if info is None:
+        return
+    if plan.role == "worker":
+        if plan.gpu is not None and _same_device(_uuid_of(info), plan, ctx):
+            logger.info("gpudask: worker %s already has a CUDA context %s, on its own GPU", plan.index, when)
+            return
+        own = f"its own GPU {plan.gpu_index} ({plan.gpu})" if plan.gpu else "no GPU of its own"
+        report(ctx, plan, f"{_where(plan)} already has a CUDA context on {_describe(info)} {when}, not on {own}: "
+                          "it was created before gpudask set CUDA_VISIBLE_DEVICES="
+                          f"{plan.cuda_visible_devices}, so the worker computes, and UCX registers memory, on the "
+                          "wrong GPU, and that GPU holds memory no worker owns.")
+    elif plan.role == "client":
+        report(ctx, plan, f"{_where(plan)} already has a CUDA context on {_describe(info)} {when}: UCX in this "
+                          "process is set up for that device, and workers started from here by fork inherit it.")
+    else:
+        report(ctx, plan, f"{_where(plan)} has a CUDA context on {_describe(info)} {when}: it holds GPU memory "
+                          "that no worker can use (only worker processes should).")
+
+
+@hookimpl
+def gpudask_context_init(ctx, plan):
+    if not ctx.gpus:
+        return
+    if ctx.facts.described:
+        logger.debug("gpudask: CUDA context check skipped in %s: the host is described (%s)",
+                     _where(plan), ctx.facts.origin)
+        return
+    check_existing(ctx, plan, "before gpudask set it up")
+    if plan.role == "worker" and plan.gpu is not None and ctx.uses_ucx:
+        import dask.config
+
+        if ucx_wants_context(dict(os.environ), lambda key: dask.config.get(key, default=None)):
+            create_context(ctx, plan)
+
+
+def create_context(ctx: Any, plan: Any) -> None:
+    """The worker's context on device 0 of its CUDA_VISIBLE_DEVICES (its own GPU), then checked."""
+    try:
+        try:
+            from cuda.core import Device
+        except ImportError:
+            from cuda.core.experimental import Device
+    except ImportError:
+        raise GpudaskError("UCX_TLS names cuda transports but cuda-core is not installed (ucxx needs it to create "
+                           "the CUDA context): pip install cuda-core") from None
+    device = Device(0)
+    device.set_current()
+    seen = [str(device.uuid)]
+    info = existing_context()  # NVML may not see this pid (containers without the host pid namespace)
+    if info is not None:
+        seen.append(_uuid_of(info))
+    wrong = [u for u in seen if not _same_device(u, plan, ctx)]
+    if wrong:
+        report(ctx, plan, f"{_where(plan)} created its CUDA context on device 0 of CUDA_VISIBLE_DEVICES="
+                          f"{os.environ.get('CUDA_VISIBLE_DEVICES')} but it is on {wrong[0]}, not its own GPU "
+                          f"{plan.gpu}: CUDA was initialised before gpudask set CUDA_VISIBLE_DEVICES.")
+        return
+    logger.info("gpudask: worker %s created its CUDA context on GPU %s (%s) before UCX", plan.index,
+                plan.gpu_index, plan.gpu)
+    _quiet_ucxx_about(plan.gpu, seen)
+
+
+class _OwnContextFilter(logging.Filter):
+    """distributed-ucxx warns about any context that exists before it initialises -- including
+    the one gpudask just made on purpose, on the right GPU.  Drop that one warning only."""
+
+    def __init__(self, uuids: list[str]):
+        super().__init__()
+        self.uuids = [u.lower() for u in uuids]
+        self.pid = os.getpid()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith("A CUDA context for device") or f"process ID {self.pid}." not in text:
+            return True
+        return not any(u in text.lower() for u in self.uuids)
+
+
+def _quiet_ucxx_about(gpu: str, seen: list[str]) -> None:
+    ucxx_logger = logging.getLogger("distributed_ucxx.ucxx")
+    if not any(isinstance(f, _OwnContextFilter) for f in ucxx_logger.filters):
+        ucxx_logger.addFilter(_OwnContextFilter([gpu, *seen]))
+
+
+_CHECKED_AFTER_LISTEN = False
+
+
+@hookimpl
+def gpudask_preload(ctx, plan, server):
+    """After ``listen()``: UCX has initialised.  A nanny host or scheduler must still hold no context."""
+    global _CHECKED_AFTER_LISTEN
+    if plan.role not in ("nanny", "scheduler") or _CHECKED_AFTER_LISTEN or not ctx.gpus or ctx.facts.described:
+        return
+    _CHECKED_AFTER_LISTEN = True  # the N nannies of `--nworkers N` share one process
+    check_existing(ctx, plan, "after it started listening (UCX_TLS here: "
+                              f"{os.environ.get('UCX_TLS', 'unset')})")

@@ -1,6 +1,124 @@
-"""The forkserver start method for worker processes when InfiniBand is used."""
+"""The forkserver start method for worker processes when InfiniBand is used.
+
+A process that has opened an InfiniBand device through UCX must not ``fork()``:
+the child shares the parent's registered (pinned) memory copy-on-write, which can
+corrupt data.  With ``--protocol ucx`` the nanny process opens UCX before it starts its
+workers, so on an InfiniBand host the workers are started by a fork server that
+gpudask starts at import time, before UCX exists in the nanny (the core calls
+``multiprocessing.forkserver.ensure_running()``).
+
+Opt-in diagnostics (``gpudask.forkserver.diagnose-fork``) set ``UCX_IB_FORK_INIT=n``
+so UCX warns at every ``fork()`` issued after it opened an InfiniBand device, and make
+gpudask say which process forked and from where.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import traceback
+
+from gpudask import hookimpl
+from gpudask.config import Option, parse_bool, parse_optional_bool
+
 name = "forkserver"
 priority = 30
+
+ENABLED = "gpudask.forkserver.enabled"
+DIAGNOSE = "gpudask.forkserver.diagnose-fork"
+METHOD_KEY = "distributed.worker.multiprocessing-method"
+
+logger = logging.getLogger("gpudask")
+
+
+@hookimpl
+def gpudask_config_options():
+    return [
+        Option(ENABLED, None, "Start worker processes with the forkserver method: null = when UCX uses an active "
+               "InfiniBand port, true = always, false = never.", parse_optional_bool, "true, false or null (auto)"),
+        Option(DIAGNOSE, False, "Diagnose fork() after UCX opened InfiniBand: UCX_IB_FORK_INIT=n makes UCX warn at "
+               "such a fork and gpudask names the process and the Python code that forked.", parse_bool,
+               "true or false"),
+    ]
+
+
+def _decide(ctx) -> tuple[bool, str]:
+    """(use forkserver?, why) -- the same answer for every plan of the host."""
+    setting = ctx.settings.get(ENABLED)
+    ib = [f"{d.name}:{d.port}" for d in ctx.facts.ib_devices if d.is_infiniband]
+    if setting.value is True:
+        return True, f"{ENABLED}=true (from {setting.source})"
+    if setting.value is False:
+        if ib and ctx.uses_ucx:
+            return False, (f"{ENABLED}=false (from {setting.source}) although UCX uses InfiniBand "
+                           f"({', '.join(ib)}): processes forked after UCX opened it are not fork-safe")
+        return False, f"{ENABLED}=false (from {setting.source})"
+    if not (ib and ctx.uses_ucx):
+        why = "no active InfiniBand port" if not ib else f"protocol {ctx.protocol} does not use UCX"
+        return False, f"{why}: worker processes start as distributed's config says"
+    user_method = ctx.user_dask_config(METHOD_KEY)
+    if user_method and user_method != "forkserver":
+        ctx.warn(f"{METHOD_KEY}={user_method!r} set by the user while UCX uses InfiniBand ({', '.join(ib)}): "
+                 f"a fork after UCX opened InfiniBand can corrupt registered memory; gpudask would use forkserver")
+        return False, f"{METHOD_KEY}={user_method!r} set by the user (explicit settings win)"
+    return True, (f"UCX over InfiniBand ({', '.join(ib)} ACTIVE): worker processes are forked by a server "
+                  "started before UCX opens InfiniBand in this process, never by a process that has")
+
+
+@hookimpl
+def gpudask_plan_process(ctx, plan):
+    if plan.role == "scheduler":
+        return  # the scheduler starts no worker processes
+    use, why = _decide(ctx)
+    if use:
+        if plan.role == "worker":
+            why = "started by its nanny's fork server; " + why
+        plan.set_multiprocessing_method("forkserver", why)
+        if plan.role == "worker":
+            plan.set_env("PTXCOMPILER_CHECK_NUMBA_CODEGEN_PATCH_NEEDED", "0",
+                         "ptxcompiler's import-time check (cudf) forks a subprocess that creates a CUDA context; "
+                         "not needed when the driver matches the toolkit")
+    elif plan.role == "nanny":
+        plan.note("forkserver not used", why)
+    if ctx.settings[DIAGNOSE]:
+        plan.set_env("UCX_IB_FORK_INIT", "n",
+                     f"{DIAGNOSE}=true: UCX skips ibv_fork_init() and warns at any fork() after it opened "
+                     "InfiniBand; gpudask names the process and the code that forked")
+
+
+# -- diagnostics ---------------------------------------------------------------------
+_WATCHING = False
+
+
+@hookimpl
+def gpudask_context_init(ctx, plan):
+    global _WATCHING
+    if not ctx.settings[DIAGNOSE] or _WATCHING:
+        return
+    _WATCHING = True
+    where = plan.role + (f" {plan.index}" if plan.index is not None else "")
+    logger.info("gpudask: fork diagnostics on in %s (pid %d): UCX_IB_FORK_INIT=%s. A UCX warning 'ibv_fork_init() "
+                "was disabled or failed, yet a fork() has been issued' from this process means it forked after UCX "
+                "opened InfiniBand", where, os.getpid(), os.environ.get("UCX_IB_FORK_INIT"))
+    os.register_at_fork(before=lambda: _before_fork(where))
+
+
+def ucx_initialized() -> bool:
+    """Has this process initialised UCX through distributed-ucxx?  (Never imports it.)"""
+    module = sys.modules.get("distributed_ucxx.ucxx")
+    return module is not None and getattr(module, "ucxx", None) is not None
+
+
+def _before_fork(where: str) -> None:
+    if not ucx_initialized():
+        return
+    try:
+        stack = "".join(traceback.format_stack(limit=8)[:-1]).rstrip()
+        logger.warning("gpudask: %s (pid %d) is forking after UCX initialised: if UCX opened an InfiniBand device "
+                       "here, the child shares its registered memory copy-on-write and data may be corrupted (UCX "
+                       "warns 'ibv_fork_init() was disabled or failed, yet a fork() has been issued'). Start "
+                       "processes with 'forkserver' or 'spawn' instead (for worker processes: %s). The fork comes "
+                       "from:\n%s", where, os.getpid(), ENABLED, stack)
+    except Exception:  # noqa: BLE001 - never break a fork for a diagnostic
+        pass
