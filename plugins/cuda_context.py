@@ -71,20 +71,17 @@ def gpudask_plan_memory(ctx, plan):
     """Runs after transport selection: UCX_TLS is known, so is whether UCX needs a context."""
     if plan.role == "client" or not ctx.gpus:
         return
+    if plan.role == "worker" and plan.gpu is not None and ctx.uses_ucx:
+        def config_get(key: str) -> Any:
+            return plan.config.get(key, ctx.user_dask_config(key))
+
+        if ucx_wants_context(plan.env, config_get):
+            plan.note(f"CUDA context on {plan.gpu} before UCX",
+                      "UCX needs one (UCX_TLS names cuda or create-cuda-context is set): created at import on "
+                      "device 0 of CUDA_VISIBLE_DEVICES, its UUID checked")
     if ctx.facts.described:
         plan.note("CUDA context check not run here",
                   f"the host is described ({ctx.facts.origin}): nothing touching a device runs")
-        return
-    if plan.role != "worker" or plan.gpu is None:
-        return
-
-    def config_get(key: str) -> Any:
-        return plan.config.get(key, ctx.user_dask_config(key))
-
-    if ucx_wants_context(plan.env, config_get) and ctx.uses_ucx:
-        plan.note(f"CUDA context on {plan.gpu} before UCX",
-                  "UCX needs one (UCX_TLS names cuda or create-cuda-context is set): created at import, on "
-                  "device 0 of CUDA_VISIBLE_DEVICES, and its UUID checked")
 
 
 # -- apply ---------------------------------------------------------------------------
@@ -116,7 +113,7 @@ def _same_device(uuid: str, plan: Any, ctx: Any) -> bool:
         u = u.lower()
         for prefix in ("gpu-", "mig-"):
             u = u.removeprefix(prefix)
-        return u
+        return u.replace("-", "")
 
     mine = {norm(plan.gpu)}
     if plan.gpu_index is not None:
@@ -157,8 +154,8 @@ def check_existing(ctx: Any, plan: Any, when: str) -> None:
         if plan.gpu is not None and _same_device(_uuid_of(info), plan, ctx):
             logger.info("gpudask: worker %s already has a CUDA context %s, on its own GPU", plan.index, when)
             return
-        own = f"its own GPU {plan.gpu_index} ({plan.gpu})" if plan.gpu else "no GPU of its own"
-        report(ctx, plan, f"{_where(plan)} already has a CUDA context on {_describe(info)} {when}, not on {own}: "
+        own = f", not on its own GPU {plan.gpu_index} ({plan.gpu})" if plan.gpu else ""
+        report(ctx, plan, f"{_where(plan)} already has a CUDA context on {_describe(info)} {when}{own}: "
                           "it was created before gpudask set CUDA_VISIBLE_DEVICES="
                           f"{plan.cuda_visible_devices}, so the worker computes, and UCX registers memory, on the "
                           "wrong GPU, and that GPU holds memory no worker owns.")

@@ -1,0 +1,103 @@
+"""The planner's own rules, with small in-test plugins (the built-ins have their own tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+from conftest import host
+
+from gpudask import hookimpl
+from gpudask.config import CORE_OPTIONS, Settings
+from gpudask.facts import load_facts
+from gpudask.manager import PluginManager
+from gpudask.planner import build_plan
+
+
+def plugin(name, priority, **hooks):
+    mod = types.SimpleNamespace(name=name, priority=priority)
+    for hook_name, fn in hooks.items():
+        setattr(mod, hook_name, hookimpl(fn))
+    return mod
+
+
+def manager(*plugins):
+    m = PluginManager()
+    for p in plugins:
+        m.register(p)
+    return m
+
+
+A = plugin("a", 10, gpudask_select_transport=lambda plan: plan.add_ucx_transport("tcp", "always"))
+B = plugin("b", 20, gpudask_select_transport=lambda plan: plan.add_ucx_transport("cuda_copy", "gpu"))
+ENV = plugin("c", 30, gpudask_plan_process=lambda plan: plan.set_env("UCX_MAX_RNDV_RAILS", "1", "ib"))
+
+
+def plan(protocol="ucx", user_env=None, *plugins, facts="hgx-4gpu-2ib.json", nworkers=None):
+    return build_plan(load_facts(host(facts)), Settings(CORE_OPTIONS), manager(*plugins), protocol, nworkers,
+                      user_env or {})
+
+
+def test_ucx_tls_is_composed_from_every_contribution():
+    w = plan("ucx", {}, A, B).workers[0]
+    assert w.env["UCX_TLS"] == "tcp,cuda_copy"
+    (reason,) = [r for r in w.reasons if r.decision.startswith("UCX_TLS=")]
+    assert reason.plugin == "gpudask" and "a, b" in reason.why
+
+
+def test_no_ucx_tls_without_ucx():
+    assert "UCX_TLS" not in plan("tcp", {}, A, B).workers[0].env
+
+
+def test_ucx_tls_from_the_environment_wins_and_the_reason_says_so():
+    w = plan("ucx", {"UCX_TLS": "tcp,sm"}, A, B).workers[0]
+    assert w.env["UCX_TLS"] == "tcp,sm"
+    assert any("explicit settings win" in r.why and "tcp,cuda_copy" in r.why for r in w.reasons)
+
+
+def test_any_variable_the_user_exported_wins():
+    w = plan("ucx", {"UCX_MAX_RNDV_RAILS": "2"}, ENV).workers[0]
+    assert w.env["UCX_MAX_RNDV_RAILS"] == "2"
+    assert w.reasons[-1].decision == "UCX_MAX_RNDV_RAILS=2" and "detection chose 1" in w.reasons[-1].why
+
+
+def test_default_worker_count_is_one_per_visible_gpu():
+    assert plan("tcp", {}).nworkers == 4
+    assert plan("tcp", {}, facts="no-gpu.json").nworkers == 1
+    assert plan("tcp", {}, facts="subset-visible.json").nworkers == 2
+
+
+def test_planning_has_no_side_effects():
+    before = dict(os.environ)
+    plan("ucx", {}, A, B, ENV)
+    assert dict(os.environ) == before
+
+
+def test_info_json_has_the_design_shape():
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", host("hgx-4gpu-2ib.json"),
+                          "--protocol", "ucx", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["protocol"] == "ucx" and data["facts"]["hostname"] == "hgx4"
+    assert {"name", "priority", "source"} <= set(data["plugins"][0])
+    assert set(data["scheduler"]) >= {"env", "config"}
+    assert len(data["workers"]) == 4
+    for w in data["workers"]:
+        assert set(w) >= {"index", "gpu", "cuda_visible_devices", "env", "config", "interface", "cpu_affinity",
+                          "memory", "multiprocessing_method", "reasons"}
+        assert all(set(r) == {"plugin", "decision", "why"} for r in w["reasons"])
+
+
+def test_info_table_and_bad_facts_file(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", host("hgx-4gpu-2ib.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "host hgx4 (described by" in out.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": 1}')
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", str(bad)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert str(bad) in out.stderr and "is missing" in out.stderr
