@@ -158,6 +158,21 @@ def user_environ() -> dict[str, str]:
     return env
 
 
+def user_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of dask's config with gpudask's changes to this process taken out."""
+    import copy
+
+    import dask.config
+
+    shadowed = load_shadow()["config"]
+    if not shadowed:
+        return config
+    out = copy.deepcopy(config)
+    for key, original in shadowed.items():
+        dask.config.set({key: original}, config=out)
+    return out
+
+
 def restore_parent_changes() -> None:
     """In a child of a process gpudask configured (a nanny's worker), put the user's
     environment and config back before planning: the parent's plan was not ours."""

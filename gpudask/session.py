@@ -38,11 +38,13 @@ def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_pa
     manager = PluginManager.from_environment(extra_plugins)
     options = manager.config_options()
     register_defaults(options)
-    settings = Settings(options)
+    # plan from the user's config: what gpudask applied in this process (a nanny host
+    # re-planning for another nanny, a client after initialize()) is not the user's choice
+    user_config = runtime.user_config(dask.config.config)
+    settings = Settings(options, config=user_config, environ=user_env)
     warn_unknown(settings.validate_all())
     facts = get_facts(facts_path)
-    host = build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env,
-                      dask.config.config)
+    host = build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env, user_config)
     host.ctx.manager = manager  # apply hooks need it
     return host
 
@@ -95,6 +97,7 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
         protocol = protocol or locals_.get("protocol") or runtime.protocol_from(
             locals_.get("scheduler_ip"), locals_.get("scheduler_file"))
     protocol = protocol or os.environ.get("GPUDASK_PROTOCOL") or "tcp"
+    protocol = protocol.split("://", 1)[0]  # LocalCluster passes Worker(protocol="tcp://")
     nworkers = nworkers or runtime.int_env("GPUDASK_NWORKERS")
     index = runtime.worker_index(locals_) if role == "worker" else None
     if index is not None and nworkers is not None:
@@ -147,8 +150,26 @@ def _start_forkserver() -> None:
     import multiprocessing
     import multiprocessing.forkserver
 
+    import dask.config
+
     multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed"])
-    multiprocessing.forkserver.ensure_running()
+    # Workers forked from the server inherit its interpreter: give it what a nanny gives a
+    # spawned worker at interpreter start (MALLOC_TRIM_THRESHOLD_, PYTHONHASHSEED=6640 as in
+    # distributed's Nanny), in the server's environment only.
+    pre_spawn = {k: str(v) for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ", default=None)
+                                        or {}).items()}
+    if pre_spawn.get("PYTHONHASHSEED") in (None, "0"):
+        pre_spawn["PYTHONHASHSEED"] = "6640"
+    saved = {k: os.environ.get(k) for k in pre_spawn}
+    os.environ.update(pre_spawn)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _bind_cpus(cpus: list[int], ctx: Any) -> None:
@@ -161,7 +182,16 @@ def _bind_cpus(cpus: list[int], ctx: Any) -> None:
             logger.warning("gpudask: CPU affinity %s not applied: none of these CPUs is allowed to this process "
                            "(allowed: %s)", cpus, sorted(allowed))
             return
-        os.sched_setaffinity(0, target)
+        # pid 0 is only the calling thread: bind the threads that already exist too (BLAS pools...)
+        try:
+            threads = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            threads = [0]
+        for tid in threads:
+            try:
+                os.sched_setaffinity(tid, target)
+            except ProcessLookupError:
+                pass  # the thread ended meanwhile
     except OSError as e:  # e.g. EINVAL under Slurm cgroups: never fail the start for it
         logger.warning("gpudask: could not set CPU affinity %s: %s", cpus, e)
 

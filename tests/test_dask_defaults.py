@@ -1,0 +1,139 @@
+"""The built-in `gpu-dask-defaults` plugin: task-based rechunk/shuffle where GPU data is built."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import dask.config
+import pytest
+from conftest import base_env, host
+
+from gpudask.config import Settings
+from gpudask.facts import facts_from_dict, load_facts
+from gpudask.manager import PluginManager
+from gpudask.planner import build_plan
+from gpudask.plugins import dask_defaults as plugin
+
+RECHUNK, SHUFFLE = "array.rechunk.method", "dataframe.shuffle.method"
+
+
+def make(facts="h200-single.json", config=None, env=None, protocol="tcp"):
+    env = dict(env or {})
+    cfg: dict = {}
+    for key, value in (config or {}).items():
+        dask.config.update(cfg, _nested(key, value))
+    dask.config.update(cfg, dask.config.collect_env(env), priority="new")
+    m = PluginManager()
+    m.register(plugin)
+    settings = Settings(m.config_options(), config=cfg, environ=env)
+    facts_obj = load_facts(host(facts)) if isinstance(facts, str) else facts
+    return build_plan(facts_obj, settings, m, protocol, None, env, cfg)
+
+
+def _nested(key, value):
+    out: dict = {}
+    node = out
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return out
+
+
+def described(tmp_path, base="h200-single.json", **packages):
+    data = json.loads(pathlib.Path(host(base)).read_text())
+    data["packages"].update(packages)
+    return facts_from_dict(data, str(tmp_path / "host.json"))
+
+
+def reasons(plan, plugin_name="gpu-dask-defaults"):
+    return [r for r in plan.reasons if r.plugin == plugin_name]
+
+
+def test_gpu_workers_and_the_client_rechunk_with_tasks():
+    h = make("hgx-4gpu-2ib.json")
+    for p in (h.client, *h.workers):
+        assert p.config[RECHUNK] == "tasks", p.role
+        (r,) = [r for r in reasons(p) if r.decision.startswith(RECHUNK)]
+        assert "P2P rechunk fails on CuPy-backed arrays" in r.why
+    assert "graph is built here" in reasons(h.client)[0].why
+    assert RECHUNK not in h.scheduler.config and RECHUNK not in h.nanny.config
+
+
+def test_a_method_the_user_chose_wins_and_the_reason_says_so():
+    h = make(config={RECHUNK: "p2p"})
+    w = h.workers[0]
+    assert RECHUNK not in w.config
+    (r,) = reasons(w)
+    assert r.decision == "array.rechunk.method kept at 'p2p'" and "explicit settings win" in r.why
+
+
+def test_a_method_from_the_environment_wins():
+    h = make(env={"DASK_ARRAY__RECHUNK__METHOD": "p2p"})
+    assert RECHUNK not in h.client.config and RECHUNK not in h.workers[0].config
+
+
+def test_no_gpu_host_keeps_dask_defaults():
+    h = make("no-gpu.json")
+    assert RECHUNK not in h.workers[0].config and RECHUNK not in h.client.config
+    assert reasons(h.workers[0])[0].decision == "skipped"
+    assert reasons(h.client)[0].decision == "skipped"
+
+
+def test_a_client_without_gpu_but_with_cupy_builds_cupy_graphs(tmp_path):
+    h = make(described(tmp_path, "no-gpu.json", cupy="14.2.0"))
+    assert h.client.config[RECHUNK] == "tasks" and "cupy installed" in reasons(h.client)[0].why
+    assert RECHUNK not in h.workers[0].config
+
+
+def test_cudf_installed_means_task_shuffle(tmp_path):
+    h = make(described(tmp_path, cudf="26.10.0"))
+    for p in (h.client, h.workers[0]):
+        assert p.config[SHUFFLE] == "tasks"
+        assert any("does not support cuDF" in r.why for r in reasons(p))
+    assert SHUFFLE not in make().workers[0].config  # no cuDF: pandas shuffles keep P2P
+    h = make(described(tmp_path, cudf="26.10.0"), config={SHUFFLE: "p2p"})
+    assert SHUFFLE not in h.workers[0].config and h.workers[0].config[RECHUNK] == "tasks"
+
+
+def test_gpudask_info_shows_the_reason():
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", host("h200-single.json")],
+                         capture_output=True, text=True, timeout=120, env=base_env())
+    assert out.returncode == 0, out.stderr
+    assert "[gpu-dask-defaults] array.rechunk.method='tasks' -- P2P rechunk fails on CuPy-backed arrays" in out.stdout
+
+
+CLIENT = """
+import dask, gpudask
+from dask.array.rechunk import _choose_rechunk_method
+from distributed import Client
+gpudask.initialize()
+with Client(processes=False, n_workers=1, dashboard_address=None):
+    # a rechunk large enough that dask would pick P2P whenever a client exists
+    old, new = ((1,) * 400, (400,)), ((400,), (1,) * 400)
+    print(dask.config.get("array.rechunk.method"), _choose_rechunk_method(old, new))
+"""
+
+
+@pytest.mark.parametrize("user, expected", [(None, "tasks tasks"), ("p2p", "p2p p2p")])
+def test_initialized_client_builds_task_rechunks(user, expected):
+    env = base_env(GPUDASK_FACTS=host("h200-single.json"))
+    if user:
+        env["DASK_ARRAY__RECHUNK__METHOD"] = user
+    out = subprocess.run([sys.executable, "-c", CLIENT], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == expected
+
+
+def test_described_gpu_worker_process_gets_the_setting(cluster):
+    env = base_env(GPUDASK_FACTS=host("h200-single.json"))
+    cluster.scheduler("--preload", "gpudask", env=env)
+    cluster.worker("--preload", "gpudask", "--nthreads", "1", env=env)
+    with cluster.client() as client:
+        client.wait_for_workers(1, timeout=60)
+        (value,) = client.run(lambda: __import__("dask").config.get(RECHUNK)).values()
+        (nanny_value,) = client.run(lambda: __import__("dask").config.get(RECHUNK), nanny=True).values()
+    assert value == "tasks" and nanny_value is None
