@@ -127,6 +127,23 @@ def worker_init_locals() -> dict[str, Any]:
     return {}
 
 
+def set_listen_interface(interface: str) -> str:
+    """Make the Worker being constructed listen on ``interface`` (before its listen()).
+
+    The worker reads ``host``/``interface`` in ``Worker.__init__`` before importing its
+    preloads and only uses them at ``listen()``; the nanny passes them through from the
+    ``dask worker`` flags.  A user's ``--host``/``--interface`` wins.
+    """
+    locals_ = worker_init_locals()
+    worker = locals_.get("self")
+    if worker is None:
+        return "not applied: no Worker under construction in this process"
+    if locals_.get("host") or locals_.get("interface"):
+        return f"not applied: --host/--interface given ({locals_.get('host') or locals_.get('interface')})"
+    worker._interface = interface
+    return "applied"
+
+
 def protocol_from(address: str | None, scheduler_file: str | None) -> str | None:
     if scheduler_file and not address:
         try:

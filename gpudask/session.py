@@ -138,6 +138,10 @@ def apply_plan(session: Session) -> None:
     os.environ[runtime.SHADOW_ENV] = json.dumps(shadow)
     if plan.cpu_affinity and session.role == "worker":
         _bind_cpus(plan.cpu_affinity, ctx)
+    if plan.interface and session.role == "worker" and not ctx.facts.described:
+        outcome = runtime.set_listen_interface(plan.interface)
+        if outcome != "applied":
+            logger.info("gpudask: listen interface %s %s", plan.interface, outcome)
     session.manager.context_init(ctx, plan)
     if session.role == "worker":
         session.memory = session.manager.setup_memory(ctx, plan)

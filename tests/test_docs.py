@@ -1,0 +1,102 @@
+"""The documentation site builds with `mkdocs build --strict` and its generated reference is complete."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parents[1]
+DOCS = ROOT / "docs"
+
+
+def _gen_reference():
+    spec = importlib.util.spec_from_file_location("gen_reference", DOCS / "_hooks" / "gen_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def builtin_manager(monkeypatch):
+    """The core and the built-in plugins: what the documentation describes (third-party
+    plugins installed in this environment are not part of gpudask's docs)."""
+    from gpudask.manager import PluginManager
+
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGIN_AUTOLOAD", "1")
+    return PluginManager.from_environment()
+
+
+def _option_keys(manager) -> list[str]:
+    keys = [opt.key for opt in manager.config_options()]
+    assert keys, "no options at all: the core declares gpudask.plugins.*"
+    return keys
+
+
+def test_configuration_reference_lists_every_option(builtin_manager):
+    text = _gen_reference().configuration_markdown()
+    for key in _option_keys(builtin_manager):
+        assert f"### {key} " in text, f"the configuration reference has no section for {key}"
+
+
+def test_configuration_reference_names_the_plugin_and_legacy_keys():
+    gen = _gen_reference()
+    rows = {r["key"]: r for r in gen.option_rows()}
+    text = gen.configuration_markdown()
+    for key, row in rows.items():
+        assert row["plugin"] != "?", f"{key}: no plugin declares it"
+        for legacy in row["legacy"]:
+            assert f"`{legacy}`" in text
+
+
+def test_hookspec_reference_has_every_hook():
+    from gpudask.manager import HOOKS
+
+    text = _gen_reference().hookspecs_markdown()
+    for name in HOOKS:
+        assert f"## {name}\n" in text
+
+
+def test_architecture_lists_the_builtin_plugins_with_their_priorities(builtin_manager):
+    text = (DOCS / "architecture.md").read_text()
+    for plugin in builtin_manager.plugins:
+        if plugin.source == "builtin":
+            assert f"| {plugin.name} | {plugin.priority} |" in text, (
+                f"docs/architecture.md: the plugin table needs a row '| {plugin.name} | {plugin.priority} | ...'")
+
+
+def test_every_page_in_docs_is_in_the_nav():
+    import yaml
+
+    def pages(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for value in node.values():
+                yield from pages(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from pages(item)
+
+    nav = set(pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]))
+    written = {p.relative_to(DOCS).as_posix() for p in DOCS.glob("*.md")}
+    assert written <= nav, f"pages missing from the nav in mkdocs.yml: {sorted(written - nav)}"
+    missing = {p for p in nav - written if not p.startswith("reference/")}
+    assert not missing, f"nav names pages that do not exist: {sorted(missing)}"
+
+
+def test_mkdocs_build_strict(tmp_path, builtin_manager):
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[docs]')")
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
+                           "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    built = (site / "reference" / "configuration" / "index.html").read_text()
+    for key in _option_keys(builtin_manager):
+        assert key in built, f"the built configuration reference does not list {key}"
+    assert (site / "reference" / "hookspecs" / "index.html").is_file()
+    assert not (site / "_hooks").exists(), "the hooks module must not be published"
