@@ -155,13 +155,15 @@ def check_existing(ctx: Any, plan: Any, when: str) -> None:
             logger.info("gpudask: worker %s already has a CUDA context %s, on its own GPU", plan.index, when)
             return
         own = f", not on its own GPU {plan.gpu_index} ({plan.gpu})" if plan.gpu else ""
-        report(ctx, plan, f"{_where(plan)} already has a CUDA context on {_describe(info)} {when}{own}: "
-                          "it was created before gpudask set CUDA_VISIBLE_DEVICES="
-                          f"{plan.cuda_visible_devices}, so the worker computes, and UCX registers memory, on the "
-                          "wrong GPU, and that GPU holds memory no worker owns.")
+        cvd = plan.env.get("CUDA_VISIBLE_DEVICES")
+        report(ctx, plan, f"{_where(plan)} already has a CUDA context on {_describe(info)} {when}{own}: it was "
+                          "created before gpudask set up the worker"
+                          + (f" (CUDA_VISIBLE_DEVICES={cvd})" if cvd else "")
+                          + ", so the worker computes, and UCX registers memory, on that GPU, which also holds "
+                            "memory no worker owns.")
     elif plan.role == "client":
         report(ctx, plan, f"{_where(plan)} already has a CUDA context on {_describe(info)} {when}: UCX in this "
-                          "process is set up for that device, and workers started from here by fork inherit it.")
+                          "process is set up for that device, and processes forked from here inherit it.")
     else:
         report(ctx, plan, f"{_where(plan)} has a CUDA context on {_describe(info)} {when}: it holds GPU memory "
                           "that no worker can use (only worker processes should).")
@@ -175,7 +177,7 @@ def gpudask_context_init(ctx, plan):
         logger.debug("gpudask: CUDA context check skipped in %s: the host is described (%s)",
                      _where(plan), ctx.facts.origin)
         return
-    check_existing(ctx, plan, "before gpudask set it up")
+    check_existing(ctx, plan, "before gpudask.initialize()" if plan.role == "client" else "at gpudask's import")
     if plan.role == "worker" and plan.gpu is not None and ctx.uses_ucx:
         import dask.config
 
@@ -195,19 +197,15 @@ def create_context(ctx: Any, plan: Any) -> None:
                            "the CUDA context): pip install cuda-core") from None
     device = Device(0)
     device.set_current()
-    seen = [str(device.uuid)]
-    info = existing_context()  # NVML may not see this pid (containers without the host pid namespace)
-    if info is not None:
-        seen.append(_uuid_of(info))
-    wrong = [u for u in seen if not _same_device(u, plan, ctx)]
-    if wrong:
+    uuid = str(device.uuid)  # CUDA's own view of the device the context is on
+    if not _same_device(uuid, plan, ctx):
         report(ctx, plan, f"{_where(plan)} created its CUDA context on device 0 of CUDA_VISIBLE_DEVICES="
-                          f"{os.environ.get('CUDA_VISIBLE_DEVICES')} but it is on {wrong[0]}, not its own GPU "
+                          f"{os.environ.get('CUDA_VISIBLE_DEVICES')}, but that device is {uuid}, not its own GPU "
                           f"{plan.gpu}: CUDA was initialised before gpudask set CUDA_VISIBLE_DEVICES.")
         return
     logger.info("gpudask: worker %s created its CUDA context on GPU %s (%s) before UCX", plan.index,
                 plan.gpu_index, plan.gpu)
-    _quiet_ucxx_about(plan.gpu, seen)
+    _quiet_ucxx_about([plan.gpu, uuid])
 
 
 class _OwnContextFilter(logging.Filter):
@@ -226,10 +224,10 @@ class _OwnContextFilter(logging.Filter):
         return not any(u in text.lower() for u in self.uuids)
 
 
-def _quiet_ucxx_about(gpu: str, seen: list[str]) -> None:
+def _quiet_ucxx_about(uuids: list[str]) -> None:
     ucxx_logger = logging.getLogger("distributed_ucxx.ucxx")
     if not any(isinstance(f, _OwnContextFilter) for f in ucxx_logger.filters):
-        ucxx_logger.addFilter(_OwnContextFilter([gpu, *seen]))
+        ucxx_logger.addFilter(_OwnContextFilter(uuids))
 
 
 _CHECKED_AFTER_LISTEN = False

@@ -62,8 +62,8 @@ def _decide(ctx) -> tuple[bool, str]:
         ctx.warn(f"{METHOD_KEY}={user_method!r} set by the user while UCX uses InfiniBand ({', '.join(ib)}): "
                  f"a fork after UCX opened InfiniBand can corrupt registered memory; gpudask would use forkserver")
         return False, f"{METHOD_KEY}={user_method!r} set by the user (explicit settings win)"
-    return True, (f"UCX over InfiniBand ({', '.join(ib)} ACTIVE): worker processes are forked by a server "
-                  "started before UCX opens InfiniBand in this process, never by a process that has")
+    return True, (f"UCX over InfiniBand ({', '.join(ib)}): worker processes come from a fork server started "
+                  "before UCX opens InfiniBand here (a fork after that is not fork-safe)")
 
 
 @hookimpl
@@ -73,12 +73,12 @@ def gpudask_plan_process(ctx, plan):
     use, why = _decide(ctx)
     if use:
         if plan.role == "worker":
-            why = "started by its nanny's fork server; " + why
+            why = f"started by its nanny's fork server ({why})"
         plan.set_multiprocessing_method("forkserver", why)
         if plan.role == "worker":
             plan.set_env("PTXCOMPILER_CHECK_NUMBA_CODEGEN_PATCH_NEEDED", "0",
-                         "ptxcompiler's import-time check (cudf) forks a subprocess that creates a CUDA context; "
-                         "not needed when the driver matches the toolkit")
+                         "no fork at import: otherwise ptxcompiler (imported by cudf) starts a subprocess to "
+                         "compare the driver and CUDA runtime versions")
     elif plan.role == "nanny":
         plan.note("forkserver not used", why)
     if ctx.settings[DIAGNOSE]:
@@ -98,10 +98,14 @@ def gpudask_context_init(ctx, plan):
         return
     _WATCHING = True
     where = plan.role + (f" {plan.index}" if plan.index is not None else "")
-    logger.info("gpudask: fork diagnostics on in %s (pid %d): UCX_IB_FORK_INIT=%s. A UCX warning 'ibv_fork_init() "
-                "was disabled or failed, yet a fork() has been issued' from this process means it forked after UCX "
-                "opened InfiniBand", where, os.getpid(), os.environ.get("UCX_IB_FORK_INIT"))
-    os.register_at_fork(before=lambda: _before_fork(where))
+    logger.info("gpudask: fork diagnostics on in %s (pid %d): a UCX warning 'ibv_fork_init() was disabled or "
+                "failed, yet a fork() has been issued' from this process means it forked after UCX opened InfiniBand",
+                where, os.getpid())
+
+    def before_fork() -> None:
+        _before_fork(where)
+
+    os.register_at_fork(before=before_fork)
 
 
 def ucx_initialized() -> bool:
@@ -114,7 +118,7 @@ def _before_fork(where: str) -> None:
     if not ucx_initialized():
         return
     try:
-        stack = "".join(traceback.format_stack(limit=8)[:-1]).rstrip()
+        stack = "".join(traceback.format_stack(limit=10)[:-2]).rstrip()  # without before_fork and us
         logger.warning("gpudask: %s (pid %d) is forking after UCX initialised: if UCX opened an InfiniBand device "
                        "here, the child shares its registered memory copy-on-write and data may be corrupted (UCX "
                        "warns 'ibv_fork_init() was disabled or failed, yet a fork() has been issued'). Start "

@@ -43,7 +43,8 @@ def test_workers_get_exactly_what_gpudask_info_prints(cluster):
     with cluster.client() as client:
         client.wait_for_workers(2, timeout=60)
         workers = client.scheduler_info(n_workers=-1)["workers"]
-        plans = {w["gpudask"]["plan"]["index"]: w["gpudask"]["plan"] for w in workers.values()}
+        # msgpack hands lists back as tuples: compare as JSON, like `gpudask info --json`
+        plans = {w["gpudask"]["plan"]["index"]: json.loads(json.dumps(w["gpudask"]["plan"])) for w in workers.values()}
         real_env = client.run(lambda: {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "UCX_TLS")})
         cvd = {w["gpudask"]["plan"]["index"]: real_env[addr]["CUDA_VISIBLE_DEVICES"] for addr, w in workers.items()}
     for i in (0, 1):
