@@ -58,8 +58,10 @@ def info(facts: str | None, config_file: str | None, protocol: str, nworkers: in
 @click.option("--json", "as_json", is_flag=True)
 def plugins(as_json: bool) -> None:
     """List the plugins in effect: name, priority, source, hooks."""
+    from gpudask.config import load_dask_config
     from gpudask.manager import PluginManager
 
+    load_dask_config()  # gpudask.toml may enable or disable plugins
     loaded = [p.to_dict() for p in PluginManager.from_environment().plugins]
     if as_json:
         click.echo(json.dumps(loaded, indent=1))
@@ -123,7 +125,7 @@ def check(address: str | None, scheduler_file: str | None, as_json: bool, timeou
     sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo))
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
 @click.pass_context
 def bench(ctx: click.Context) -> None:
     """Benchmark tcp, ucx-stock, gpudask and dask-cuda side by side (see --help)."""

@@ -119,6 +119,10 @@ CORE_OPTIONS = [
            "($GPUDASK_DISABLE_PLUGIN_AUTOLOAD=1 turns it off).", parse_bool, "true or false"),
     Option("gpudask.plugins.trace", False, "Log every hook call (also $GPUDASK_TRACE_PLUGINS=1).",
            parse_bool, "true or false"),
+    Option("gpudask.scheduler-check.action", "warn",
+           "What the scheduler does with scheduler-check findings: warn (log and 'gpudask' event), error (also "
+           "warn every client), refuse (also close the offending worker).", choice("warn", "error", "refuse"),
+           "warn | error | refuse"),
 ]
 
 

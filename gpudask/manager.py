@@ -140,7 +140,10 @@ class PluginManager:
         return [p.name for p in self.plugins]
 
     # -- calling ---------------------------------------------------------------
-    def _call(self, hook_name: str, plan: Any = None, **kwargs: Any) -> list[tuple[LoadedPlugin, Any]]:
+    def _call(self, hook_name: str, plan: Any = None, isolate: bool = False,
+              **kwargs: Any) -> list[tuple[LoadedPlugin, Any]]:
+        """Call each implementation in priority order.  With ``isolate`` a failing plugin's
+        PluginError is returned as its result instead of stopping the others."""
         caller = getattr(self._pm.hook, hook_name)
         impls = {impl.plugin_name: impl for impl in caller.get_hookimpls()}
         results = []
@@ -155,11 +158,13 @@ class PluginManager:
             start = time.perf_counter()
             try:
                 result = impl.function(**wanted)
-            except GpudaskError as e:
-                # a plugin's own one-line error: keep its text, add who and where
-                raise PluginError(plugin.name, plugin.distribution, hook_name, str(e)) from e
             except Exception as e:  # noqa: BLE001
-                raise PluginError(plugin.name, plugin.distribution, hook_name, e) from e
+                # a plugin's own one-line error keeps its text; anything else its type too
+                error = PluginError(plugin.name, plugin.distribution, hook_name,
+                                    str(e) if isinstance(e, GpudaskError) else e)
+                if not isolate:
+                    raise error from e
+                result = error
             finally:
                 if plan is not None:
                     plan.acting_plugin = "gpudask"
@@ -201,14 +206,30 @@ class PluginManager:
         self._call("gpudask_preload", plan, ctx=ctx, server=server)
 
     def scheduler_check(self, ctx: Any, scheduler_facts: Any, worker_facts: Any) -> list[Any]:
+        """Findings of every plugin; a plugin that raises (or returns something that is
+        not a Finding) becomes a ``plugin-failed`` finding, the others still run."""
+        from gpudask.check import Finding
+
         findings = []
-        for plugin, result in self._call("gpudask_scheduler_check", ctx=ctx,
+        for plugin, result in self._call("gpudask_scheduler_check", isolate=True, ctx=ctx,
                                          scheduler_facts=scheduler_facts, worker_facts=worker_facts):
+            if isinstance(result, PluginError):
+                findings.append(Finding("warning", "plugin-failed", f"the check could not finish: {result}",
+                                        plugin=plugin.name))
+                continue
             for finding in result or []:
-                if getattr(finding, "plugin", None) in (None, ""):
-                    finding.plugin = plugin.name
+                if isinstance(finding, dict):
+                    finding = Finding.from_dict(finding) if _is_finding_dict(finding) else finding
+                if not isinstance(finding, Finding):
+                    finding = Finding("warning", "plugin-failed", f"the check could not finish: plugin returned "
+                                      f"{type(finding).__name__}, not a gpudask.check.Finding", plugin=plugin.name)
+                finding.plugin = finding.plugin or plugin.name
                 findings.append(finding)
         return findings
+
+def _is_finding_dict(data: dict[str, Any]) -> bool:
+    return isinstance(data.get("severity"), str) and isinstance(data.get("code"), str) \
+        and isinstance(data.get("message"), str)
 
 
 def _trace(message: str) -> None:

@@ -1,6 +1,243 @@
-"""The scheduler has what the workers need (GPU, driver, CUDA, packages)."""
+"""The scheduler has what the workers need (GPU, driver, CUDA, packages).
+
+The scheduler deserialises data now and then (arguments passed directly to
+``client.submit``, the meta of cuDF-backed collections, high-level graphs unpickled on
+the scheduler) and, over UCX, allocates device buffers for the GPU frames it relays
+(``rmm.DeviceBuffer`` in distributed-ucxx's ``read``).  So it should match the workers:
+a GPU with the same driver and CUDA versions (a smaller one will do) and the same
+packages.  The client should match too: it deserialises what it gathers.
+
+This plugin compares two processes' published facts (the scheduler with each worker,
+in the scheduler; the client with the scheduler and each worker, in
+:func:`gpudask.check`) and installs gpudask's scheduler check runner in a
+``dask scheduler --preload gpudask`` process.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from gpudask import hookimpl
+from gpudask.config import Option, parse_name_list
+
 name = "scheduler-parity"
 priority = 200
+
+PACKAGES_KEY = "gpudask.scheduler-parity.packages"
+DEFAULT_PACKAGES = ["python", "dask", "distributed", "cupy", "rmm", "cudf", "dask-cudf", "ucxx", "distributed-ucxx",
+                    "numba", "nvidia-ml-py"]
+UCX = ("ucx", "ucxx")
+# Compute capability below which RAPIDS (rmm, cudf) does not run (Volta, 7.0).
+RAPIDS_MIN_CC = (7, 0)
+
+# What goes wrong where a package is missing (or has another version).
+_MISSING_IMPACT = {
+    "cupy": "CuPy arrays deserialised there (arguments passed directly to client.submit, the meta of CuPy-backed "
+            "collections, gathered results) fail to load",
+    "rmm": "it cannot allocate device buffers (rmm.DeviceBuffer) for the GPU frames UCX receives",
+    "cudf": "cuDF objects and the meta of cuDF-backed collections fail to unpickle there",
+    "dask-cudf": "dask-cudf collections' graphs fail to unpickle there",
+    "ucxx": "the ucx:// protocol is not available there",
+    "distributed-ucxx": "the ucx:// protocol is not available there",
+    "numba": "Numba CUDA objects fail to deserialise there",
+    "nvidia-ml-py": "GPU diagnostics (NVML) are not available there",
+}
+_VERSION_IMPACT = {
+    "python": "pickled functions and objects may not load across Python versions",
+    "dask": "graphs may be built and understood differently (distributed warns as well)",
+    "distributed": "messages and graphs may be understood differently (distributed warns as well)",
+}
+_DEFAULT_VERSION_IMPACT = "objects serialised with one version may fail to load with the other"
+
+
+@hookimpl
+def gpudask_config_options():
+    return [Option(PACKAGES_KEY, list(DEFAULT_PACKAGES),
+                   "Packages whose versions the scheduler check compares between the scheduler, the workers and the "
+                   "client ('python' is the interpreter).", parse_name_list, "a list of package names")]
+
+
+@hookimpl
+def gpudask_preload(server):
+    """In ``dask scheduler --preload gpudask``: install the scheduler check runner."""
+    from distributed import Scheduler
+
+    if isinstance(server, Scheduler):
+        from gpudask.check import install
+
+        install(server)
+
+
+# ----------------------------------------------------------------------- reading sides
+def _label(side: dict) -> str:
+    return f"the {side.get('role') or 'other process'}"
+
+
+def _facts(side: Any) -> dict:
+    facts = side.get("facts") if isinstance(side, dict) else None
+    return facts if isinstance(facts, dict) else {}
+
+
+def _visible_gpus(side: dict) -> list[dict]:
+    """The GPUs CUDA shows the process (``cuda_visible_devices`` applied)."""
+    facts = _facts(side)
+    try:
+        from gpudask.facts import facts_from_dict
+
+        gpus = facts_from_dict(facts, "probed").visible_gpus()
+        by_index = {g.get("index"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
+        return [by_index.get(g.index, {"index": g.index}) for g in gpus]
+    except Exception:  # noqa: BLE001 - malformed facts: fall back to the list as it is
+        return [g for g in facts.get("gpus") or [] if isinstance(g, dict)]
+
+
+def _gpu_names(gpus: list[dict]) -> str:
+    names = sorted({str(g.get("name") or "GPU") for g in gpus})
+    return f"{len(gpus)} GPU(s) ({', '.join(names)})"
+
+
+def _cuda(version: Any) -> str:
+    return f"{version // 1000}.{version % 1000 // 10}" if isinstance(version, int) and not isinstance(version, bool) \
+        else str(version)
+
+
+def _min_cc(gpus: list[dict]) -> tuple[int, int] | None:
+    ccs = [tuple(g["compute_capability"]) for g in gpus
+           if isinstance(g.get("compute_capability"), list) and len(g["compute_capability"]) == 2
+           and all(isinstance(x, int) for x in g["compute_capability"])]
+    return min(ccs) if ccs else None
+
+
+def _packages(side: dict) -> dict:
+    packages = _facts(side).get("packages")
+    return packages if isinstance(packages, dict) else {}
+
+
+# ------------------------------------------------------------------------- comparison
+def _gpu_presence(ref: dict, other: dict, protocol: str | None, ref_gpus: list, other_gpus: list, F) -> list:
+    if bool(ref_gpus) == bool(other_gpus):
+        return []
+    has, lacks = (other, ref) if other_gpus else (ref, other)
+    gpus = other_gpus or ref_gpus
+    role = lacks.get("role")
+    over_ucx = protocol in UCX
+    head = f"{_label(lacks)} has no GPU visible while {_label(has)} has {_gpu_names(gpus)}"
+    details = {"has_gpu": has.get("role"), "no_gpu": role, "protocol": protocol}
+    if role == "scheduler" and over_ucx:
+        return [F("error", "scheduler-no-gpu",
+                  f"{head} and the protocol is {protocol}: GPU frames relayed through the scheduler will fail with "
+                  f"cudaErrorNoDevice (distributed-ucxx allocates an rmm.DeviceBuffer for each one it receives, e.g. "
+                  f"when the client gathers GPU results through the scheduler). Give the scheduler a GPU with the "
+                  f"workers' driver and CUDA (a smaller one will do)", details)]
+    if role == "scheduler":
+        return [F("warning", "scheduler-no-gpu",
+                  f"{head}: over {protocol or 'tcp'} this works until the scheduler must deserialise GPU data, which "
+                  f"then fails: arguments passed directly to client.submit (CuPy arrays, cuDF frames), the meta of "
+                  f"cuDF-backed collections, high-level graphs unpickled on the scheduler. With UCX it would be an "
+                  f"error (GPU frames relayed through the scheduler)", details)]
+    if role == "client":
+        if over_ucx:
+            return [F("error", "client-no-gpu",
+                      f"{head} and the protocol is {protocol}: GPU results sent to this client will fail with "
+                      f"cudaErrorNoDevice (UCX receives GPU frames into device buffers)", details)]
+        return [F("warning", "client-no-gpu",
+                  f"{head}: GPU-backed results gathered into this client (CuPy arrays, cuDF frames) cannot be "
+                  f"deserialised here", details)]
+    return [F("warning", "worker-no-gpu",
+              f"{head}: GPU tasks scheduled on this worker will fail (keep them off it with worker resources)",
+              details)]
+
+
+def _driver_and_cuda(ref: dict, other: dict, ref_gpus: list, other_gpus: list, F) -> list:
+    out = []
+    if not (ref_gpus and other_gpus):
+        return out  # a side without a GPU is reported above; its driver does not matter
+    rf, of = _facts(ref), _facts(other)
+    a, b = rf.get("driver_version"), of.get("driver_version")
+    if a and b and a != b:
+        out.append(F("warning", "driver-mismatch",
+                     f"NVIDIA driver differs: {_label(ref)} has {a}, {_label(other)} has {b}; the older driver "
+                     f"limits the CUDA version and features both sides can use",
+                     {"key": "driver_version", ref.get("role") or "reference": a, other.get("role") or "other": b}))
+    a, b = rf.get("cuda_driver_version"), of.get("cuda_driver_version")
+    if a is not None and b is not None and a != b:
+        major = isinstance(a, int) and isinstance(b, int) and a // 1000 != b // 1000
+        consequence = ("packages built for one CUDA major version (cupy-cuda13x, rmm-cu13 ...) do not run on the "
+                       "other" if major else "code built for the newer CUDA may not run on the older driver")
+        out.append(F("warning", "cuda-mismatch",
+                     f"CUDA driver version differs: {_label(ref)} has CUDA {_cuda(a)}, {_label(other)} has CUDA "
+                     f"{_cuda(b)}; {consequence}",
+                     {"key": "cuda_driver_version", ref.get("role") or "reference": a,
+                      other.get("role") or "other": b}))
+    ca, cb = _min_cc(ref_gpus), _min_cc(other_gpus)
+    if ca and cb:
+        for side, cc in ((ref, ca), (other, cb)):
+            pk = _packages(side)
+            rapids = [p for p in ("rmm", "cudf") if pk.get(p)]
+            if cc < RAPIDS_MIN_CC and rapids:
+                out.append(F("warning", "compute-capability",
+                             f"{_label(side)}'s GPU has compute capability {cc[0]}.{cc[1]}, below the "
+                             f"{RAPIDS_MIN_CC[0]}.{RAPIDS_MIN_CC[1]} that {', '.join(rapids)} need: they fail there",
+                             {"key": "compute_capability", "role": side.get("role"), "value": list(cc)}))
+        if ca[0] != cb[0]:
+            out.append(F("info", "compute-capability",
+                         f"compute capability differs: {_label(ref)} {ca[0]}.{ca[1]}, {_label(other)} {cb[0]}.{cb[1]} "
+                         f"(fine for relaying and deserialising data; kernels built for one only may not run on the "
+                         f"other)", {"key": "compute_capability", ref.get("role") or "reference": list(ca),
+                                     other.get("role") or "other": list(cb)}))
+    return out
+
+
+def _package_versions(ref: dict, other: dict, names: list[str], F) -> list:
+    out = []
+    ra, ob = _packages(ref), _packages(other)
+    for pkg in names:
+        if pkg not in ra or pkg not in ob:
+            continue  # unknown on one side (a facts file that does not list it): nothing to compare
+        a, b = ra[pkg], ob[pkg]
+        if a == b:
+            continue
+        details = {"package": pkg, ref.get("role") or "reference": a, other.get("role") or "other": b}
+        if a is None or b is None:
+            has, lacks, version = (other, ref, b) if a is None else (ref, other, a)
+            impact = _MISSING_IMPACT.get(pkg, _DEFAULT_VERSION_IMPACT)
+            out.append(F("warning", "package-missing",
+                         f"{pkg} is installed on {_label(has)} ({version}) but not on {_label(lacks)}: {impact}",
+                         details))
+        else:
+            impact = _VERSION_IMPACT.get(pkg, _DEFAULT_VERSION_IMPACT)
+            out.append(F("warning", "package-mismatch",
+                         f"{pkg} differs: {_label(ref)} has {a}, {_label(other)} has {b}: {impact}", details))
+    return out
+
+
+@hookimpl
+def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
+    """Compare the other process (a worker, or the client) with the reference one."""
+    from gpudask.check import Finding
+
+    if not isinstance(scheduler_facts, dict) or not isinstance(worker_facts, dict):
+        return []  # the runner reports processes without (valid) gpudask data itself
+
+    def F(severity, code, message, details=None):  # noqa: N802
+        return Finding(severity, code, message, details=details or {})
+
+    ref, other = scheduler_facts, worker_facts
+    protocols = [p for p in (ref.get("protocol"), other.get("protocol")) if isinstance(p, str)]
+    protocol = next((p for p in protocols if p in UCX), protocols[0] if protocols else None)
+    findings = []
+    if len(set(protocols)) > 1:
+        findings.append(F("warning", "protocol-mismatch",
+                          f"protocol differs: {_label(ref)} uses {ref.get('protocol')}, {_label(other)} uses "
+                          f"{other.get('protocol')}; transports and GPU frame handling differ between them",
+                          {"key": "protocol", ref.get("role") or "reference": ref.get("protocol"),
+                           other.get("role") or "other": other.get("protocol")}))
+    ref_gpus, other_gpus = _visible_gpus(ref), _visible_gpus(other)
+    findings += _gpu_presence(ref, other, protocol, ref_gpus, other_gpus, F)
+    findings += _driver_and_cuda(ref, other, ref_gpus, other_gpus, F)
+    try:
+        names = list(ctx.settings[PACKAGES_KEY])
+    except Exception:  # noqa: BLE001 - a context without this plugin's settings
+        names = list(DEFAULT_PACKAGES)
+    findings += _package_versions(ref, other, names, F)
+    return findings

@@ -48,11 +48,20 @@ def _clean_gpudask_env(monkeypatch, tmp_path):
         if name.startswith("GPUDASK_") or name.startswith("DASK_GPUDASK__"):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)  # no stray gpudask.toml
+    import copy
+
+    import dask.config
+
     from gpudask import facts
 
+    saved_config, saved_defaults = copy.deepcopy(dask.config.config), copy.deepcopy(dask.config.defaults)
     facts.clear_cache()
     yield
     facts.clear_cache()
+    # planning registers plugin defaults and applies plans: each test starts from the same config
+    dask.config.config.clear()
+    dask.config.config.update(saved_config)
+    dask.config.defaults[:] = saved_defaults
 
 
 def host(name: str) -> str:

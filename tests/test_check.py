@@ -1,0 +1,564 @@
+"""The scheduler check: the runner (SchedulerPlugin), the scheduler-parity plugin, the client side.
+
+Hook-level tests run in-process; cluster tests run real `dask scheduler` / `dask worker`
+processes with a different GPUDASK_FACTS per process (a GPU-less scheduler next to
+described H200 workers), over TCP and over UCX with UCX_TLS=tcp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import pytest
+
+from conftest import Cluster, base_env, host
+
+import gpudask
+from gpudask import hookimpl
+from gpudask.check import Finding, SchedulerCheck, evaluate_worker, run_hooks, side_from_published
+
+
+# ----------------------------------------------------------------------------- helpers
+@pytest.fixture(autouse=True)
+def _restore_global_state():
+    """plan_host registers every plugin's defaults in the global dask config: undo it."""
+    import copy
+
+    import dask.config
+
+    import logging
+
+    config, defaults = copy.deepcopy(dask.config.config), list(dask.config.defaults)
+    log = logging.getLogger("gpudask")
+    handlers, propagate, level = list(log.handlers), log.propagate, log.level
+    yield
+    dask.config.config.clear()
+    dask.config.config.update(config)
+    dask.config.defaults[:] = defaults
+    log.handlers[:], log.propagate = handlers, propagate  # an in-process scheduler sets up gpudask's log
+    log.setLevel(level)
+
+
+def facts_file(tmp_path: pathlib.Path, base: str, label: str, packages: dict | None = None, **changes) -> str:
+    """A described host derived from tests/hosts/<base>."""
+    data = json.loads(pathlib.Path(host(base)).read_text())
+    data.update(changes)
+    data["packages"] = {**data["packages"], **(packages or {})}
+    path = tmp_path / f"{label}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def no_gpu_ucx(tmp_path) -> str:
+    """A GPU-less scheduler host that can still run ucx:// (distributed-ucxx installed)."""
+    return facts_file(tmp_path, "no-gpu.json", "no-gpu-ucx", {"ucxx": "0.52.0", "distributed-ucxx": "0.52.0"},
+                      ucx_transports=["self", "tcp"])
+
+
+def side(role: str, facts_path: str, protocol: str = "tcp", address: str | None = None) -> dict:
+    published = {"facts": json.loads(pathlib.Path(facts_path).read_text()), "protocol": protocol, "version": "0.1.0"}
+    return side_from_published(published, role, address)
+
+
+def codes(findings) -> set[str]:
+    return {f.code if isinstance(f, Finding) else f["code"] for f in findings}
+
+
+def by_code(findings, code: str) -> list:
+    return [f for f in findings if (f.code if isinstance(f, Finding) else f["code"]) == code]
+
+
+def planned(protocol: str = "tcp", extra=()):
+    from gpudask.session import plan_host
+
+    host_plan = plan_host(protocol, facts_path=host("h200-single.json"), extra_plugins=extra)
+    return host_plan.ctx.manager, host_plan.ctx
+
+
+def wait_for(predicate, timeout: float = 90, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def gpudask_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpudask.cli", *args], capture_output=True, text=True, timeout=120,
+                          env=env or base_env())
+
+
+class CudfOnScheduler:
+    """A third-party check, as a plugin object (in-process)."""
+
+    name = "cudf-on-scheduler"
+    priority = 900
+
+    @hookimpl
+    def gpudask_scheduler_check(self, scheduler_facts, worker_facts):
+        if not worker_facts:
+            return []
+        ours = scheduler_facts["facts"]["packages"].get("cudf")
+        theirs = worker_facts["facts"]["packages"].get("cudf")
+        if theirs and not ours:
+            return [Finding("warning", "cudf-missing",
+                            f"cudf on the {worker_facts['role']} ({theirs}) but not on the {scheduler_facts['role']}")]
+        return []
+
+
+# ---------------------------------------------------------------------- in-process: data
+def test_finding_checks_its_severity_and_round_trips():
+    f = Finding("error", "x", "boom", details={"a": [1, 2]})
+    assert Finding.from_dict(f.to_dict()) == f
+    with pytest.raises(ValueError, match="severity"):
+        Finding("fatal", "x", "boom")
+    # untrusted dicts are read defensively
+    assert Finding.from_dict({"severity": "nonsense", "message": 3}).severity == "warning"
+
+
+def test_gpudask_check_is_callable_and_holds_the_plugin_class():
+    import gpudask.check as module
+
+    assert gpudask.check is module and callable(gpudask.check)
+    assert gpudask.check.SchedulerCheck is SchedulerCheck
+    plugin = SchedulerCheck(action="refuse")
+    import pickle
+
+    again = pickle.loads(pickle.dumps(plugin))
+    assert again.action_override == "refuse" and again.scheduler is None
+    with pytest.raises(gpudask.GpudaskError, match="warn | error | refuse"):
+        SchedulerCheck(action="explode")
+
+
+def test_the_action_setting_is_validated():
+    import dask.config
+
+    from gpudask.config import CORE_OPTIONS, Settings
+    from gpudask.errors import ConfigError
+
+    name = "DASK_GPUDASK__SCHEDULER_CHECK__ACTION"
+    for value, expected in (("refuse", "refuse"), ("kill", None)):
+        environ = {name: value}
+        settings = Settings(CORE_OPTIONS, config=dask.config.collect_env(environ), environ=environ)
+        if expected:
+            setting = settings.get("gpudask.scheduler-check.action")
+            assert setting.value == expected and setting.source == f"${name}"
+        else:
+            with pytest.raises(ConfigError, match="gpudask.scheduler-check.action = 'kill' .* warn | error | refuse"):
+                settings.get("gpudask.scheduler-check.action")
+    assert Settings(CORE_OPTIONS, config={}, environ={})["gpudask.scheduler-check.action"] == "warn"
+
+
+# ------------------------------------------------------------------ in-process: parity
+@pytest.mark.parametrize("protocol, severity", [("tcp", "warning"), ("ucx", "error")])
+def test_gpu_less_scheduler(tmp_path, protocol, severity):
+    manager, ctx = planned()
+    findings = run_hooks(manager, ctx, side("scheduler", no_gpu_ucx(tmp_path), protocol),
+                         side("worker", host("h200-single.json"), protocol), "tcp://w:1", "scheduler")
+    (f,) = by_code(findings, "scheduler-no-gpu")
+    assert f.severity == severity and f.plugin == "scheduler-parity" and f.subject == "tcp://w:1"
+    assert "NVIDIA H200" in f.message
+    if protocol == "ucx":
+        assert "GPU frames relayed through the scheduler will fail with cudaErrorNoDevice" in f.message
+    else:  # the edge cases are named
+        assert "client.submit" in f.message and "meta of cuDF-backed collections" in f.message
+    (cupy,) = [f for f in by_code(findings, "package-missing") if f.details["package"] == "cupy"]
+    assert cupy.message.startswith("cupy is installed on the worker (14.2.0) but not on the scheduler")
+
+
+def test_driver_cuda_and_packages_mismatch_name_both_sides(tmp_path):
+    old = facts_file(tmp_path, "h200-single.json", "old-driver", {"cupy": None, "numba": "0.60.0"},
+                     driver_version="550.54.15", cuda_driver_version=12040)
+    manager, ctx = planned("ucx")
+    findings = run_hooks(manager, ctx, side("scheduler", old, "ucx"), side("worker", host("h200-single.json"), "ucx"),
+                         "ucx://w:1", "scheduler")
+    assert all(f.severity != "error" for f in findings)
+    (driver,) = by_code(findings, "driver-mismatch")
+    assert "the scheduler has 550.54.15, the worker has 580.159.04" in driver.message
+    (cuda,) = by_code(findings, "cuda-mismatch")
+    assert "the scheduler has CUDA 12.4, the worker has CUDA 13.0" in cuda.message
+    (numba,) = by_code(findings, "package-mismatch")
+    assert "numba differs: the scheduler has 0.60.0, the worker has 0.62.1" in numba.message
+    assert [f.details["package"] for f in by_code(findings, "package-missing")] == ["cupy"]
+
+
+def test_matching_processes_have_no_findings():
+    manager, ctx = planned("ucx")
+    h200 = host("h200-single.json")
+    assert run_hooks(manager, ctx, side("scheduler", h200, "ucx"), side("worker", h200, "ucx"), "w", "s") == []
+
+
+def test_a_worker_without_a_gpu_and_the_client_are_named_by_role(tmp_path):
+    manager, ctx = planned("ucx")
+    h200, cpu = host("h200-single.json"), no_gpu_ucx(tmp_path)
+    (f,) = by_code(run_hooks(manager, ctx, side("scheduler", h200, "ucx"), side("worker", cpu, "ucx"), "w", "s"),
+                   "worker-no-gpu")
+    assert f.severity == "warning" and "GPU tasks scheduled on this worker will fail" in f.message
+    (f,) = by_code(run_hooks(manager, ctx, side("worker", h200, "ucx"), side("client", cpu, "ucx"), "client", "w"),
+                   "client-no-gpu")
+    assert f.severity == "error" and f.message.startswith("the client has no GPU visible while the worker has")
+
+
+@pytest.mark.parametrize("junk", [
+    "junk", 42, None, [1, 2], {"facts": "x"}, {"no": "facts"},
+    {"facts": {"schema": 1, "gpus": "many"}},
+    {"facts": {"schema": 2}},
+    {"facts": json.loads(pathlib.Path(host("h200-single.json")).read_text()), "protocol": 7},
+    {"facts": {1: 2}},
+    {"facts": {"deep": [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}},
+    {"facts": "x" * 100000},
+    {"facts": b"bytes"},
+    {"facts": float("nan")},
+])
+def test_malformed_worker_data_is_reported_never_raised(junk):
+    manager, ctx = planned()
+    s = side("scheduler", host("h200-single.json"))
+    findings, worker_side = evaluate_worker(manager, ctx, s, "tcp://w:1", {"gpudask": junk})
+    assert worker_side is None
+    (f,) = findings
+    assert f.code == "malformed-facts" and f.severity == "warning" and f.subject == "tcp://w:1"
+    assert "malformed gpudask data" in f.message
+
+
+def test_a_worker_without_gpudask_is_reported():
+    manager, ctx = planned()
+    for extra in ({}, {"other": 1}, "not even a dict"):
+        (f,) = evaluate_worker(manager, ctx, side("scheduler", host("h200-single.json")), "tcp://w:1", extra)[0]
+        assert f.code == "no-gpudask" and "--preload gpudask" in f.message
+
+
+def test_third_party_plugin_adds_findings_through_the_hook(tmp_path):
+    from gpudask.manager import PluginManager
+
+    manager = PluginManager.from_environment(extra=[CudfOnScheduler()])
+    assert "cudf-on-scheduler" in manager.names()
+    with_cudf = facts_file(tmp_path, "h200-single.json", "cudf", {"cudf": "25.10.0"})
+    findings = run_hooks(manager, None, side("scheduler", host("h200-single.json")), side("worker", with_cudf),
+                         "tcp://w:1", "scheduler")
+    (f,) = by_code(findings, "cudf-missing")
+    assert f.plugin == "cudf-on-scheduler" and f.message == "cudf on the worker (25.10.0) but not on the scheduler"
+    # the built-in check says it too, in its own words
+    assert [x.plugin for x in by_code(findings, "package-missing")] == ["scheduler-parity"]
+
+
+def test_a_failing_or_misbehaving_plugin_becomes_a_finding():
+    from gpudask.manager import PluginManager
+
+    class Broken:
+        name, priority = "broken", 1
+
+        @hookimpl
+        def gpudask_scheduler_check(self, worker_facts):
+            raise RuntimeError("oops")
+
+    class Sloppy:
+        name, priority = "sloppy", 1
+
+        @hookimpl
+        def gpudask_scheduler_check(self):
+            import types
+
+            return [types.SimpleNamespace(plugin=None)]
+
+    class Careless:
+        name, priority = "careless", 1
+
+        @hookimpl
+        def gpudask_scheduler_check(self):
+            return ["not a finding"]
+
+    s = side("scheduler", host("h200-single.json"))
+    for plugin, text in ((Broken(), "RuntimeError: oops"), (Sloppy(), "returned SimpleNamespace, not a gpudask"),
+                         (Careless(), "returned str, not a gpudask")):
+        manager = PluginManager()
+        manager.register(plugin)
+        (f,) = run_hooks(manager, None, s, s, "w", "scheduler")
+        assert f.code == "plugin-failed" and text in f.message
+
+
+def test_install_on_a_running_scheduler_starts_once_and_checks_connected_workers(monkeypatch):
+    """What a plugin registered late does through the preload hook (in-process servers)."""
+    import asyncio
+
+    from distributed import Scheduler, Worker
+
+    from gpudask.check import PLUGIN_NAME, install
+
+    monkeypatch.setenv("GPUDASK_FACTS", host("h200-single.json"))
+
+    async def main():
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as scheduler:
+            async with Worker(scheduler.address, host="127.0.0.1", nthreads=1):
+                plugin = install(scheduler)
+                assert install(scheduler) is plugin and scheduler.plugins[PLUGIN_NAME] is plugin
+                for _ in range(300):
+                    if plugin.results:
+                        break
+                    await asyncio.sleep(0.05)
+                await plugin.start(scheduler)  # a second start (e.g. by gpudask.SchedulerPlugin) is a no-op
+                (entry,) = plugin.results.values()
+                assert codes(entry["findings"]) == {"no-gpudask"}
+                events = [e for _, e in scheduler.get_events("gpudask")]
+                assert [e["action"] for e in events] == ["scheduler-check"]
+                report = plugin.handle_report()
+                assert report["installed"] and report["status"] == "warning"
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------------- clusters
+def scheduler_env(facts: str, **extra: str) -> dict:
+    return base_env(GPUDASK_FACTS=facts, **extra)
+
+
+def test_tcp_gpu_less_scheduler_warns_in_log_events_scheduler_info_and_check(cluster, tmp_path, monkeypatch):
+    cluster.scheduler("--preload", "gpudask", env=scheduler_env(no_gpu_ucx(tmp_path),
+                                                                DASK_GPUDASK__SCHEDULER_CHECK__ACTION="warn"))
+    cluster.worker("--preload", "gpudask", env=scheduler_env(host("h200-single.json")))
+    monkeypatch.setenv("GPUDASK_FACTS", no_gpu_ucx(tmp_path))  # the client is GPU-less too
+    with cluster.client() as client:
+        client.wait_for_workers(1, timeout=120)
+        (address,) = client.scheduler_info()["workers"]
+        events = wait_for(lambda: [e for _, e in client.get_events("gpudask") if e.get("worker") == address],
+                          what="the scheduler-check event")
+        assert events[0]["action"] == "scheduler-check" and events[0]["status"] == "warning"
+        assert events[0]["policy"] == "warn" and "scheduler-no-gpu" in codes(events[0]["findings"])
+        entry = client.scheduler_info()["workers"][address]["gpudask-check"]
+        assert entry["status"] == "warning" and "scheduler-no-gpu" in codes(entry["findings"])
+        assert client.submit(sum, [1, 2]).result() == 3  # warn only: the worker stays
+
+        report = gpudask.check(client)
+    assert report["installed"] and report["action"] == "warn" and report["status"] == "warning"
+    assert report["workers"][address]["gpudask"] is True
+    (f,) = [f for f in report["findings"] if f["code"] == "scheduler-no-gpu"]
+    assert f["subject"] == address and f["reference"] == "scheduler" and f["severity"] == "warning"
+    # the client is compared too: GPU-less next to a GPU worker
+    (c,) = by_code(report["client"]["findings"], "client-no-gpu")
+    assert c["subject"] == "client" and c["reference"] == address
+    log = cluster.log("scheduler")
+    assert "gpudask.check - WARNING - gpudask check: warning: " + address in log
+    assert "the scheduler has no GPU visible while the worker has 1 GPU(s) (NVIDIA H200)" in log
+
+    out = gpudask_cli("check", "--scheduler-file", cluster.scheduler_file)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "the scheduler has no GPU visible" in out.stdout
+    assert "action warn" in out.stdout and address in out.stdout
+
+
+def test_ucx_gpu_less_scheduler_is_an_error_told_to_every_client(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    env = dict(UCX_TLS="tcp", DASK_GPUDASK__SCHEDULER_CHECK__ACTION="error")
+    cluster.scheduler("--preload", "gpudask", env=scheduler_env(no_gpu_ucx(tmp_path), **env), protocol="ucx")
+    assert cluster.address.startswith("ucx://")
+    with cluster.client() as client:
+        told = []
+        client.subscribe_topic("gpudask", told.append)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cluster.worker("--preload", "gpudask", env=scheduler_env(host("h200-single.json"), **env))
+            client.wait_for_workers(1, timeout=120)
+            wait_for(lambda: [w for w in caught if "gpudask scheduler check" in str(w.message)],
+                     what="the client-side warning")
+        (address,) = client.scheduler_info()["workers"]
+        assert address.startswith("ucx://")
+        (warned,) = [str(w.message) for w in caught if "gpudask scheduler check" in str(w.message)]
+        assert "GPU frames relayed through the scheduler will fail with cudaErrorNoDevice" in warned
+        wait_for(lambda: told, what="the subscribed gpudask event")
+        assert told[0][1]["status"] == "error"
+        report = gpudask.check(client)
+    assert report["status"] == "error" and report["action"] == "error"
+    (f,) = [f for f in report["findings"] if f["code"] == "scheduler-no-gpu"]
+    assert f["severity"] == "error" and f["subject"] == address
+    out = gpudask_cli("check", cluster.address, "--json", env=base_env(UCX_TLS="tcp"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    cli = json.loads(out.stdout)
+    assert cli["status"] == "error" and cli["workers"][address]["status"] == "error"
+
+
+def test_mismatched_driver_and_cupy_missing_on_the_scheduler(cluster, tmp_path, monkeypatch):
+    sched = facts_file(tmp_path, "h200-single.json", "older", {"cupy": None},
+                       driver_version="550.54.15", cuda_driver_version=12040)
+    cluster.scheduler("--preload", "gpudask", env=scheduler_env(sched))
+    cluster.worker("--preload", "gpudask", env=scheduler_env(host("h200-single.json")))
+    monkeypatch.setenv("GPUDASK_FACTS", host("h200-single.json"))
+    with cluster.client() as client:
+        client.wait_for_workers(1, timeout=120)
+        report = gpudask.check(client)
+    (address,) = report["workers"]
+    worker = report["workers"][address]
+    assert worker["status"] == "warning"
+    assert {"driver-mismatch", "cuda-mismatch", "package-missing"} <= codes(worker["findings"])
+    (driver,) = by_code(worker["findings"], "driver-mismatch")
+    assert "the scheduler has 550.54.15, the worker has 580.159.04" in driver["message"]
+    (cupy,) = by_code(worker["findings"], "package-missing")
+    assert cupy["details"] == {"package": "cupy", "scheduler": None, "worker": "14.2.0"}
+    assert "scheduler-no-gpu" not in codes(report["findings"])
+    # the client (described as the worker's host) differs from the scheduler in the same way
+    assert "driver-mismatch" in codes(by_code(report["client"]["findings"], "driver-mismatch"))
+    assert report["status"] == "warning"
+
+
+def test_refuse_closes_the_offending_worker_with_the_finding_as_reason(cluster, tmp_path):
+    cpu = no_gpu_ucx(tmp_path)
+    cluster.scheduler("--preload", "gpudask", env=scheduler_env(cpu, DASK_GPUDASK__SCHEDULER_CHECK__ACTION="refuse"))
+    cluster.worker("--preload", "gpudask", "--name", "same", env=scheduler_env(cpu), label="same")
+    bad = cluster.worker("--preload", "gpudask", "--name", "gpu", env=scheduler_env(host("h200-single.json")),
+                         label="gpu")
+    with cluster.client() as client:
+        # the mismatching worker's process ends by itself (its nanny is told not to restart it)
+        bad.wait(timeout=120)
+        client.wait_for_workers(1, timeout=120)
+        names = [w["name"] for w in client.scheduler_info()["workers"].values()]
+        assert names == ["same"]
+        report = gpudask.check(client)
+        events = [e for _, e in client.get_events("gpudask") if e.get("action") == "refuse-worker"]
+    assert report["action"] == "refuse"
+    (address,) = report["refused"]
+    assert "scheduler-no-gpu" in codes(report["refused"][address]["findings"])
+    assert len(events) == 1 and events[0]["worker"] == address
+    assert "gpudask scheduler check refused this worker" in cluster.log("gpu")
+    assert "the scheduler has no GPU visible" in cluster.log("gpu")
+    assert "closing worker " + address in cluster.log("scheduler")
+
+
+JUNK_PRELOAD = '''
+def dask_setup(worker):
+    worker.startup_information["gpudask"] = lambda w: {"version": 3, "protocol": ["tcp"],
+                                                      "facts": {"schema": 1, "gpus": "lots", "packages": [1]}}
+'''
+
+THIRD_PARTY = '''
+from gpudask import hookimpl
+from gpudask.check import Finding
+
+
+class CudfOnScheduler:
+    name = "cudf-on-scheduler"
+    priority = 900
+
+    @hookimpl
+    def gpudask_scheduler_check(self, scheduler_facts, worker_facts):
+        if not worker_facts:
+            return []
+        ours = scheduler_facts["facts"]["packages"].get("cudf")
+        theirs = worker_facts["facts"]["packages"].get("cudf")
+        if theirs and not ours:
+            return [Finding("warning", "cudf-missing",
+                            f"cudf on the {worker_facts['role']} ({theirs}) but not on the {scheduler_facts['role']}")]
+        return []
+'''
+
+
+def test_registered_late_it_checks_connected_workers_and_survives_junk(cluster, tmp_path, monkeypatch):
+    """No preload on the scheduler; a client registers the check after three workers joined:
+    a gpudask worker (with cudf), a stock worker, and one whose preload publishes junk."""
+    (tmp_path / "junk_preload.py").write_text(JUNK_PRELOAD)
+    (tmp_path / "third_party_check.py").write_text(textwrap.dedent(THIRD_PARTY))
+    path_env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    cluster.scheduler(env=scheduler_env(no_gpu_ucx(tmp_path), **path_env))
+    with_cudf = facts_file(tmp_path, "h200-single.json", "cudf", {"cudf": "25.10.0"})
+    cluster.worker("--preload", "gpudask", "--name", "gpudask", env=scheduler_env(with_cudf), label="w-gpudask")
+    cluster.worker("--name", "stock", env=base_env(), label="w-stock")
+    cluster.worker("--preload", str(tmp_path / "junk_preload.py"), "--name", "junk", env=base_env(**path_env),
+                   label="w-junk")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from third_party_check import CudfOnScheduler as Shipped
+
+    with cluster.client() as client:
+        client.wait_for_workers(3, timeout=120)
+        before = gpudask.check(client)  # nothing installed: a one-off report, nothing enforced
+        assert before["installed"] is False and len(before["workers"]) == 3
+        assert client.get_events("gpudask") == ()
+
+        client.register_plugin(SchedulerCheck(extra_plugins=[Shipped()]))
+        def checks():
+            found = [e for _, e in client.get_events("gpudask") if e.get("action") == "scheduler-check"]
+            return found if len(found) >= 3 else None
+
+        events = wait_for(checks, what="three checks")
+        names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()}
+        report = gpudask.check(client)
+        assert client.submit(sum, [1, 2]).result() == 3  # the scheduler is fine
+        # registering again (idempotent) changes nothing
+        client.register_plugin(SchedulerCheck())
+        assert len(client.get_events("gpudask")) == len(events)
+    assert report["installed"] and len(events) == 3
+    by_name = {names[a]: w for a, w in report["workers"].items()}
+    assert codes(by_name["stock"]["findings"]) == {"no-gpudask"} and by_name["stock"]["gpudask"] is False
+    assert codes(by_name["junk"]["findings"]) == {"malformed-facts"}
+    assert "key 'gpus' must be a list" in by_name["junk"]["findings"][0]["message"]
+    gpu = by_name["gpudask"]["findings"]
+    assert {"scheduler-no-gpu", "package-missing", "cudf-missing"} <= codes(gpu)
+    (third,) = by_code(gpu, "cudf-missing")
+    assert third["plugin"] == "cudf-on-scheduler" and third["severity"] == "warning"
+    assert "gpudask check: scheduler " in cluster.log("scheduler")
+
+    # the client side runs third-party plugins too (this client has cudf, the scheduler not)
+    monkeypatch.setenv("GPUDASK_FACTS", with_cudf)
+    with cluster.client() as client:
+        mine = gpudask.check(client, extra_plugins=[CudfOnScheduler()])["client"]["findings"]
+    (f,) = by_code(mine, "cudf-missing")
+    assert f["plugin"] == "cudf-on-scheduler" and f["subject"] == "client" and f["reference"] == "scheduler"
+    assert f["message"] == "cudf on the client (25.10.0) but not on the scheduler"
+
+
+# ------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+def test_gpu_less_ucx_scheduler_fails_and_gpudask_says_so_first(tmp_path):
+    """On a GPU machine: the scheduler started with CUDA_VISIBLE_DEVICES="" over UCX, GPU
+    workers (gpudask-preloaded), a CuPy-backed array computed and gathered (through the
+    scheduler, distributed's default).  First with a stock scheduler: the raw failure;
+    then with `--preload gpudask`: the error-level finding, before the same failure.
+    Both are printed (run with -s) so they can be pasted into the notes."""
+    import dask.array as da
+
+    def run(label: str, preload: bool) -> tuple[str, str, dict | None]:
+        c = Cluster(tmp_path / label)
+        (tmp_path / label).mkdir()
+        try:
+            sched_env = base_env(CUDA_VISIBLE_DEVICES="")
+            c.scheduler(*(["--preload", "gpudask"] if preload else []), env=sched_env, protocol="ucx")
+            c.worker("--preload", "gpudask", env=base_env())
+            with c.client(timeout=60) as client:
+                client.wait_for_workers(1, timeout=120)
+                report = gpudask.check(client) if preload else None
+                import cupy
+
+                x = da.random.random((4000, 4000), chunks=(1000, 4000)).map_blocks(cupy.asarray, dtype="f8")
+                future = client.compute(x.sum(axis=0))
+                try:
+                    result = future.result(timeout=60)
+                    outcome = f"no failure: gathered {type(result).__module__}.{type(result).__name__}"
+                except Exception as e:  # noqa: BLE001 - the failure is what we show
+                    outcome = f"{type(e).__name__}: {e}"
+            log = "\n".join(line for line in c.log("scheduler").splitlines()
+                            if any(k in line for k in ("cudaErrorNoDevice", "CUDA", "DeviceBuffer", "rmm",
+                                                       "gpudask check", "Couldn't gather")))
+            return outcome, log, report
+        finally:
+            c.stop()
+
+    raw_outcome, raw_log, _ = run("raw", preload=False)
+    print("\n=== without gpudask on the scheduler (CUDA_VISIBLE_DEVICES='', --protocol ucx) ===")
+    print("client:", raw_outcome)
+    print("scheduler log:\n" + raw_log)
+    outcome, log, report = run("gpudask", preload=True)
+    print("\n=== with --preload gpudask on the scheduler ===")
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    for f in errors:
+        print(f"finding ({f['severity']}, {f['plugin']}): {f['subject']} vs {f['reference']}: {f['message']}")
+    print("client:", outcome)
+    print("scheduler log:\n" + log)
+    assert "no failure" not in raw_outcome or "cudaErrorNoDevice" in raw_log
+    workers = [f for f in errors if f["subject"] != "client"]
+    assert workers and {f["code"] for f in workers} == {"scheduler-no-gpu"}
+    assert "GPU frames relayed through the scheduler will fail with cudaErrorNoDevice" in workers[0]["message"]
