@@ -25,6 +25,9 @@ _LAZY = {
     "check": ("gpudask.check", "check"),
     "cluster_kwargs": ("gpudask.cluster", "cluster_kwargs"),
     "LocalGPUCluster": ("gpudask.cluster", "LocalGPUCluster"),
+    "WorkerPlugin": ("gpudask.distributed_plugins", "WorkerPlugin"),
+    "NannyPlugin": ("gpudask.distributed_plugins", "NannyPlugin"),
+    "SchedulerPlugin": ("gpudask.distributed_plugins", "SchedulerPlugin"),
 }
 
 

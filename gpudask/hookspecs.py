@@ -171,9 +171,13 @@ def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
     a worker joins (and for workers already connected when the plugin is registered
     late), and in a client by :func:`gpudask.check`.
 
-    :param scheduler_facts: the scheduler's published facts (a JSON-compatible dict:
-        ``{"facts": <schema 1>, "protocol": str, "gpudask": version}``).
-    :param worker_facts: the same shape for the other side, or ``None`` when that
-        process does not run gpudask.  Treat it as untrusted data.
-    :return: a list of :class:`gpudask.check.Finding` (may be empty).
+    :param scheduler_facts: the reference side, a JSON-compatible dict
+        ``{"role", "address", "facts" (schema 1), "protocol", "gpudask" (version),
+        "facts_origin"}`` -- the scheduler, or a worker when the client is compared.
+    :param worker_facts: the same shape for the other side (a worker or the client),
+        or ``None`` when that process does not run gpudask.  It arrived over the network:
+        treat it as untrusted data (types are validated, nothing is unpickled).
+    :return: a list of :class:`gpudask.check.Finding` (may be empty).  A plugin that
+        raises, or returns something else, becomes a ``plugin-failed`` finding; the other
+        plugins still run.
     """

@@ -29,6 +29,10 @@ def on_import() -> None:
     role, cli = runtime.detect_role()
     if role == "client":
         return
+    if not _imported_by_distributed_preload():
+        # Imported late in a running server (e.g. while unpickling a plugin registered by
+        # a client): too late for import-time apply; gpudask.distributed_plugins handles it.
+        return
     _ensure_log_handler()
     try:
         s = session.start(role, cli)
@@ -43,6 +47,18 @@ def on_import() -> None:
     logger.info(session.startup_line(s))
     for warning in s.host.warnings:
         logger.warning("gpudask: %s", warning)
+
+
+def _imported_by_distributed_preload() -> bool:
+    """Is this import run by distributed's preload machinery (``--preload``,
+    ``--preload-nanny``, ``distributed.*.preload``), i.e. before ``listen()``?"""
+    suffix = os.path.join("distributed", "preloading.py")
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(suffix):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def initialize(protocol: str | None = None, nworkers: int | None = None) -> session.Session:

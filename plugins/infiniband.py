@@ -1,6 +1,244 @@
-"""UCX over InfiniBand: rc, rdmacm, the port nearest each GPU."""
+"""UCX over InfiniBand: rc, rdmacm, and for each worker the port nearest its GPU.
+
+With an active InfiniBand port (state ACTIVE, link layer InfiniBand; DOWN ports and
+RoCE ports are not InfiniBand) and UCX (DESIGN §3, §5):
+
+* ``rc`` in ``UCX_TLS`` and ``UCX_SOCKADDR_TLS_PRIORITY=rdmacm,tcp`` in every UCX
+  process (rdmacm sets up connections over InfiniBand; tcp remains as UCX's fallback
+  for a peer whose address is not on an RDMA interface);
+* in each process with a GPU (worker, client): ``UCX_NET_DEVICES`` names the port
+  nearest that GPU, the worker listens on that port's IP interface, and
+  ``UCX_MAX_RNDV_RAILS=1``, ``UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES=cuda``.
+
+*Nearest*: the longest common leading run of sysfs PCI path components (same PCIe
+switch beats same root port beats same root complex), then the same NUMA node (which
+is all that counts when a path is unknown).  Among equally near ports the GPUs are
+spread, GPUs in NVML index order and ports in name order, so that no port serves two
+GPUs while an equally near port serves none.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from gpudask import hookimpl
+from gpudask.config import Option, parse_optional_bool
+from gpudask.plugins.tcp import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick,
+                                 process_gpu, set_flag, setting, ucx_supports)
+
 name = "infiniband"
 priority = 70
+
+INFINIBAND = "gpudask.transport.infiniband"
+RDMACM = "gpudask.transport.rdmacm"
+NET_DEVICES = "gpudask.transport.net-devices"
+
+
+@hookimpl
+def gpudask_config_options():
+    return [
+        Option(INFINIBAND, None, "rc in UCX_TLS (InfiniBand): null = auto (with an active InfiniBand port), true, "
+               "false.", parse_optional_bool, "true, false or null (auto)",
+               legacy=("distributed.comm.ucx.infiniband", "distributed-ucxx.infiniband")),
+        Option(RDMACM, None, "Connections over InfiniBand set up by the RDMA connection manager "
+               "(UCX_SOCKADDR_TLS_PRIORITY): null = auto (with InfiniBand), true, false.", parse_optional_bool,
+               "true, false or null (auto)", legacy=("distributed.comm.ucx.rdmacm", "distributed-ucxx.rdmacm")),
+        Option(NET_DEVICES, None, "UCX_NET_DEVICES: null = auto (the InfiniBand port nearest each worker's GPU), a "
+               "value for every process (mlx5_0:1), or a list (worker i takes item i mod length).",
+               parse_name_or_list, "null, a UCX_NET_DEVICES value or a list of them",
+               legacy=("distributed.comm.ucx.net-devices",)),
+    ]
+
+
+# -- nearness (DESIGN §3) ----------------------------------------------------------------
+def _pci_components(path: str | None) -> list[str]:
+    """'/sys/devices/pci0000:15/0000:15:01.0/…' -> ['pci0000:15', '0000:15:01.0', …] (from the root complex on)."""
+    if not path:
+        return []
+    parts = [p for p in path.split("/") if p]
+    for i, part in enumerate(parts):
+        if part.startswith("pci"):
+            return parts[i:]
+    return parts
+
+
+def _common(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def nearness(gpu: Any, port: Any) -> tuple[int, int]:
+    """(shared PCI path components, same NUMA node): larger is nearer, compared in that order."""
+    shared = _common(_pci_components(gpu.pci_path), _pci_components(port.pci_path))
+    same_numa = int(gpu.numa_node is not None and gpu.numa_node == port.numa_node)
+    return shared, same_numa
+
+
+def _describe(gpu: Any, port: Any) -> str:
+    shared, same_numa = nearness(gpu, port)
+    parts = _pci_components(gpu.pci_path)
+    if shared >= 3:
+        return f"{port.name} shares the PCIe switch {parts[shared - 1]} with GPU {gpu.index}"
+    if shared == 2:
+        return f"{port.name} shares the PCIe root port {parts[1]} with GPU {gpu.index}"
+    if shared == 1:
+        return f"{port.name} shares the PCI root complex {parts[0]} with GPU {gpu.index}"
+    known = gpu.pci_path and port.pci_path
+    if same_numa:
+        return f"{port.name} shares NUMA node {gpu.numa_node} with GPU {gpu.index}" + \
+            ("" if known else " (PCI path unknown)")
+    if known:
+        return f"{port.name} is under another PCI root complex than GPU {gpu.index} (no active port is nearer)"
+    return f"{port.name}: no PCIe or NUMA locality with GPU {gpu.index} is known (no active port is nearer)"
+
+
+def active_ports(facts: Any) -> list[Any]:
+    return sorted((d for d in facts.ib_devices if d.is_infiniband), key=lambda d: (d.name, d.port))
+
+
+def port_label(port: Any) -> str:
+    return f"{port.name}:{port.port}"
+
+
+def nearest_ports(gpus: list[Any], ports: list[Any]) -> dict[int, tuple[Any, str]]:
+    """GPU index -> (port, why), spreading GPUs over equally near ports."""
+    load: dict[str, int] = {port_label(p): 0 for p in ports}
+    out: dict[int, tuple[Any, str]] = {}
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        best = max(nearness(gpu, p) for p in ports)
+        tied = [p for p in ports if nearness(gpu, p) == best]  # in name order
+        port = min(tied, key=lambda p: load[port_label(p)])
+        why = _describe(gpu, port)
+        if len(tied) > 1:
+            why += (f"; equally near: {', '.join(port_label(p) for p in tied)}, spread so that no port serves two "
+                    f"GPUs while an equally near one serves none (GPUs by index, ports by name)")
+        load[port_label(port)] += 1
+        out[gpu.index] = (port, why)
+    return out
+
+
+# -- the hook ---------------------------------------------------------------------------
+def _ignored(facts: Any) -> str:
+    out = []
+    for d in sorted(facts.ib_devices, key=lambda d: (d.name, d.port)):
+        if d.is_infiniband:
+            continue
+        if d.state != "ACTIVE":
+            out.append(f"{port_label(d)} is {d.state}")
+        else:
+            kind = " (RoCE)" if d.link_layer == "Ethernet" else ""
+            out.append(f"{port_label(d)} has link layer {d.link_layer}{kind}")
+    return "; ".join(out)
+
+
+@hookimpl
+def gpudask_select_transport(ctx, plan):
+    facts = ctx.facts
+    ports = active_ports(facts)
+    net_devices = setting(ctx, NET_DEVICES)
+    explicit_devices = net_devices is not None and net_devices.value is not None
+    if explicit_devices and ctx.uses_ucx and (plan.role == "worker" or not isinstance(net_devices.value, list)):
+        plan.set_env("UCX_NET_DEVICES", pick(net_devices.value, plan.index),
+                     f"{NET_DEVICES}={net_devices.value!r} (from {net_devices.source}): explicit settings win")
+    if not ctx.uses_ucx:
+        if ports and plan.role == "worker":
+            plan.note("no UCX", f"protocol {ctx.protocol}: the InfiniBand port(s) "
+                                f"{', '.join(map(port_label, ports))} are not used; --protocol ucx uses them")
+        return
+    ignored = _ignored(facts)
+    if ignored:
+        plan.note("not InfiniBand", f"{ignored}: only ACTIVE ports with link layer InfiniBand are used")
+    if mode(ctx) == UCX_AUTO:
+        if ports:
+            plan.note("UCX chooses", f"{mode_why(ctx)}: UCX picks among the InfiniBand ports itself")
+        return
+
+    rc_ok = ucx_supports(facts, "rc") is not False
+    if not ports:
+        detect_why = "no active InfiniBand port"
+    elif not rc_ok:
+        detect_why = f"this host's UCX has no rc transport for {', '.join(map(port_label, ports))}"
+    else:
+        detect_why = f"active InfiniBand port(s) {', '.join(map(port_label, ports))}"
+    ib_on, ib_why, ib_explicit = decide(ctx, INFINIBAND, "rc", bool(ports) and rc_ok, detect_why)
+    if not ib_on:
+        if ports or ib_explicit:
+            plan.note("no UCX transport rc", ib_why)
+        elif plan.role in ("worker", "client", "nanny"):
+            plan.note("skipped", ib_why)
+        set_flag(ctx, plan, "infiniband", False, "no rc in UCX_TLS")
+        set_flag(ctx, plan, "rdmacm", False, "no InfiniBand: connections are set up over TCP")
+        return
+    if ib_explicit and not ports:
+        ctx.warn(f"{ib_why}; but this host has no active InfiniBand port")
+    plan.add_ucx_transport("rc", ib_why)
+    # rc first, as distributed-ucxx and dask-cuda write UCX_TLS (the order is cosmetic for UCX)
+    plan.ucx_transports.insert(0, plan.ucx_transports.pop(plan.ucx_transports.index("rc")))
+    set_flag(ctx, plan, "infiniband", True, "rc in UCX_TLS")
+    _rdmacm(ctx, plan)
+
+    gpu, _ = process_gpu(ctx, plan)
+    if gpu is None:
+        if ports and plan.role in ("nanny", "scheduler"):
+            plan.note("all InfiniBand ports", f"the {plan.role} process moves no GPU data: UCX may use every "
+                                              f"active port ({', '.join(map(port_label, ports))})")
+        return
+    plan.set_env("UCX_MAX_RNDV_RAILS", "1", "a large GPU transfer uses one rail, the port chosen for this GPU, "
+                                           "not every port of the host")
+    plan.set_env("UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES", "cuda", "CUDA allocations (an RMM pool) are registered with "
+                                                             "the InfiniBand card whole, once")
+    if not ports:
+        return
+    if explicit_devices:
+        if plan.role != "worker":
+            return
+        named = pick(net_devices.value, plan.index)
+        port = next((p for p in ports if named in (port_label(p), p.name)), None)
+        if port is None:
+            plan.note("interface not set", f"{NET_DEVICES}={named!r} names no active InfiniBand port of this host")
+            return
+    else:
+        port, near_why = nearest_ports(ctx.gpus, ports).get(gpu.index) or (None, "")
+        if port is None:  # the GPU is not visible (cannot happen with gpu-pinning); leave UCX to choose
+            return
+        plan.set_env("UCX_NET_DEVICES", port_label(port), near_why)
+    if plan.role != "worker":
+        return
+    interface = setting(ctx, INTERFACE)
+    if interface is not None and interface.value is not None:
+        return  # the tcp plugin set the user's
+    if not port.netdev:
+        plan.note("interface not set", f"{port.name} has no network interface (netdev) in the facts")
+    elif not facts.net_interfaces.get(port.netdev):
+        plan.note("interface not set", f"{port.netdev}, the interface of {port.name}, has no IPv4 address")
+    else:
+        plan.set_interface(port.netdev, f"{port.netdev} is the IP interface of {port_label(port)}, the port "
+                                        f"chosen for GPU {gpu.index}: listen there so rdmacm connects over it")
+
+
+def _rdmacm(ctx: Any, plan: Any) -> None:
+    user = ctx.user_env.get("UCX_SOCKADDR_TLS_PRIORITY")
+    s = setting(ctx, RDMACM)
+    if user:
+        on = "rdmacm" in user
+        why = f"UCX_SOCKADDR_TLS_PRIORITY={user} set in the environment (explicit settings win)"
+    elif s is not None and s.value is not None:
+        on, why = s.value, f"{RDMACM}={s.value} (from {s.source}): explicit settings win"
+    elif mode(ctx) == EXPLICIT:
+        on, why = False, f"{mode_why(ctx)} and {RDMACM} not set"
+    else:
+        on, why = True, "InfiniBand: connections are set up by the RDMA connection manager"
+    if user:
+        plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", user, why)
+    elif on:
+        value = "rdmacm,tcp" if "tcp" in plan.ucx_transports else "rdmacm"
+        tail = ("; tcp stays as UCX's fallback for a peer whose address is not on an RDMA interface"
+                if value != "rdmacm" else "")
+        plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", value, why + tail)
+    else:
+        plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", "tcp", why + ": rdmacm turned off")
+    set_flag(ctx, plan, "rdmacm", on, "rdmacm sets up connections" if on else "rdmacm turned off")

@@ -1,6 +1,126 @@
-"""UCX over NVLink / CUDA IPC (cuda_copy, cuda_ipc)."""
+"""UCX over NVLink / CUDA IPC (cuda_copy, cuda_ipc), and no CUDA transport where no GPU data moves.
+
+Per process (DESIGN §5):
+
+* a worker or client with a GPU gets ``cuda_copy`` whenever UCX is used, and
+  ``cuda_ipc`` when its GPU has NVLink peers among the visible GPUs or when other
+  workers of the host use the same GPU; ``distributed-ucxx.create-cuda-context`` is
+  then true, so UCX finds the context on the worker's own GPU;
+* the nanny host and the scheduler get no CUDA transport and
+  ``create-cuda-context`` false: UCX initialises there at ``listen()`` and would
+  otherwise create a CUDA context in a process that never touches GPU data;
+* without a visible GPU nothing CUDA is planned ("skipped: no GPU visible").
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from gpudask import hookimpl
+from gpudask.config import Option, parse_optional_bool
+from gpudask.plugins.tcp import (UCX_AUTO, decide, mode, mode_why, process_gpu, set_flag, setting, ucx_supports,
+                                 user_tls, workers_on_gpu)
+
 name = "nvlink"
 priority = 60
+
+NVLINK = "gpudask.transport.nvlink"
+CUDA_COPY = "gpudask.transport.cuda-copy"
+CONTEXT_FLAG = "create-cuda-context"
+
+
+@hookimpl
+def gpudask_config_options():
+    return [
+        Option(NVLINK, None, "cuda_ipc in UCX_TLS (NVLink, or workers sharing a GPU): null = auto, true, false.",
+               parse_optional_bool, "true, false or null (auto)",
+               legacy=("distributed.comm.ucx.nvlink", "distributed-ucxx.nvlink")),
+        Option(CUDA_COPY, None, "cuda_copy in UCX_TLS (GPU buffers over any transport): null = auto (whenever a GPU "
+               "is present), true, false.", parse_optional_bool, "true, false or null (auto)",
+               legacy=("distributed.comm.ucx.cuda-copy", "distributed-ucxx.cuda-copy")),
+    ]
+
+
+@hookimpl
+def gpudask_select_transport(ctx, plan):
+    gpu, gpu_why = process_gpu(ctx, plan)
+    if gpu is None and plan.role in ("worker", "client") and not ctx.gpus:
+        plan.note("skipped", "no GPU visible")
+    if not ctx.uses_ucx:
+        if gpu is not None and plan.role == "worker":
+            plan.note("no UCX", f"protocol {ctx.protocol}: GPU buffers travel through host memory over TCP; "
+                                "--protocol ucx uses cuda_copy/cuda_ipc (NVLink)")
+        return
+    if gpu is None:
+        _no_cuda(ctx, plan, gpu_why)
+        return
+    if mode(ctx) == UCX_AUTO:
+        set_flag(ctx, plan, CONTEXT_FLAG, True, f"{mode_why(ctx)}: the CUDA context on GPU {gpu.index} exists "
+                                                "before UCX initialises, so UCX sees the GPU and chooses for it")
+        return
+
+    copy_ok = ucx_supports(ctx.facts, "cuda_copy") is not False
+    copy_on, copy_why, _ = decide(
+        ctx, CUDA_COPY, "cuda_copy", copy_ok,
+        f"{gpu_why}: UCX moves GPU buffers with cuda_copy" if copy_ok
+        else "this host's UCX has no cuda_copy transport (built without CUDA)", implied_by=(NVLINK,))
+    ipc_detected, ipc_detect_why = _ipc_detection(ctx, plan, gpu)
+    ipc_on, ipc_why, _ = decide(ctx, NVLINK, "cuda_ipc", ipc_detected, ipc_detect_why)
+
+    for transport, on, why in (("cuda_copy", copy_on, copy_why), ("cuda_ipc", ipc_on, ipc_why)):
+        if on:
+            plan.add_ucx_transport(transport, why)
+        else:
+            plan.note(f"no UCX transport {transport}", why)
+    set_flag(ctx, plan, "cuda-copy", copy_on, "cuda_copy in UCX_TLS" if copy_on else "no cuda_copy in UCX_TLS")
+    set_flag(ctx, plan, "nvlink", ipc_on, "cuda_ipc in UCX_TLS" if ipc_on else "no cuda_ipc in UCX_TLS")
+    if copy_on or ipc_on:
+        set_flag(ctx, plan, CONTEXT_FLAG, True,
+                 f"UCX_TLS names CUDA transports: the CUDA context on GPU {gpu.index} is created before UCX "
+                 "initialises, so UCX finds it (and never on another GPU)")
+
+
+def _ipc_detection(ctx: Any, plan: Any, gpu: Any) -> tuple[bool, str]:
+    if (plan.gpu or "").startswith("MIG-") or (gpu.mig.get("enabled") and plan.gpu is None):
+        return False, f"GPU {gpu.index} is split into MIG instances: CUDA IPC does not work between them"
+    if ucx_supports(ctx.facts, "cuda_ipc") is False:
+        return False, "this host's UCX has no cuda_ipc transport"
+    visible = {g.index for g in ctx.gpus}
+    peers = sorted(set(gpu.nvlink_peers) & visible)
+    if peers:
+        return True, (f"GPU {gpu.index} has NVLink peer{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))} "
+                      "among the visible GPUs")
+    sharing = workers_on_gpu(ctx, plan, gpu)
+    if plan.role == "client" and sharing:
+        return True, (f"the client and worker(s) {', '.join(map(str, sharing))} of this host use GPU {gpu.index} "
+                      "(CUDA IPC between processes on one GPU)")
+    others = [j for j in sharing if j != plan.index]
+    if others:
+        return True, (f"GPU {gpu.index} is shared by workers {', '.join(map(str, sharing))} of this host "
+                      f"({ctx.nworkers} workers on {len(ctx.gpus)} GPU(s): CUDA IPC between processes on one GPU)")
+    hidden = sorted(set(gpu.nvlink_peers) - visible)
+    if len(hidden) > 1:
+        peers_txt = f"its NVLink peers {', '.join(map(str, hidden))} are not visible"
+    else:
+        peers_txt = f"its NVLink peer {hidden[0]} is not visible" if hidden else "it has no NVLink peer"
+    return False, f"GPU {gpu.index}: {peers_txt} and no other worker of this host uses it"
+
+
+def _no_cuda(ctx: Any, plan: Any, why: str) -> None:
+    """Scheduler, nanny host, GPU-less processes: UCX without CUDA, and no CUDA context from UCX."""
+    role_why = {"nanny": "the nanny process initialises UCX at listen() and moves no GPU data",
+                "scheduler": "the scheduler initialises UCX at listen() and moves no GPU data (a scheduler-check "
+                             "plugin that needs CUDA here adds cuda_copy for role 'scheduler' in "
+                             "gpudask_select_transport)"}.get(plan.role)
+    context_why = f"{role_why}: no CUDA context for UCX here" if role_why else f"{why}: no CUDA context for UCX"
+    tls = user_tls(ctx)
+    if tls is not None and "cuda" in tls and "^cuda" not in tls:  # distributed-ucxx's own test
+        ctx.warn(f"UCX_TLS={tls} from the environment names CUDA transports: distributed-ucxx creates a CUDA "
+                 f"context in the {plan.role} process when UCX initialises (explicit settings win)")
+    requested = [s for s in (setting(ctx, NVLINK), setting(ctx, CUDA_COPY)) if s is not None and s.value]
+    also = (f"; {', '.join(f'{s.key}=True' for s in requested)} applies to processes with a GPU" if requested
+            else "")
+    if mode(ctx) != UCX_AUTO:
+        set_flag(ctx, plan, "cuda-copy", False, f"{why}: no CUDA transport{also}")
+        set_flag(ctx, plan, "nvlink", False, f"{why}: no CUDA transport{also}")
+    set_flag(ctx, plan, CONTEXT_FLAG, False, context_why)
