@@ -3,7 +3,7 @@
 With an active InfiniBand port (state ACTIVE, link layer InfiniBand; DOWN ports and
 RoCE ports are not InfiniBand) and UCX (DESIGN §3, §5):
 
-* ``rc`` in ``UCX_TLS`` and ``UCX_SOCKADDR_TLS_PRIORITY=rdmacm,tcp`` in every UCX
+* ``rc`` in ``UCX_TLS`` and ``UCX_SOCKADDR_TLS_PRIORITY=rdmacm`` in every UCX
   process (rdmacm sets up connections over InfiniBand; tcp remains as UCX's fallback
   for a peer whose address is not on an RDMA interface);
 * in each process with a GPU (worker, client): ``UCX_NET_DEVICES`` names the port
@@ -235,10 +235,9 @@ def _rdmacm(ctx: Any, plan: Any) -> None:
     if user:
         plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", user, why)
     elif on:
-        value = "rdmacm,tcp" if "tcp" in plan.ucx_transports else "rdmacm"
-        tail = ("; tcp stays as UCX's fallback for a peer whose address is not on an RDMA interface"
-                if value != "rdmacm" else "")
-        plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", value, why + tail)
+        # rdmacm alone, as distributed-ucxx's own rdmacm flag and dask-cuda set it (DESIGN §5);
+        # a user who needs UCX's tcp fallback for Ethernet-only peers exports the variable
+        plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", "rdmacm", why)
     else:
         plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", "tcp", why + ": rdmacm turned off")
     set_flag(ctx, plan, "rdmacm", on, "rdmacm sets up connections" if on else "rdmacm turned off")
