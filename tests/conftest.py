@@ -94,7 +94,7 @@ class Cluster:
 
     def scheduler(self, *extra: str, env: dict[str, str] | None = None, protocol: str = "tcp",
                   cwd: str | None = None) -> subprocess.Popen:
-        args = [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+        args = [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
                 "--protocol", protocol, "--scheduler-file", self.scheduler_file, *extra]
         proc = self._spawn("scheduler", args, env or base_env(), cwd)
         deadline = time.time() + 60
@@ -106,7 +106,7 @@ class Cluster:
 
     def worker(self, *extra: str, env: dict[str, str] | None = None, label: str = "worker",
                cwd: str | None = None) -> subprocess.Popen:
-        args = [str(BIN / "dask"), "worker", "--scheduler-file", self.scheduler_file, "--host", "127.0.0.1",
+        args = [sys.executable, "-m", "dask", "worker", "--scheduler-file", self.scheduler_file, "--host", "127.0.0.1",
                 "--no-dashboard", "--death-timeout", "60", *extra]
         return self._spawn(label, args, env or base_env(), cwd)
 

@@ -1,0 +1,244 @@
+"""`gpudask bench`: a CPU smoke run on real processes (no speed asserted), and the pieces
+that decide what each configuration runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from gpudask import bench
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One quick run of tcp and gpudask, everything it creates under a private TMPDIR."""
+    tmp = tmp_path_factory.mktemp("bench")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDASK_")}
+    env["TMPDIR"] = str(tmp)
+    cmd = [sys.executable, "-m", "gpudask.cli", "bench", "--configs", "tcp,gpudask", "--repeat", "1", "--quick",
+           "--json", "--log-dir", str(tmp / "logs")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=170, cwd=tmp)
+    return tmp, proc
+
+
+def test_smoke_run_produces_figures(smoke):
+    tmp, proc = smoke
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)  # nothing but JSON on stdout (UCX logs go to stderr)
+    assert {"date", "machine", "settings", "configs"} <= set(report)
+    assert report["machine"]["cpu_count"] >= 1
+    assert [c["name"] for c in report["configs"]] == ["tcp", "gpudask"]
+    sizes = report["settings"]["transfer_bytes"]
+    assert len(sizes) == 3
+    for c in report["configs"]:
+        assert c["status"] == "ok", c.get("notes")
+        figs = c["figures"]
+        expected = {"ready_s", "transpose_sum_s"} | {f"transfer_{bench._label(n)}_{u}" for n in sizes
+                                                     for u in ("s", "GBps")}
+        assert expected <= set(figs), set(figs)
+        for key in expected:
+            fig = figs[key]
+            assert fig["runs"] and all(v > 0 for v in fig["runs"]), (c["name"], key, fig)
+            assert fig["best"] > 0 and fig["median"] > 0
+            assert fig["ratio_median"] is not None and fig["ratio_median"] > 0
+        assert len(c["transports"]) == 2  # both workers answered
+    tcp, gd = report["configs"]
+    assert tcp["figures"]["ready_s"]["ratio_median"] == pytest.approx(1.0)
+    # stock workers never import gpudask (the bench ships its functions by value)
+    assert not any(w["gpudask_loaded"] for w in tcp["transports"].values())
+    assert all(w["gpudask_loaded"] for w in gd["transports"].values())
+
+
+def test_smoke_run_leaves_no_process(smoke):
+    import psutil
+
+    tmp, _ = smoke
+    strays = []
+    for p in psutil.process_iter(["pid", "cmdline", "environ"]):
+        try:
+            if str(tmp) in " ".join(p.info["cmdline"] or []) or (p.info["environ"] or {}).get("TMPDIR") == str(tmp):
+                strays.append((p.pid, p.info["cmdline"]))
+        except psutil.Error:
+            continue
+    assert not strays
+
+
+def test_show_renders_the_table(smoke, tmp_path):
+    _, proc = smoke
+    path = tmp_path / "bench.json"
+    path.write_text(proc.stdout)
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "bench", "--show", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for word in ("ready", "transfer 1MB (bandwidth)", "tcp", "gpudask", "UCX transports"):
+        assert word in out.stdout
+
+
+def test_import_is_cheap():
+    code = ("import sys, gpudask.bench; "
+            "print([m for m in ('numpy', 'dask', 'distributed', 'psutil', 'pynvml', 'cupy', 'rmm', 'ucxx') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_bad_config_is_a_clean_error():
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "bench", "--configs", "tcp,nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "nope" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_worker_functions_travel_by_value(tmp_path):
+    """What the bench sends to workers unpickles where gpudask cannot be imported."""
+    from distributed.protocol.pickle import dumps
+
+    (tmp_path / "f.pkl").write_bytes(dumps(bench._detached(bench._w_consume)))
+    code = ("import sys; sys.modules['gpudask'] = None\n"
+            "import numpy\nfrom distributed.protocol.pickle import loads\n"
+            f"f = loads(open({str(tmp_path / 'f.pkl')!r}, 'rb').read())\n"
+            "print(f(numpy.ones(4)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "4.0"
+
+
+def _host(ngpus: int) -> bench.Host:
+    gpus = [{"index": i, "name": "GPU", "uuid": f"GPU-{i}", "memory_total_MiB": 1} for i in range(ngpus)]
+    return bench.Host(gpus, "580", [str(i) for i in range(ngpus)], "cupy" if ngpus else "numpy", True, True)
+
+
+def _opts(n: int) -> bench.Options:
+    return bench.Options(nworkers=n, nthreads=1, repeat=1, quick=True, pool_size="1GB", death_timeout=60,
+                         launch_timeout=60, profile=False, proto_info=False, sizes=bench.SMALL_SIZES)
+
+
+def _cvd(spec: bench.Spec) -> list[str | None]:
+    return [env.get("CUDA_VISIBLE_DEVICES") for _, env in spec.workers]
+
+
+def test_two_workers_on_one_gpu():
+    host = _host(1)
+    for name in ("tcp", "ucx-stock", "gpudask"):
+        spec = bench.build_spec(name, host, _opts(2), "s.json", "d")
+        assert len(spec.workers) == 1 and "--nworkers" in spec.workers[0][0]
+        argv = spec.workers[0][0]
+        assert argv[argv.index("--nworkers") + 1] == "2"
+    cuda = bench.build_spec("dask-cuda", host, _opts(2), "s.json", "d")
+    assert _cvd(cuda) == ["0", "0"]  # dask cuda worker: one CLI per worker when they share a GPU
+    assert all(argv[3:5] == ["cuda", "worker"] for argv, _ in cuda.workers)
+
+
+def test_one_worker_per_gpu():
+    host = _host(4)
+    for name in ("tcp", "ucx-stock"):
+        spec = bench.build_spec(name, host, _opts(4), "s.json", "d")
+        assert _cvd(spec) == ["0,1,2,3", "1,2,3,0", "2,3,0,1", "3,0,1,2"]
+    gd = bench.build_spec("gpudask", host, _opts(4), "s.json", "d")
+    assert len(gd.workers) == 1 and gd.workers[0][1] == {}  # nothing but --preload gpudask
+    assert "--preload" in gd.scheduler_argv and gd.protocol == "ucx"
+    cuda = bench.build_spec("dask-cuda", host, _opts(4), "s.json", "d")
+    assert _cvd(cuda) == ["0,1,2,3"] and "--rmm-pool-size" in cuda.workers[0][0]
+
+
+def test_hand_set_ucx_config():
+    spec = bench.build_spec("ucx-stock", _host(1), _opts(2), "s.json", "d")
+    env = spec.workers[0][1]
+    assert env["DASK_DISTRIBUTED_UCXX__NVLINK"] == "True" and env["DASK_DISTRIBUTED_UCXX__CUDA_COPY"] == "True"
+    assert env["DASK_DISTRIBUTED_UCXX__TCP"] == "True" and env["DASK_DISTRIBUTED_UCXX__RMM__POOL_SIZE"] == "1GB"
+    cpu = bench.build_spec("ucx-stock", _host(0), _opts(2), "s.json", "d")
+    assert "DASK_DISTRIBUTED_UCXX__RMM__POOL_SIZE" not in cpu.workers[0][1]
+    assert bench.build_spec("dask-cuda", _host(0), _opts(2), "s.json", "d") == "no GPU visible"
+
+
+def test_ratios_and_stats():
+    a = {"name": "a", "figures": {"ready_s": bench._figure("ready", "s", bench.LOWER)}}
+    b = {"name": "b", "figures": {"ready_s": bench._figure("ready", "s", bench.LOWER),
+                                  "x_GBps": bench._figure("x", "GB/s", bench.HIGHER)}}
+    a["figures"]["ready_s"]["runs"] = [4.0, 2.0, 3.0]
+    b["figures"]["ready_s"]["runs"] = [1.0, 3.0]
+    b["figures"]["x_GBps"]["runs"] = [1.0, 5.0, 2.0]
+    for r in (a, b):
+        for f in r["figures"].values():
+            bench._finish(f)
+    bench.add_ratios([a, b])
+    assert a["figures"]["ready_s"]["best"] == 2.0 and a["figures"]["ready_s"]["median"] == 3.0
+    assert b["figures"]["ready_s"]["ratio_best"] == 0.5 and b["figures"]["ready_s"]["ratio_median"] == 2.0 / 3.0
+    assert b["figures"]["x_GBps"]["best"] == 5.0 and b["figures"]["x_GBps"]["ratio_best"] is None
+
+
+class _FakeCluster:
+    """What gpu_memory / proto_info / profile_launch read of a cluster (logs on disk, pids)."""
+
+    def __init__(self, tmp_path, roles, worker_pids=None, t_launch=0.0):
+        self._roles, self.worker_pids, self.t_launch, self.ready_s = roles, worker_pids or {}, t_launch, 2.5
+        self.workdir = str(tmp_path)
+
+    def roles(self):
+        return dict(self._roles)
+
+    def logs(self):
+        return sorted(str(p) for p in pathlib.Path(self.workdir).glob("*.log"))
+
+
+def test_gpu_memory_counts_what_is_not_a_worker(tmp_path, monkeypatch):
+    me = os.getpid()
+    procs = [{"pid": 10, "gpu": 0, "MiB": 500.0}, {"pid": 11, "gpu": 0, "MiB": 954.0},
+             {"pid": 12, "gpu": 0, "MiB": 2000.0}, {"pid": 13, "gpu": 0, "MiB": 2000.0},
+             {"pid": 99, "gpu": 0, "MiB": 700.0}, {"pid": me, "gpu": 0, "MiB": 300.0}]
+    monkeypatch.setattr(bench, "_nvml_processes", lambda: procs)
+    cluster = _FakeCluster(tmp_path, {10: "scheduler", 11: "nanny", 12: "worker", 13: "worker", 14: "helper"})
+    mem = bench.gpu_memory(cluster, _host(1))
+    assert mem["outside_workers_MiB"] == 1454.0
+    roles = {p["pid"]: p["role"] for p in mem["processes"]}
+    assert roles[99] == "not ours" and roles[me] == "bench client"
+    assert "not counted" in mem["note"]
+    # NVML pids of another PID namespace: no attribution rather than a wrong number
+    monkeypatch.setattr(bench, "_nvml_processes", lambda: [{"pid": 123456, "gpu": 0, "MiB": 518.0}])
+    assert bench.gpu_memory(cluster, _host(1))["outside_workers_MiB"] is None
+    assert bench.gpu_memory(cluster, _host(0)) is None
+
+
+def test_proto_info_reads_ucx_tables(tmp_path):
+    (tmp_path / "workers-0.log").write_text(
+        "[1795963961.871890] [h:200:0]   | ucp_context_0 intra-node cfg#1 | rendezvous from cuda memory |\n"
+        "[1795963961.871894] [h:200:0]   |  0..inf | rendezvous zero-copy read from remote | cuda_ipc/cuda |\n"
+        "[1795963961.871894] [h:201:0]   |  0..8K  | eager short | tcp/eth0 |\n"
+        "[1795963961.871894] [h:202:0]   |  0..inf | copy | cuda_copy/cuda |\n"
+        "2026-11-29 14:45:43,556 - distributed.worker - INFO - tcp/eth0 is not a table line\n")
+    cluster = _FakeCluster(tmp_path, {}, {"ucx://a:1": 200, "ucx://b:2": 201})
+    assert bench.proto_info(cluster) == {"workers": {"ucx://a:1": ["cuda_ipc/cuda"], "ucx://b:2": ["tcp/eth0"]}}
+
+
+def test_profile_stages_from_logs(tmp_path):
+    import datetime
+
+    t0 = datetime.datetime(2026, 11, 29, 14, 45, 38).timestamp()
+
+    def line(dt, pid, logger, msg):
+        stamp = (datetime.datetime.fromtimestamp(t0) + datetime.timedelta(seconds=dt)).strftime("%Y-%m-%d %H:%M:%S,%f")
+        return f"{stamp[:-3]} - {pid} - {logger} - INFO - {msg}\n"
+
+    (tmp_path / "scheduler.log").write_text(
+        line(0.5, 1, "gpudask", "gpudask 0.1.0 (scheduler, protocol ucx): plugins x(1)")
+        + line(0.8, 1, "distributed.scheduler", "  Scheduler at:     ucx://10.0.0.1:1"))
+    (tmp_path / "workers-0.log").write_text(
+        line(1.0, 2, "gpudask", "gpudask 0.1.0 (nanny, protocol ucx): plugins x(1)")
+        + line(1.5, 2, "distributed.nanny", "        Start Nanny at: 'ucx://10.0.0.1:2'")
+        + line(1.6, 2, "distributed.nanny", "        Start Nanny at: 'ucx://10.0.0.1:3'")
+        + line(2.0, 3, "gpudask", "gpudask 0.1.0 (worker 0, protocol ucx): plugins x(1)")
+        + line(2.2, 3, "distributed.worker", "      Start worker at:      ucx://10.0.0.1:4")
+        + line(2.4, 3, "distributed.worker", "        Registered to:      ucx://10.0.0.1:1"))
+    prof = bench.profile_launch(_FakeCluster(tmp_path, {1: "scheduler", 2: "nanny", 3: "worker"}, t_launch=t0))
+    rows = {r["role"]: r for r in prof["processes"]}
+    assert rows["scheduler"]["gpudask"] == 0.5 and rows["scheduler"]["listen"] == 0.8
+    assert rows["nanny"]["listen"] == 1.6  # the last of its nannies
+    assert (rows["worker"]["gpudask"], rows["worker"]["listen"], rows["worker"]["registered"]) == (2.0, 2.2, 2.4)
+    summary = bench.summarize_profiles([prof, prof])["median_s_after_launch"]
+    assert summary["worker.registered"] == 2.4 and summary["ready"] == 2.5
