@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import distributed  # noqa: F401 - its config defaults must exist before any test snapshots dask.config
 import pytest
 
 HOSTS = pathlib.Path(__file__).parent / "hosts"

@@ -1,0 +1,225 @@
+"""gpudask plugin ``prometheus``: each worker's GPU, plan and check status as Prometheus metrics.
+
+distributed serves Prometheus metrics at ``/metrics`` on every worker's and the
+scheduler's HTTP server (when ``prometheus_client`` is installed).  This plugin adds
+gpudask's view to both, from the data a worker's gpudask publishes (its startup
+information ``gpudask``: facts, plan, memory):
+
+* on each worker: ``<ns>_gpudask_worker_*`` for that worker;
+* on the scheduler: ``<ns>_gpudask_cluster_*`` for every worker, labelled
+  ``worker="<address>"``, plus the scheduler check's findings per worker -- one scrape
+  target shows the whole cluster.
+
+``<ns>`` is distributed's ``distributed.dashboard.prometheus.namespace`` (``dask``).
+The collectors are registered by the ``gpudask_preload`` hook (``dask_setup`` time, or
+when gpudask's WorkerPlugin / SchedulerPlugin is registered on a running cluster).
+Nothing is imported at module level beyond gpudask.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from gpudask import hookimpl
+from gpudask.config import Option, parse_bool
+
+name = "prometheus"
+priority = 900  # acts last: the others' decisions are all made and published
+
+ENABLED = "gpudask.prometheus.enabled"
+PUBLISHED = "gpudask"  # the worker's startup information key (WorkerState.extra on the scheduler)
+CHECK = "gpudask-check"  # what gpudask's scheduler check adds to WorkerState.extra
+
+logger = logging.getLogger("gpudask.prometheus")
+
+
+@hookimpl
+def gpudask_config_options():
+    return [Option(ENABLED, True, "Export each worker's GPU, plan and check status as Prometheus metrics on the "
+                                  "workers' and the scheduler's /metrics (plugin prometheus).",
+                   parse_bool, "true or false")]
+
+
+@hookimpl
+def gpudask_preload(ctx, plan, server):
+    if not ctx.settings[ENABLED]:
+        return
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        logger.warning("gpudask prometheus: prometheus_client is not installed: no gpudask metrics "
+                       "(pip install prometheus-client)")
+        return
+    from distributed import Scheduler, Worker
+
+    if isinstance(server, Worker):
+        _collector("worker").server = weakref.ref(server)
+    elif isinstance(server, Scheduler):
+        _collector("scheduler").server = weakref.ref(server)
+
+
+# --------------------------------------------------------------------------- metrics
+def _namespace() -> str:
+    import dask.config
+
+    ns = dask.config.get("distributed.dashboard.prometheus.namespace", default="dask")
+    return f"{ns}_gpudask" if ns else "gpudask"
+
+
+def _labels(base: dict[str, str], **more: Any) -> tuple[list[str], list[str]]:
+    merged = {**base, **{k: "" if v is None else str(v) for k, v in more.items()}}
+    return list(merged), list(merged.values())
+
+
+class _Families:
+    """Metric families built from published dicts, one sample per worker."""
+
+    def __init__(self, prefix: str, extra_labels: list[str]):
+        from prometheus_client.core import GaugeMetricFamily
+
+        self.prefix = prefix
+        base = list(extra_labels)
+        self.info = GaugeMetricFamily(
+            f"{prefix}_info", "gpudask on this worker (value 1): its GPU, CUDA_VISIBLE_DEVICES, protocol, UCX_TLS, "
+                              "interface, facts origin and gpudask version",
+            labels=[*base, "index", "gpu", "gpu_name", "cuda_visible_devices", "protocol", "ucx_tls", "interface",
+                    "facts", "version"])
+        self.gpu_memory = GaugeMetricFamily(f"{prefix}_gpu_memory_total_bytes", "Memory of the worker's GPU",
+                                            labels=[*base, "gpu"])
+        self.visible = GaugeMetricFamily(f"{prefix}_visible_gpus", "GPUs visible on the worker's host",
+                                         labels=base)
+        self.pool = GaugeMetricFamily(f"{prefix}_memory_pool_bytes", "The planned RMM pool sizes of the worker",
+                                      labels=[*base, "allocator", "size"])
+        self.cpus = GaugeMetricFamily(f"{prefix}_cpu_affinity_cpus", "CPUs the worker is bound to (planned)",
+                                      labels=base)
+        self.plugin = GaugeMetricFamily(f"{prefix}_plugin_info", "gpudask plugins loaded (value: priority)",
+                                        labels=[*base, "plugin", "source"])
+        self.decisions = GaugeMetricFamily(f"{prefix}_decisions", "Decisions in the worker's plan, per plugin",
+                                           labels=[*base, "plugin", "skipped"])
+        self.restart = GaugeMetricFamily(f"{prefix}_needs_restart",
+                                         "Planned settings a running worker could not apply (gpudask registered "
+                                         "late); 0 when preloaded", labels=base)
+
+    def add(self, published: dict[str, Any], base: dict[str, str]) -> None:
+        values = list(base.values())
+        plan = published.get("plan") or {}
+        facts = published.get("facts") or {}
+        gpus = {g.get("uuid"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
+        gpu = gpus.get(plan.get("gpu")) or {}
+        env = plan.get("env") or {}
+        _, labels = _labels(base, index=plan.get("index"), gpu=plan.get("gpu"), gpu_name=gpu.get("name"),
+                               cuda_visible_devices=plan.get("cuda_visible_devices"),
+                               protocol=published.get("protocol"), ucx_tls=env.get("UCX_TLS"),
+                               interface=plan.get("interface"), facts=published.get("facts_origin"),
+                               version=published.get("version"))
+        self.info.add_metric(labels, 1)
+        if gpu.get("memory_total") is not None:
+            self.gpu_memory.add_metric([*values, str(plan.get("gpu"))], float(gpu["memory_total"]))
+        self.visible.add_metric(values, float(len(facts.get("gpus") or [])))
+        memory = plan.get("memory") or {}
+        for size in ("initial_pool_size", "maximum_pool_size"):
+            if isinstance(memory.get(size), (int, float)):
+                self.pool.add_metric([*values, str(memory.get("allocator")), size.split("_")[0]],
+                                     float(memory[size]))
+        if plan.get("cpu_affinity"):
+            self.cpus.add_metric(values, float(len(plan["cpu_affinity"])))
+        for p in published.get("plugins") or []:
+            self.plugin.add_metric([*values, str(p.get("name")), str(p.get("source"))], float(p.get("priority", 0)))
+        counts: dict[tuple[str, str], int] = {}
+        for r in plan.get("reasons") or []:
+            key = (str(r.get("plugin")), "true" if r.get("decision") == "skipped" else "false")
+            counts[key] = counts.get(key, 0) + 1
+        for (plugin, skipped), n in sorted(counts.items()):
+            self.decisions.add_metric([*values, plugin, skipped], float(n))
+        late = published.get("late") or {}
+        self.restart.add_metric(values, float(len(late.get("needs_restart") or [])))
+
+    def families(self) -> list[Any]:
+        return [self.info, self.gpu_memory, self.visible, self.pool, self.cpus, self.plugin, self.decisions,
+                self.restart]
+
+
+def worker_metrics(published: dict[str, Any], namespace: str | None = None) -> list[Any]:
+    """The metric families a worker exports, from what its gpudask published."""
+    fam = _Families(f"{namespace or _namespace()}_worker", [])
+    fam.add(published, {})
+    return fam.families()
+
+
+def cluster_metrics(workers: dict[str, Any], namespace: str | None = None) -> list[Any]:
+    """The metric families the scheduler exports: ``workers`` maps addresses to their
+    ``WorkerState.extra`` (what each worker published, and the check's result)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    prefix = f"{namespace or _namespace()}_cluster"
+    fam = _Families(prefix, ["worker"])
+    running = GaugeMetricFamily(f"{prefix}_workers", "Workers, by whether they run gpudask", labels=["gpudask"])
+    findings = GaugeMetricFamily(f"{prefix}_check_findings", "Findings of gpudask's scheduler check per worker",
+                                 labels=["worker", "severity"])
+    status = GaugeMetricFamily(f"{prefix}_check_status",
+                               "Worst finding of the scheduler check per worker: 0 ok, 1 info, 2 warning, 3 error",
+                               labels=["worker"])
+    counts = {"yes": 0, "no": 0}
+    for address, extra in sorted(workers.items()):
+        extra = extra if isinstance(extra, dict) else {}
+        published = extra.get(PUBLISHED)
+        counts["yes" if isinstance(published, dict) else "no"] += 1
+        if isinstance(published, dict):
+            fam.add(published, {"worker": address})
+        check = extra.get(CHECK)
+        if isinstance(check, dict):
+            by_severity: dict[str, int] = {"info": 0, "warning": 0, "error": 0}
+            for f in check.get("findings") or []:
+                if isinstance(f, dict) and f.get("severity") in by_severity:
+                    by_severity[f["severity"]] += 1
+            for severity, n in by_severity.items():
+                findings.add_metric([address, severity], float(n))
+            status.add_metric([address], float(["ok", "info", "warning", "error"].index(check.get("status"))
+                                               if check.get("status") in ("ok", "info", "warning", "error") else 0))
+    for key, n in counts.items():
+        running.add_metric([key], float(n))
+    return [*fam.families(), running, findings, status]
+
+
+class _Collector:
+    """A prometheus_client collector bound (weakly) to this process's server."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.server: Any = None  # weakref to the Worker or Scheduler
+
+    def describe(self) -> list[Any]:
+        return []  # no names up front: prometheus_client does not call collect() at registration
+
+    def collect(self) -> Iterator[Any]:
+        server = self.server() if self.server is not None else None
+        if server is None:
+            return
+        try:
+            if self.kind == "worker":
+                info = server.startup_information.get(PUBLISHED)
+                published = info(server) if callable(info) else info
+                if isinstance(published, dict):
+                    yield from worker_metrics(published)
+            else:
+                yield from cluster_metrics({addr: ws.extra for addr, ws in list(server.workers.items())})
+        except Exception:  # noqa: BLE001 - a scrape must never break the server
+            logger.exception("gpudask prometheus: could not collect the %s metrics", self.kind)
+
+
+_COLLECTORS: dict[str, _Collector] = {}
+
+
+def _collector(kind: str) -> _Collector:
+    """One collector per kind and process, registered once in prometheus_client's REGISTRY
+    (the one distributed's /metrics handlers serve)."""
+    if kind not in _COLLECTORS:
+        import prometheus_client
+
+        collector = _Collector(kind)
+        prometheus_client.REGISTRY.register(collector)
+        _COLLECTORS[kind] = collector
+    return _COLLECTORS[kind]

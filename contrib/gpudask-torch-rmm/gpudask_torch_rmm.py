@@ -1,0 +1,106 @@
+"""gpudask plugin ``torch-rmm``: PyTorch's CUDA allocations come from RMM in dask workers.
+
+PyTorch keeps its own caching allocator.  In a worker that also has an RMM pool (the
+``rmm`` plugin), the two compete for the GPU's memory.  This plugin points PyTorch at
+RMM (``rmm.allocators.torch.rmm_torch_allocator`` through
+``torch.cuda.memory.change_current_allocator``) so both share the worker's pool.
+
+* Plan (any process, pure): for each worker, decide and say why -- on only when the
+  worker has a GPU, ``torch`` and ``rmm`` are installed and ``gpudask.torch-rmm.enabled``
+  is true.  The decision is a reason line of the worker's plan (``gpudask info``).
+* Apply (worker processes only, ``gpudask_setup_memory``): right after the ``rmm``
+  plugin built the pool (priority 110 > 100), before ``listen()`` and any task -- the
+  allocator can only be changed before PyTorch allocates.  On a described host
+  (``GPUDASK_FACTS``) or when torch cannot be imported it changes nothing and says why.
+
+torch and rmm are imported only inside the worker-side hook, never at import time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from typing import Any
+
+from gpudask import hookimpl
+from gpudask.config import Option, parse_bool
+
+name = "torch-rmm"
+priority = 110  # after rmm (100): the pool exists when PyTorch is pointed at it
+
+ENABLED = "gpudask.torch-rmm.enabled"
+DECISION = "torch allocator: rmm"
+
+logger = logging.getLogger("gpudask.torch-rmm")
+
+_RESULT: dict[str, Any] | None = None  # what was done in this process (a second call reports it)
+
+
+@hookimpl
+def gpudask_config_options():
+    return [Option(ENABLED, True,
+                   "Point PyTorch's CUDA allocator at RMM in workers (plugin torch-rmm; needs torch and rmm in the "
+                   "workers and a GPU).", parse_bool, "true or false")]
+
+
+def decide(ctx: Any, plan: Any) -> tuple[bool, str]:
+    """(on, why) for one worker plan.  Pure: reads the settings, the facts and the plan."""
+    setting = ctx.settings.get(ENABLED)
+    if not setting.value:
+        return False, f"{ENABLED} is false (from {setting.source})"
+    if not ctx.gpus:
+        return False, "no GPU visible"
+    missing = [p for p in ("torch", "rmm") if not ctx.facts.packages.get(p)]
+    if missing:
+        return False, f"{' and '.join(missing)} not installed on this host"
+    if "torch" in ((plan.memory or {}).get("libraries") or []):
+        return False, "the rmm plugin already points PyTorch at RMM (gpudask.rmm.libraries lists torch)"
+    pool = (plan.memory or {}).get("initial_pool_size")
+    shared = f"the worker's RMM pool ({pool} bytes)" if pool else "RMM's current memory resource"
+    return True, (f"torch {ctx.facts.packages['torch']} and rmm {ctx.facts.packages['rmm']} installed: PyTorch's "
+                  f"CUDA caching allocator is replaced by rmm_torch_allocator, so PyTorch allocates from {shared}")
+
+
+@hookimpl
+def gpudask_plan_memory(ctx, plan):
+    if plan.role != "worker":
+        return
+    on, why = decide(ctx, plan)
+    plan.note(DECISION if on else "skipped", why)
+
+
+@hookimpl
+def gpudask_setup_memory(ctx, plan):
+    """Worker processes only: change PyTorch's allocator (or report why not)."""
+    global _RESULT
+    if _RESULT is not None:
+        return {**_RESULT, "already_set_up": True}
+    result = _setup(ctx, plan)
+    result["pid"] = os.getpid()
+    _RESULT = result
+    return result
+
+
+def _setup(ctx: Any, plan: Any) -> dict[str, Any]:
+    on, why = decide(ctx, plan)
+    if not on:
+        return {"torch_allocator": "default", "why": why}
+    if ctx.facts.described:
+        return {"torch_allocator": "default",
+                "why": f"host described by {ctx.facts.origin}: no real GPU here, PyTorch left alone"}
+    if importlib.util.find_spec("torch") is None:
+        return {"torch_allocator": "default", "why": "torch cannot be imported in this worker"}
+    try:
+        import torch
+        from rmm.allocators.torch import rmm_torch_allocator
+    except ImportError as e:
+        return {"torch_allocator": "default", "why": f"cannot import torch / rmm.allocators.torch: {e}"}
+    if rmm_torch_allocator is None:
+        return {"torch_allocator": "default", "why": "this torch has no CUDA support (rmm_torch_allocator is None)"}
+    try:
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+    except RuntimeError as e:  # PyTorch already allocated with its own allocator
+        logger.warning("gpudask torch-rmm: PyTorch's allocator not changed: %s", e)
+        return {"torch_allocator": "default", "why": f"PyTorch refused the change: {str(e).splitlines()[0]}"}
+    return {"torch_allocator": "rmm", "why": why}

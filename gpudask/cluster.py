@@ -1,0 +1,175 @@
+"""One worker per GPU on this machine, from Python: ``LocalGPUCluster`` and ``cluster_kwargs``.
+
+Both start *stock* dask workers (``Nanny`` processes) with gpudask preloaded, like
+``dask worker --preload gpudask`` does, and a scheduler with gpudask preloaded, like
+``dask scheduler --preload gpudask``.  Both call :func:`gpudask.initialize` first, so the
+client process gets its part of the plan (UCX environment and config, the start method
+of worker processes) before anything listens.
+
+* ``gpudask.LocalGPUCluster(...)`` is a ``LocalCluster`` whose worker *i* is told its
+  number (``GPUDASK_WORKER_INDEX=i``): worker names are 0, 1, ... and worker *i* gets
+  GPU *i* (the one ``gpudask info`` shows for worker *i*), also after ``scale()``.
+* ``LocalCluster(**gpudask.cluster_kwargs(...))`` uses plain ``LocalCluster``: the workers
+  share a unique group and each claims the lowest free worker number of the group when it
+  starts (the same mechanism as ``dask worker --nworkers N --preload gpudask``).
+
+Importing this module imports ``distributed`` but never CUDA.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import uuid
+from typing import Any
+
+from distributed import LocalCluster
+from dask.system import CPU_COUNT
+
+from gpudask.errors import ConfigError
+
+PRELOAD = "gpudask"
+
+
+def _client_session(protocol: str, n_workers: int | None) -> Any:
+    """The client's gpudask session for ``protocol`` (applied in this process)."""
+    from gpudask import session
+    from gpudask.preload import initialize
+
+    s = initialize(protocol=protocol, nworkers=n_workers)
+    if s.host.protocol != protocol:
+        # initialize() returns the existing client session; a cluster on another
+        # protocol needs the client plan of that protocol
+        s = session.start("client", protocol=protocol, nworkers=n_workers)
+    return s
+
+
+def _protocol_name(protocol: str | None) -> str:
+    name = (protocol or "tcp").strip()
+    return name[: -len("://")] if name.endswith("://") else name
+
+
+def _merged_preload(value: Any) -> list[str]:
+    if value is None:
+        items: list[str] = []
+    elif isinstance(value, str):
+        items = [value]
+    else:
+        items = list(value)
+    return items if PRELOAD in items else [*items, PRELOAD]
+
+
+def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
+                   threads_per_worker: int | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Keyword arguments for ``distributed.LocalCluster``: one worker per GPU, gpudask
+    preloaded in the scheduler and every worker.
+
+    ``LocalCluster(**gpudask.cluster_kwargs())`` is the one-liner.  Calls
+    :func:`gpudask.initialize` (``protocol``) in this process first.
+
+    :param n_workers: default: one per visible GPU (``CUDA_VISIBLE_DEVICES`` applied),
+        1 without a GPU.  More workers than GPUs share GPUs round-robin (gpudask warns).
+    :param protocol: ``"tcp"`` (default), ``"ucx"`` or ``"ucxx"``.
+    :param threads_per_worker: default: 1 with GPUs (like dask-cuda), otherwise
+        ``LocalCluster``'s default.
+    :param kwargs: any other ``LocalCluster`` argument; ``preload``, ``env`` and
+        ``scheduler_kwargs`` are merged with gpudask's, not replaced.
+    """
+    name = _protocol_name(protocol)
+    s = _client_session(name, n_workers)
+    gpus = s.host.facts.visible_gpus()
+    n = n_workers if n_workers is not None else max(1, len(gpus))
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ConfigError(f"n_workers={n_workers!r} is not valid; accepted: an integer >= 0")
+    if threads_per_worker is None and gpus:
+        threads_per_worker = 1
+    if kwargs.get("processes") is False:
+        raise ConfigError("processes=False is not valid with gpudask; accepted: processes=True (each worker needs "
+                          "its own process to get its own GPU and environment)")
+    worker_class = kwargs.get("worker_class")
+    if worker_class is not None and not _is_nanny(worker_class):
+        raise ConfigError(f"worker_class={worker_class!r} is not valid with gpudask; accepted: a Nanny subclass "
+                          "(each worker needs its own process to get its own GPU and environment)")
+    out = dict(kwargs)
+    out.update(n_workers=n, protocol=name, processes=True)
+    if threads_per_worker is not None:
+        out["threads_per_worker"] = threads_per_worker
+    out["preload"] = _merged_preload(kwargs.get("preload"))
+    env = {str(k): str(v) for k, v in (kwargs.get("env") or {}).items()}
+    # the number of workers the plan is made for (a worker numbered beyond it widens it)
+    planned = n if n > 0 else max(1, len(gpus))
+    env.update(GPUDASK_NWORKERS=str(planned), GPUDASK_PROTOCOL=name,
+               GPUDASK_GROUP=f"local-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    out["env"] = env
+    scheduler_kwargs = dict(kwargs.get("scheduler_kwargs") or {})
+    scheduler_kwargs["preload"] = _merged_preload(scheduler_kwargs.get("preload"))
+    out["scheduler_kwargs"] = scheduler_kwargs
+    return out
+
+
+def _is_nanny(cls: Any) -> bool:
+    from distributed import Nanny
+
+    if isinstance(cls, str):
+        from dask.utils import import_term
+
+        cls = import_term(cls)
+    return isinstance(cls, type) and issubclass(cls, Nanny)
+
+
+class LocalGPUCluster(LocalCluster):
+    """A ``LocalCluster`` with one stock worker per GPU and gpudask preloaded everywhere.
+
+    The counterpart of dask-cuda's ``LocalCUDACluster``::
+
+        from distributed import Client
+        import gpudask
+
+        cluster = gpudask.LocalGPUCluster()            # or protocol="ucx"
+        client = Client(cluster)
+
+    Worker *i* (named ``i``) runs on GPU *i* of ``gpudask info``; its environment says so
+    (``GPUDASK_WORKER_INDEX=i``) and gpudask, preloaded in the worker, applies worker *i*'s
+    plan: ``CUDA_VISIBLE_DEVICES`` rotated to start with its GPU, the ``GPU=1`` resource,
+    UCX settings, CPU affinity, the memory pool.  ``scale(n)`` adds workers with the
+    lowest free numbers.
+
+    Parameters are those of :func:`cluster_kwargs` (and so of ``LocalCluster``).
+    """
+
+    def __init__(self, n_workers: int | None = None, protocol: str | None = None,
+                 threads_per_worker: int | None = None, **kwargs: Any):
+        kw = cluster_kwargs(n_workers, protocol, threads_per_worker, **kwargs)
+        n = kw.pop("n_workers")
+        self._gpudask_nworkers = n
+        if kw.get("threads_per_worker") is None:
+            kw["threads_per_worker"] = max(1, math.ceil(CPU_COUNT / max(n, 1)))
+        if n and "memory_limit" not in kw:
+            from distributed.worker_memory import parse_memory_limit
+
+            kw["memory_limit"] = parse_memory_limit("auto", 1, n, logger=logging.getLogger("distributed.deploy"))
+        # start with no worker, then add workers with their numbers (LocalCluster would give
+        # every worker the same spec)
+        super().__init__(n_workers=0, **kw)
+        for _ in range(n):
+            self.worker_spec.update(self.new_worker_spec())
+        if not self.asynchronous and n:
+            try:
+                self.sync(self._correct_state)
+            except Exception:
+                self.close()
+                raise
+
+    def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
+        """The lowest free worker number, and a spec telling the worker that number."""
+        taken = {name for name in self.worker_spec if isinstance(name, int)}
+        index = next(i for i in range(len(taken) + 1) if i not in taken)
+        spec = copy.copy(self.new_spec)
+        options = dict(spec.get("options", {}))
+        env = dict(options.get("env") or {})
+        env["GPUDASK_WORKER_INDEX"] = str(index)
+        options["env"] = env
+        spec["options"] = options
+        return {index: spec}

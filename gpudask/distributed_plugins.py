@@ -1,0 +1,484 @@
+"""gpudask on a cluster that is already running: ``client.register_plugin(...)``.
+
+Three distributed plugins, for clusters whose scheduler and workers were started
+without ``--preload gpudask``::
+
+    import gpudask
+    client.register_plugin(gpudask.SchedulerPlugin())   # scheduler: preload hook, check, plan
+    client.register_plugin(gpudask.WorkerPlugin())      # workers: what can still be applied
+    client.register_plugin(gpudask.NannyPlugin())       # nannies: the rest, at the next restart
+    client.restart()                                    # ... now
+
+or all at once: ``gpudask.distributed_plugins.register(client)``.
+
+A running worker process has already chosen its GPU (``CUDA_VISIBLE_DEVICES`` is read
+when CUDA initialises) and its transport (UCX initialises at the first connection), so
+the :class:`WorkerPlugin` applies only what still takes effect -- dask config that is
+read later, the ``GPU`` resource, CPU affinity, the memory setup (``gpudask_setup_memory``),
+the ``gpudask_preload`` hook -- publishes the plan, and reports everything else as
+*needs restart*: in the worker log, in :func:`status` / :func:`needs_restart` on the
+client and in the scheduler's metadata (``client.get_metadata(["gpudask", "workers"])``).
+
+The :class:`NannyPlugin` puts each worker's planned environment into its nanny's
+``env`` and adds ``gpudask`` to the worker's preloads (the same code as
+``--preload-nanny gpudask``), so the worker process the nanny starts next is a fully
+planned one.  ``NannyPlugin(restart=True)`` restarts the workers at registration;
+by default the plan applies at the next ``client.restart()``.
+
+On workers and schedulers started with ``--preload gpudask`` the plugins change
+nothing: they publish and confirm that nothing needs a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import dask.config
+from distributed.diagnostics import plugin as _dp
+
+from gpudask import runtime, session
+from gpudask.errors import GpudaskError
+from gpudask.planner import INTERNAL_ENV_PREFIX
+
+logger = logging.getLogger("gpudask")
+
+PLUGIN_NAME = "gpudask"
+PRELOAD = "gpudask"
+METADATA_KEY = "gpudask"  # client.get_metadata(["gpudask", "workers"]) / ["gpudask", "scheduler"]
+PUBLISH_HANDLER = "gpudask_publish"  # scheduler handler added by SchedulerPlugin
+
+# dask config read once, when the process starts or first connects: changing it in a
+# running process has no effect.
+RESTART_CONFIG_PREFIXES = ("distributed-ucxx.", "distributed.comm.ucx.", "distributed.rmm.",
+                           "distributed.worker.multiprocessing-method", "distributed.nanny.")
+
+_WHY_ENV = {
+    "CUDA_VISIBLE_DEVICES": "the GPU of a process is fixed when CUDA initialises: GPU pinning needs a new "
+                            "worker process",
+    "UCX_": "UCX reads its environment once, at the process's first listen/connect: the transport needs a new "
+            "worker process",
+}
+_WHY_ENV_OTHER = "environment variables are read by libraries when they load: needs a new worker process"
+_WHY_CONFIG = "read when the process starts or opens its first connection: needs a new worker process"
+_HOW = ("register gpudask.NannyPlugin() and call client.restart(), or start the workers with "
+        "`dask worker --preload gpudask`")
+
+
+def _scheme(address: Any) -> str | None:
+    if isinstance(address, str) and "://" in address:
+        return address.split("://", 1)[0]
+    return None
+
+
+def _plugin_of(plan: Any, decision_prefix: str) -> str | None:
+    for reason in plan.reasons:
+        if reason.decision.startswith(decision_prefix):
+            return reason.plugin
+    return None
+
+
+def _item(what: str, planned: Any, actual: Any, why: str, plugin: str | None) -> dict[str, Any]:
+    return {"what": what, "planned": planned, "actual": actual, "why": why, "plugin": plugin}
+
+
+def compare(plan: Any, ctx: Any, address: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """What of ``plan`` this running process does not have.
+
+    :return: ``(needs_restart, late_config)``: the items only a new process can apply,
+        and the dask config keys that can still be set now (key -> planned value).
+    """
+    needs: list[dict[str, Any]] = []
+    late: dict[str, Any] = {}
+    for name, value in plan.env.items():
+        if name.startswith(INTERNAL_ENV_PREFIX):
+            continue
+        actual = os.environ.get(name)
+        if actual != value:
+            why = next((w for prefix, w in _WHY_ENV.items() if name.startswith(prefix)), _WHY_ENV_OTHER)
+            needs.append(_item(name, value, actual, why, _plugin_of(plan, f"{name}=")))
+    for key, value in plan.config.items():
+        actual = dask.config.get(key, default=None)
+        if actual == value:
+            continue
+        if key.startswith(RESTART_CONFIG_PREFIXES):
+            needs.append(_item(key, value, actual, _WHY_CONFIG, _plugin_of(plan, f"{key}=")))
+        else:
+            late[key] = value
+    method = plan.multiprocessing_method
+    actual_method = dask.config.get("distributed.worker.multiprocessing-method", default=None)
+    if method and plan.role in ("worker", "nanny") and actual_method != method:
+        needs.append(_item("multiprocessing_method", method, actual_method,
+                           "worker processes are started by the `dask worker` process (the nanny host): it must "
+                           "run with --preload gpudask (or distributed.worker.multiprocessing-method set) from "
+                           "its start", _plugin_of(plan, "multiprocessing_method=")))
+    if plan.interface and not ctx.facts.described and address:
+        host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+        ips = ctx.facts.net_interfaces.get(plan.interface) or []
+        if host not in ips:
+            needs.append(_item("interface", plan.interface, host,
+                               "a server listens on its interface from its start: needs a new worker process",
+                               _plugin_of(plan, "interface=")))
+    return needs, late
+
+
+def _gpu_matches(plan: Any, ctx: Any) -> bool:
+    """Does CUDA in this process pick the planned GPU as device 0?"""
+    planned = (plan.cuda_visible_devices or "").split(",")[0].strip()
+    if not planned:
+        return True
+    actual = (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0].strip()
+    if actual:
+        return actual == planned
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return False
+    gpus = sorted(ctx.facts.gpus, key=lambda g: g.index)
+    return bool(gpus) and planned in (str(gpus[0].index), gpus[0].uuid)
+
+
+def _context_check(plan: Any, ctx: Any) -> dict[str, Any] | None:
+    """A CUDA context on another GPU than planned (NVML: creates no context)."""
+    if ctx.facts.described or not plan.gpu:
+        return None
+    try:
+        from distributed.diagnostics.nvml import has_cuda_context
+
+        found = has_cuda_context()
+    except Exception:  # noqa: BLE001 - NVML missing or failing: nothing to say
+        return None
+    if not getattr(found, "has_context", False):
+        return None
+    info = getattr(found, "device_info", None)
+    uuid = getattr(info, "uuid", None)
+    if isinstance(uuid, bytes):
+        uuid = uuid.decode()
+    if uuid and uuid != plan.gpu:
+        return _item("cuda_context", plan.gpu, uuid, "this process already has a CUDA context on another GPU: "
+                     "needs a new worker process", _plugin_of(plan, "CUDA_VISIBLE_DEVICES="))
+    return None
+
+
+def _publishable(s: Any, report: dict[str, Any]) -> dict[str, Any]:
+    published = s.published()
+    published["late"] = report
+    return published
+
+
+def _log_report(what: str, report: dict[str, Any]) -> None:
+    needs = report["needs_restart"]
+    applied = ", ".join(report["applied"]) or "nothing"
+    if needs:
+        items = "; ".join(f"{i['what']}={i['planned']!r} (now {i['actual']!r})" for i in needs)
+        logger.warning("gpudask: %s: registered on a running process; applied %s; needs a restart: %s -- %s",
+                       what, applied, items, _HOW)
+    else:
+        logger.info("gpudask: %s: registered on a running process; applied %s; nothing needs a restart",
+                    what, applied)
+
+
+# ----------------------------------------------------------------------- worker
+class WorkerPlugin(_dp.WorkerPlugin):
+    """gpudask for a running worker: apply what can be applied late, report the rest.
+
+    After ``setup``, ``self.report`` (also ``status(client)``) is::
+
+        {"worker": addr, "index": i, "preloaded": bool, "applied": [...],
+         "needs_restart": [{"what", "planned", "actual", "why", "plugin"}], "notes": [...]}
+    """
+
+    name = PLUGIN_NAME
+
+    def __init__(self) -> None:
+        self.report: dict[str, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.report = None
+
+    async def setup(self, worker: Any) -> None:
+        from gpudask.preload import _ensure_log_handler
+
+        _ensure_log_handler()
+        current = session.current()
+        preloaded = current is not None and current.role == "worker" and current.applied
+        if preloaded:
+            s = current
+        else:
+            # planning probes the host (NVML, ucx_info): keep the event loop free
+            s = await asyncio.to_thread(_plan_worker, worker)
+        report: dict[str, Any] = {"worker": worker.address, "index": s.plan.index, "preloaded": preloaded,
+                                  "applied": [], "needs_restart": [], "notes": []}
+        needs, late = compare(s.plan, s.ctx, worker.address)
+        if preloaded:
+            report["applied"].append("the whole plan, at import time (--preload gpudask)")
+        else:
+            await self._apply_late(s, worker, report, needs, late)
+            found = _context_check(s.plan, s.ctx)
+            if found:
+                needs.append(found)
+        report["needs_restart"] = needs
+        if needs:
+            report["notes"].append(f"to apply the rest: {_HOW}")
+        self.report = report
+        published = _publishable(s, report)
+        worker.startup_information["gpudask"] = lambda _worker: published
+        try:
+            await worker.scheduler.set_metadata(keys=[METADATA_KEY, "workers", worker.address], value=published)
+            if await worker.scheduler.get_metadata(keys=[METADATA_KEY, "scheduler"], default=None) is not None:
+                # gpudask's SchedulerPlugin is there: it puts this into WorkerState.extra
+                # (as --preload gpudask would have at registration) and re-runs the check
+                await worker.scheduler.gpudask_publish(worker=worker.address, published=published)
+        except Exception as e:  # noqa: BLE001 - publishing is best effort; the report stays on the worker
+            report["notes"].append(f"not published to the scheduler: {type(e).__name__}: {e}")
+        _log_report(f"worker {worker.address} (gpudask worker {s.plan.index})", report)
+
+    async def _apply_late(self, s: Any, worker: Any, report: dict[str, Any], needs: list[dict[str, Any]],
+                          late: dict[str, Any]) -> None:
+        plan, ctx = s.plan, s.ctx
+        applied, notes = report["applied"], report["notes"]
+        if late:
+            dask.config.set(late)
+            applied += [f"{k}={v!r}" for k, v in late.items()]
+        if plan.resources and not worker.state.total_resources:
+            # as at preload time: resources the user gave the worker win
+            await worker.set_resources(**plan.resources)
+            applied += [f"resource {k}={v:g}" for k, v in plan.resources.items()]
+        if plan.cpu_affinity:
+            if ctx.facts.described:
+                notes.append(f"cpu_affinity {plan.cpu_affinity} not applied: the host is described by "
+                             f"{ctx.facts.origin}, its CPUs are not this machine's")
+            else:
+                session._bind_cpus(plan.cpu_affinity, ctx)
+                applied.append("cpu_affinity")
+        if plan.memory is not None and not ctx.facts.described and not _gpu_matches(plan, ctx):
+            needs.append(_item(
+                "memory", plan.memory, None, "the memory setup is for the worker's own GPU, which this process "
+                "does not use yet: building it now would allocate on another GPU", _plugin_of(plan, "memory:")))
+        else:
+            try:
+                s.memory = s.manager.setup_memory(ctx, plan)
+            except GpudaskError as e:  # a running worker is not stopped for it: say so
+                logger.error("gpudask: %s", e)
+                notes.append(f"memory setup failed: {e}")
+            else:
+                if s.memory:
+                    applied.append("memory setup (" + ", ".join(sorted(s.memory)) + ")")
+        try:
+            s.manager.preload(ctx, plan, worker)
+            applied.append("gpudask_preload hooks")
+        except GpudaskError as e:
+            logger.error("gpudask: %s", e)
+            notes.append(f"gpudask_preload hooks failed: {e}")
+        notes.append("gpudask_context_init runs at import time only (before UCX): not run on a running worker")
+
+    def teardown(self, worker: Any) -> None:
+        if self.report is not None and not self.report["preloaded"]:
+            worker.startup_information.pop("gpudask", None)
+
+
+_LATE_INDEX: int | None = None  # this worker process's number, once claimed
+
+
+def _plan_worker(worker: Any) -> Any:
+    """A plan-only session for this running worker process.
+
+    Unlike ``session.start`` this changes nothing in the process: a worker whose nanny
+    already gave it planned environment variables (``--preload-nanny gpudask``) keeps
+    them, and the plan is made from the user's view of the environment all the same."""
+    from gpudask.session import Session, plan_host
+
+    global _LATE_INDEX
+    if _LATE_INDEX is None:
+        # $GPUDASK_WORKER_INDEX, or the lowest free number of this host's group (held
+        # until the process exits; a restarted worker of the same nanny gets it back)
+        _LATE_INDEX = runtime.worker_index({"nanny": worker.nanny})
+    index = _LATE_INDEX
+    protocol = (_scheme(getattr(worker.scheduler, "address", None)) or _scheme(worker.address)
+                or os.environ.get("GPUDASK_PROTOCOL"))
+    nworkers = runtime.int_env("GPUDASK_NWORKERS")
+    host = plan_host(protocol, max(nworkers, index + 1) if nworkers else None)
+    if index >= host.nworkers:
+        host = plan_host(protocol, index + 1)
+    return Session("worker", host, host.for_role("worker", index))
+
+
+# ----------------------------------------------------------------------- nanny
+class NannyPlugin(_dp.NannyPlugin):
+    """Give each nanny's next worker process its gpudask plan (``--preload-nanny`` late).
+
+    :param restart: restart the workers right after registration (distributed's
+        ``NannyPlugin.restart``); by default the plan applies at the next restart
+        (``client.restart()``, or a worker that dies and is restarted by its nanny).
+    """
+
+    name = PLUGIN_NAME
+
+    def __init__(self, restart: bool = False) -> None:
+        self.restart = bool(restart)
+
+    def setup(self, nanny: Any) -> None:
+        from gpudask.preload import _ensure_log_handler, _setup_nanny
+
+        _ensure_log_handler()
+        configured = "GPUDASK_WORKER_INDEX" in nanny.env  # --preload-nanny gpudask got there first
+        if not configured:
+            s = _plan_nanny(nanny)
+            _setup_nanny(s, nanny)
+            nanny.env.setdefault("GPUDASK_PROTOCOL", s.host.protocol)
+            index = int(nanny.env["GPUDASK_WORKER_INDEX"])
+            nanny.env.setdefault("GPUDASK_NWORKERS", str(max(s.host.nworkers, index + 1)))
+        _add_worker_preload(nanny)
+        when = "now (restart=True)" if self.restart else "at the next restart (client.restart())"
+        logger.info("gpudask: nanny %s: its next worker process starts as gpudask worker %s, with --preload "
+                    "gpudask and the planned environment%s, %s", nanny.address, nanny.env.get("GPUDASK_WORKER_INDEX"),
+                    " (set by --preload-nanny gpudask)" if configured else "", when)
+
+
+def _plan_nanny(nanny: Any) -> Any:
+    current = session.current()
+    if current is not None and current.role == "nanny":
+        return current
+    role, cli = runtime.detect_role()  # the `dask worker` CLI's --nworkers, when this is one
+    protocol = _scheme(getattr(nanny, "scheduler_addr", None)) or _scheme(nanny.address)
+    return session.start("nanny", cli=cli if role == "nanny" else None, protocol=protocol, apply=False)
+
+
+def _add_worker_preload(nanny: Any) -> None:
+    """``gpudask`` in the preloads of the worker processes this nanny starts from now on."""
+    preload = nanny.preload
+    preload = [preload] if isinstance(preload, str) else list(preload or [])
+    if PRELOAD not in preload:
+        preload.append(PRELOAD)
+    nanny.preload = preload
+    process = getattr(nanny, "process", None)
+    if process is not None and isinstance(getattr(process, "worker_kwargs", None), dict):
+        process.worker_kwargs["preload"] = preload  # the WorkerProcess is reused on restart
+
+
+# ----------------------------------------------------------------------- scheduler
+class SchedulerPlugin(_dp.SchedulerPlugin):
+    """gpudask for a running scheduler: the ``gpudask_preload`` hooks (which install the
+    scheduler check, see :mod:`gpudask.check`), late config, and a report of what needs a
+    restart (``client.get_metadata(["gpudask", "scheduler"])``)."""
+
+    name = PLUGIN_NAME
+
+    def __init__(self) -> None:
+        self.report: dict[str, Any] | None = None
+        self.scheduler: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.report = None
+        self.scheduler = None
+
+    async def start(self, scheduler: Any) -> None:
+        from gpudask.preload import _ensure_log_handler
+
+        _ensure_log_handler()
+        current = session.current()
+        preloaded = current is not None and current.role == "scheduler" and current.applied
+        s = current if preloaded else await asyncio.to_thread(_plan_scheduler, _scheme(scheduler.address))
+        report: dict[str, Any] = {"scheduler": scheduler.address, "preloaded": preloaded, "applied": [],
+                                  "needs_restart": [], "notes": []}
+        needs, late = compare(s.plan, s.ctx, scheduler.address)
+        if preloaded:
+            report["applied"].append("the whole plan, at import time (--preload gpudask)")
+        else:
+            if late:
+                dask.config.set(late)
+                report["applied"] += [f"{k}={v!r}" for k, v in late.items()]
+            before = set(scheduler.plugins)
+            try:
+                s.manager.preload(s.ctx, s.plan, scheduler)
+                report["applied"].append("gpudask_preload hooks")
+            except GpudaskError as e:  # a running scheduler is not stopped for it: say so
+                logger.error("gpudask: %s", e)
+                report["notes"].append(f"gpudask_preload hooks failed: {e}")
+            # plugins added by the hooks (the scheduler check) start now, as they would
+            # have at scheduler start; the check then also checks the connected workers
+            for name in [n for n in scheduler.plugins if n not in before]:
+                plugin = scheduler.plugins[name]
+                if hasattr(plugin, "start"):
+                    result = plugin.start(scheduler)
+                    if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                        await result
+                report["applied"].append(f"scheduler plugin {name}")
+        report["needs_restart"] = needs
+        if needs:
+            report["notes"].append("to apply the rest: restart the scheduler with `dask scheduler --preload gpudask`")
+        self.report = report
+        self.scheduler = scheduler
+        scheduler.handlers[PUBLISH_HANDLER] = self.publish
+        scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=_publishable(s, report))
+        _log_report(f"scheduler {scheduler.address}", report)
+
+    def publish(self, worker: str, published: Any) -> str:
+        """Handler ``gpudask_publish``: a worker's gpudask registered late publishes its plan
+        as ``WorkerState.extra["gpudask"]`` (what ``--preload gpudask`` publishes at
+        registration) and the scheduler check compares it again."""
+        ws = self.scheduler.workers.get(worker)
+        if ws is None:
+            return "unknown worker"
+        ws.extra["gpudask"] = published
+        from gpudask.check import PLUGIN_NAME as CHECK_NAME
+
+        check = self.scheduler.plugins.get(CHECK_NAME)
+        if check is not None and hasattr(check, "check_worker"):
+            check.check_worker(worker)
+        return "OK"
+
+    async def close(self) -> None:
+        scheduler = getattr(self, "scheduler", None)
+        if scheduler is not None and scheduler.handlers.get(PUBLISH_HANDLER) == self.publish:
+            del scheduler.handlers[PUBLISH_HANDLER]
+
+
+def _plan_scheduler(protocol: str | None) -> Any:
+    from gpudask.session import Session, plan_host
+
+    host = plan_host(protocol)
+    return Session("scheduler", host, host.for_role("scheduler"))
+
+
+# ----------------------------------------------------------------------- client side
+def _worker_status(dask_worker: Any = None) -> dict[str, Any]:
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    report = getattr(plugin, "report", None)
+    if report is not None:
+        return report
+    s = session.current()
+    if s is not None and s.role == "worker" and s.applied:
+        return {"worker": dask_worker.address, "index": s.plan.index, "preloaded": True,
+                "applied": ["the whole plan, at import time (--preload gpudask)"], "needs_restart": [], "notes": []}
+    return {"worker": dask_worker.address, "index": None, "preloaded": False, "applied": [],
+            "needs_restart": [], "notes": ["gpudask is not running in this worker: no --preload gpudask, "
+                                           "no gpudask.WorkerPlugin registered"]}
+
+
+def status(client: Any) -> dict[str, dict[str, Any]]:
+    """Per worker address: what gpudask applied there and what needs a restart."""
+    return client.run(_worker_status)
+
+
+def needs_restart(client: Any) -> dict[str, list[dict[str, Any]]]:
+    """Per worker address: the planned settings only a new worker process can apply
+    (empty lists when nothing is missing)."""
+    return {address: report["needs_restart"] for address, report in status(client).items()}
+
+
+def register(client: Any, *, nanny: bool = True, restart: bool = False) -> dict[str, dict[str, Any]]:
+    """Register gpudask's scheduler, worker and (``nanny=True``) nanny plugins on the
+    running cluster of ``client``; ``restart=True`` restarts the workers so that they
+    start with their whole plan.  Returns :func:`status`."""
+    client.register_plugin(SchedulerPlugin())
+    if nanny:
+        client.register_plugin(NannyPlugin(restart=restart))
+    client.register_plugin(WorkerPlugin())
+    return status(client)
