@@ -473,8 +473,21 @@ def _describe(side: dict[str, Any] | None) -> str:
     gpus = facts.get("gpus") or []
     origin = side.get("facts_origin")
     where = f"facts described by {origin}" if origin and origin != "probed" else "probed facts"
-    return (f"protocol {side.get('protocol')}, {len(gpus)} GPU(s), driver {facts.get('driver_version') or 'none'}, "
+    visible = _visible_count(facts)
+    shown = f"{len(gpus)} GPU(s)" if visible in (None, len(gpus)) else f"{visible} of {len(gpus)} GPU(s) visible"
+    return (f"protocol {side.get('protocol')}, {shown}, driver {facts.get('driver_version') or 'none'}, "
             f"{where}")
+
+
+def _visible_count(facts: dict[str, Any]) -> int | None:
+    """GPUs CUDA shows the process (CUDA_VISIBLE_DEVICES applied); None if unreadable."""
+    from gpudask.errors import FactsError
+    from gpudask.facts import facts_from_dict
+
+    try:
+        return len(facts_from_dict(facts, "published").visible_gpus())
+    except (FactsError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def _summary(side: dict[str, Any] | None, address: str | None) -> dict[str, Any]:

@@ -127,7 +127,8 @@ def _gpu_presence(ref: dict, other: dict, protocol: str | None, ref_gpus: list, 
         return [F("error", "scheduler-no-gpu",
                   f"{head} and the protocol is {protocol}: GPU frames relayed through the scheduler will fail with "
                   f"cudaErrorNoDevice (distributed-ucxx allocates an rmm.DeviceBuffer for each one it receives, e.g. "
-                  f"when the client gathers GPU results through the scheduler). Give the scheduler a GPU with the "
+                  f"when the client gathers GPU results through the scheduler; seen on an H200 as endless "
+                  f"\"Couldn't gather keys\" until the client times out). Give the scheduler a GPU with the "
                   f"workers' driver and CUDA (a smaller one will do)", details)]
     if role == "scheduler":
         return [F("warning", "scheduler-no-gpu",
