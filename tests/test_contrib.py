@@ -1,8 +1,8 @@
 """Third-party plugin packages: the two examples in contrib/, installed for real.
 
-Installs contrib/gpudask-torch-rmm and contrib/gpudask-prometheus into the running
-environment (pip, editable; skipped when they are installed from this checkout already),
-then checks what any third-party plugin gets: found through the ``gpudask`` entry point
+Installs contrib/gpudask-torch-rmm and contrib/gpudask-prometheus with pip into a
+private folder that only these tests put on ``PYTHONPATH`` (so the rest of the suite, and
+the environment, never see them), then checks what any third-party plugin gets: found through the ``gpudask`` entry point
 group, ordered by priority, listed by ``gpudask plugins``, turned off by
 ``GPUDASK_DISABLE_PLUGINS`` / ``gpudask.plugins.disable``, its hooks run in the right
 processes of a real cluster, its decisions in the plan reasons and its metrics on the
@@ -12,7 +12,6 @@ processes of a real cluster, its decisions in the plan reasons and its metrics o
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -30,23 +29,13 @@ CONTRIB = ROOT / "contrib"
 PACKAGES = {"gpudask-torch-rmm": ("torch-rmm", 110), "gpudask-prometheus": ("prometheus", 900)}
 
 
-def _installed_from_here(dist: str) -> bool:
-    """Installed, and (editable) from this checkout's contrib/ folder."""
-    try:
-        d = importlib.metadata.distribution(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    try:
-        url = json.loads(d.read_text("direct_url.json") or "{}").get("url", "")
-    except ValueError:
-        url = ""
-    return url.rstrip("/") == (CONTRIB / dist).as_uri()
+SITE: pathlib.Path | None = None  # where the fixture installed the two packages
 
 
-def install_command(dist: str) -> list[str]:
-    """pip install -e, without build isolation when this environment can build the
-    package itself (setuptools >= 70.1, or setuptools >= 64 with wheel): no download."""
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "-e", str(CONTRIB / dist)]
+def install_command(dist: str, target: pathlib.Path) -> list[str]:
+    """pip install into ``target``, without build isolation when this environment can
+    build the package itself (setuptools >= 70.1, or setuptools >= 64 with wheel)."""
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(CONTRIB / dist)]
     try:
         import setuptools
 
@@ -60,20 +49,27 @@ def install_command(dist: str) -> list[str]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def contrib_installed():
+def contrib_installed(tmp_path_factory):
+    global SITE
+    SITE = tmp_path_factory.mktemp("contrib-site")
     for dist in PACKAGES:
-        if _installed_from_here(dist):
-            continue
-        out = subprocess.run(install_command(dist), capture_output=True, text=True, timeout=600)
+        out = subprocess.run(install_command(dist, SITE), capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, f"installing contrib/{dist} failed:\n{out.stdout}\n{out.stderr}"
-    importlib.invalidate_caches()
-    for dist in PACKAGES:
-        assert _installed_from_here(dist), dist
+        assert list(SITE.glob(dist.replace("-", "_") + "-*.dist-info")), dist
+    yield
+    SITE = None
+
+
+def contrib_env(**extra: str) -> dict[str, str]:
+    """A process environment in which the contrib packages are installed."""
+    env = base_env(**extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def gpudask_cli(*args: str, env: dict[str, str] | None = None, cwd: str | None = None) -> str:
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", *args], capture_output=True, text=True, timeout=120,
-                         env=env or base_env(), cwd=cwd)
+                         env=env or contrib_env(), cwd=cwd)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -98,16 +94,16 @@ def test_found_ordered_by_priority_and_listed():
 
 
 def test_disabled_by_environment_config_and_autoload(tmp_path):
-    names = [p["name"] for p in plugins(base_env(GPUDASK_DISABLE_PLUGINS="torch-rmm"))]
+    names = [p["name"] for p in plugins(contrib_env(GPUDASK_DISABLE_PLUGINS="torch-rmm"))]
     assert "torch-rmm" not in names and "prometheus" in names
-    names = [p["name"] for p in plugins(base_env(DASK_GPUDASK__PLUGINS__DISABLE="prometheus"))]
+    names = [p["name"] for p in plugins(contrib_env(DASK_GPUDASK__PLUGINS__DISABLE="prometheus"))]
     assert "prometheus" not in names and "torch-rmm" in names
     elsewhere = tmp_path / "project"
     elsewhere.mkdir()
     (elsewhere / "gpudask.toml").write_text('[plugins]\ndisable = ["torch-rmm", "prometheus"]\n')
     names = [p["name"] for p in plugins(cwd=str(elsewhere))]
     assert "torch-rmm" not in names and "prometheus" not in names
-    listed = plugins(base_env(GPUDASK_DISABLE_PLUGIN_AUTOLOAD="1"))
+    listed = plugins(contrib_env(GPUDASK_DISABLE_PLUGIN_AUTOLOAD="1"))
     assert all(p["source"] == "builtin" for p in listed)
     # their settings are in `gpudask config` only while they are loaded
     rows = {r["key"] for r in json.loads(gpudask_cli("config", "--json"))}
@@ -121,7 +117,7 @@ def test_decision_in_gpudask_info_for_a_described_host(tmp_path):
         (reason,) = [r for r in worker["reasons"] if r["plugin"] == "torch-rmm"]
         assert reason["decision"] == "torch allocator: rmm"
     off = json.loads(gpudask_cli("info", "--json", "--facts", facts,
-                                 env=base_env(DASK_GPUDASK__TORCH_RMM__ENABLED="false")))
+                                 env=contrib_env(DASK_GPUDASK__TORCH_RMM__ENABLED="false")))
     (reason,) = [r for r in off["workers"][0]["reasons"] if r["plugin"] == "torch-rmm"]
     assert reason == {"plugin": "torch-rmm", "decision": "skipped",
                       "why": "gpudask.torch-rmm.enabled is false (from $DASK_GPUDASK__TORCH_RMM__ENABLED)"}
@@ -143,7 +139,7 @@ def _get(url: str) -> str:
 
 def test_hooks_run_in_the_right_processes_of_a_real_cluster(cluster, tmp_path):
     facts = _facts_with_torch(tmp_path)
-    env = base_env(GPUDASK_FACTS=facts, GPUDASK_TRACE_PLUGINS="1")
+    env = contrib_env(GPUDASK_FACTS=facts, GPUDASK_TRACE_PLUGINS="1")
     cluster.scheduler("--preload", "gpudask", "--dashboard-address", "127.0.0.1:0", env=env)
     cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
     with cluster.client() as client:
@@ -182,7 +178,7 @@ def test_hooks_run_in_the_right_processes_of_a_real_cluster(cluster, tmp_path):
 
 
 def test_disabled_plugin_stays_out_of_a_real_cluster(cluster, tmp_path):
-    env = base_env(GPUDASK_FACTS=_facts_with_torch(tmp_path), GPUDASK_DISABLE_PLUGINS="torch-rmm,prometheus")
+    env = contrib_env(GPUDASK_FACTS=_facts_with_torch(tmp_path), GPUDASK_DISABLE_PLUGINS="torch-rmm,prometheus")
     cluster.scheduler("--preload", "gpudask", env=env)
     cluster.worker("--preload", "gpudask", env=env)
     with cluster.client() as client:
@@ -196,7 +192,7 @@ def test_disabled_plugin_stays_out_of_a_real_cluster(cluster, tmp_path):
 
 @pytest.mark.parametrize("dist", sorted(PACKAGES))
 def test_the_packages_own_tests_pass(dist):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUDASK_", "DASK_GPUDASK__"))}
+    env = contrib_env()
     # their real-cluster test is the same as test_hooks_run_in_the_right_processes_of_a_real_cluster
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not real_cluster",
                           "tests"],
