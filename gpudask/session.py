@@ -108,13 +108,17 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
     if index is not None and index >= host.nworkers:
         host = plan_host(protocol, index + 1)
     plan = host.for_role(role, index)
-    _SESSION = Session(role, host, plan)
+    session = Session(role, host, plan)
+    if apply or _SESSION is None or not _SESSION.applied:
+        # a plan-only session (e.g. a LocalCluster's scheduler inside a client process)
+        # never replaces the one this process applied
+        _SESSION = session
     if apply:
-        apply_plan(_SESSION)
-        _export_for_children(_SESSION)
+        apply_plan(session)
+        _export_for_children(session)
         if role in ("nanny", "client") and plan.multiprocessing_method == "forkserver":
             _start_forkserver()
-    return _SESSION
+    return session
 
 
 def apply_plan(session: Session) -> None:
