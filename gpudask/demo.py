@@ -65,8 +65,9 @@ def run_demo(nworkers: int | None = None, protocol: str = "tcp",
     for p in published:
         plan = p.get("plan") or {}
         for r in plan.get("reasons", []):
-            rows.append([plan.get("index"), r["plugin"], r["decision"], r["why"]])
-    say("What every plugin decided, per worker:")
+            why = r["why"] if len(r["why"]) <= 110 else r["why"][:109] + "…"
+            rows.append([plan.get("index"), r["plugin"], r["decision"], why])
+    say("What every plugin decided, per worker (full reasons: gpudask info):")
     say(table(["worker", "plugin", "decision", "why"], rows) if rows else "(no decisions)")
     silent = sorted({pl["name"] for p in published for pl in p.get("plugins", [])}
                     - {r[1] for r in rows})

@@ -81,7 +81,10 @@ class ProcessPlan:
 
     def set_memory(self, memory: dict[str, Any] | None, why: str) -> None:
         self.memory = memory
-        shown = "none" if memory is None else ", ".join(f"{k}={v}" for k, v in memory.items())
+        # the decision line names the sizes; the whole dict is in plan.memory / --json
+        keys = ("allocator", "initial_pool_size", "maximum_pool_size")
+        shown = "none" if memory is None else ", ".join(f"{k}={memory[k]}" for k in keys if k in memory) or \
+            ", ".join(f"{k}={v}" for k, v in memory.items())
         self.note(f"memory: {shown}", why)
 
     def set_resource(self, name: str, amount: float, why: str) -> None:
