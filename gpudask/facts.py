@@ -571,7 +571,6 @@ def _ucx_info_commands() -> list[tuple[str, dict]]:
 def _probe_ucx_transports() -> list[str] | None:
     """UCX transports `ucx_info -d` lists, or None when UCX is missing or fails."""
     import importlib.metadata as md
-    import subprocess
 
     def installed(dist):
         try:

@@ -69,6 +69,25 @@ def host(name: str) -> str:
     return str(HOSTS / name)
 
 
+def described(tmp_path: pathlib.Path, base: str, **changes) -> str:
+    """A described host derived from one in tests/hosts (a new file each time: facts are cached by path)."""
+    data = json.loads((HOSTS / base).read_text())
+    data.update(changes)
+    path = tmp_path / f"host-{len(list(tmp_path.glob('host-*.json')))}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def plan_on(facts: str, protocol: str, nworkers: int | None = None, **config):
+    """``gpudask info`` in-process: the host plan for a facts file, with dask config set."""
+    import dask.config
+
+    from gpudask.session import plan_host
+
+    with dask.config.set(config):
+        return plan_host(protocol, nworkers, facts_path=facts)
+
+
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUDASK_", "DASK_GPUDASK__"))}
     env.update(PYTHONUNBUFFERED="1", UCX_WARN_UNUSED_ENV_VARS="n", DASK_DISTRIBUTED__WORKER__DAEMON="False")

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import urllib.request
 
-import distributed  # noqa: F401 - imported before conftest snapshots dask's config, so its defaults stay
 import pytest
 from conftest import base_env
 
@@ -166,7 +165,7 @@ def test_hooks_run_in_the_right_processes_of_a_real_cluster(cluster, tmp_path):
         text = worker_metrics[address]
         assert f'index="{index}"' in text and f'cuda_visible_devices="{"0,1" if index == 0 else "1,0"}"' in text
         assert 'dask_gpudask_worker_plugin_info{plugin="torch-rmm",source="entry point"} 110.0' in text
-        assert f'dask_gpudask_cluster_info{{' in scheduler_metrics and f'worker="{address}"' in scheduler_metrics
+        assert 'dask_gpudask_cluster_info{' in scheduler_metrics and f'worker="{address}"' in scheduler_metrics
     assert 'dask_gpudask_cluster_workers{gpudask="yes"} 2.0' in scheduler_metrics
     assert "dask_gpudask_cluster_check_status{" in scheduler_metrics
     # traced hook calls: memory setup in the worker processes only; preload hooks where they belong

@@ -12,12 +12,10 @@ import subprocess
 import sys
 import textwrap
 
-import dask
 import pytest
-from conftest import base_env, host
+from conftest import base_env, host, described, plan_on
 
 from gpudask.errors import GpudaskError
-from gpudask.session import plan_host
 
 HGX = host("hgx-4gpu-2ib.json")  # 4 GPUs, CPUs 0-23 (GPU 0,1) and 24-47 (GPU 2,3), 2 ACTIVE IB ports
 MIG = host("mig.json")
@@ -34,18 +32,7 @@ def _user_env(monkeypatch):
 
 
 def plan(facts, protocol="tcp", nworkers=None, **config):
-    with dask.config.set(config):
-        return plan_host(protocol, nworkers, facts_path=facts)
-
-
-def described(tmp_path, base, **changes):
-    """A described host derived from one in tests/hosts (a new file each time: facts are cached by path)."""
-    with open(host(base)) as f:
-        data = json.load(f)
-    data.update(changes)
-    path = tmp_path / f"host-{len(list(tmp_path.glob('host-*.json')))}.json"
-    path.write_text(json.dumps(data))
-    return str(path)
+    return plan_on(facts, protocol, nworkers, **config)
 
 
 def cvds(host_plan):

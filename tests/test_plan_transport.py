@@ -12,9 +12,8 @@ import subprocess
 import sys
 
 import dask
-import distributed  # noqa: F401 -- its config defaults are loaded before the per-test config snapshot
 import pytest
-from conftest import base_env, host
+from conftest import base_env, host, described, plan_on
 
 from gpudask.errors import GpudaskError
 from gpudask.plugins.infiniband import nearest_ports
@@ -48,18 +47,7 @@ def _user_env(monkeypatch):
 
 
 def plan(facts, protocol="ucx", nworkers=None, **config):
-    with dask.config.set(config):
-        return plan_host(protocol, nworkers, facts_path=facts)
-
-
-def described(tmp_path, base, **changes):
-    """A described host derived from one in tests/hosts (a new file each time: facts are cached by path)."""
-    with open(host(base)) as f:
-        data = json.load(f)
-    data.update(changes)
-    path = tmp_path / f"host-{len(list(tmp_path.glob('host-*.json')))}.json"
-    path.write_text(json.dumps(data))
-    return str(path)
+    return plan_on(facts, protocol, nworkers, **config)
 
 
 def tls(p):
