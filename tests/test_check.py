@@ -7,6 +7,7 @@ described H200 workers), over TCP and over UCX with UCX_TLS=tcp.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import pathlib
@@ -436,33 +437,18 @@ def dask_setup(worker):
                                                       "facts": {"schema": 1, "gpus": "lots", "packages": [1]}}
 '''
 
-THIRD_PARTY = '''
-from gpudask import hookimpl
-from gpudask.check import Finding
-
-
-class CudfOnScheduler:
-    name = "cudf-on-scheduler"
-    priority = 900
-
-    @hookimpl
-    def gpudask_scheduler_check(self, scheduler_facts, worker_facts):
-        if not worker_facts:
-            return []
-        ours = scheduler_facts["facts"]["packages"].get("cudf")
-        theirs = worker_facts["facts"]["packages"].get("cudf")
-        if theirs and not ours:
-            return [Finding("warning", "cudf-missing",
-                            f"cudf on the {worker_facts['role']} ({theirs}) but not on the {scheduler_facts['role']}")]
-        return []
-'''
+def third_party_module() -> str:
+    """The in-process check above, as the source of an importable module (the scheduler
+    unpickles it by reference, so it must be importable there)."""
+    return ("from gpudask import hookimpl\nfrom gpudask.check import Finding\n\n\n"
+            + textwrap.dedent(inspect.getsource(CudfOnScheduler)))
 
 
 def test_registered_late_it_checks_connected_workers_and_survives_junk(cluster, tmp_path, monkeypatch):
     """No preload on the scheduler; a client registers the check after three workers joined:
     a gpudask worker (with cudf), a stock worker, and one whose preload publishes junk."""
     (tmp_path / "junk_preload.py").write_text(JUNK_PRELOAD)
-    (tmp_path / "third_party_check.py").write_text(textwrap.dedent(THIRD_PARTY))
+    (tmp_path / "third_party_check.py").write_text(third_party_module())
     path_env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     cluster.scheduler(env=scheduler_env(no_gpu_ucx(tmp_path), **path_env))
     with_cudf = facts_file(tmp_path, "h200-single.json", "cudf", {"cudf": "25.10.0"})
