@@ -40,12 +40,15 @@ _config_option = click.option("--config", "config_file", type=click.Path(exists=
 @click.option("--protocol", default="tcp", show_default=True, help="tcp, ucx or ucxx.")
 @click.option("--nworkers", type=click.IntRange(min=1), default=None,
               help="Workers on this host (default: one per visible GPU, at least 1).")
+@click.option("--interface", default=None,
+              help="The --interface you will give `dask worker` (it wins over the detected one).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (DESIGN §4).")
-def info(facts: str | None, config_file: str | None, protocol: str, nworkers: int | None, as_json: bool) -> None:
+def info(facts: str | None, config_file: str | None, protocol: str, nworkers: int | None, interface: str | None,
+         as_json: bool) -> None:
     """Print what gpudask would do on this host (or the described one), starting nothing."""
     from gpudask.session import plan_host
 
-    host = plan_host(protocol, nworkers, facts_path=facts, config_file=config_file)
+    host = plan_host(protocol, nworkers, facts_path=facts, config_file=config_file, user_interface=interface)
     if as_json:
         click.echo(json.dumps(host.to_dict(), indent=1))
     else:

@@ -20,6 +20,7 @@ class PlanContext:
     user_env: Mapping[str, str] = field(default_factory=dict)
     user_config: Mapping[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    user_interface: str | None = None  # `dask worker --interface` given by the user
 
     @property
     def uses_ucx(self) -> bool:

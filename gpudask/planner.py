@@ -13,16 +13,21 @@ INTERNAL_ENV_PREFIX = "GPUDASK_"
 
 
 def build_plan(facts: Any, settings: Any, manager: Any, protocol: str = "tcp", nworkers: int | None = None,
-               user_env: Mapping[str, str] | None = None, user_config: Mapping[str, Any] | None = None) -> HostPlan:
-    """The plan for every process on the host described by ``facts``."""
+               user_env: Mapping[str, str] | None = None, user_config: Mapping[str, Any] | None = None,
+               user_interface: str | None = None) -> HostPlan:
+    """The plan for every process on the host described by ``facts``.
+
+    ``user_interface`` is a ``dask worker --interface`` the user gave: it wins over the
+    interface plugins choose for workers, like every explicit setting."""
     if nworkers is None:
         nworkers = max(1, len(facts.visible_gpus()))
-    ctx = PlanContext(facts, settings, protocol, nworkers, dict(user_env or {}), dict(user_config or {}))
+    ctx = PlanContext(facts, settings, protocol, nworkers, dict(user_env or {}), dict(user_config or {}),
+                      user_interface=user_interface)
     manager.validate(ctx)
     plans = [ProcessPlan("scheduler"), ProcessPlan("nanny"), ProcessPlan("client")]
     plans += [ProcessPlan("worker", index=i) for i in range(nworkers)]
     for step in (manager.plan_process, manager.select_transport, _compose_ucx_tls, manager.plan_memory,
-                 _explicit_env_wins):
+                 _explicit_env_wins, _explicit_interface_wins):
         for plan in plans:
             step(ctx, plan)
     scheduler, nanny, client, *workers = plans
@@ -54,3 +59,13 @@ def _explicit_env_wins(ctx: PlanContext, plan: ProcessPlan) -> None:
             planned = plan.env[name]
             plan.env[name] = user
             plan.note(f"{name}={user}", f"set in the environment (explicit settings win; detection chose {planned})")
+
+
+def _explicit_interface_wins(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """``dask worker --interface X`` beats the interface detection chose for workers."""
+    if plan.role != "worker" or not ctx.user_interface or plan.interface == ctx.user_interface:
+        return
+    planned = plan.interface
+    plan.acting_plugin = "gpudask"
+    plan.set_interface(ctx.user_interface, "dask worker --interface (explicit settings win"
+                       + (f"; detection chose {planned})" if planned else ")"))

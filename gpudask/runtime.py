@@ -38,6 +38,7 @@ class CliArgs:
     protocol: str | None = None
     scheduler_address: str | None = None
     scheduler_file: str | None = None
+    interface: str | None = None
 
 
 def parse_cli_args(command: str, argv: list[str]) -> CliArgs:
@@ -74,6 +75,8 @@ def parse_cli_args(command: str, argv: list[str]) -> CliArgs:
             args.protocol = value
         elif name == "--scheduler-file":
             args.scheduler_file = value
+        elif name == "--interface":
+            args.interface = value
         elif not arg.startswith("-") and args.scheduler_address is None and command == "worker":
             args.scheduler_address = arg
         i += 1

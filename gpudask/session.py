@@ -23,7 +23,8 @@ logger = logging.getLogger("gpudask")
 
 
 def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_path: str | None = None,
-              config_file: str | None = None, extra_plugins: Iterable[Any] = ()) -> HostPlan:
+              config_file: str | None = None, extra_plugins: Iterable[Any] = (),
+              user_interface: str | None = None) -> HostPlan:
     """The plan for every process of this (or the described) host.  No side effects
     beyond loading config into dask.config."""
     import dask.config
@@ -44,7 +45,8 @@ def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_pa
     settings = Settings(options, config=user_config, environ=user_env)
     warn_unknown(settings.validate_all())
     facts = get_facts(facts_path)
-    host = build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env, user_config)
+    host = build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env, user_config,
+                      user_interface)
     host.ctx.manager = manager  # apply hooks need it
     return host
 
@@ -104,9 +106,11 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
         nworkers = max(nworkers, index + 1)
     elif index is not None:
         nworkers = None  # default: one per visible GPU; widened below if needed
-    host = plan_host(protocol, nworkers)
+    # the nanny passes the CLI's --interface to its workers as Worker(interface=...)
+    interface = (cli.interface if cli is not None else None) or locals_.get("interface")
+    host = plan_host(protocol, nworkers, user_interface=interface)
     if index is not None and index >= host.nworkers:
-        host = plan_host(protocol, index + 1)
+        host = plan_host(protocol, index + 1, user_interface=interface)
     plan = host.for_role(role, index)
     session = Session(role, host, plan)
     if apply or _SESSION is None or not _SESSION.applied:

@@ -126,7 +126,9 @@ class Cluster:
 
     def worker(self, *extra: str, env: dict[str, str] | None = None, label: str = "worker",
                cwd: str | None = None) -> subprocess.Popen:
-        args = [sys.executable, "-m", "dask", "worker", "--scheduler-file", self.scheduler_file, "--host", "127.0.0.1",
+        # loopback, unless the test names the interface itself (dask refuses both)
+        where = [] if "--interface" in extra else ["--host", "127.0.0.1"]
+        args = [sys.executable, "-m", "dask", "worker", "--scheduler-file", self.scheduler_file, *where,
                 "--no-dashboard", "--death-timeout", "60", *extra]
         return self._spawn(label, args, env or base_env(), cwd)
 

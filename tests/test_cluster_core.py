@@ -61,3 +61,21 @@ def test_worker_without_nanny_plans_for_itself(cluster):
         client.wait_for_workers(1, timeout=60)
         (published,) = [w["gpudask"] for w in client.scheduler_info()["workers"].values()]
     assert published["role"] == "worker" and published["plan"]["index"] == 0
+
+
+def test_interface_given_to_dask_worker_wins_and_matches_gpudask_info(cluster):
+    """On the described HGX host the plan would name ib0; `--interface lo` is the user's choice."""
+    facts = host("hgx-4gpu-2ib.json")
+    env = base_env(GPUDASK_FACTS=facts, GPUDASK_PLUGINS="gpu-pinning,tcp,infiniband")
+    expected = info_json("--facts", facts, "--nworkers", "1", "--interface", "lo",
+                         env=base_env(GPUDASK_PLUGINS="gpu-pinning,tcp,infiniband"))["workers"][0]
+    assert expected["interface"] == "lo"
+    cluster.scheduler("--preload", "gpudask", env=env)
+    cluster.worker("--preload", "gpudask", "--nworkers", "1", "--interface", "lo", env=env)
+    with cluster.client() as client:
+        client.wait_for_workers(1, timeout=60)
+        ((addr, w),) = client.scheduler_info()["workers"].items()
+    published = w["gpudask"]["plan"]
+    assert published["interface"] == "lo" == expected["interface"]
+    assert any("dask worker --interface" in r["why"] for r in published["reasons"])
+    assert addr.startswith("tcp://127.0.0.1:")

@@ -36,9 +36,9 @@ B = plugin("b", 20, gpudask_select_transport=lambda plan: plan.add_ucx_transport
 ENV = plugin("c", 30, gpudask_plan_process=lambda plan: plan.set_env("UCX_MAX_RNDV_RAILS", "1", "ib"))
 
 
-def plan(protocol="ucx", user_env=None, *plugins, facts="hgx-4gpu-2ib.json", nworkers=None):
+def plan(protocol="ucx", user_env=None, *plugins, facts="hgx-4gpu-2ib.json", nworkers=None, interface=None):
     return build_plan(load_facts(host(facts)), Settings(CORE_OPTIONS), manager(*plugins), protocol, nworkers,
-                      user_env or {})
+                      user_env or {}, user_interface=interface)
 
 
 def test_ucx_tls_is_composed_from_every_contribution():
@@ -62,6 +62,18 @@ def test_any_variable_the_user_exported_wins():
     w = plan("ucx", {"UCX_MAX_RNDV_RAILS": "2"}, ENV).workers[0]
     assert w.env["UCX_MAX_RNDV_RAILS"] == "2"
     assert w.reasons[-1].decision == "UCX_MAX_RNDV_RAILS=2" and "detection chose 1" in w.reasons[-1].why
+
+
+IFACE = plugin("d", 40, gpudask_select_transport=lambda plan: plan.set_interface("ib0", "nearest port"))
+
+
+def test_a_worker_interface_given_on_the_command_line_wins():
+    h = plan("ucx", {}, IFACE, interface="eth0")
+    w = h.workers[0]
+    assert w.interface == "eth0"
+    assert w.reasons[-1].plugin == "gpudask" and "explicit settings win; detection chose ib0" in w.reasons[-1].why
+    assert h.nanny.interface == "ib0"  # only workers take `dask worker --interface`
+    assert plan("ucx", {}, IFACE).workers[0].interface == "ib0"
 
 
 def test_default_worker_count_is_one_per_visible_gpu():
