@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpudask import hookimpl
-from gpudask.config import Option, Setting, choice, parse_optional_bool
+from gpudask.config import Option, choice, parse_optional_bool
 from gpudask.errors import ConfigError
 
 name = "tcp"
@@ -80,25 +80,13 @@ def gpudask_config_options():
 def setting(ctx: Any, key: str) -> Any:
     """The Setting of ``key``, or None when the plugin declaring it is not loaded.
 
-    A legacy ``distributed-ucxx.*`` value that gpudask itself applied in this process
-    (a plan re-built after ``apply_plan``) is not the user's: the user's original is used.
+    (The settings are read from the user's config: what gpudask applied in this process
+    is taken out by the core, see ``runtime.user_config``.)
     """
     try:
-        s = ctx.settings.get(key)
+        return ctx.settings.get(key)
     except KeyError:
         return None
-    if s.source.startswith("legacy key "):
-        from gpudask.runtime import load_shadow
-
-        legacy = s.source[len("legacy key "):]
-        shadow = load_shadow()["config"]
-        if legacy in shadow:
-            original = shadow[legacy]
-            opt = ctx.settings.options[key]
-            if original is None:
-                return Setting(key, opt.parse(opt.default), "default")
-            return Setting(key, opt.parse(original), s.source)
-    return s
 
 
 def mode(ctx: Any) -> str:

@@ -113,3 +113,16 @@ def test_info_table_and_bad_facts_file(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert str(bad) in out.stderr and "is missing" in out.stderr
+
+
+def test_replanning_after_apply_ignores_what_gpudask_itself_applied():
+    """The nanny host applies nvlink=False for itself; a plan built later in that process
+    (another nanny, a worker index past the first plan) must still give workers cuda_ipc."""
+    code = ("from gpudask import session\n"
+            "session.start('nanny', protocol='ucx', nworkers=2)\n"
+            "import dask; assert dask.config.get('distributed-ucxx.nvlink') is False\n"
+            "print(session.plan_host('ucx', 2).workers[0].env['UCX_TLS'])")
+    env = {"PATH": "/usr/bin:/bin", "GPUDASK_FACTS": host("hgx-4gpu-2ib.json")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "rc,tcp,cuda_copy,cuda_ipc"
