@@ -227,13 +227,9 @@ def claim_worker_slot(group: str, preferred_owner: str | None, limit: int = 4096
     base.mkdir(parents=True, exist_ok=True)
     order = list(range(limit))
     if preferred_owner:
-        for i in order:
-            owner = base / f"slot-{i}.owner"
-            if not owner.exists():
-                if i > 64:
-                    break
-                continue
-            if owner.read_text() == preferred_owner:
+        for owner in base.glob("slot-*.owner"):
+            i = int(owner.name[len("slot-"):-len(".owner")])
+            if i < limit and owner.read_text() == preferred_owner:
                 order.remove(i)
                 order.insert(0, i)
                 break
