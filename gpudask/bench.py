@@ -179,52 +179,6 @@ def _detached(f: Callable) -> Callable:
 # --------------------------------------------------------------------------------------
 # host facts the bench needs (NVML only: never a CUDA context in this process)
 # --------------------------------------------------------------------------------------
-def _nvml_gpus() -> tuple[list[dict[str, Any]], str | None]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return [], None
-    try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                         "uuid": _s(pynvml.nvmlDeviceGetUUID(h)),
-                         "memory_total_MiB": pynvml.nvmlDeviceGetMemoryInfo(h).total // MiB})
-        driver = _s(pynvml.nvmlSystemGetDriverVersion())
-        return gpus, driver
-    except Exception:
-        return [], None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _visible_tokens(gpus: list[dict[str, Any]]) -> list[str]:
-    """CUDA_VISIBLE_DEVICES entries (or NVML indices) of the GPUs this process may use."""
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return [str(g["index"]) for g in gpus]
-    tokens = [t.strip() for t in cvd.split(",") if t.strip()]
-    out = []
-    for t in tokens:  # CUDA stops at the first invalid entry
-        if t.isdigit() and int(t) >= len(gpus):
-            break
-        if t.startswith("-"):
-            break
-        out.append(t)
-    return out if gpus else []
-
-
 def _nvml_processes() -> list[dict[str, Any]] | None:
     """Compute processes on every GPU: pid, GPU index, used MiB.  None without NVML."""
     try:
@@ -1229,8 +1183,18 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
 
 
 def detect_host(backend: str) -> Host:
-    gpus, driver = _nvml_gpus()
-    tokens = _visible_tokens(gpus)
+    """The GPUs of this host from gpudask's own facts (NVML, no CUDA context)."""
+    from gpudask.facts import probe_facts
+
+    facts = probe_facts()
+    visible = facts.visible_gpus()
+    cvd = facts.cuda_visible_devices
+    # the user's own CUDA_VISIBLE_DEVICES entries when set, so hand-set configurations use them as written
+    tokens = ([t.strip() for t in cvd.split(",") if t.strip()][:len(visible)] if cvd
+              else [str(g.index) for g in visible])
+    gpus = [{"index": g.index, "name": g.name, "uuid": g.uuid, "memory_total_MiB": g.memory_total // MiB}
+            for g in facts.gpus]
+    driver = facts.driver_version
     if backend == "auto":
         backend = "cupy" if tokens and _has_module("cupy") else "numpy"
     return Host(gpus, driver, tokens, backend, _has_module("distributed_ucxx"), _has_module("dask_cuda"))
