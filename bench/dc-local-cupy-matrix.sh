@@ -15,8 +15,8 @@
 #
 # Variants:  VARIANTS="name name ..." (default: all, in the order below); each has a worker kind and
 # environment (see `variant`).  Other knobs: SIZE CHUNK DOT_RUNS RUNS OPS_ALL TOTAL_S.
-# Everything lands in $OUT/<variant>/: scheduler.log worker.log state-before.json state-after.json
-# <op>.txt; $OUT/summary.txt has one line per (variant, operation).
+# Everything lands in $OUT/all.tgz (<variant>/: scheduler.log worker.log state-before.json state-after.json
+# <op>.txt); $OUT/summary.txt has one line per (variant, operation).
 set -u
 t0=$(date +%s)
 OUT=${OUT:-/tmp/dc-local-cupy-out}
@@ -124,6 +124,9 @@ variant() {
     gpudask-ucx-auto)        VENV="DASK_GPUDASK__TRANSPORT__MODE=ucx-auto" ;;
     gpudask-async)           VENV="DASK_GPUDASK__RMM__ALLOCATOR=async" ;;
     gpudask-no-affinity)     VENV="DASK_GPUDASK__CPU_AFFINITY__ENABLED=false" ;;
+    gpudask-no-pool-ucx-auto) VENV="DASK_GPUDASK__RMM__POOL_SIZE=off DASK_GPUDASK__TRANSPORT__MODE=ucx-auto" ;;
+    # only gpu-pinning; distributed-ucxx then makes the CUDA context itself, as on dask-cuda's workers
+    gpudask-pinning-only)    VENV="GPUDASK_PLUGINS=gpu-pinning DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT=True" ;;
     *) echo "unknown variant $1"; return 1 ;;
   esac
 }
@@ -189,3 +192,5 @@ done
 echo "== total $(( $(date +%s) - t0 )) s"
 echo "== dask processes left (should be none):"; pgrep -af 'dask (scheduler|worker|cuda)' || true
 rm -f "$STATE_PY"
+# the device tool brings back only a few files: everything in one archive, the summary beside it
+( cd "$OUT" && tar czf all.tgz --exclude=all.tgz . && find . -mindepth 1 -maxdepth 1 ! -name all.tgz ! -name summary.txt -exec rm -rf {} + )
