@@ -40,9 +40,11 @@ export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n
 echo "install took $(( $(date +%s) - t0 )) s"
 
 # --- the host, once
-{ nvidia-smi; nvidia-smi topo -m; } > "$OUT/host.txt" 2>&1
-python3 -m dask_cuda.benchmarks.local_cupy --help > "$OUT/local_cupy-help.txt" 2>&1
-python3 -m gpudask.cli info --protocol ucx --nworkers 2 > "$OUT/gpudask-info-ucx-2.txt" 2>&1
+if [ -z "${SKIP_HOST:-}" ]; then
+  { nvidia-smi; nvidia-smi topo -m; } > "$OUT/host.txt" 2>&1
+  python3 -m dask_cuda.benchmarks.local_cupy --help > "$OUT/local_cupy-help.txt" 2>&1
+  python3 -m gpudask.cli info --protocol ucx --nworkers 2 > "$OUT/gpudask-info-ucx-2.txt" 2>&1
+fi
 python3 -c "import nvtx" 2>/dev/null || echo "WARNING: nvtx missing: local_cupy will not import" | tee -a "$OUT/summary.txt"
 
 # --- worker-state dump (client.run on every worker); $1 = output file
