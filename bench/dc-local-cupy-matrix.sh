@@ -2,7 +2,7 @@
 # dask-cuda's own `local_cupy` benchmark against external clusters, one worker setup at a time
 # (issue 16: dot up to 10x slower on `dask worker --preload gpudask` than on `dask cuda worker`).
 #
-# Here, from the project root, once:   ../shared/device/wheels.sh nvtx     (local_cupy imports nvtx)
+# Needs the device wheels in .whl/ (dask-cuda included) plus nvtx, which local_cupy imports.
 # Then with the device tool:           run(command="bash bench/dc-local-cupy-matrix.sh",
 #                                          carry=[".whl"], kind="nvidia-h200-x2")
 #
@@ -66,6 +66,13 @@ def state(dask_worker=None):
     out["config"] = {k: dask.config.get(k, None) for k in (
         "distributed-ucxx", "distributed.rmm", "array.rechunk.method", "distributed.comm.ucx",
         "distributed.worker.memory", "distributed.scheduler.work-stealing")}
+    if dask_worker is not None:  # host-memory limit and the spill target (CuPy arrays count against it)
+        out["memory_limit"] = dask_worker.memory_manager.memory_limit
+        out["spill_target"] = getattr(dask_worker.data, "n", None)
+        spilled = getattr(dask_worker.data, "spilled_total", None)  # bytes on disk now (sizeof, pickled)
+        out["spilled_now"] = list(spilled) if spilled is not None else None
+        out["spill_counters"] = {k: v for k, v in dask_worker.digests_total.items()
+                                 if "disk" in str(k)} if hasattr(dask_worker, "digests_total") else None
     try:
         import rmm
         mr = rmm.mr.get_current_device_resource()
@@ -127,6 +134,10 @@ variant() {
     gpudask-async)           VENV="DASK_GPUDASK__RMM__ALLOCATOR=async" ;;
     gpudask-no-affinity)     VENV="DASK_GPUDASK__CPU_AFFINITY__ENABLED=false" ;;
     gpudask-no-pool-ucx-auto) VENV="DASK_GPUDASK__RMM__POOL_SIZE=off DASK_GPUDASK__TRANSPORT__MODE=ucx-auto" ;;
+    # the host-memory limit: distributed's 'auto' gives a --nthreads 1 worker 1/CPUs of the host's memory
+    # and spills CuPy arrays to disk above 0.6 of it; 0.5 = this host's memory split between 2 workers
+    gpudask-memlimit)        WARGS="--memory-limit 0.5" ;;
+    gpudask-no-host-spill)   VENV="DASK_DISTRIBUTED__WORKER__MEMORY__TARGET=False DASK_DISTRIBUTED__WORKER__MEMORY__SPILL=False" ;;
     # only gpu-pinning; distributed-ucxx then makes the CUDA context itself, as on dask-cuda's workers
     gpudask-pinning-only)    VENV="GPUDASK_PLUGINS=gpu-pinning DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT=True" ;;
     *) echo "unknown variant $1"; return 1 ;;
@@ -195,4 +206,4 @@ echo "== total $(( $(date +%s) - t0 )) s"
 echo "== dask processes left (should be none):"; pgrep -af 'dask (scheduler|worker|cuda)' || true
 rm -f "$STATE_PY"
 # the device tool brings back only a few files: everything in one archive, the summary beside it
-( cd "$OUT" && tar czf all.tgz --exclude=all.tgz . && find . -mindepth 1 -maxdepth 1 ! -name all.tgz ! -name summary.txt -exec rm -rf {} + )
+( cd "$OUT" && tar czf all.tgz --exclude=all.tgz --warning=no-file-changed . ; find . -mindepth 1 -maxdepth 1 ! -name all.tgz ! -name summary.txt -exec rm -rf {} + )
