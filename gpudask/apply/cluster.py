@@ -21,8 +21,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
-import uuid
 from typing import Any
 
 from distributed import LocalCluster
@@ -35,15 +33,9 @@ PRELOAD = "gpudask"
 
 def _client_session(protocol: str, n_workers: int | None) -> Any:
     """The client's gpudask session for ``protocol`` (applied in this process)."""
-    from gpudask import session
-    from gpudask.preload import initialize
+    from gpudask.apply.preload import initialize
 
-    s = initialize(protocol=protocol, nworkers=n_workers)
-    if s.host.protocol != protocol:
-        # initialize() returns the existing client session; a cluster on another
-        # protocol needs the client plan of that protocol
-        s = session.start("client", protocol=protocol, nworkers=n_workers)
-    return s
+    return initialize(protocol=protocol, nworkers=n_workers)
 
 
 def _protocol_name(protocol: str | None) -> str:
@@ -58,7 +50,9 @@ def _merged_preload(value: Any) -> list[str]:
         items = [value]
     else:
         items = list(value)
-    return items if PRELOAD in items else [*items, PRELOAD]
+    # gpudask first: RAPIDS_NO_INITIALIZE and the GPU pinning must be in place before a
+    # user's preload imports cudf or touches CUDA
+    return [PRELOAD, *(i for i in items if i != PRELOAD)]
 
 
 def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
@@ -98,11 +92,8 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
         out["threads_per_worker"] = threads_per_worker
     out["preload"] = _merged_preload(kwargs.get("preload"))
     env = {str(k): str(v) for k, v in (kwargs.get("env") or {}).items()}
-    # the number of workers the plan is made for (a worker numbered beyond it widens it)
-    planned = n if n > 0 else max(1, len(gpus))
-    env.update(GPUDASK_NWORKERS=str(planned), GPUDASK_PROTOCOL=name,
-               GPUDASK_GROUP=f"local-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    out["env"] = env
+    if env:
+        out["env"] = env
     scheduler_kwargs = dict(kwargs.get("scheduler_kwargs") or {})
     scheduler_kwargs["preload"] = _merged_preload(scheduler_kwargs.get("preload"))
     out["scheduler_kwargs"] = scheduler_kwargs
