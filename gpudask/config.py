@@ -161,15 +161,15 @@ def read_toml(path: pathlib.Path) -> dict[str, Any]:
 def load_dask_config(extra_file: str | os.PathLike | None = None) -> None:
     """Merge gpudask's YAML defaults, gpudask.toml (and ``extra_file``) into dask.config.
 
-    Safe to call more than once; environment variables are re-applied last so that
-    ``DASK_GPUDASK__...`` keeps the highest precedence.
+    A file sets a key only where nobody set it explicitly: ``dask.config.set(...)`` and
+    ``DASK_*`` variables (already in dask.config since dask was imported) win over it,
+    as they win over dask's own YAML files.  Safe to call more than once.
     """
     import dask.config
     import yaml
 
     with open(_HERE / "gpudask.yaml") as f:
         dask.config.update_defaults(yaml.safe_load(f))
-    _FILE_VALUES.clear()
     files = [p for p in (toml_path(), pathlib.Path(extra_file) if extra_file else None) if p]
     for path in files:
         if str(path).endswith((".yaml", ".yml")):
@@ -178,9 +178,24 @@ def load_dask_config(extra_file: str | os.PathLike | None = None) -> None:
         else:
             doc = read_toml(path)
         for key in _flatten(doc):
-            _FILE_VALUES[key.replace("_", "-")] = (str(path), dask.config.get(key, config=doc))
-        dask.config.update(dask.config.config, doc, priority="new")
-    dask.config.update(dask.config.config, dask.config.collect_env(), priority="new")
+            name = key.replace("_", "-")
+            value = dask.config.get(key, config=doc)
+            previous = _FILE_VALUES.get(name)
+            current = dask.config.get(name, default=None)
+            # explicit elsewhere (differs from the default and from what a file set before): keep it
+            if current != _default_of(name) and (previous is None or previous[1] != current):
+                continue
+            _FILE_VALUES[name] = (str(path), value)
+            dask.config.set({name: value})
+
+
+def _default_of(key: str) -> Any:
+    import dask.config
+
+    merged: dict[str, Any] = {}
+    for d in dask.config.defaults:
+        dask.config.update(merged, d, priority="new")
+    return dask.config.get(key, default=None, config=merged)
 
 
 # key -> (file, value) as last merged from gpudask.toml / --config, to name the source

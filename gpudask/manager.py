@@ -25,7 +25,7 @@ from gpudask import hookspecs
 from gpudask.config import CORE_OPTIONS, Option, Settings, parse_bool, parse_name_list
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 
-logger = logging.getLogger("gpudask")
+logger = logging.getLogger("distributed.gpudask")
 trace_logger = logging.getLogger("gpudask.trace")
 
 ENTRY_POINT_GROUP = "gpudask"

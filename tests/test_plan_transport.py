@@ -1,6 +1,6 @@
 """Transport selection on described hosts: the tcp, nvlink and infiniband plugins (DESIGN §3, §5).
 
-Plans come from ``gpudask.session.plan_host`` -- what ``gpudask info`` prints and what every
+Plans come from ``gpudask.apply.process.plan_host`` -- what ``gpudask info`` prints and what every
 preloaded process applies -- with the built-in plugins loaded from entry points.
 """
 

@@ -6,12 +6,14 @@ Both start *stock* dask workers (``Nanny`` processes) with gpudask preloaded, li
 client process gets its part of the plan (UCX environment and config, the start method
 of worker processes) before anything listens.
 
-* ``gpudask.LocalGPUCluster(...)`` is a ``LocalCluster`` whose worker *i* is told its
-  number (``GPUDASK_WORKER_INDEX=i``): worker names are 0, 1, ... and worker *i* gets
-  GPU *i* (the one ``gpudask info`` shows for worker *i*), also after ``scale()``.
-* ``LocalCluster(**gpudask.cluster_kwargs(...))`` uses plain ``LocalCluster``: the workers
-  share a unique group and each claims the lowest free worker number of the group when it
-  starts (the same mechanism as ``dask worker --nworkers N --preload gpudask``).
+* ``gpudask.LocalGPUCluster(...)`` is a ``LocalCluster`` whose workers are named 0, 1, ...
+  (``scale()`` adds the lowest free names).
+* ``LocalCluster(**gpudask.cluster_kwargs(...))`` uses plain ``LocalCluster``.
+
+In both, each worker process claims the lowest free worker number of this client's
+workers when it starts and takes that worker's plan (its GPU) from the host plan the
+client wrote -- the same mechanism as ``dask worker --nworkers N --preload gpudask``, and
+the same whether the script imports gpudask at the top or inside its main block.
 
 Importing this module imports ``distributed`` but never CUDA.
 """
@@ -121,11 +123,9 @@ class LocalGPUCluster(LocalCluster):
         cluster = gpudask.LocalGPUCluster()            # or protocol="ucx"
         client = Client(cluster)
 
-    Worker *i* (named ``i``) runs on GPU *i* of ``gpudask info``; its environment says so
-    (``GPUDASK_WORKER_INDEX=i``) and gpudask, preloaded in the worker, applies worker *i*'s
-    plan: ``CUDA_VISIBLE_DEVICES`` rotated to start with its GPU, the ``GPU=1`` resource,
-    UCX settings, CPU affinity, the memory pool.  ``scale(n)`` adds workers with the
-    lowest free numbers.
+    Each worker applies its own plan from ``gpudask info``: ``CUDA_VISIBLE_DEVICES`` rotated
+    to start with its GPU, the ``GPU=1`` resource, UCX settings, CPU affinity, the memory
+    pool.  ``scale(n)`` adds workers with the lowest free names and worker numbers.
 
     Parameters are those of :func:`cluster_kwargs` (and so of ``LocalCluster``).
     """
@@ -154,13 +154,7 @@ class LocalGPUCluster(LocalCluster):
                 raise
 
     def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
-        """The lowest free worker number, and a spec telling the worker that number."""
+        """The lowest free name (the worker claims its number, and so its GPU, itself)."""
         taken = {name for name in self.worker_spec if isinstance(name, int)}
         index = next(i for i in range(len(taken) + 1) if i not in taken)
-        spec = copy.copy(self.new_spec)
-        options = dict(spec.get("options", {}))
-        env = dict(options.get("env") or {})
-        env["GPUDASK_WORKER_INDEX"] = str(index)
-        options["env"] = env
-        spec["options"] = options
-        return {index: spec}
+        return {index: copy.copy(self.new_spec)}

@@ -49,6 +49,7 @@ def publish(host: HostPlan) -> None:
     os.environ[PLAN_ENV] = str(path)
     os.environ.setdefault(GROUP_ENV, f"pid-{os.getpid()}")
     atexit.register(_remove, path, base / os.environ[GROUP_ENV])
+    path.with_name(path.name + ".fatal").unlink(missing_ok=True)
 
 
 def _user_values(host: HostPlan) -> dict[str, str | None]:
@@ -109,6 +110,7 @@ def restore_user_values(host: HostPlan, plan: ProcessPlan) -> None:
 
 def _remove(path: pathlib.Path, group: pathlib.Path) -> None:
     path.unlink(missing_ok=True)
+    path.with_name(path.name + ".fatal").unlink(missing_ok=True)
     shutil.rmtree(group, ignore_errors=True)
 
 
@@ -135,3 +137,38 @@ def reclaim_stale(base: pathlib.Path) -> list[str]:
                     entry.unlink(missing_ok=True)
                 removed.append(entry.name)
     return removed
+
+
+def _fatal_path() -> pathlib.Path | None:
+    plan = os.environ.get(PLAN_ENV)
+    return pathlib.Path(plan + ".fatal") if plan else None
+
+
+def leave_fatal(line: str) -> None:
+    """A worker process that stops for gpudask leaves its one line for its planning parent."""
+    path = _fatal_path()
+    if path is not None:
+        try:
+            with open(path, "a") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass
+
+
+def report_worker_failures() -> None:
+    """In the ``dask worker`` process: when it ends on an exception because a worker process
+    stopped for gpudask, print that worker's one line instead of distributed's traceback."""
+    import sys
+
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        path = _fatal_path()
+        lines = path.read_text().splitlines() if path is not None and path.exists() else []
+        if not lines:
+            previous(kind, value, tb)
+            return
+        sys.stderr.write(f"Error: {lines[0]}\n")
+        sys.stderr.flush()
+
+    sys.excepthook = hook

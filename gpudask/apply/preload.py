@@ -1,10 +1,10 @@
 """The preload entry points: import time, ``dask_setup``/``dask_teardown``, and ``initialize``.
 
 A failure in a server process stops that process with one line naming the plugin, the
-hook and the cause: at import time the exception leaves ``Worker.__init__`` (or the
-``dask scheduler`` / ``dask worker`` option parsing) and the process does not start;
-in ``dask_setup``, which distributed runs under ``except Exception`` and then starts the
-server anyway, gpudask raises ``SystemExit(1)`` instead, which distributed lets through.
+hook and the cause (:func:`fatal`).  distributed would not stop it: it logs a failing
+``dask_setup`` as "Failed to start preload" and starts the server anyway, and an
+exception leaving ``Worker.__init__`` becomes several tracebacks in worker and nanny.
+In the ``dask worker`` / ``dask scheduler`` option parsing, click prints the one line.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from gpudask.apply import process, runtime, state
+from gpudask.apply import hostfile, process, runtime, state
 from gpudask.errors import GpudaskError
 
 # a child of distributed's logger: `dask worker`'s logging setup, LocalCluster's quiet
@@ -60,13 +60,25 @@ def _fail_here(step: Any, cli: runtime.CliArgs | None) -> None:
     try:
         step()
     except GpudaskError as e:
-        logger.error("gpudask: %s", e)
-        if cli is not None:
-            import click
+        if cli is None:
+            fatal(e)
+        import click
 
-            # inside the CLI's option callback: click prints "Error: ..." and exits 1
-            raise click.ClickException(f"gpudask: {e}") from None
-        raise
+        # inside the CLI's option callback: click prints "Error: ..." and exits 1
+        raise click.ClickException(f"gpudask: {e}") from None
+    if cli is not None and cli.command == "worker":
+        hostfile.report_worker_failures()
+
+
+def fatal(error: BaseException) -> None:
+    """Stop this server process now, with one line.  A worker process also leaves the line
+    for the ``dask worker`` process that started it, which prints it as its last word."""
+    line = f"gpudask: {error}"
+    logger.error(line)
+    hostfile.leave_fatal(line)
+    for handler in logging.getLogger().handlers + logging.getLogger("distributed").handlers:
+        handler.flush()
+    os._exit(1)
 
 
 def _imported_by_distributed_preload() -> bool:
@@ -112,9 +124,7 @@ def dask_setup(server: Any) -> Any:
         elif isinstance(server, Scheduler):
             _setup_scheduler(_session_for("scheduler"), server)
     except GpudaskError as e:
-        # distributed would log "Failed to start preload" and start the server anyway
-        logger.error("gpudask: %s", e)
-        raise SystemExit(1) from None
+        fatal(e)  # distributed would log "Failed to start preload" and start the server anyway
     return None
 
 

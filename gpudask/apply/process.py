@@ -21,7 +21,7 @@ from typing import Any
 from gpudask.apply import hostfile, runtime
 from gpudask.plan import HostPlan, ProcessPlan
 
-logger = logging.getLogger("gpudask")
+logger = logging.getLogger("distributed.gpudask")
 
 
 def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_path: str | None = None,
@@ -119,18 +119,19 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
     in ``Worker.__init__``, or a user's script re-imported as ``__mp_main__`` when the
     worker process was spawned (earlier still: before any task can touch CUDA)."""
     global _SESSION
-    index = runtime.worker_index()
+    locals_ = locals_ or {}
+    index = runtime.worker_index(str(locals_["nanny"]) if locals_.get("nanny") else None)
     host = hostfile.load()
     if host is None:
         # no planning parent (e.g. LocalCluster(preload=["gpudask"]) without gpudask.initialize()):
         # this process plans for itself, once
-        locals_ = locals_ or {}
         protocol = (locals_.get("protocol") or runtime.protocol_from(locals_.get("scheduler_ip"),
                                                                        locals_.get("scheduler_file")) or "tcp")
         host = plan_host(protocol.split("://", 1)[0], None, user_interface=locals_.get("interface"))
     if index >= host.nworkers:
-        host.warnings.append(f"worker {index} is beyond the {host.nworkers} worker(s) planned for this host: it "
-                             f"shares the GPU of worker {index % host.nworkers}")
+        # more workers than the parent planned for (scale-up beyond it): this worker's plan is
+        # the one for index+1 workers, made here, once (GPUs shared round-robin, with a warning)
+        host = plan_host(host.protocol, index + 1)
     session = Session("worker", host, host.for_role("worker", index))
     _SESSION = session
     hostfile.restore_user_values(host, session.plan)

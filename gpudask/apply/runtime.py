@@ -138,33 +138,44 @@ def protocol_from(address: str | None, scheduler_file: str | None) -> str | None
 _held_slot: Any = None
 
 
-def claim_worker_slot(group: str, limit: int = 4096) -> int:
+def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -> int:
     """The lowest free worker number of ``group`` on this host, held until exit.
 
     A file lock per number: the OS frees it when the process dies, so a worker that
-    exits (scale down, restart, crash) frees its number and its GPU, and the next
-    worker process takes the lowest free one."""
+    exits (scale down, restart, crash) frees its number and its GPU, and the next worker
+    process takes the lowest free one -- the number its nanny (``owner``) held before
+    first, so a restarted worker keeps its GPU."""
     global _held_slot
     from gpudask.apply.hostfile import state_dir
 
     base = state_dir() / group.replace("/", "_")
     base.mkdir(parents=True, exist_ok=True)
-    for i in range(limit):
+    order = list(range(limit))
+    if owner:
+        for mark in base.glob("slot-*.owner"):
+            i = int(mark.name[len("slot-"):-len(".owner")])
+            if i < limit and mark.read_text() == owner:
+                order.remove(i)
+                order.insert(0, i)
+                break
+    for i in order:
         f = open(base / f"slot-{i}.lock", "a+")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             f.close()
             continue
+        if owner:
+            (base / f"slot-{i}.owner").write_text(owner)
         _held_slot = f  # keep the descriptor (and the lock) for the life of the process
         return i
     raise ConfigError(f"no free gpudask worker slot in {base} (more than {limit} workers?)")
 
 
-def worker_index() -> int:
+def worker_index(owner: str | None = None) -> int:
     """This worker process's number: ``$GPUDASK_WORKER_INDEX``, or the lowest free slot of
     the workers started by the same planning process (``$GPUDASK_GROUP``; siblings of the
-    same parent otherwise)."""
+    same parent otherwise), preferring the one ``owner`` (its nanny's address) held."""
     explicit = os.environ.get("GPUDASK_WORKER_INDEX")
     if explicit:
         try:
@@ -173,7 +184,7 @@ def worker_index() -> int:
             raise ConfigError(f"GPUDASK_WORKER_INDEX={explicit!r} is not valid; accepted: an integer >= 0") from None
     from gpudask.apply.hostfile import GROUP_ENV
 
-    return claim_worker_slot(os.environ.get(GROUP_ENV) or f"ppid-{os.getppid()}")
+    return claim_worker_slot(os.environ.get(GROUP_ENV) or f"ppid-{os.getppid()}", owner)
 
 
 def int_env(name: str) -> int | None:

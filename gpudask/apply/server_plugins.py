@@ -44,7 +44,7 @@ from gpudask.apply import runtime
 from gpudask.errors import GpudaskError
 from gpudask.planner import INTERNAL_ENV_PREFIX
 
-logger = logging.getLogger("gpudask")
+logger = logging.getLogger("distributed.gpudask")
 
 PLUGIN_NAME = "gpudask"
 PRELOAD = "gpudask"
@@ -293,7 +293,7 @@ def _plan_worker(worker: Any) -> Any:
     if _LATE_INDEX is None:
         # $GPUDASK_WORKER_INDEX, or the lowest free number of this host's group (held
         # until the process exits; a restarted worker of the same nanny gets it back)
-        _LATE_INDEX = runtime.worker_index()
+        _LATE_INDEX = runtime.worker_index(str(worker.nanny) if worker.nanny else None)
     index = _LATE_INDEX
     from gpudask.apply import hostfile
 
