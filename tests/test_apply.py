@@ -191,3 +191,13 @@ def test_slot_folders_and_plan_files_of_dead_processes_are_reclaimed(tmp_path):
     removed = reclaim_stale(tmp_path)
     assert sorted(removed) == sorted([f"pid-{dead}", f"plan-{dead}.json"])
     assert [p.name for p in tmp_path.iterdir()] == [f"pid-{os.getpid()}"]
+
+
+@pytest.mark.process
+def test_dask_worker_says_when_gpus_stay_idle(cluster):
+    cluster.scheduler()
+    cluster.worker("--preload", "gpudask", env=base_env(GPUDASK_FACTS=host("hgx-4gpu-2ib.json")))
+    with cluster.client() as client:
+        client.wait_for_workers(1, timeout=60)
+    assert ("dask worker starts 1 worker(s) on a host with 4 visible GPU(s): 3 GPU(s) stay idle; pass --nworkers 4 "
+            "for one worker per GPU") in cluster.log("worker")

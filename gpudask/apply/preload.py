@@ -41,8 +41,22 @@ def on_import() -> None:
     assert s is not None
     level = logging.INFO if process.decided_anything(s.host) else logging.DEBUG
     logger.log(level, process.startup_line(s))
-    for warning in s.host.warnings:
+    for warning in s.host.warnings + _worker_count_warnings(s, cli):
         logger.warning("gpudask: %s", warning)
+
+
+def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
+    """``dask worker`` on a host whose GPU count differs from the workers it starts."""
+    if cli is None or cli.command != "worker" or not cli.nanny:
+        return []
+    gpus = len(s.ctx.gpus)
+    started = cli.nworkers or 1
+    if not gpus or started == gpus:
+        return []
+    if started < gpus:
+        return [f"dask worker starts {started} worker(s) on a host with {gpus} visible GPU(s): "
+                f"{gpus - started} GPU(s) stay idle; pass --nworkers {gpus} for one worker per GPU"]
+    return []  # more workers than GPUs: the plan already warns (GPUs shared round-robin)
 
 
 def _worker_running() -> bool:
