@@ -201,3 +201,27 @@ def test_dask_worker_says_when_gpus_stay_idle(cluster):
         client.wait_for_workers(1, timeout=60)
     assert ("dask worker starts 1 worker(s) on a host with 4 visible GPU(s): 3 GPU(s) stay idle; pass --nworkers 4 "
             "for one worker per GPU") in cluster.log("worker")
+
+
+METADATA = """
+import json
+from distributed import Client, LocalCluster
+import gpudask
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, dashboard_address=None) as cluster, Client(cluster) as client:
+        client.register_plugin(gpudask.SchedulerPlugin())
+        before = client.get_metadata(["gpudask", "scheduler"], default=None)
+        client.restart()
+        after = client.get_metadata(["gpudask", "scheduler"], default=None)
+    print("RESULT " + json.dumps([before is not None, after == before]))
+"""
+
+
+@pytest.mark.process
+def test_scheduler_metadata_survives_client_restart(tmp_path):
+    (tmp_path / "meta.py").write_text(METADATA)
+    out = subprocess.run([sys.executable, "meta.py"], capture_output=True, text=True, timeout=120, env=base_env(),
+                         cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.split("RESULT ", 1)[1]) == [True, True]

@@ -408,8 +408,14 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         self.report = report
         self.scheduler = scheduler
         scheduler.handlers[PUBLISH_HANDLER] = self.publish
-        scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=_publishable(s, report))
+        self.published = _publishable(s, report)
+        scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
         _log_report(f"scheduler {scheduler.address}", report)
+
+    def restart(self, scheduler: Any) -> None:
+        """``client.restart()`` clears the scheduler's metadata: publish again."""
+        if getattr(self, "published", None) is not None:
+            scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
 
     def publish(self, worker: str, published: Any) -> str:
         """Handler ``gpudask_publish``: a worker's gpudask registered late publishes its plan
