@@ -42,7 +42,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from gpudask.errors import GpudaskError
 
-logger = logging.getLogger("gpudask.check")
+logger = logging.getLogger("distributed.gpudask.check")
 
 SEVERITIES = ("info", "warning", "error")
 ACTIONS = ("warn", "error", "refuse")

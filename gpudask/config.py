@@ -170,6 +170,14 @@ def load_dask_config(extra_file: str | os.PathLike | None = None) -> None:
 
     with open(_HERE / "gpudask.yaml") as f:
         dask.config.update_defaults(yaml.safe_load(f))
+    # DASK_* variables exported after dask was imported (dask reads them at import): they
+    # count, unless dask.config.set(...) chose the key already
+    from_env = dask.config.collect_env()
+    for key in _flatten(from_env):
+        name = key.replace("_", "-")
+        if dask.config.get(name, default=None) == _default_of(name):
+            dask.config.set({name: dask.config.get(key, config=from_env)})
+    env_keys = {k.replace("_", "-") for k in _flatten(from_env)}
     files = [p for p in (toml_path(), pathlib.Path(extra_file) if extra_file else None) if p]
     for path in files:
         if str(path).endswith((".yaml", ".yml")):
@@ -182,8 +190,9 @@ def load_dask_config(extra_file: str | os.PathLike | None = None) -> None:
             value = dask.config.get(key, config=doc)
             previous = _FILE_VALUES.get(name)
             current = dask.config.get(name, default=None)
-            # explicit elsewhere (differs from the default and from what a file set before): keep it
-            if current != _default_of(name) and (previous is None or previous[1] != current):
+            # explicit elsewhere (a DASK_* variable, or a value that differs from the default
+            # and from what a file set before): keep it
+            if name in env_keys or (current != _default_of(name) and (previous is None or previous[1] != current)):
                 continue
             _FILE_VALUES[name] = (str(path), value)
             dask.config.set({name: value})

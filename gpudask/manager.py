@@ -26,7 +26,7 @@ from gpudask.config import CORE_OPTIONS, Option, Settings, parse_bool, parse_nam
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 
 logger = logging.getLogger("distributed.gpudask")
-trace_logger = logging.getLogger("gpudask.trace")
+trace_logger = logging.getLogger("distributed.gpudask.trace")
 
 ENTRY_POINT_GROUP = "gpudask"
 BUILTIN_DISTRIBUTION = "gpudask"

@@ -43,6 +43,7 @@ def publish(host: HostPlan) -> None:
     path = base / f"plan-{os.getpid()}.json"
     data = host.to_dict()
     data["user_values"] = _user_values(host)
+    data["user_config_values"] = _user_config_values(host)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, default=str))
     tmp.replace(path)
@@ -57,6 +58,14 @@ def _user_values(host: HostPlan) -> dict[str, str | None]:
     what its planning parent changed for itself but the worker's plan does not set."""
     names = {n for p in (host.scheduler, host.nanny, host.client, *host.workers) for n in p.env}
     return {n: host.ctx.user_env.get(n) for n in sorted(names)}
+
+
+def _user_config_values(host: HostPlan) -> dict[str, Any]:
+    """The user's value of every dask config key any process of the plan sets."""
+    import dask.config
+
+    keys = {k for p in (host.scheduler, host.nanny, host.client, *host.workers) for k in p.config}
+    return {k: dask.config.get(k, default=None, config=dict(host.ctx.user_config)) for k in sorted(keys)}
 
 
 def load() -> HostPlan | None:
@@ -93,19 +102,25 @@ def _host_from_dict(data: dict[str, Any]) -> HostPlan:
                     client=ProcessPlan.from_dict(data["client"]),
                     workers=[ProcessPlan.from_dict(w) for w in data["workers"]], warnings=list(data["warnings"]),
                     ctx=ctx)
-    host.user_values = data.get("user_values", {})  # type: ignore[attr-defined]
+    host.user_values = {"env": data.get("user_values", {}),  # type: ignore[attr-defined]
+                        "config": data.get("user_config_values", {})}
     return host
 
 
-def restore_user_values(host: HostPlan, plan: ProcessPlan) -> None:
-    """Put back variables the planning parent set for itself that this worker's plan does not set."""
-    for name, value in getattr(host, "user_values", {}).items():
-        if name in plan.env:
-            continue
+def restore_user_values(host: HostPlan) -> None:
+    """Put back, in this worker process, the user's values of everything any process of the
+    plan sets: the planning parent applied its own part (inherited environment, the nanny's
+    dask config) before this process's own plan is applied."""
+    import dask.config
+
+    kept = getattr(host, "user_values", {"env": {}, "config": {}})
+    for name, value in kept["env"].items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    for key, value in kept["config"].items():
+        dask.config.set({key: value})
 
 
 def _remove(path: pathlib.Path, group: pathlib.Path) -> None:

@@ -36,12 +36,11 @@ def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_pa
     from gpudask.manager import PluginManager
     from gpudask.planner import build_plan
 
-    user_env = dict(os.environ)
     load_dask_config(config_file)
+    user_env, user_config = _users_view()
     manager = PluginManager.from_environment(extra_plugins)
     options = manager.config_options()
     register_defaults(options)
-    user_config = dask.config.config
     settings = Settings(options, config=user_config, environ=user_env)
     warn_unknown(settings.validate_all())
     facts = get_facts(facts_path)
@@ -49,6 +48,29 @@ def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_pa
                       user_interface)
     host.ctx.manager = manager  # apply hooks need it
     return host
+
+
+def _users_view() -> tuple[dict[str, str], dict[str, Any]]:
+    """The environment and dask config as the user set them: in a process that applied a
+    plan (a nanny host planning again, a worker beyond its parent's plan), what gpudask
+    changed is put back to the user's values, which the applying session kept."""
+    import copy
+
+    import dask.config
+
+    env, config = dict(os.environ), dask.config.config
+    kept = _SESSION.user_values if _SESSION is not None and _SESSION.applied else None
+    if not kept:
+        return env, config
+    config = copy.deepcopy(config)
+    for name, value in kept["env"].items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    for key, value in kept["config"].items():
+        dask.config.set({key: value}, config=config)
+    return env, config
 
 
 @dataclass
@@ -63,6 +85,8 @@ class Session:
     # the live state read after apply (gpudask.apply.state.read) and its differences from the plan
     state: dict[str, Any] = field(default_factory=dict)
     mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # the user's values of what apply changed: {"env": {name: value}, "config": {key: value}}
+    user_values: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def manager(self) -> Any:
@@ -122,6 +146,8 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
     locals_ = locals_ or {}
     index = runtime.worker_index(str(locals_["nanny"]) if locals_.get("nanny") else None)
     host = hostfile.load()
+    if host is not None:
+        hostfile.restore_user_values(host)  # what the planning parent changed for itself
     if host is None:
         # no planning parent (e.g. LocalCluster(preload=["gpudask"]) without gpudask.initialize()):
         # this process plans for itself, once
@@ -134,14 +160,17 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
         host = plan_host(host.protocol, index + 1)
     session = Session("worker", host, host.for_role("worker", index))
     _SESSION = session
-    hostfile.restore_user_values(host, session.plan)
     _apply(session)
     return session
 
 
 def _apply(session: Session) -> None:
     """Environment, config, CPU binding, then the apply hooks -- once per process."""
+    import dask.config
+
     plan, ctx = session.plan, session.ctx
+    session.user_values = {"env": {n: os.environ.get(n) for n in plan.env},
+                           "config": {k: dask.config.get(k, default=None) for k in plan.config}}
     os.environ.update(plan.env)
     apply_config(plan)
     if plan.cpu_affinity and session.role == "worker":
