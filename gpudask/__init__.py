@@ -3,7 +3,7 @@
 ``dask worker ADDR --preload gpudask`` imports this module in the CLI process and in
 each worker process; ``dask scheduler --preload gpudask`` in the scheduler.  On import
 in such a process gpudask plans for the host and applies this process's part before
-``listen()`` (DESIGN §1).  In any other process importing gpudask does nothing but
+``listen()`` (docs/architecture.md).  In any other process importing gpudask does nothing but
 define names: no CUDA, no cupy/rmm/ucxx, no probing.
 """
 
@@ -18,16 +18,17 @@ __all__ = ["__version__", "hookimpl", "initialize", "check", "cluster_kwargs", "
            "Option", "dask_setup", "GpudaskError"]
 
 _LAZY = {
-    "initialize": ("gpudask.preload", "initialize"),
-    "dask_setup": ("gpudask.preload", "dask_setup"),
+    "initialize": ("gpudask.apply.preload", "initialize"),
+    "dask_setup": ("gpudask.apply.preload", "dask_setup"),
+    "dask_teardown": ("gpudask.apply.preload", "dask_teardown"),
     "Option": ("gpudask.config", "Option"),
     "GpudaskError": ("gpudask.errors", "GpudaskError"),
     "check": ("gpudask.check", "check"),
-    "cluster_kwargs": ("gpudask.cluster", "cluster_kwargs"),
-    "LocalGPUCluster": ("gpudask.cluster", "LocalGPUCluster"),
-    "WorkerPlugin": ("gpudask.distributed_plugins", "WorkerPlugin"),
-    "NannyPlugin": ("gpudask.distributed_plugins", "NannyPlugin"),
-    "SchedulerPlugin": ("gpudask.distributed_plugins", "SchedulerPlugin"),
+    "cluster_kwargs": ("gpudask.apply.cluster", "cluster_kwargs"),
+    "LocalGPUCluster": ("gpudask.apply.cluster", "LocalGPUCluster"),
+    "WorkerPlugin": ("gpudask.apply.server_plugins", "WorkerPlugin"),
+    "NannyPlugin": ("gpudask.apply.server_plugins", "NannyPlugin"),
+    "SchedulerPlugin": ("gpudask.apply.server_plugins", "SchedulerPlugin"),
 }
 
 
@@ -52,8 +53,8 @@ def _is_dask_server_process() -> bool:
 
 
 if _is_dask_server_process():
-    from gpudask.preload import on_import as _on_import
+    from gpudask.apply.preload import on_import as _on_import
 
     _on_import()
-    # distributed looks for dask_setup on the module it preloaded
-    from gpudask.preload import dask_setup  # noqa: E402,F401
+    # distributed looks for dask_setup / dask_teardown on the module it preloaded
+    from gpudask.apply.preload import dask_setup, dask_teardown  # noqa: E402,F401

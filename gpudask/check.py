@@ -42,7 +42,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from gpudask.errors import GpudaskError
 
-logger = logging.getLogger("gpudask.check")
+logger = logging.getLogger("distributed.gpudask.check")
 
 SEVERITIES = ("info", "warning", "error")
 ACTIONS = ("warn", "error", "refuse")
@@ -331,7 +331,7 @@ class SchedulerCheck(SchedulerPlugin):
     # -- setting up ------------------------------------------------------------------
     def _prepare_from_session(self, scheduler: Any) -> bool:
         """Use the scheduler's own gpudask session (``--preload gpudask``) when there is one."""
-        from gpudask import session
+        from gpudask.apply import process as session
 
         s = session.current()
         if self.extra_plugins or s is None or s.role != "scheduler":
@@ -342,7 +342,7 @@ class SchedulerCheck(SchedulerPlugin):
 
     def _plan_here(self, protocol: str | None) -> Any:
         """Plan without applying (no gpudask preloaded here, or extra plugins)."""
-        from gpudask.session import Session, plan_host
+        from gpudask.apply.process import Session, plan_host
 
         host = plan_host(protocol, extra_plugins=self.extra_plugins)
         return Session("scheduler", host, host.for_role("scheduler"))
@@ -372,9 +372,6 @@ class SchedulerCheck(SchedulerPlugin):
             return  # installed on a running scheduler: whoever calls start() first wins
         self._started = True
         if not self.dry:
-            from gpudask.preload import _ensure_log_handler
-
-            _ensure_log_handler()
             scheduler.handlers[HANDLER] = self.handle_report
         await self._prepare(scheduler)
         if self.manager is None:
@@ -541,7 +538,7 @@ def _fetch_scheduler_report(client: Any) -> dict[str, Any]:
 
 
 def _client_session(client: Any, protocol: str | None, extra_plugins: list[Any]) -> Any:
-    from gpudask import session
+    from gpudask.apply import process as session
 
     s = session.current()
     if s is not None and s.role == "client" and not extra_plugins:

@@ -46,7 +46,7 @@ _config_option = click.option("--config", "config_file", type=click.Path(exists=
 def info(facts: str | None, config_file: str | None, protocol: str, nworkers: int | None, interface: str | None,
          as_json: bool) -> None:
     """Print what gpudask would do on this host (or the described one), starting nothing."""
-    from gpudask.session import plan_host
+    from gpudask.apply.process import plan_host
 
     host = plan_host(protocol, nworkers, facts_path=facts, config_file=config_file, user_interface=interface)
     if as_json:

@@ -161,15 +161,23 @@ def read_toml(path: pathlib.Path) -> dict[str, Any]:
 def load_dask_config(extra_file: str | os.PathLike | None = None) -> None:
     """Merge gpudask's YAML defaults, gpudask.toml (and ``extra_file``) into dask.config.
 
-    Safe to call more than once; environment variables are re-applied last so that
-    ``DASK_GPUDASK__...`` keeps the highest precedence.
+    A file sets a key only where nobody set it explicitly: ``dask.config.set(...)`` and
+    ``DASK_*`` variables (already in dask.config since dask was imported) win over it,
+    as they win over dask's own YAML files.  Safe to call more than once.
     """
     import dask.config
     import yaml
 
     with open(_HERE / "gpudask.yaml") as f:
         dask.config.update_defaults(yaml.safe_load(f))
-    _FILE_VALUES.clear()
+    # DASK_* variables exported after dask was imported (dask reads them at import): they
+    # count, unless dask.config.set(...) chose the key already
+    from_env = dask.config.collect_env()
+    for key in _flatten(from_env):
+        name = key.replace("_", "-")
+        if dask.config.get(name, default=None) == _default_of(name):
+            dask.config.set({name: dask.config.get(key, config=from_env)})
+    env_keys = {k.replace("_", "-") for k in _flatten(from_env)}
     files = [p for p in (toml_path(), pathlib.Path(extra_file) if extra_file else None) if p]
     for path in files:
         if str(path).endswith((".yaml", ".yml")):
@@ -178,9 +186,25 @@ def load_dask_config(extra_file: str | os.PathLike | None = None) -> None:
         else:
             doc = read_toml(path)
         for key in _flatten(doc):
-            _FILE_VALUES[key.replace("_", "-")] = (str(path), dask.config.get(key, config=doc))
-        dask.config.update(dask.config.config, doc, priority="new")
-    dask.config.update(dask.config.config, dask.config.collect_env(), priority="new")
+            name = key.replace("_", "-")
+            value = dask.config.get(key, config=doc)
+            previous = _FILE_VALUES.get(name)
+            current = dask.config.get(name, default=None)
+            # explicit elsewhere (a DASK_* variable, or a value that differs from the default
+            # and from what a file set before): keep it
+            if name in env_keys or (current != _default_of(name) and (previous is None or previous[1] != current)):
+                continue
+            _FILE_VALUES[name] = (str(path), value)
+            dask.config.set({name: value})
+
+
+def _default_of(key: str) -> Any:
+    import dask.config
+
+    merged: dict[str, Any] = {}
+    for d in dask.config.defaults:
+        dask.config.update(merged, d, priority="new")
+    return dask.config.get(key, default=None, config=merged)
 
 
 # key -> (file, value) as last merged from gpudask.toml / --config, to name the source

@@ -25,8 +25,8 @@ from gpudask import hookspecs
 from gpudask.config import CORE_OPTIONS, Option, Settings, parse_bool, parse_name_list
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 
-logger = logging.getLogger("gpudask")
-trace_logger = logging.getLogger("gpudask.trace")
+logger = logging.getLogger("distributed.gpudask")
+trace_logger = logging.getLogger("distributed.gpudask.trace")
 
 ENTRY_POINT_GROUP = "gpudask"
 BUILTIN_DISTRIBUTION = "gpudask"

@@ -122,6 +122,13 @@ class ProcessPlan:
         return data
 
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessPlan:
+        """The inverse of :meth:`to_dict` (a worker process reads its plan from its parent's)."""
+        fields = {k: v for k, v in data.items() if k != "reasons"}
+        return cls(**fields, reasons=[Reason(**r) for r in data.get("reasons", [])])
+
+
 @dataclass
 class HostPlan:
     """The plan for one host: every process gpudask may run in."""

@@ -32,7 +32,7 @@ priority = 40
 ON_EXISTING = "gpudask.context.on-existing"
 CREATE_KEYS = ("distributed-ucxx.create-cuda-context", "distributed.comm.ucx.create-cuda-context")
 
-logger = logging.getLogger("gpudask")
+logger = logging.getLogger("distributed.gpudask")
 
 
 @hookimpl

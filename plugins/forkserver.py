@@ -29,7 +29,7 @@ ENABLED = "gpudask.forkserver.enabled"
 DIAGNOSE = "gpudask.forkserver.diagnose-fork"
 METHOD_KEY = "distributed.worker.multiprocessing-method"
 
-logger = logging.getLogger("gpudask")
+logger = logging.getLogger("distributed.gpudask")
 
 
 @hookimpl

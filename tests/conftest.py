@@ -82,7 +82,7 @@ def plan_on(facts: str, protocol: str, nworkers: int | None = None, **config):
     """``gpudask info`` in-process: the host plan for a facts file, with dask config set."""
     import dask.config
 
-    from gpudask.session import plan_host
+    from gpudask.apply.process import plan_host
 
     with dask.config.set(config):
         return plan_host(protocol, nworkers, facts_path=facts)

@@ -77,7 +77,7 @@ def by_code(findings, code: str) -> list:
 
 
 def planned(protocol: str = "tcp", extra=()):
-    from gpudask.session import plan_host
+    from gpudask.apply.process import plan_host
 
     host_plan = plan_host(protocol, facts_path=host("h200-single.json"), extra_plugins=extra)
     return host_plan.ctx.manager, host_plan.ctx

@@ -17,6 +17,6 @@ def test_import_gpudask_pulls_in_nothing_heavy():
 
 
 def test_import_in_a_plain_process_does_not_plan_or_probe():
-    code = "import gpudask, gpudask.session as s, os; print(s.current(), os.environ.get('GPUDASK_PROBED_FACTS'))"
+    code = "import gpudask, gpudask.apply.process as s, os; print(s.current(), os.environ.get('GPUDASK_PROBED_FACTS'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "None None", out.stderr

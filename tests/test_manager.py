@@ -103,7 +103,7 @@ def test_autoload_off_keeps_builtins(monkeypatch):
 
 
 def test_tracing_logs_each_hook_call():
-    code = ("import types; from gpudask import hookimpl; from gpudask.session import plan_host\n"
+    code = ("import types; from gpudask import hookimpl; from gpudask.apply.process import plan_host\n"
             "p = types.SimpleNamespace(name='probe', priority=7)\n"
             "p.gpudask_plan_process = hookimpl(lambda plan: plan.note('seen', 'test'))\n"
             "plan_host('tcp', 1, extra_plugins=[p])")

@@ -1,6 +1,6 @@
 """Process start on described hosts: GPU pinning, CPU affinity, forkserver, CUDA-context rules.
 
-Plans come from ``gpudask.session.plan_host`` -- the function behind ``gpudask info`` and
+Plans come from ``gpudask.apply.process.plan_host`` -- the function behind ``gpudask info`` and
 behind every preloaded process -- with the built-in plugins loaded from entry points.
 """
 
@@ -174,7 +174,7 @@ def test_gpu_without_nvml_affinity_is_skipped(tmp_path):
 BIND = textwrap.dedent("""
     import os, sys, threading, logging, types
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from gpudask.session import _bind_cpus
+    from gpudask.apply.process import _bind_cpus
     ctx = types.SimpleNamespace(facts=types.SimpleNamespace(described=False))
     started, stop = threading.Event(), threading.Event()
     t = threading.Thread(target=lambda: (started.set(), stop.wait()))
@@ -259,7 +259,7 @@ DIAGNOSE = textwrap.dedent("""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import dask
     dask.config.set({"gpudask.forkserver.diagnose-fork": True})
-    from gpudask.session import plan_host
+    from gpudask.apply.process import plan_host
     host = plan_host("ucx", 1, facts_path=sys.argv[1])
     host.ctx.manager.context_init(host.ctx, host.workers[0])
     from distributed_ucxx import ucxx

@@ -1,6 +1,6 @@
 """Transport selection on described hosts: the tcp, nvlink and infiniband plugins (DESIGN §3, §5).
 
-Plans come from ``gpudask.session.plan_host`` -- what ``gpudask info`` prints and what every
+Plans come from ``gpudask.apply.process.plan_host`` -- what ``gpudask info`` prints and what every
 preloaded process applies -- with the built-in plugins loaded from entry points.
 """
 
@@ -18,7 +18,7 @@ from conftest import base_env, host, described, plan_on
 from gpudask.errors import GpudaskError
 from gpudask.plugins.infiniband import nearest_ports
 from gpudask.plugins.tcp import tls_enables
-from gpudask.session import plan_host
+from gpudask.apply.process import plan_host
 
 HGX = host("hgx-4gpu-2ib.json")  # 4 GPUs full NVLink mesh; GPU 0,1 under mlx5_0's switch, GPU 2,3 under mlx5_1's
 DGX = host("dgx-8gpu-nvswitch-4ib.json")  # 8 GPUs on NVSwitch, 4 ports, two GPUs per PCIe switch

@@ -118,7 +118,7 @@ def test_info_table_and_bad_facts_file(tmp_path):
 def test_replanning_after_apply_ignores_what_gpudask_itself_applied():
     """The nanny host applies nvlink=False for itself; a plan built later in that process
     (another nanny, a worker index past the first plan) must still give workers cuda_ipc."""
-    code = ("from gpudask import session\n"
+    code = ("from gpudask.apply import process as session\n"
             "session.start('nanny', protocol='ucx', nworkers=2)\n"
             "import dask; assert dask.config.get('distributed-ucxx.nvlink') is False\n"
             "print(session.plan_host('ucx', 2).workers[0].env['UCX_TLS'])")

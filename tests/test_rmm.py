@@ -596,7 +596,7 @@ def test_gpu_log_file_appears(cluster, tmp_path):
 @pytest.mark.gpu
 def test_gpu_second_setup_reports_and_does_not_rebuild(cluster, tmp_path):
     def again():
-        from gpudask import session
+        from gpudask.apply import process as session
 
         s = session.current()
         return s.manager.setup_memory(s.ctx, s.plan)["rmm"]

@@ -13,11 +13,13 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import cloudpickle
 from conftest import base_env, host
 
 import gpudask
-from gpudask import distributed_plugins
+from gpudask.apply import server_plugins as distributed_plugins
 from gpudask.plan import ProcessPlan
 
 # functions sent to the scheduler / workers are defined here: send them by value
@@ -35,7 +37,7 @@ def info_json(*args: str, env: dict[str, str] | None = None, cwd: str | None = N
 
 
 def _scheduler_session(dask_scheduler=None):
-    from gpudask import session
+    from gpudask.apply import process as session
 
     s = session.current()
     return None if s is None else {"role": s.role, "applied": s.applied,
@@ -106,12 +108,13 @@ def test_preload_nanny_takes_options_from_the_file_named_by_gpudask_config(clust
         client.wait_for_workers(2, timeout=60)
         real_env = client.run(_env)
         gpudask_imported = client.run(lambda: "gpudask" in sys.modules)
-    by_index = {int(e["GPUDASK_WORKER_INDEX"]): e for e in real_env.values()}
+        published = client.scheduler_info(n_workers=-1)["workers"]
+    by_index = {published[a]["gpudask"]["plan"]["index"]: e for a, e in real_env.items()}
     assert set(by_index) == {0, 1}
     for i, e in by_index.items():
         assert e["CUDA_VISIBLE_DEVICES"] == ROTATED[i] == expected[i]["env"]["CUDA_VISIBLE_DEVICES"]
         assert e["RAPIDS_NO_INITIALIZE"] is None  # cuda-context disabled by the file
-    assert not any(gpudask_imported.values())
+    assert all(gpudask_imported.values())  # the nanny added gpudask to its worker's preloads
     assert "gpudask 0.1.0 (nanny, protocol tcp): plugins gpu-pinning(10)" in cluster.log("worker")
     assert "cuda-context" not in cluster.log("worker").split("(nanny, protocol tcp): plugins ")[1].splitlines()[0]
 
@@ -165,7 +168,7 @@ def describe(client):
              "env": real[a]} for a, w in sorted(workers.items(), key=lambda kv: str(kv[1]["name"]))]
 
 if __name__ == "__main__":
-    import gpudask
+    import gpudask  # TOP-LEVEL: moved to the top of the script
     from distributed import Client, LocalCluster
 
     out = {}
@@ -177,8 +180,7 @@ if __name__ == "__main__":
         client.wait_for_workers(3, timeout=60)
         out["scaled"] = describe(client)
     kwargs = gpudask.cluster_kwargs()
-    out["kwargs"] = {k: v for k, v in kwargs.items() if k != "env"}
-    out["kwargs_env"] = kwargs["env"]
+    out["kwargs"] = kwargs
     with LocalCluster(dashboard_address=None, **kwargs) as cluster, Client(cluster) as client:
         out["cluster_kwargs"] = describe(client)
     out["client_session"] = gpudask.initialize().role
@@ -186,9 +188,15 @@ if __name__ == "__main__":
 """
 
 
-def test_local_gpu_cluster_and_cluster_kwargs_give_one_worker_per_gpu(tmp_path):
+@pytest.mark.parametrize("where", ["main-block", "top-level"])
+def test_local_gpu_cluster_and_cluster_kwargs_give_one_worker_per_gpu(tmp_path, where):
+    """The layout docs/usage.md shows (import at the top: spawned workers re-import the
+    script as __mp_main__, so gpudask is first imported there) and the main-block one."""
     script = tmp_path / "local.py"
-    script.write_text(LOCAL_SCRIPT)
+    text = LOCAL_SCRIPT
+    if where == "top-level":
+        text = "import gpudask\n" + text.replace("    import gpudask  # TOP-LEVEL: moved to the top of the script\n", "")
+    script.write_text(text)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
                          env=base_env(GPUDASK_FACTS=TWO_GPUS), cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-4000:]
@@ -196,19 +204,20 @@ def test_local_gpu_cluster_and_cluster_kwargs_give_one_worker_per_gpu(tmp_path):
 
     workers = result["local_gpu_cluster"]
     assert [w["name"] for w in workers] == [0, 1]  # n_workers: one per (described) GPU
-    for i, w in enumerate(workers):
-        assert w["index"] == i and w["env"]["GPUDASK_WORKER_INDEX"] == str(i)
-        assert w["env"]["CUDA_VISIBLE_DEVICES"] == w["plan_cvd"] == ROTATED[i]
+    assert sorted(w["index"] for w in workers) == [0, 1]  # each claimed its own number
+    for w in workers:
+        assert w["env"]["CUDA_VISIBLE_DEVICES"] == w["plan_cvd"] == ROTATED[w["index"]]
         assert w["resources"] == {"GPU": 1} and w["nthreads"] == 1
     assert len({w["env"]["GPUDASK_GROUP"] for w in workers}) == 1
     assert result["scheduler_preloaded"]
-    scaled = {w["name"]: w for w in result["scaled"]}
-    assert scaled[2]["index"] == 2 and scaled[2]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"  # shared round-robin
+    scaled = sorted(result["scaled"], key=lambda w: w["index"])
+    assert [w["index"] for w in scaled] == [0, 1, 2]
+    assert scaled[2]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"  # shared round-robin
 
     kwargs = result["kwargs"]
     assert kwargs["n_workers"] == 2 and kwargs["threads_per_worker"] == 1 and kwargs["processes"] is True
     assert kwargs["preload"] == ["gpudask"] and kwargs["scheduler_kwargs"] == {"preload": ["gpudask"]}
-    assert result["kwargs_env"]["GPUDASK_NWORKERS"] == "2" and result["kwargs_env"]["GPUDASK_PROTOCOL"] == "tcp"
+    assert "env" not in kwargs  # the plan travels in a file named by the client's environment
     plain = result["cluster_kwargs"]
     assert sorted(w["index"] for w in plain) == [0, 1]  # each claimed a number of its group
     for w in plain:
@@ -235,9 +244,9 @@ def test_cluster_kwargs_merges_user_arguments_and_refuses_threads(tmp_path):
     data = json.loads(out.stdout)
     kw = data["kw"]
     assert kw["n_workers"] == 3 and kw["threads_per_worker"] == 4 and kw["protocol"] == "tcp"
-    assert kw["preload"] == ["mine.py", "gpudask"]
-    assert kw["scheduler_kwargs"] == {"preload": ["s.py", "gpudask"], "idle_timeout": "1h"}
-    assert kw["env"]["A"] == "1" and kw["env"]["GPUDASK_NWORKERS"] == "3"
+    assert kw["preload"] == ["gpudask", "mine.py"]  # gpudask first: pinning before a user preload touches CUDA
+    assert kw["scheduler_kwargs"] == {"preload": ["gpudask", "s.py"], "idle_timeout": "1h"}
+    assert kw["env"] == {"A": "1"}
     assert data["refused"].startswith("processes=False is not valid with gpudask")
 
 
@@ -304,8 +313,7 @@ def test_register_plugin_on_a_stock_cluster_reports_restart_then_nanny_plugin_ap
     assert "gpudask 0.1.0 (nanny" not in cluster.log("worker")
 
     # after client.restart(): the nannies started workers with their plan, gpudask preloaded
-    by_index = {int(e["GPUDASK_WORKER_INDEX"]): e for e in restarted_env.values()}
-    assert {i: e["CUDA_VISIBLE_DEVICES"] for i, e in by_index.items()} == ROTATED
+    assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in restarted_env.values()) == sorted(ROTATED.values())
     assert sorted(published) == [0, 1] and all(p["role"] == "worker" for p in published.values())
     assert all(s["preloaded"] and s["needs_restart"] == [] for s in status_after.values())
 

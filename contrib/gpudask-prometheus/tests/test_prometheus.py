@@ -56,7 +56,7 @@ def _isolated(monkeypatch, tmp_path):
 
 def _published(facts_path, index):
     """What a worker's gpudask publishes, computed the same way, with this plugin loaded."""
-    from gpudask.session import Session, plan_host
+    from gpudask.apply.process import Session, plan_host
 
     host = plan_host("tcp", 2, facts_path=facts_path, extra_plugins=[plugin])
     return Session("worker", host, host.for_role("worker", index)).published()
@@ -108,7 +108,7 @@ def test_cluster_metrics_per_worker_with_check_findings(tmp_path):
 
 def test_turned_off_by_setting(tmp_path, monkeypatch):
     """gpudask.prometheus.enabled=false: the preload hook registers nothing."""
-    from gpudask.session import plan_host
+    from gpudask.apply.process import plan_host
 
     monkeypatch.setenv("DASK_GPUDASK__PROMETHEUS__ENABLED", "false")
     host = plan_host("tcp", 1, facts_path=_facts(tmp_path), extra_plugins=[plugin])

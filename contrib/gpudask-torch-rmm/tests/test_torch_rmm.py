@@ -52,7 +52,7 @@ def _isolated(monkeypatch, tmp_path):
 
 
 def _plan(facts_path=None, nworkers=None):
-    from gpudask.session import plan_host
+    from gpudask.apply.process import plan_host
 
     return plan_host("tcp", nworkers, facts_path=facts_path, extra_plugins=[plugin])
 
@@ -152,7 +152,7 @@ def test_real_gpu_torch_allocates_from_rmm():
         pytest.skip("no GPU")
     code = """if True:
         import gpudask_torch_rmm as plugin
-        from gpudask.session import plan_host
+        from gpudask.apply.process import plan_host
         host = plan_host("tcp", 1, extra_plugins=[plugin])
         result = plugin.gpudask_setup_memory(host.ctx, host.workers[0])
         assert result["torch_allocator"] == "rmm", result

@@ -1,32 +1,34 @@
-"""Plan for this host and apply this process's part of it (DESIGN §2, §1).
+"""This process's part of the plan, applied once (the apply stage).
 
-``plan_host`` is what ``gpudask info`` prints; ``start`` is what ``--preload gpudask``
-does at import time in a scheduler, nanny-host or worker process, and what
-:func:`gpudask.initialize` does in a client.  Both go through the same code, so a
-worker gets exactly what ``gpudask info`` says for the same host and config.
+``plan_host`` is what ``gpudask info`` prints.  ``start`` plans for a *planning* process
+(``dask scheduler``, the ``dask worker`` process that hosts the nannies, a client) and
+applies its part; :func:`start_worker` applies a nanny's worker process's part, taken
+from the host plan its parent wrote (:mod:`gpudask.apply.hostfile`) -- a worker process
+never plans again, and nothing gpudask changed in a parent has to be undone.
+
+Each process keeps one :class:`Session`: the plan it applied and the state it found
+afterwards (:mod:`gpudask.apply.state`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudask import runtime
-from gpudask.errors import GpudaskError
+from gpudask.apply import hostfile, runtime
 from gpudask.plan import HostPlan, ProcessPlan
 
-logger = logging.getLogger("gpudask")
+logger = logging.getLogger("distributed.gpudask")
 
 
 def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_path: str | None = None,
               config_file: str | None = None, extra_plugins: Iterable[Any] = (),
               user_interface: str | None = None) -> HostPlan:
     """The plan for every process of this (or the described) host.  No side effects
-    beyond loading config into dask.config."""
+    beyond loading gpudask's config files into dask.config."""
     import dask.config
 
     from gpudask.config import Settings, load_dask_config, register_defaults, warn_unknown
@@ -34,14 +36,11 @@ def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_pa
     from gpudask.manager import PluginManager
     from gpudask.planner import build_plan
 
-    user_env = runtime.user_environ()
     load_dask_config(config_file)
+    user_env, user_config = _users_view()
     manager = PluginManager.from_environment(extra_plugins)
     options = manager.config_options()
     register_defaults(options)
-    # plan from the user's config: what gpudask applied in this process (a nanny host
-    # re-planning for another nanny, a client after initialize()) is not the user's choice
-    user_config = runtime.user_config(dask.config.config)
     settings = Settings(options, config=user_config, environ=user_env)
     warn_unknown(settings.validate_all())
     facts = get_facts(facts_path)
@@ -51,15 +50,43 @@ def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_pa
     return host
 
 
+def _users_view() -> tuple[dict[str, str], dict[str, Any]]:
+    """The environment and dask config as the user set them: in a process that applied a
+    plan (a nanny host planning again, a worker beyond its parent's plan), what gpudask
+    changed is put back to the user's values, which the applying session kept."""
+    import copy
+
+    import dask.config
+
+    env, config = dict(os.environ), dask.config.config
+    kept = _SESSION.user_values if _SESSION is not None and _SESSION.applied else None
+    if not kept:
+        return env, config
+    config = copy.deepcopy(config)
+    for name, value in kept["env"].items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    for key, value in kept["config"].items():
+        dask.config.set({key: value}, config=config)
+    return env, config
+
+
 @dataclass
 class Session:
-    """What gpudask did in this process."""
+    """What gpudask did in this process: its plan, and what it found in effect afterwards."""
 
     role: str
     host: HostPlan
     plan: ProcessPlan
     memory: dict[str, Any] = field(default_factory=dict)
     applied: bool = False
+    # the live state read after apply (gpudask.apply.state.read) and its differences from the plan
+    state: dict[str, Any] = field(default_factory=dict)
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # the user's values of what apply changed: {"env": {name: value}, "config": {key: value}}
+    user_values: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def manager(self) -> Any:
@@ -75,7 +102,8 @@ class Session:
 
         return {"version": __version__, "role": self.role, "protocol": self.host.protocol,
                 "facts": self.host.facts.to_dict(), "facts_origin": self.host.facts.origin,
-                "plugins": self.host.plugins, "plan": self.plan.to_dict(), "memory": self.memory}
+                "plugins": self.host.plugins, "plan": self.plan.to_dict(), "memory": self.memory,
+                "applied": self.state, "mismatches": self.mismatches}
 
 
 _SESSION: Session | None = None
@@ -87,63 +115,64 @@ def current() -> Session | None:
 
 def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = None,
           nworkers: int | None = None, apply: bool = True) -> Session:
-    """Plan for this host and apply this process's part (``role``)."""
+    """Plan for this host and apply this process's part (``role``: scheduler, nanny, client)."""
     global _SESSION
-    if role == "worker":
-        runtime.restore_parent_changes()
-    locals_ = runtime.worker_init_locals() if role == "worker" else {}
     if cli is not None:
         protocol = protocol or cli.protocol or runtime.protocol_from(cli.scheduler_address, cli.scheduler_file)
         nworkers = nworkers or cli.nworkers
-    if locals_:
-        protocol = protocol or locals_.get("protocol") or runtime.protocol_from(
-            locals_.get("scheduler_ip"), locals_.get("scheduler_file"))
-    protocol = protocol or os.environ.get("GPUDASK_PROTOCOL") or "tcp"
-    protocol = protocol.split("://", 1)[0]  # LocalCluster passes Worker(protocol="tcp://")
-    nworkers = nworkers or runtime.int_env("GPUDASK_NWORKERS")
-    index = runtime.worker_index(locals_) if role == "worker" else None
-    if index is not None and nworkers is not None:
-        nworkers = max(nworkers, index + 1)
-    elif index is not None:
-        nworkers = None  # default: one per visible GPU; widened below if needed
-    # the nanny passes the CLI's --interface to its workers as Worker(interface=...)
-    interface = (cli.interface if cli is not None else None) or locals_.get("interface")
-    host = plan_host(protocol, nworkers, user_interface=interface)
-    if index is not None and index >= host.nworkers:
-        host = plan_host(protocol, index + 1, user_interface=interface)
-    plan = host.for_role(role, index)
-    session = Session(role, host, plan)
+    protocol = (protocol or "tcp").split("://", 1)[0]  # LocalCluster passes protocol="tcp://"
+    host = plan_host(protocol, nworkers, user_interface=cli.interface if cli is not None else None)
+    session = Session(role, host, host.for_role(role))
     if apply or _SESSION is None or not _SESSION.applied:
         # a plan-only session (e.g. a LocalCluster's scheduler inside a client process)
         # never replaces the one this process applied
         _SESSION = session
     if apply:
-        apply_plan(session)
-        _export_for_children(session)
-        if role in ("nanny", "client") and plan.multiprocessing_method == "forkserver":
+        _apply(session)
+        if role in ("nanny", "client"):
+            hostfile.publish(host)  # the worker processes this one starts read their plan there
+        if role in ("nanny", "client") and session.plan.multiprocessing_method == "forkserver":
             _start_forkserver()
     return session
 
 
-def apply_plan(session: Session) -> None:
-    """Environment, config, CPU binding, start method, then the apply hooks."""
+def start_worker(locals_: dict[str, Any] | None = None) -> Session:
+    """A nanny's worker process: take this worker's plan from the host plan and apply it.
+
+    Runs at the first ``import gpudask`` of the process, whoever imports it: the preload
+    in ``Worker.__init__``, or a user's script re-imported as ``__mp_main__`` when the
+    worker process was spawned (earlier still: before any task can touch CUDA)."""
+    global _SESSION
+    locals_ = locals_ or {}
+    index = runtime.worker_index(str(locals_["nanny"]) if locals_.get("nanny") else None)
+    host = hostfile.load()
+    if host is not None:
+        hostfile.restore_user_values(host)  # what the planning parent changed for itself
+    if host is None:
+        # no planning parent (e.g. LocalCluster(preload=["gpudask"]) without gpudask.initialize()):
+        # this process plans for itself, once
+        protocol = (locals_.get("protocol") or runtime.protocol_from(locals_.get("scheduler_ip"),
+                                                                       locals_.get("scheduler_file")) or "tcp")
+        host = plan_host(protocol.split("://", 1)[0], None, user_interface=locals_.get("interface"))
+    if index >= host.nworkers:
+        # more workers than the parent planned for (scale-up beyond it): this worker's plan is
+        # the one for index+1 workers, made here, once (GPUs shared round-robin, with a warning)
+        host = plan_host(host.protocol, index + 1)
+    session = Session("worker", host, host.for_role("worker", index))
+    _SESSION = session
+    _apply(session)
+    return session
+
+
+def _apply(session: Session) -> None:
+    """Environment, config, CPU binding, then the apply hooks -- once per process."""
     import dask.config
 
     plan, ctx = session.plan, session.ctx
-    shadow = runtime.load_shadow()
-    for name, value in plan.env.items():
-        if os.environ.get(name) != value:
-            shadow["env"].setdefault(name, os.environ.get(name))
-            os.environ[name] = value
-    config = dict(plan.config)
-    if plan.multiprocessing_method:
-        config["distributed.worker.multiprocessing-method"] = plan.multiprocessing_method
-    for key, value in config.items():
-        current = dask.config.get(key, default=None)
-        if current != value:
-            shadow["config"].setdefault(key, current)
-            dask.config.set({key: value})
-    os.environ[runtime.SHADOW_ENV] = json.dumps(shadow)
+    session.user_values = {"env": {n: os.environ.get(n) for n in plan.env},
+                           "config": {k: dask.config.get(k, default=None) for k in plan.config}}
+    os.environ.update(plan.env)
+    apply_config(plan)
     if plan.cpu_affinity and session.role == "worker":
         _bind_cpus(plan.cpu_affinity, ctx)
     if plan.interface and session.role == "worker" and not ctx.facts.described:
@@ -154,6 +183,22 @@ def apply_plan(session: Session) -> None:
     if session.role == "worker":
         session.memory = session.manager.setup_memory(ctx, plan)
     session.applied = True
+
+
+def apply_config(plan: ProcessPlan) -> dict[str, Any]:
+    """Put the plan's dask config in place; returns the keys that had another value.
+
+    Called at apply and again in ``dask_setup``: a nanny's worker process loads its
+    nanny's config after a top-level ``import gpudask`` already ran."""
+    import dask.config
+
+    config = dict(plan.config)
+    if plan.multiprocessing_method:
+        config["distributed.worker.multiprocessing-method"] = plan.multiprocessing_method
+    changed = {key: value for key, value in config.items() if dask.config.get(key, default=None) != value}
+    if changed:
+        dask.config.set(changed)
+    return changed
 
 
 def _start_forkserver() -> None:
@@ -184,6 +229,10 @@ def _start_forkserver() -> None:
                 os.environ[k] = v
 
 
+def bind_cpus(cpus: list[int], ctx: Any) -> None:
+    _bind_cpus(cpus, ctx)
+
+
 def _bind_cpus(cpus: list[int], ctx: Any) -> None:
     if ctx.facts.described:
         return  # the CPUs of a described host are not this machine's
@@ -208,15 +257,11 @@ def _bind_cpus(cpus: list[int], ctx: Any) -> None:
         logger.warning("gpudask: could not set CPU affinity %s: %s", cpus, e)
 
 
-def _export_for_children(session: Session) -> None:
-    """What child processes (a nanny's workers) need to plan the same way."""
-    host = session.host
-    os.environ["GPUDASK_PROTOCOL"] = host.protocol
-    os.environ["GPUDASK_NWORKERS"] = str(host.nworkers)
-    if session.role in ("nanny", "client"):
-        os.environ.setdefault("GPUDASK_GROUP", f"pid-{os.getpid()}")
-    if not host.facts.described:
-        os.environ["GPUDASK_PROBED_FACTS"] = json.dumps(host.facts.to_dict())
+def decided_anything(host: HostPlan) -> bool:
+    """Did gpudask decide anything for this host (a CPU host with tcp: nothing)?"""
+    plans = [host.scheduler, host.nanny, host.client, *host.workers]
+    return any(p.env or p.config or p.cpu_affinity or p.memory or p.multiprocessing_method or p.resources
+               for p in plans)
 
 
 def startup_line(session: Session) -> str:
@@ -225,7 +270,3 @@ def startup_line(session: Session) -> str:
     plugins = ", ".join(f"{p['name']}({p['priority']})" for p in session.host.plugins)
     where = session.role + (f" {session.plan.index}" if session.plan.index is not None else "")
     return f"gpudask {__version__} ({where}, protocol {session.host.protocol}): plugins {plugins or 'none'}"
-
-
-def fail_clean(error: GpudaskError) -> None:
-    logger.error("gpudask: %s", error)

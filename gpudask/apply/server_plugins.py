@@ -39,11 +39,12 @@ from typing import Any
 import dask.config
 from distributed.diagnostics import plugin as _dp
 
-from gpudask import runtime, session
+from gpudask.apply import process as session
+from gpudask.apply import runtime
 from gpudask.errors import GpudaskError
 from gpudask.planner import INTERNAL_ENV_PREFIX
 
-logger = logging.getLogger("gpudask")
+logger = logging.getLogger("distributed.gpudask")
 
 PLUGIN_NAME = "gpudask"
 PRELOAD = "gpudask"
@@ -200,9 +201,6 @@ class WorkerPlugin(_dp.WorkerPlugin):
         self.report = None
 
     async def setup(self, worker: Any) -> None:
-        from gpudask.preload import _ensure_log_handler
-
-        _ensure_log_handler()
         current = session.current()
         preloaded = current is not None and current.role == "worker" and current.applied
         if preloaded:
@@ -252,7 +250,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
                 notes.append(f"cpu_affinity {plan.cpu_affinity} not applied: the host is described by "
                              f"{ctx.facts.origin}, its CPUs are not this machine's")
             else:
-                session._bind_cpus(plan.cpu_affinity, ctx)
+                session.bind_cpus(plan.cpu_affinity, ctx)
                 applied.append("cpu_affinity")
         if plan.memory is not None and not ctx.facts.described and not _gpu_matches(plan, ctx):
             needs.append(_item(
@@ -289,20 +287,20 @@ def _plan_worker(worker: Any) -> Any:
     Unlike ``session.start`` this changes nothing in the process: a worker whose nanny
     already gave it planned environment variables (``--preload-nanny gpudask``) keeps
     them, and the plan is made from the user's view of the environment all the same."""
-    from gpudask.session import Session, plan_host
+    from gpudask.apply.process import Session, plan_host
 
     global _LATE_INDEX
     if _LATE_INDEX is None:
         # $GPUDASK_WORKER_INDEX, or the lowest free number of this host's group (held
         # until the process exits; a restarted worker of the same nanny gets it back)
-        _LATE_INDEX = runtime.worker_index({"nanny": worker.nanny})
+        _LATE_INDEX = runtime.worker_index(str(worker.nanny) if worker.nanny else None)
     index = _LATE_INDEX
-    protocol = (_scheme(getattr(worker.scheduler, "address", None)) or _scheme(worker.address)
-                or os.environ.get("GPUDASK_PROTOCOL"))
-    nworkers = runtime.int_env("GPUDASK_NWORKERS")
-    host = plan_host(protocol, max(nworkers, index + 1) if nworkers else None)
-    if index >= host.nworkers:
-        host = plan_host(protocol, index + 1)
+    from gpudask.apply import hostfile
+
+    host = hostfile.load()  # the plan this worker's parent made, when it made one
+    if host is None:
+        protocol = (_scheme(getattr(worker.scheduler, "address", None)) or _scheme(worker.address) or "tcp")
+        host = plan_host(protocol, None)
     return Session("worker", host, host.for_role("worker", index))
 
 
@@ -321,21 +319,18 @@ class NannyPlugin(_dp.NannyPlugin):
         self.restart = bool(restart)
 
     def setup(self, nanny: Any) -> None:
-        from gpudask.preload import _ensure_log_handler, _setup_nanny
+        from gpudask.apply import hostfile
 
-        _ensure_log_handler()
-        configured = "GPUDASK_WORKER_INDEX" in nanny.env  # --preload-nanny gpudask got there first
-        if not configured:
-            s = _plan_nanny(nanny)
-            _setup_nanny(s, nanny)
-            nanny.env.setdefault("GPUDASK_PROTOCOL", s.host.protocol)
-            index = int(nanny.env["GPUDASK_WORKER_INDEX"])
-            nanny.env.setdefault("GPUDASK_NWORKERS", str(max(s.host.nworkers, index + 1)))
-        _add_worker_preload(nanny)
+        s = _plan_nanny(nanny)
+        if not os.environ.get(hostfile.PLAN_ENV):
+            hostfile.publish(s.host)  # the nanny's next worker process takes its plan from there
+        for name in (hostfile.PLAN_ENV, hostfile.GROUP_ENV):
+            if os.environ.get(name):
+                nanny.pre_spawn_env[name] = os.environ[name]
+        add_worker_preload(nanny)
         when = "now (restart=True)" if self.restart else "at the next restart (client.restart())"
-        logger.info("gpudask: nanny %s: its next worker process starts as gpudask worker %s, with --preload "
-                    "gpudask and the planned environment%s, %s", nanny.address, nanny.env.get("GPUDASK_WORKER_INDEX"),
-                    " (set by --preload-nanny gpudask)" if configured else "", when)
+        logger.info("gpudask: nanny %s: its next worker process starts with --preload gpudask and takes its "
+                    "plan from this host's plan, %s", nanny.address, when)
 
 
 def _plan_nanny(nanny: Any) -> Any:
@@ -347,7 +342,7 @@ def _plan_nanny(nanny: Any) -> Any:
     return session.start("nanny", cli=cli if role == "nanny" else None, protocol=protocol, apply=False)
 
 
-def _add_worker_preload(nanny: Any) -> None:
+def add_worker_preload(nanny: Any) -> None:
     """``gpudask`` in the preloads of the worker processes this nanny starts from now on."""
     preload = nanny.preload
     preload = [preload] if isinstance(preload, str) else list(preload or [])
@@ -379,9 +374,6 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         self.scheduler = None
 
     async def start(self, scheduler: Any) -> None:
-        from gpudask.preload import _ensure_log_handler
-
-        _ensure_log_handler()
         current = session.current()
         preloaded = current is not None and current.role == "scheduler" and current.applied
         s = current if preloaded else await asyncio.to_thread(_plan_scheduler, _scheme(scheduler.address))
@@ -416,8 +408,14 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         self.report = report
         self.scheduler = scheduler
         scheduler.handlers[PUBLISH_HANDLER] = self.publish
-        scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=_publishable(s, report))
+        self.published = _publishable(s, report)
+        scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
         _log_report(f"scheduler {scheduler.address}", report)
+
+    def restart(self, scheduler: Any) -> None:
+        """``client.restart()`` clears the scheduler's metadata: publish again."""
+        if getattr(self, "published", None) is not None:
+            scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
 
     def publish(self, worker: str, published: Any) -> str:
         """Handler ``gpudask_publish``: a worker's gpudask registered late publishes its plan
@@ -427,7 +425,7 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         if ws is None:
             return "unknown worker"
         ws.extra["gpudask"] = published
-        from gpudask.check import PLUGIN_NAME as CHECK_NAME
+        from gpudask.check import PLUGIN_NAME as CHECK_NAME  # noqa: F401
 
         check = self.scheduler.plugins.get(CHECK_NAME)
         if check is not None and hasattr(check, "check_worker"):
@@ -441,7 +439,7 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
 
 
 def _plan_scheduler(protocol: str | None) -> Any:
-    from gpudask.session import Session, plan_host
+    from gpudask.apply.process import Session, plan_host
 
     host = plan_host(protocol)
     return Session("scheduler", host, host.for_role("scheduler"))
@@ -482,3 +480,11 @@ def register(client: Any, *, nanny: bool = True, restart: bool = False) -> dict[
         client.register_plugin(NannyPlugin(restart=restart))
     client.register_plugin(WorkerPlugin())
     return status(client)
+
+
+def install_check(scheduler: Any, s: Any) -> None:
+    """The scheduler check runs in every scheduler gpudask configures (the core installs
+    it, whichever plugins implement ``gpudask_scheduler_check``)."""
+    from gpudask.check import install
+
+    install(scheduler)

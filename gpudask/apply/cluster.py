@@ -6,12 +6,14 @@ Both start *stock* dask workers (``Nanny`` processes) with gpudask preloaded, li
 client process gets its part of the plan (UCX environment and config, the start method
 of worker processes) before anything listens.
 
-* ``gpudask.LocalGPUCluster(...)`` is a ``LocalCluster`` whose worker *i* is told its
-  number (``GPUDASK_WORKER_INDEX=i``): worker names are 0, 1, ... and worker *i* gets
-  GPU *i* (the one ``gpudask info`` shows for worker *i*), also after ``scale()``.
-* ``LocalCluster(**gpudask.cluster_kwargs(...))`` uses plain ``LocalCluster``: the workers
-  share a unique group and each claims the lowest free worker number of the group when it
-  starts (the same mechanism as ``dask worker --nworkers N --preload gpudask``).
+* ``gpudask.LocalGPUCluster(...)`` is a ``LocalCluster`` whose workers are named 0, 1, ...
+  (``scale()`` adds the lowest free names).
+* ``LocalCluster(**gpudask.cluster_kwargs(...))`` uses plain ``LocalCluster``.
+
+In both, each worker process claims the lowest free worker number of this client's
+workers when it starts and takes that worker's plan (its GPU) from the host plan the
+client wrote -- the same mechanism as ``dask worker --nworkers N --preload gpudask``, and
+the same whether the script imports gpudask at the top or inside its main block.
 
 Importing this module imports ``distributed`` but never CUDA.
 """
@@ -21,8 +23,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
-import uuid
 from typing import Any
 
 from distributed import LocalCluster
@@ -35,15 +35,9 @@ PRELOAD = "gpudask"
 
 def _client_session(protocol: str, n_workers: int | None) -> Any:
     """The client's gpudask session for ``protocol`` (applied in this process)."""
-    from gpudask import session
-    from gpudask.preload import initialize
+    from gpudask.apply.preload import initialize
 
-    s = initialize(protocol=protocol, nworkers=n_workers)
-    if s.host.protocol != protocol:
-        # initialize() returns the existing client session; a cluster on another
-        # protocol needs the client plan of that protocol
-        s = session.start("client", protocol=protocol, nworkers=n_workers)
-    return s
+    return initialize(protocol=protocol, nworkers=n_workers)
 
 
 def _protocol_name(protocol: str | None) -> str:
@@ -58,7 +52,9 @@ def _merged_preload(value: Any) -> list[str]:
         items = [value]
     else:
         items = list(value)
-    return items if PRELOAD in items else [*items, PRELOAD]
+    # gpudask first: RAPIDS_NO_INITIALIZE and the GPU pinning must be in place before a
+    # user's preload imports cudf or touches CUDA
+    return [PRELOAD, *(i for i in items if i != PRELOAD)]
 
 
 def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
@@ -98,11 +94,8 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
         out["threads_per_worker"] = threads_per_worker
     out["preload"] = _merged_preload(kwargs.get("preload"))
     env = {str(k): str(v) for k, v in (kwargs.get("env") or {}).items()}
-    # the number of workers the plan is made for (a worker numbered beyond it widens it)
-    planned = n if n > 0 else max(1, len(gpus))
-    env.update(GPUDASK_NWORKERS=str(planned), GPUDASK_PROTOCOL=name,
-               GPUDASK_GROUP=f"local-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    out["env"] = env
+    if env:
+        out["env"] = env
     scheduler_kwargs = dict(kwargs.get("scheduler_kwargs") or {})
     scheduler_kwargs["preload"] = _merged_preload(scheduler_kwargs.get("preload"))
     out["scheduler_kwargs"] = scheduler_kwargs
@@ -130,11 +123,9 @@ class LocalGPUCluster(LocalCluster):
         cluster = gpudask.LocalGPUCluster()            # or protocol="ucx"
         client = Client(cluster)
 
-    Worker *i* (named ``i``) runs on GPU *i* of ``gpudask info``; its environment says so
-    (``GPUDASK_WORKER_INDEX=i``) and gpudask, preloaded in the worker, applies worker *i*'s
-    plan: ``CUDA_VISIBLE_DEVICES`` rotated to start with its GPU, the ``GPU=1`` resource,
-    UCX settings, CPU affinity, the memory pool.  ``scale(n)`` adds workers with the
-    lowest free numbers.
+    Each worker applies its own plan from ``gpudask info``: ``CUDA_VISIBLE_DEVICES`` rotated
+    to start with its GPU, the ``GPU=1`` resource, UCX settings, CPU affinity, the memory
+    pool.  ``scale(n)`` adds workers with the lowest free names and worker numbers.
 
     Parameters are those of :func:`cluster_kwargs` (and so of ``LocalCluster``).
     """
@@ -163,13 +154,7 @@ class LocalGPUCluster(LocalCluster):
                 raise
 
     def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
-        """The lowest free worker number, and a spec telling the worker that number."""
+        """The lowest free name (the worker claims its number, and so its GPU, itself)."""
         taken = {name for name in self.worker_spec if isinstance(name, int)}
         index = next(i for i in range(len(taken) + 1) if i not in taken)
-        spec = copy.copy(self.new_spec)
-        options = dict(spec.get("options", {}))
-        env = dict(options.get("env") or {})
-        env["GPUDASK_WORKER_INDEX"] = str(index)
-        options["env"] = env
-        spec["options"] = options
-        return {index: spec}
+        return {index: copy.copy(self.new_spec)}

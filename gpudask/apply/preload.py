@@ -1,0 +1,180 @@
+"""The preload entry points: import time, ``dask_setup``/``dask_teardown``, and ``initialize``.
+
+A failure in a server process stops that process with one line naming the plugin, the
+hook and the cause (:func:`fatal`).  distributed would not stop it: it logs a failing
+``dask_setup`` as "Failed to start preload" and starts the server anyway, and an
+exception leaving ``Worker.__init__`` becomes several tracebacks in worker and nanny.
+In the ``dask worker`` / ``dask scheduler`` option parsing, click prints the one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from gpudask.apply import hostfile, process, runtime, state
+from gpudask.errors import GpudaskError
+
+# a child of distributed's logger: `dask worker`'s logging setup, LocalCluster's quiet
+# default and `silence_logs` apply to gpudask's lines as to distributed's own
+logger = logging.getLogger("distributed.gpudask")
+
+
+def on_import() -> None:
+    """Run at the first ``import gpudask`` in a dask server process."""
+    role, cli = runtime.detect_role()
+    if role == "client":
+        return
+    if role == "worker" and cli is None and not _worker_running():
+        # a nanny's worker process: whoever imports gpudask first (the preload in
+        # Worker.__init__, or the user's script re-run as __mp_main__) applies its plan
+        _fail_here(lambda: process.start_worker(runtime.worker_init_locals()), cli)
+    elif _imported_by_distributed_preload():
+        _fail_here(lambda: process.start(role, cli), cli)
+    else:
+        # imported late in a running server (e.g. while unpickling a plugin registered by
+        # a client): too late for import-time apply; gpudask.apply.server_plugins handles it
+        return
+    s = process.current()
+    assert s is not None
+    level = logging.INFO if process.decided_anything(s.host) else logging.DEBUG
+    logger.log(level, process.startup_line(s))
+    for warning in s.host.warnings + _worker_count_warnings(s, cli):
+        logger.warning("gpudask: %s", warning)
+
+
+def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
+    """``dask worker`` on a host whose GPU count differs from the workers it starts."""
+    if cli is None or cli.command != "worker" or not cli.nanny:
+        return []
+    gpus = len(s.ctx.gpus)
+    started = cli.nworkers or 1
+    if not gpus or started == gpus:
+        return []
+    if started < gpus:
+        return [f"dask worker starts {started} worker(s) on a host with {gpus} visible GPU(s): "
+                f"{gpus - started} GPU(s) stay idle; pass --nworkers {gpus} for one worker per GPU"]
+    return []  # more workers than GPUs: the plan already warns (GPUs shared round-robin)
+
+
+def _worker_running() -> bool:
+    """Is a Worker already running in this process (gpudask imported late, e.g. by a
+    plugin a client registered)?  Then gpudask.apply.server_plugins applies what it can."""
+    module = sys.modules.get("distributed.worker")
+    if module is None:
+        return False
+    from distributed.core import Status
+
+    return any(w.status not in (Status.init, Status.undefined) for w in list(module.Worker._instances))
+
+
+def _fail_here(step: Any, cli: runtime.CliArgs | None) -> None:
+    try:
+        step()
+    except GpudaskError as e:
+        if cli is None:
+            fatal(e)
+        import click
+
+        # inside the CLI's option callback: click prints "Error: ..." and exits 1
+        raise click.ClickException(f"gpudask: {e}") from None
+    if cli is not None and cli.command == "worker":
+        hostfile.report_worker_failures()
+
+
+def fatal(error: BaseException) -> None:
+    """Stop this server process now, with one line.  A worker process also leaves the line
+    for the ``dask worker`` process that started it, which prints it as its last word."""
+    line = f"gpudask: {error}"
+    logger.error(line)
+    hostfile.leave_fatal(line)
+    for handler in logging.getLogger().handlers + logging.getLogger("distributed").handlers:
+        handler.flush()
+    os._exit(1)
+
+
+def _imported_by_distributed_preload() -> bool:
+    """Is this import run by distributed's preload machinery (``--preload``,
+    ``--preload-nanny``, ``distributed.*.preload``), i.e. before ``listen()``?"""
+    suffix = os.path.join("distributed", "preloading.py")
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(suffix):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def initialize(protocol: str | None = None, nworkers: int | None = None) -> process.Session:
+    """Apply the client's part of the plan in this process (call before creating a Client
+    or a cluster, like dask-cuda's ``initialize``): UCX environment and config, the
+    CUDA-context check.  Returns the session; calling it again returns the same one."""
+    existing = process.current()
+    if existing is not None and existing.role == "client" and (protocol is None or existing.host.protocol == protocol):
+        return existing
+    return process.start("client", protocol=protocol, nworkers=nworkers)
+
+
+def _session_for(role: str) -> process.Session:
+    """The session of this process, or a plan-only one when gpudask was imported too late
+    to act at import time (e.g. a scheduler inside a LocalCluster in a client process)."""
+    s = process.current()
+    if s is not None and s.role == role:
+        return s
+    return process.start(role, apply=False)
+
+
+def dask_setup(server: Any) -> Any:
+    """distributed calls this after ``listen()``, before a worker registers."""
+    from distributed import Nanny, Scheduler, Worker
+
+    try:
+        if isinstance(server, Worker):
+            _setup_worker(_session_for("worker"), server)
+        elif isinstance(server, Nanny):
+            _setup_nanny(_session_for("nanny"), server)
+        elif isinstance(server, Scheduler):
+            _setup_scheduler(_session_for("scheduler"), server)
+    except GpudaskError as e:
+        fatal(e)  # distributed would log "Failed to start preload" and start the server anyway
+    return None
+
+
+def dask_teardown(server: Any) -> None:
+    """distributed calls this when the server closes."""
+
+
+def _setup_worker(s: process.Session, worker: Any) -> None:
+    changed = process.apply_config(s.plan)  # the nanny's config was loaded after a top-level import
+    if changed:
+        logger.debug("gpudask: worker %s: config put back after the nanny's: %s", s.plan.index, sorted(changed))
+    if s.plan.resources and not worker.state.total_resources:
+        # resources are read in Worker.__init__ before the preload; the worker has not
+        # registered yet, so setting them here is what the scheduler sees first
+        for name, amount in s.plan.resources.items():
+            worker.state.total_resources[name] = amount
+            worker.state.available_resources[name] = amount
+    s.manager.preload(s.ctx, s.plan, worker)
+    if s.applied:
+        state.record(s, worker)
+    worker.startup_information["gpudask"] = lambda _worker: s.published()
+
+
+def _setup_nanny(s: process.Session, nanny: Any) -> None:
+    """``--preload-nanny gpudask``: the worker processes this nanny starts preload gpudask too
+    (they take their plan from the host plan this process wrote)."""
+    from gpudask.apply.server_plugins import add_worker_preload
+
+    add_worker_preload(nanny)
+    s.manager.preload(s.ctx, s.plan, nanny)
+
+
+def _setup_scheduler(s: process.Session, scheduler: Any) -> None:
+    s.manager.preload(s.ctx, s.plan, scheduler)
+    if s.applied:  # a scheduler inside a client's process runs with the client's plan
+        state.record(s, scheduler)
+    from gpudask.apply.server_plugins import install_check
+
+    install_check(scheduler, s)

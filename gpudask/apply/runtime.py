@@ -1,0 +1,198 @@
+"""This process: which role it plays, its plan, and the state gpudask keeps in it.
+
+Role detection must be cheap and must never touch CUDA: it runs when ``dask worker``'s
+CLI imports the preload.  It looks at
+
+* the multiprocessing process name distributed gives worker processes spawned by a
+  nanny (``"Dask Worker process (from Nanny)"``) -> ``worker``;
+* the click command being run (``dask scheduler`` -> ``scheduler``; ``dask worker``
+  -> ``nanny``, or ``worker`` with ``--no-nanny``);
+* otherwise the process is a user's (``client``): importing gpudask there does nothing
+  until :func:`gpudask.initialize` is called.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import inspect
+import json
+import multiprocessing
+import os
+import pathlib
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from gpudask.errors import ConfigError
+
+WORKER_PROCESS_NAME = "Dask Worker process (from Nanny)"
+
+
+@dataclass
+class CliArgs:
+    command: str  # "scheduler" | "worker"
+    nanny: bool = True
+    nworkers: int | None = None
+    protocol: str | None = None
+    scheduler_address: str | None = None
+    scheduler_file: str | None = None
+    interface: str | None = None
+
+
+def cli_args(command: str, ctx: Any) -> CliArgs:
+    """The ``dask worker`` / ``dask scheduler`` options the plan depends on, parsed by the
+    command's own click parameters.
+
+    The preload is imported from a click callback while the command line is still being
+    parsed, so ``ctx.params`` may be incomplete: parse ``sys.argv`` again with the same
+    command, without callbacks (``resilient_parsing``), which never imports the preload."""
+    argv = sys.argv[1:]
+    if command in argv:
+        argv = argv[argv.index(command) + 1:]
+    try:
+        params = ctx.command.make_context(ctx.info_name, list(argv), resilient_parsing=True).params
+    except Exception:  # noqa: BLE001 - an unparsable command line: distributed reports it itself
+        params = dict(ctx.params)
+    nworkers = params.get("n_workers") or params.get("nworkers") or params.get("nprocs")
+    try:
+        nworkers = int(nworkers) if nworkers not in (None, "auto") else None
+    except (TypeError, ValueError):
+        nworkers = None  # "auto": decided by distributed from the CPU count
+    return CliArgs(command, nanny=bool(params.get("nanny", True)), nworkers=nworkers,
+                   protocol=params.get("protocol") or None, scheduler_address=params.get("scheduler") or None,
+                   scheduler_file=params.get("scheduler_file") or None, interface=params.get("interface") or None)
+
+
+def _click_command() -> tuple[str, Any] | None:
+    click = sys.modules.get("click")
+    if click is None:
+        return None
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return None
+    name = (ctx.command.name or ctx.info_name or "").replace("dask-", "")
+    for command in ("scheduler", "worker"):
+        if name.endswith(command):
+            return command, ctx
+    return None
+
+
+def detect_role() -> tuple[str, CliArgs | None]:
+    if multiprocessing.current_process().name == WORKER_PROCESS_NAME:
+        return "worker", None
+    found = _click_command()
+    if found is not None:
+        command, ctx = found
+        args = cli_args(command, ctx)
+        if command == "scheduler":
+            return "scheduler", args
+        return ("nanny" if args.nanny else "worker"), args
+    return "client", None
+
+
+def worker_init_locals() -> dict[str, Any]:
+    """Arguments of the ``Worker.__init__`` that is importing us, if any.
+
+    The preload is imported from inside ``Worker.__init__``; its arguments say which
+    scheduler (hence protocol) and which nanny this worker belongs to, before the
+    worker has parsed them itself.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__init__" and "preload_argv" in code.co_varnames and "nanny" in code.co_varnames:
+            return dict(frame.f_locals)
+        frame = frame.f_back
+    return {}
+
+
+def set_listen_interface(interface: str) -> str:
+    """Make the Worker being constructed listen on ``interface`` (before its listen()).
+
+    The worker reads ``host``/``interface`` in ``Worker.__init__`` before importing its
+    preloads and only uses them at ``listen()``; the nanny passes them through from the
+    ``dask worker`` flags.  A user's ``--host``/``--interface`` wins.
+    """
+    locals_ = worker_init_locals()
+    worker = locals_.get("self")
+    if worker is None:
+        return "not applied: no Worker under construction in this process"
+    if locals_.get("host") or locals_.get("interface"):
+        return f"not applied: --host/--interface given ({locals_.get('host') or locals_.get('interface')})"
+    worker._interface = interface
+    return "applied"
+
+
+def protocol_from(address: str | None, scheduler_file: str | None) -> str | None:
+    if scheduler_file and not address:
+        try:
+            address = json.loads(pathlib.Path(scheduler_file).read_text()).get("address")
+        except (OSError, ValueError):
+            address = None
+    if address and "://" in address:
+        return address.split("://", 1)[0]
+    return None
+
+
+# -- which worker of the host am I ---------------------------------------------------
+_held_slot: Any = None
+
+
+def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -> int:
+    """The lowest free worker number of ``group`` on this host, held until exit.
+
+    A file lock per number: the OS frees it when the process dies, so a worker that
+    exits (scale down, restart, crash) frees its number and its GPU, and the next worker
+    process takes the lowest free one -- the number its nanny (``owner``) held before
+    first, so a restarted worker keeps its GPU."""
+    global _held_slot
+    from gpudask.apply.hostfile import state_dir
+
+    base = state_dir() / group.replace("/", "_")
+    base.mkdir(parents=True, exist_ok=True)
+    order = list(range(limit))
+    if owner:
+        for mark in base.glob("slot-*.owner"):
+            i = int(mark.name[len("slot-"):-len(".owner")])
+            if i < limit and mark.read_text() == owner:
+                order.remove(i)
+                order.insert(0, i)
+                break
+    for i in order:
+        f = open(base / f"slot-{i}.lock", "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        if owner:
+            (base / f"slot-{i}.owner").write_text(owner)
+        _held_slot = f  # keep the descriptor (and the lock) for the life of the process
+        return i
+    raise ConfigError(f"no free gpudask worker slot in {base} (more than {limit} workers?)")
+
+
+def worker_index(owner: str | None = None) -> int:
+    """This worker process's number: ``$GPUDASK_WORKER_INDEX``, or the lowest free slot of
+    the workers started by the same planning process (``$GPUDASK_GROUP``; siblings of the
+    same parent otherwise), preferring the one ``owner`` (its nanny's address) held."""
+    explicit = os.environ.get("GPUDASK_WORKER_INDEX")
+    if explicit:
+        try:
+            return int(explicit)
+        except ValueError:
+            raise ConfigError(f"GPUDASK_WORKER_INDEX={explicit!r} is not valid; accepted: an integer >= 0") from None
+    from gpudask.apply.hostfile import GROUP_ENV
+
+    return claim_worker_slot(os.environ.get(GROUP_ENV) or f"ppid-{os.getppid()}", owner)
+
+
+def int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not valid; accepted: an integer") from None
+

@@ -1,0 +1,128 @@
+"""Proof of effect: what a process actually runs with, read from the live process.
+
+After setup, each server process records its *applied state* -- the environment
+variables its plan sets, the CUDA context that exists (NVML, which creates none) and its
+GPU, the dask config keys of its plan, the CPU affinity, the start method, ucxx's
+configuration once UCX is up, and what plugins read back through
+``gpudask_applied_state`` -- and compares it with its plan.  Each difference is a
+*mismatch* naming process, key, planned and actual value; the scheduler check reports
+mismatches as error findings, and ``gpudask status`` shows them per worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def _who(session: Any) -> str:
+    plan = session.plan
+    return plan.role + (f" {plan.index}" if plan.index is not None else "")
+
+
+def _plugin_of(plan: Any, prefix: str) -> str | None:
+    return next((r.plugin for r in plan.reasons if r.decision.startswith(prefix)), None)
+
+
+def read(session: Any) -> dict[str, Any]:
+    """The live state of this process for the keys its plan decides."""
+    import dask.config
+
+    plan, ctx = session.plan, session.ctx
+    out: dict[str, Any] = {
+        "pid": os.getpid(),
+        "env": {name: os.environ.get(name) for name in plan.env},
+        "config": {key: dask.config.get(key, default=None) for key in plan.config},
+        "multiprocessing_method": dask.config.get("distributed.worker.multiprocessing-method", default=None),
+    }
+    if hasattr(os, "sched_getaffinity"):
+        out["cpu_affinity"] = sorted(os.sched_getaffinity(0))
+    if not ctx.facts.described and ctx.gpus:
+        out["cuda_context"] = _cuda_context()
+    ucx = _ucx_config()
+    if ucx is not None:
+        out["ucx"] = ucx
+    plugins = session.manager.applied_state(ctx, plan) if hasattr(session.manager, "applied_state") else {}
+    if plugins:
+        out["plugins"] = plugins
+    return out
+
+
+def _cuda_context() -> dict[str, Any]:
+    """Does this process hold a CUDA context, and on which GPU (NVML: creates none)."""
+    try:
+        from distributed.diagnostics.nvml import has_cuda_context
+
+        found = has_cuda_context()
+    except Exception as e:  # noqa: BLE001 - NVML missing or failing: say so, never fail
+        return {"exists": None, "error": f"{type(e).__name__}: {e}"}
+    info = getattr(found, "device_info", None)
+    uuid = getattr(info, "uuid", None)
+    if isinstance(uuid, bytes):
+        uuid = uuid.decode()
+    return {"exists": bool(getattr(found, "has_context", False)), "uuid": uuid}
+
+
+def _ucx_config() -> dict[str, str] | None:
+    """ucxx's effective configuration, once UCX is initialised in this process."""
+    module = sys.modules.get("distributed_ucxx.ucxx")
+    ucxx = getattr(module, "ucxx", None) if module is not None else None
+    if ucxx is None:
+        return None
+    try:
+        config = ucxx.get_config()
+    except Exception as e:  # noqa: BLE001 - older ucxx: no get_config
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {str(k): str(v) for k, v in dict(config).items()}
+
+
+def compare(session: Any, live: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every planned value the live process does not have."""
+    plan, ctx = session.plan, session.ctx
+    who = _who(session)
+    out: list[dict[str, Any]] = []
+
+    def differs(key: str, planned: Any, actual: Any, plugin: str | None) -> None:
+        out.append({"process": who, "key": key, "planned": planned, "actual": actual, "plugin": plugin})
+
+    for name, value in plan.env.items():
+        if live["env"].get(name) != value:
+            differs(name, value, live["env"].get(name), _plugin_of(plan, f"{name}="))
+    for key, value in plan.config.items():
+        if live["config"].get(key) != value:
+            differs(key, value, live["config"].get(key), _plugin_of(plan, f"{key}="))
+    if plan.multiprocessing_method and live["multiprocessing_method"] != plan.multiprocessing_method:
+        differs("multiprocessing_method", plan.multiprocessing_method, live["multiprocessing_method"],
+                _plugin_of(plan, "multiprocessing_method="))
+    if plan.cpu_affinity and plan.role == "worker" and not ctx.facts.described and "cpu_affinity" in live:
+        wanted = set(plan.cpu_affinity) & set(live["cpu_affinity"]) or set(plan.cpu_affinity)
+        if not set(live["cpu_affinity"]) <= wanted:
+            differs("cpu_affinity", plan.cpu_affinity, live["cpu_affinity"], _plugin_of(plan, "cpu_affinity="))
+    context = live.get("cuda_context") or {}
+    if plan.gpu and context.get("exists") and context.get("uuid") and context["uuid"] != plan.gpu:
+        differs("cuda_context", plan.gpu, context["uuid"], _plugin_of(plan, "CUDA_VISIBLE_DEVICES="))
+    if plan.role in ("scheduler", "nanny") and context.get("exists"):
+        differs("cuda_context", None, context.get("uuid"), "cuda-context")
+    ucx = live.get("ucx") or {}
+    planned_tls = plan.env.get("UCX_TLS")
+    if planned_tls and ucx.get("TLS") and ucx["TLS"] != planned_tls:
+        differs("ucx TLS", planned_tls, ucx["TLS"], _plugin_of(plan, "UCX_TLS="))
+    for plugin, items in (live.get("plugins") or {}).items():
+        for key, pair in items.items():
+            if pair.get("planned") != pair.get("actual"):
+                differs(key, pair.get("planned"), pair.get("actual"), plugin)
+    return out
+
+
+def record(session: Any, server: Any = None) -> list[dict[str, Any]]:
+    """Read the live state, compare it with the plan, keep both on the session."""
+    import logging
+
+    session.state = read(session)
+    session.mismatches = compare(session, session.state)
+    log = logging.getLogger("distributed.gpudask")
+    for m in session.mismatches:
+        log.error("gpudask: %s: %s is %r, planned %r (plugin %s): the plan did not take effect",
+                  m["process"], m["key"], m["actual"], m["planned"], m["plugin"] or "gpudask")
+    return session.mismatches

@@ -1,0 +1,85 @@
+"""Each GPU worker's host memory limit: the host's memory split between its workers.
+
+``dask worker --nthreads 1`` gives every worker distributed's ``auto`` limit,
+``nthreads / CPUs`` of the host's memory -- 8 GiB on a 32-CPU, 256 GiB host -- and
+distributed counts GPU objects (CuPy arrays) against it: above 0.6 of it they go to
+disk.  dask-cuda's ``dask cuda worker`` (and gpudask's ``LocalGPUCluster``) give each
+worker ``host memory / workers``; this plugin does the same for stock ``dask worker``.
+Measured on two H200s (docs/device-runs/2026-11-30-dc-local-cupy-x2.md): with the
+``auto`` limit dask-cuda's ``local_cupy`` dot took 27-31 s on gpudask workers against
+3 s on dask-cuda's, its arrays read back from disk before every transfer.
+
+An explicit ``--memory-limit`` (any value but distributed's ``auto`` one) wins.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gpudask import hookimpl
+from gpudask.config import Option
+
+name = "worker-memory"
+priority = 105
+
+LIMIT = "gpudask.worker-memory.limit"
+logger = logging.getLogger("distributed.gpudask")
+
+
+def _parse(value: object) -> str:
+    text = str(value).strip().lower()
+    if text in ("auto", "distributed"):
+        return text
+    raise ValueError(value)
+
+
+@hookimpl
+def gpudask_config_options():
+    return [Option(LIMIT, "auto", "Host memory limit of each GPU worker: auto (the host's memory split between "
+                   "its workers, as dask cuda worker does) or distributed (distributed's own default, nthreads/CPUs "
+                   "of it). An explicit --memory-limit always wins.", _parse, "auto | distributed")]
+
+
+@hookimpl
+def gpudask_plan_memory(ctx, plan):
+    if plan.role != "worker" or plan.gpu is None:
+        return
+    setting = ctx.settings.get(LIMIT)
+    if setting.value == "distributed":
+        plan.note("skipped", f"{LIMIT}=distributed (from {setting.source}): distributed's own default limit")
+        return
+    share = 1 / max(1, ctx.nworkers)
+    memory = dict(plan.memory or {})
+    memory["host_memory_fraction"] = round(share, 6)
+    plan.set_memory(memory, f"host memory limit: 1/{ctx.nworkers} of the host's memory (its {ctx.nworkers} "
+                            "worker(s) split it, as dask cuda worker does); distributed's 'auto' gives a worker "
+                            "nthreads/CPUs of it and counts GPU arrays against it, spilling them to disk above "
+                            "0.6 of it (dask-cuda's dot benchmark 10x slower); an explicit --memory-limit wins")
+
+
+@hookimpl
+def gpudask_preload(ctx, plan, server):
+    share = (plan.memory or {}).get("host_memory_fraction")
+    manager = getattr(server, "memory_manager", None)
+    if plan.role != "worker" or not share or manager is None or type(server).__name__ == "Nanny":
+        return
+    from distributed import system
+    from distributed.worker_memory import parse_memory_limit
+
+    auto = parse_memory_limit("auto", server.state.nthreads, logger=logger)
+    if manager.memory_limit != auto:
+        return  # --memory-limit (or memory_limit=...) given: it wins
+    limit = int(system.MEMORY_LIMIT * share)
+    manager.memory_limit = limit
+    data = manager.data
+    target = manager.memory_target_fraction
+    if target and hasattr(data, "n"):  # distributed's SpillBuffer (a zict.Buffer): its target moves too
+        data.n = int(limit * target)
+    logger.info("gpudask: worker %s: host memory limit %s (1/%d of the host's), not distributed's auto %s",
+                plan.index, _fmt(limit), round(1 / share), _fmt(auto))
+
+
+def _fmt(n: int | None) -> str:
+    from dask.utils import format_bytes
+
+    return "none" if n is None else format_bytes(n)

@@ -1,0 +1,227 @@
+"""The apply stage, judged from outside: real `dask scheduler` / `dask worker` processes and
+scripts laid out the way users write them, on described hosts (``GPUDASK_FACTS``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import base_env, host
+
+TWO_GPUS = host("workstation-2gpu-pcie.json")
+
+
+def _third_party_plugin(tmp_path: pathlib.Path, body: str, name: str = "bad") -> dict[str, str]:
+    """An installed third-party plugin (a module and its entry point on PYTHONPATH)."""
+    site = tmp_path / "site"
+    (site / f"{name}plug-0.1.dist-info").mkdir(parents=True, exist_ok=True)
+    (site / f"{name}plug-0.1.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}plug\n"
+                                                                  "Version: 0.1\n")
+    (site / f"{name}plug-0.1.dist-info" / "entry_points.txt").write_text(f"[gpudask]\n{name} = {name}plug\n")
+    (site / f"{name}plug.py").write_text(textwrap.dedent(body))
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+
+RAISING = """
+    import os
+    from gpudask import hookimpl
+
+    name = "bad"
+    priority = 500
+
+    def _boom(plan):
+        if plan.role == os.environ["BAD_ROLE"]:
+            raise RuntimeError("boom")
+
+    @hookimpl
+    def {hook}(ctx, plan, {extra}):
+        _boom(plan)
+    """
+RAISING_PRELOAD = RAISING.format(hook="gpudask_preload", extra="server")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("hook", ["gpudask_context_init", "gpudask_setup_memory", "gpudask_preload"])
+def test_a_plugin_failing_in_a_worker_stops_dask_worker_with_one_line(cluster, tmp_path, hook):
+    body = RAISING.format(hook=hook, extra="server" if hook == "gpudask_preload" else "").replace(", )", ")")
+    env = base_env(GPUDASK_FACTS=TWO_GPUS, BAD_ROLE="worker", **_third_party_plugin(tmp_path, body))
+    cluster.scheduler(env=base_env(GPUDASK_FACTS=TWO_GPUS, BAD_ROLE="none", **_third_party_plugin(tmp_path, body)))
+    proc = cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
+    assert proc.wait(timeout=90) != 0  # never a worker that registers half-configured
+    log = cluster.log("worker")
+    line = f"gpudask plugin 'bad' (from badplug) failed in {hook}: RuntimeError: boom"
+    # its last word (after it, only distributed's INFO lines about shutting down)
+    last = [x for x in log.splitlines() if " INFO " not in x][-1]
+    assert last == f"Error: gpudask: {line}"
+    assert "Traceback" not in log and "Failed to start preload" not in log
+    with cluster.client() as client:
+        assert client.scheduler_info()["workers"] == {}
+
+
+@pytest.mark.process
+def test_a_plugin_failing_in_the_scheduler_stops_it_with_one_line(tmp_path):
+    env = base_env(BAD_ROLE="scheduler", **_third_party_plugin(tmp_path, RAISING_PRELOAD))
+    out = subprocess.run([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
+                          "--no-dashboard", "--preload", "gpudask"], env=env, capture_output=True, text=True,
+                         timeout=60, cwd=str(tmp_path))
+    assert out.returncode == 1
+    errors = [line for line in out.stderr.splitlines() if " ERROR " in line or "Traceback" in line]
+    assert len(errors) == 1 and errors[0].endswith("gpudask: gpudask plugin 'bad' (from badplug) failed in "
+                                                   "gpudask_preload: RuntimeError: boom")
+
+
+@pytest.mark.process
+def test_a_preload_that_changes_the_gpu_after_gpudask_is_reported_as_not_applied(cluster, tmp_path):
+    (tmp_path / "repin.py").write_text("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '7'\n")
+    env = base_env(GPUDASK_FACTS=TWO_GPUS, PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path),
+                                                                                   os.environ.get("PYTHONPATH")])))
+    cluster.scheduler("--preload", "gpudask", env=env)
+    cluster.worker("--preload", "gpudask", "--preload", "repin", "--nworkers", "2", env=env)
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=60)
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+    for w in workers.values():
+        (m,) = w["gpudask"]["mismatches"]
+        assert (m["key"], m["actual"], m["plugin"]) == ("CUDA_VISIBLE_DEVICES", "7", "gpu-pinning")
+        assert m["planned"] == w["gpudask"]["plan"]["cuda_visible_devices"]
+        assert w["gpudask"]["applied"]["env"]["CUDA_VISIBLE_DEVICES"] == "7"  # read from the live process
+
+
+SCALE = """
+import json, os
+import gpudask
+from distributed import Client, LocalCluster
+
+def cvd():
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+if __name__ == "__main__":
+    with LocalCluster(dashboard_address=None, **gpudask.cluster_kwargs()) as cluster, Client(cluster) as client:
+        out = [sorted(client.run(cvd).values())]
+        for n in (1, 2):
+            cluster.scale(n)
+            client.wait_for_workers(n, timeout=60)
+            while len(client.scheduler_info()["workers"]) != n:
+                client.wait_for_workers(n, timeout=60)
+            out.append(sorted(client.run(cvd).values()))
+        client.restart()
+        out.append(sorted(client.run(cvd).values()))
+    print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.process
+def test_scale_down_and_up_and_restart_keep_one_worker_per_gpu(tmp_path):
+    (tmp_path / "scale.py").write_text(SCALE)
+    out = subprocess.run([sys.executable, "scale.py"], capture_output=True, text=True, timeout=240,
+                         env=base_env(GPUDASK_FACTS=TWO_GPUS), cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    start, one, two, restarted = json.loads(out.stdout.split("RESULT ", 1)[1])
+    assert start == two == restarted == ["0,1", "1,0"]
+    assert one[0] in ("0,1", "1,0")
+    assert "beyond" not in out.stderr and "share" not in out.stderr
+
+
+EXPLICIT_CONFIG = """
+import asyncio, json
+import dask.config
+from distributed import Scheduler
+
+async def main():
+    with dask.config.set({"distributed.worker.memory.target": 0.8}):
+        async with Scheduler(preload=["gpudask"], dashboard_address=":0", port=0) as s:
+            return dask.config.get("distributed.worker.memory.target")
+
+print("RESULT " + json.dumps(asyncio.run(main())))
+"""
+
+
+@pytest.mark.process
+def test_explicit_dask_config_wins_over_gpudask_reading_the_environment(tmp_path):
+    (tmp_path / "explicit.py").write_text(EXPLICIT_CONFIG)
+    out = subprocess.run([sys.executable, "explicit.py"], capture_output=True, text=True, timeout=120,
+                         env=base_env(DASK_DISTRIBUTED__WORKER__MEMORY__TARGET="0.5"), cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.split("RESULT ", 1)[1]) == 0.8
+
+
+QUIET = """
+import json, os
+from distributed import Client, LocalCluster
+
+def env():
+    return sorted(k for k in os.environ if k.startswith("GPUDASK_"))
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, dashboard_address=None) as cluster, Client(cluster) as client:
+        print("RESULT " + json.dumps([client.run(env), client.run(lambda: __import__("gpudask") and 1)]))
+"""
+
+
+@pytest.mark.process
+def test_on_a_cpu_host_gpudask_preloaded_everywhere_says_nothing_and_sets_nothing(tmp_path):
+    (tmp_path / "quiet.py").write_text(QUIET)
+    preload = '["gpudask"]'
+    env = base_env(GPUDASK_FACTS=host("no-gpu.json"), DASK_DISTRIBUTED__SCHEDULER__PRELOAD=preload,
+                   DASK_DISTRIBUTED__WORKER__PRELOAD=preload, DASK_DISTRIBUTED__NANNY__PRELOAD=preload)
+    out = subprocess.run([sys.executable, "quiet.py"], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    variables, imported = json.loads(out.stdout.split("RESULT ", 1)[1])
+    assert list(imported.values()) == [1]
+    # the test's own GPUDASK_FACTS is the only one: gpudask exported nothing of its own
+    assert list(variables.values()) == [["GPUDASK_FACTS"]]
+    assert "gpudask" not in out.stderr
+
+
+def test_slot_folders_and_plan_files_of_dead_processes_are_reclaimed(tmp_path):
+    from gpudask.apply.hostfile import reclaim_stale
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / f"pid-{dead}").mkdir()
+    (tmp_path / f"pid-{dead}" / "slot-0.lock").write_text("")
+    (tmp_path / f"plan-{dead}.json").write_text("{}")
+    (tmp_path / f"pid-{os.getpid()}").mkdir()
+    removed = reclaim_stale(tmp_path)
+    assert sorted(removed) == sorted([f"pid-{dead}", f"plan-{dead}.json"])
+    assert [p.name for p in tmp_path.iterdir()] == [f"pid-{os.getpid()}"]
+
+
+@pytest.mark.process
+def test_dask_worker_says_when_gpus_stay_idle(cluster):
+    cluster.scheduler()
+    cluster.worker("--preload", "gpudask", env=base_env(GPUDASK_FACTS=host("hgx-4gpu-2ib.json")))
+    with cluster.client() as client:
+        client.wait_for_workers(1, timeout=60)
+    assert ("dask worker starts 1 worker(s) on a host with 4 visible GPU(s): 3 GPU(s) stay idle; pass --nworkers 4 "
+            "for one worker per GPU") in cluster.log("worker")
+
+
+METADATA = """
+import json
+from distributed import Client, LocalCluster
+import gpudask
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, dashboard_address=None) as cluster, Client(cluster) as client:
+        client.register_plugin(gpudask.SchedulerPlugin())
+        before = client.get_metadata(["gpudask", "scheduler"], default=None)
+        client.restart()
+        after = client.get_metadata(["gpudask", "scheduler"], default=None)
+    print("RESULT " + json.dumps([before is not None, after == before]))
+"""
+
+
+@pytest.mark.process
+def test_scheduler_metadata_survives_client_restart(tmp_path):
+    (tmp_path / "meta.py").write_text(METADATA)
+    out = subprocess.run([sys.executable, "meta.py"], capture_output=True, text=True, timeout=120, env=base_env(),
+                         cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.split("RESULT ", 1)[1]) == [True, True]
