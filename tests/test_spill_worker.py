@@ -142,3 +142,45 @@ def test_preloaded_workers_have_the_store_and_spill(cluster, tmp_path, monkeypat
         m = client.run(fakechunks.spill_metric, workers=[address])[address]
         assert m["spilled_count"] >= 6 and m["device_bytes"] <= 4 * MB and m["unspilled_count"] >= 1
     assert "moved key" in cluster.log("worker") and "from device to host" in cluster.log("worker")
+
+
+# -- the bench workload's plumbing (the figure itself is measured on the GPU machine) ---------
+def test_bench_chunks_cover_the_working_set():
+    from gpudask.bench_spill import expected_total, plan_chunks
+
+    elems, chunks = plan_chunks(8 * 10**9, 1)
+    assert elems * 8 == 256 * 2**20 and chunks * elems * 8 >= 2.5 * 8 * 10**9 > (chunks - 1) * elems * 8
+    elems, chunks = plan_chunks(4 * MB, 2, factor=2)
+    assert elems * 8 == 2**20 and chunks == 16  # 2 x 2 x 4 MB in 1 MiB chunks; at most 1/16 of the limit, at least 1 MiB
+    assert expected_total(10, 8) == 10 * (1 + 2 + 3 + 4 + 5 + 6 + 7 + 1)
+    with pytest.raises(ValueError):
+        plan_chunks(0, 1)
+
+
+def test_bench_workload_runs_and_checks_its_total_with_a_stand_in_array_library(tmp_path, monkeypatch):
+    """CuPy stands in as the stand-in device arrays (no GPU here): the workload spills and
+    unspills through the store of a real worker, checks its total, and reports the spill
+    metric; the NVML sampler falls back to no memory column without a driver."""
+    import types
+
+    import numpy as np
+    from distributed import Client, LocalCluster
+
+    from gpudask.bench_spill import spill_figure
+
+    stream = types.SimpleNamespace(synchronize=lambda: None)
+    fake = types.SimpleNamespace(full=lambda n, v, dtype: FakeDeviceArray(np.full(n, v, dtype=dtype)), cuda=types.SimpleNamespace(get_current_stream=lambda: stream))
+    monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
+    host_plan = plan_on(host("h200-single.json"), "tcp", **{KEY: "4MB"})
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
+                      memory_limit="2GB", local_directory=str(tmp_path)) as cluster, Client(cluster) as client:
+        (worker,) = cluster.workers.values()
+        spill.gpudask_preload(host_plan.ctx, host_plan.workers[0], worker)
+        result = spill_figure(client, 4 * MB, chunk_bytes=MB)
+        worker_address = worker.address
+    (w,) = result["workers"].values()
+    assert result["chunks"] == 10 and result["working_set_bytes"] == 10 * MB
+    assert result["spill_s"] > 0 and result["total"] > 0
+    assert w["method"] is None and w["peak_bytes"] is None  # no NVML on this machine
+    assert w["spill"]["spilled_count"] >= 6 and w["spill"]["unspilled_count"] >= 1
+    assert result["chunks_per_worker"] == {worker_address: 10}
