@@ -76,6 +76,14 @@ def device_nbytes(value: Any) -> int:
     nbytes = getattr(value, "nbytes", None)
     if isinstance(nbytes, int) and not isinstance(nbytes, bool):
         return nbytes
+    usage = getattr(value, "memory_usage", None)
+    if callable(usage) and type(value).__module__.partition(".")[0] == "cudf":
+        # cuDF frames have no nbytes; dask's sizeof knows them only once dask_cudf is imported
+        try:
+            total = usage(deep=True)
+            return int(total.sum() if hasattr(total, "sum") else total)
+        except Exception:  # noqa: BLE001 - fall back to dask's estimate
+            pass
     return int(safe_sizeof(value))
 
 
