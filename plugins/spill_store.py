@@ -23,6 +23,7 @@ moved by the serializers that their own libraries register with distributed.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator, MutableMapping
@@ -85,6 +86,17 @@ def device_nbytes(value: Any) -> int:
         except Exception:  # noqa: BLE001 - fall back to dask's estimate
             pass
     return int(safe_sizeof(value))
+
+
+def _release_cupy_cache() -> bool:
+    """Give CuPy's cached free blocks back to the device; True if there were any."""
+    cupy = sys.modules.get("cupy")  # never imported here: only if the worker uses it
+    if cupy is None:
+        return False
+    pool = cupy.get_default_memory_pool()
+    cached = pool.free_bytes()
+    pool.free_all_blocks()
+    return cached > 0
 
 
 class HostCopy:
@@ -189,7 +201,14 @@ class DeviceHostStore(MutableMapping):
 
     def _restore(self, key: Any, held: HostCopy) -> Any:
         start = time.perf_counter()
-        value = held.restore()
+        try:
+            value = held.restore()
+        except MemoryError:
+            # distributed re-creates CuPy arrays through RMM; without an RMM resource for
+            # CuPy, CuPy's own pool may still cache the blocks that spilled objects freed
+            if not _release_cupy_cache():
+                raise
+            value = held.restore()
         elapsed = time.perf_counter() - start
         self.counters.unspilled_count += 1
         self.counters.unspilled_bytes += held.device_nbytes
