@@ -80,11 +80,14 @@ class ProcessPlan:
         self.note(f"multiprocessing_method={method}", why)
 
     def set_memory(self, memory: dict[str, Any] | None, why: str) -> None:
+        previous = self.memory or {}
         self.memory = memory
-        # the decision line names the sizes; the whole dict is in plan.memory / --json
-        keys = ("allocator", "initial_pool_size", "maximum_pool_size")
-        shown = "none" if memory is None else ", ".join(f"{k}={memory[k]}" for k in keys if k in memory) or \
-            ", ".join(f"{k}={v}" for k, v in memory.items())
+        # the decision line names the sizes this call set (several plugins add to one dict);
+        # the whole dict is in plan.memory / --json
+        changed = {k: v for k, v in (memory or {}).items() if k not in previous or previous[k] != v}
+        keys = ("allocator", "initial_pool_size", "maximum_pool_size", "device_memory_limit")
+        shown = "none" if memory is None else ", ".join(f"{k}={changed[k]}" for k in keys if k in changed) or \
+            ", ".join(f"{k}={v}" for k, v in changed.items()) or "unchanged"
         self.note(f"memory: {shown}", why)
 
     def set_resource(self, name: str, amount: float, why: str) -> None:

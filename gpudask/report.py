@@ -19,8 +19,11 @@ def _memory(plan: ProcessPlan) -> str:
     if not plan.memory:
         return "-"
     m = plan.memory
-    size = m.get("initial_pool_size")
-    return f"{m.get('allocator', '?')}" + (f" {size / 2**30:.1f} GiB" if isinstance(size, int) else "")
+    size, limit = m.get("initial_pool_size"), m.get("device_memory_limit")
+    parts = [m["allocator"] + (f" {size / 2**30:.1f} GiB" if isinstance(size, int) else "")] if m.get("allocator") else []
+    if isinstance(limit, int):
+        parts.append(f"spill > {limit / 2**30:.1f} GiB")
+    return ", ".join(parts) or "-"
 
 
 def plan_table(host: HostPlan) -> str:

@@ -596,7 +596,7 @@ def _setup(ctx: Any, plan: Any) -> dict[str, Any]:
     if _STATE is not None:
         # a second call (WorkerPlugin registered on a running worker): report, never rebuild
         return {**_STATE, "already_set_up": True}
-    if memory is None:
+    if memory is None or memory.get("allocator") is None:  # other plugins (spill) add keys of their own
         return {"allocator": None, "applied": False, "why": "no memory setup planned (see gpudask info)"}
     report: dict[str, Any] = dict(memory)
     if ctx.facts.described:
