@@ -93,6 +93,9 @@ def dask_setup(server: Any) -> None:
     elif isinstance(server, Scheduler):
         s = _session_for("scheduler")
         s.manager.preload(s.ctx, s.plan, server)
+        from gpudask.dashboard import install  # TEMPORARY wiring (dash branch), lead redoes it
+
+        install(server)
     else:  # pragma: no cover - distributed has no other servers that preload
         return
 
@@ -107,6 +110,9 @@ def _setup_worker(s: session.Session, worker: Any) -> None:
             worker.state.total_resources[name] = amount
             worker.state.available_resources[name] = amount
     s.manager.preload(s.ctx, s.plan, worker)
+    from gpudask.prometheus import register_worker_collector  # TEMPORARY wiring (dash branch), lead redoes it
+
+    register_worker_collector(worker)
 
 
 _NANNY_INDEX: dict[int, int] = {}
