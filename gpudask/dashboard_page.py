@@ -22,7 +22,10 @@ _PAGE = """<!DOCTYPE html>
   th { background: #eef0f4; font-weight: 600; }
   .muted { color: #888; }
   .mono { font-family: ui-monospace, monospace; font-size: 12px; }
-  .kv div { white-space: nowrap; }
+  .code { white-space: nowrap; }
+  .kv div { overflow-wrap: anywhere; }
+  .kv .group { font-weight: 600; margin-top: 2px; }
+  .kv .group ~ div:not(.group) { padding-left: 10px; }
   .kv b { font-weight: 500; color: #555; }
   .badge { display: inline-block; padding: 1px 7px; border-radius: 9px; font-size: 12px; font-weight: 600; }
   .ok { background: #d8f3dc; color: #1b5e20; } .info { background: #e3eefc; color: #1a4d8f; }
@@ -81,16 +84,22 @@ function flatten(obj, prefix, out) {
   }
   return out;
 }
-function kv(obj, empty) {
+// key: value lines, unset values left out; grouped: one heading per top-level dict (a metric)
+function kv(obj, empty, grouped) {
   const td = el("td", "kv mono");
-  const pairs = flatten(obj, "", []);
-  if (!pairs.length) { td.appendChild(el("span", "muted", empty)); return td; }
-  for (const [k, v] of pairs) {
-    const row = el("div");
-    row.appendChild(el("b", null, k + ": "));
-    row.appendChild(document.createTextNode(show(k, v)));
-    td.appendChild(row);
+  const groups = grouped ? Object.entries(obj || {}) : [[null, obj]];
+  for (const [name, values] of groups) {
+    const pairs = flatten(values, "", []).filter(([k, v]) => v !== null && v !== undefined);
+    if (!pairs.length) continue;
+    if (name) td.appendChild(el("div", "group", name));
+    for (const [k, v] of pairs) {
+      const row = el("div");
+      row.appendChild(el("b", null, k + ": "));
+      row.appendChild(document.createTextNode(show(k, v)));
+      td.appendChild(row);
+    }
   }
+  if (!td.childNodes.length) td.appendChild(el("span", "muted", empty));
   return td;
 }
 function badge(status) { return el("span", "badge " + (status || "none"), status || "not checked"); }
@@ -99,22 +108,25 @@ function lines(td, items) { for (const [cls, text] of items) td.appendChild(el("
 function workerRow(w) {
   const tr = el("tr");
   tr.dataset.worker = w.address;
-  tr.appendChild(lines(el("td"), [[null, w.name], ["mono muted", w.address],
+  tr.appendChild(lines(el("td"), [[null, w.name === w.address ? w.host : w.name], ["mono muted", w.address],
     ["muted", w.gpudask ? "gpudask " + dash(w.version) : "no gpudask"]]));
   const gpu = w.gpu || {};
   tr.appendChild(lines(el("td"), [["gpu-name", gpu.name], ["gpu-uuid mono", gpu.uuid],
     ["muted", "CUDA_VISIBLE_DEVICES=" + dash(gpu.cuda_visible_devices)],
     ["muted", gpu.memory_total ? bytes(gpu.memory_total) : null]]));
   const planned = (w.transports || {}).planned || {}, active = (w.transports || {}).active || {};
-  tr.appendChild(lines(el("td", "mono"), [[null, planned.protocol], [null, "UCX_TLS=" + dash(planned.UCX_TLS)]]));
+  tr.appendChild(lines(el("td", "mono"), [[null, planned.protocol],
+    [planned.UCX_TLS ? null : "muted", planned.UCX_TLS ? "UCX_TLS=" + planned.UCX_TLS : "no UCX_TLS"]]));
   tr.appendChild(lines(el("td", "mono"), [[null, active.protocol],
     [active.UCX_TLS ? null : "muted", active.UCX_TLS ? "UCX_TLS=" + active.UCX_TLS : "UCX_TLS not reported"]]));
   tr.appendChild(kv(w.memory, "no device-memory plan"));
-  tr.appendChild(kv(w.metrics, "none reported"));
+  tr.appendChild(kv(w.metrics, "none reported", true));
   tr.appendChild(kv(w.applied, "not reported"));
   const check = el("td");
   check.appendChild(badge((w.check || {}).status));
-  for (const f of (w.check || {}).findings || []) check.appendChild(el("div", "mono " + f.severity, f.code));
+  const codes = new Map();
+  for (const f of (w.check || {}).findings || []) codes.set(f.code, [f.severity, (codes.get(f.code) || [0, 0])[1] + 1]);
+  for (const [code, [severity, n]] of codes) check.appendChild(el("div", "mono code " + severity, code + (n > 1 ? " \u00d7" + n : "")));
   tr.appendChild(check);
   return tr;
 }
