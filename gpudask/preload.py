@@ -94,8 +94,10 @@ def dask_setup(server: Any) -> None:
         s = _session_for("scheduler")
         s.manager.preload(s.ctx, s.plan, server)
         from gpudask.dashboard import install  # TEMPORARY wiring (dash branch), lead redoes it
+        from gpudask.prometheus import register_scheduler_collector
 
         install(server)
+        register_scheduler_collector(server)
     else:  # pragma: no cover - distributed has no other servers that preload
         return
 

@@ -16,6 +16,8 @@ turns their dicts into gauges, without knowing what any plugin reports:
 ``<ns>`` is ``distributed.dashboard.prometheus.namespace`` (``dask``), as for
 distributed's own worker metrics.  The contrib package gpudask-prometheus exports the
 *plan* (planned pools, decisions, check status); this module exports the live values.
+On the scheduler, :func:`register_scheduler_collector` exports the same for every
+worker (``<ns>_scheduler_gpudask_*{worker="..."}``) from the heartbeats it received.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ logger = logging.getLogger("gpudask.prometheus")
 
 METRIC_PREFIX = "gpudask-"
 _COLLECTOR: WorkerMetricsCollector | None = None
+_SCHEDULER_COLLECTOR: ClusterMetricsCollector | None = None
 
 
 def register_worker_collector(worker: Any) -> bool:
@@ -63,16 +66,76 @@ class WorkerMetricsCollector:
         worker = self.worker() if self.worker is not None else None
         if worker is None:
             return
-        import dask.config
-
-        namespace = dask.config.get("distributed.dashboard.prometheus.namespace", default="dask")
-        prefix = f"{namespace}_worker" if namespace else "worker"
+        prefix = f"{_namespace()}_worker".lstrip("_")
         for name, function in sorted(getattr(worker, "metrics", {}).items()):
             if not name.startswith(METRIC_PREFIX):
                 continue
             value = _call(function, worker, name)
             if isinstance(value, dict):
                 yield from families(f"{prefix}_{_sanitize(name)}", name, value)
+
+
+def register_scheduler_collector(scheduler: Any) -> bool:
+    """Export every worker's ``gpudask-*`` metrics, as the scheduler last received them
+    (heartbeats), on the scheduler's ``/metrics`` with a ``worker`` label: one scrape
+    target for the whole cluster.  Returns False without prometheus_client."""
+    global _SCHEDULER_COLLECTOR
+    try:
+        import prometheus_client
+    except ImportError:
+        return False
+    if _SCHEDULER_COLLECTOR is None:
+        _SCHEDULER_COLLECTOR = ClusterMetricsCollector()
+        prometheus_client.REGISTRY.register(_SCHEDULER_COLLECTOR)
+    _SCHEDULER_COLLECTOR.scheduler = weakref.ref(scheduler)
+    return True
+
+
+class ClusterMetricsCollector:
+    """A prometheus_client collector of every worker's ``gpudask-*`` metrics, on the scheduler."""
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None  # weakref to the Scheduler
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        scheduler = self.scheduler() if self.scheduler is not None else None
+        if scheduler is None:
+            return
+        prefix = f"{_namespace()}_scheduler".lstrip("_")
+        gauges: dict[str, Any] = {}
+        infos: dict[str, list[tuple[str, dict[str, str]]]] = {}
+        for address, ws in sorted(list(scheduler.workers.items())):
+            for name, value in sorted(ws.metrics.items()):
+                if not name.startswith(METRIC_PREFIX) or not isinstance(value, dict):
+                    continue
+                base = f"{prefix}_{_sanitize(name)}"
+                numbers, labels = _split(value)
+                for key, number in numbers:
+                    if f"{base}_{key}" not in gauges:
+                        gauges[f"{base}_{key}"] = GaugeMetricFamily(
+                            f"{base}_{key}", f"gpudask worker metric {name}: {key}, per worker", labels=["worker"])
+                    gauges[f"{base}_{key}"].add_metric([address], number)
+                if labels:
+                    infos.setdefault(base, []).append((address, dict(labels)))
+        yield from gauges.values()
+        for base, rows in infos.items():
+            keys = sorted({k for _, labels in rows for k in labels})
+            info = GaugeMetricFamily(f"{base}_info", "gpudask worker metric: its text values, per worker",
+                                     labels=["worker", *keys])
+            for address, labels in rows:
+                info.add_metric([address, *(labels.get(k, "") for k in keys)], 1.0)
+            yield info
+
+
+def _namespace() -> str:
+    import dask.config
+
+    return dask.config.get("distributed.dashboard.prometheus.namespace", default="dask") or ""
 
 
 def families(base: str, metric: str, values: dict[str, Any]) -> list[Any]:

@@ -153,7 +153,7 @@ def test_page_from_the_routes_config_without_bokeh(tmp_path):
         import dask.config
         from distributed import Scheduler
         from tornado.httpclient import AsyncHTTPClient
-        from gpudask.dashboard import ROUTES_KEY, routes_with_dashboard
+        from gpudask.dashboard import ROUTES_KEY, install, routes_with_dashboard
 
         async def main():
             with dask.config.set({ROUTES_KEY: routes_with_dashboard(dask.config.get(ROUTES_KEY))}):
@@ -164,6 +164,7 @@ def test_page_from_the_routes_config_without_bokeh(tmp_path):
                                                           raise_error=False)
                         out[path] = [r.code, r.body.decode()]
                     out["bokeh"] = "bokeh" in sys.modules and sys.modules["bokeh"] is not None
+                    out["installed again"] = install(s)  # already there from the routes: nothing added
                     print(json.dumps(out))
         asyncio.run(main())
     """)
@@ -171,7 +172,7 @@ def test_page_from_the_routes_config_without_bokeh(tmp_path):
                           env=base_env(), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["bokeh"] is False
+    assert out["bokeh"] is False and out["installed again"] is False
     assert out["/status"][0] == 200 and "Dask needs bokeh" in out["/status"][1]  # distributed's no-bokeh page
     assert out["/gpudask"][0] == 200 and "<title>gpudask</title>" in out["/gpudask"][1]
     state = json.loads(out["/gpudask/json"][1])
@@ -217,8 +218,9 @@ def test_worker_gpudask_metrics_on_its_metrics_page():
 @pytest.mark.process
 def test_preloaded_cluster_state_and_worker_metrics(cluster):
     """``--preload gpudask`` everywhere, a described 2-GPU host with a 4 GiB pool: the
-    scheduler's /gpudask/json has both workers with their GPUs and planned pools, and each
-    worker's /metrics has the rmm plugin's ``gpudask-rmm`` metric as gauges."""
+    scheduler's /gpudask/json has both workers with their GPUs and planned pools, each
+    worker's /metrics has the rmm plugin's ``gpudask-rmm`` metric as gauges, and the
+    scheduler's /metrics has them for every worker."""
     import urllib.request
 
     from conftest import host
@@ -250,3 +252,8 @@ def test_preloaded_cluster_state_and_worker_metrics(cluster):
             assert "dask_worker_gpudask_rmm_applied 0.0" in text
             assert 'dask_worker_gpudask_rmm_info{allocator="pool"} 1.0' in text
         assert {f["subject"] for f in state["findings"] if f["code"] == "scheduler-no-gpu"} == set(rows)
+        # the scheduler's /metrics: every worker's gpudask-* metrics, labelled by worker
+        text = get(info["services"]["dashboard"], "/metrics").splitlines()
+        for address in rows:
+            assert f'dask_scheduler_gpudask_rmm_initial_pool_size{{worker="{address}"}} 4.294967296e+09' in text
+            assert f'dask_scheduler_gpudask_rmm_info{{allocator="pool",worker="{address}"}} 1.0' in text
