@@ -125,8 +125,12 @@ function workerRow(w) {
   const check = el("td");
   check.appendChild(badge((w.check || {}).status));
   const codes = new Map();
-  for (const f of (w.check || {}).findings || []) codes.set(f.code, [f.severity, (codes.get(f.code) || [0, 0])[1] + 1]);
-  for (const [code, [severity, n]] of codes) check.appendChild(el("div", "mono code " + severity, code + (n > 1 ? " \u00d7" + n : "")));
+  for (const f of (w.check || {}).findings || []) {
+    codes.set(f.code, [f.severity, (codes.get(f.code) || [0, 0])[1] + 1]);
+  }
+  for (const [code, [severity, n]] of codes) {
+    check.appendChild(el("div", "mono code " + severity, code + (n > 1 ? " \\u00d7" + n : "")));
+  }
   tr.appendChild(check);
   return tr;
 }
@@ -141,7 +145,11 @@ function findingRow(f) {
 }
 function replace(tbody, rows, emptyText, span) {
   tbody.replaceChildren(...rows);
-  if (!rows.length) { const tr = el("tr"); const td = el("td", "muted", emptyText); td.colSpan = span; tr.appendChild(td); tbody.appendChild(tr); }
+  if (rows.length) return;
+  const tr = el("tr"), td = el("td", "muted", emptyText);
+  td.colSpan = span;
+  tr.appendChild(td);
+  tbody.appendChild(tr);
 }
 function draw(state) {
   const check = state.check || {};
@@ -154,7 +162,8 @@ function draw(state) {
   document.getElementById("problem").textContent = check.problem || "";
   replace(document.querySelector("#workers tbody"), state.workers.map(workerRow), "no workers", 8);
   replace(document.querySelector("#findings tbody"), (state.findings || []).map(findingRow),
-          check.installed ? "no findings: every worker matches the scheduler" : "the scheduler check is not installed", 5);
+          check.installed ? "no findings: every worker matches the scheduler"
+                          : "the scheduler check is not installed", 5);
 }
 async function refresh() {
   try {
