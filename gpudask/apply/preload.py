@@ -157,6 +157,9 @@ def _setup_worker(s: process.Session, worker: Any) -> None:
             worker.state.total_resources[name] = amount
             worker.state.available_resources[name] = amount
     s.manager.preload(s.ctx, s.plan, worker)
+    from gpudask.apply.prometheus import register_worker_collector
+
+    register_worker_collector(worker)  # gpudask-* worker metrics on the worker's /metrics
     if s.applied:
         state.record(s, worker)
     worker.startup_information["gpudask"] = lambda _worker: s.published()
@@ -173,6 +176,10 @@ def _setup_nanny(s: process.Session, nanny: Any) -> None:
 
 def _setup_scheduler(s: process.Session, scheduler: Any) -> None:
     s.manager.preload(s.ctx, s.plan, scheduler)
+    from gpudask.apply import dashboard, prometheus
+
+    dashboard.install(scheduler)  # /gpudask on the scheduler's HTTP server
+    prometheus.register_scheduler_collector(scheduler)
     if s.applied:  # a scheduler inside a client's process runs with the client's plan
         state.record(s, scheduler)
     from gpudask.apply.server_plugins import install_check

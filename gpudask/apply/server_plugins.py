@@ -224,6 +224,9 @@ class WorkerPlugin(_dp.WorkerPlugin):
         self.report = report
         published = _publishable(s, report)
         worker.startup_information["gpudask"] = lambda _worker: published
+        from gpudask.apply.prometheus import register_worker_collector
+
+        register_worker_collector(worker)
         try:
             await worker.scheduler.set_metadata(keys=[METADATA_KEY, "workers", worker.address], value=published)
             if await worker.scheduler.get_metadata(keys=[METADATA_KEY, "scheduler"], default=None) is not None:
@@ -408,6 +411,10 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         self.report = report
         self.scheduler = scheduler
         scheduler.handlers[PUBLISH_HANDLER] = self.publish
+        from gpudask.apply import dashboard, prometheus
+
+        dashboard.install(scheduler)
+        prometheus.register_scheduler_collector(scheduler)
         self.published = _publishable(s, report)
         scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
         _log_report(f"scheduler {scheduler.address}", report)

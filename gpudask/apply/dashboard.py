@@ -1,0 +1,236 @@
+"""gpudask's page on the scheduler's dashboard: ``/gpudask`` (HTML) and ``/gpudask/json``.
+
+The page is a plain tornado handler: it works whether or not bokeh is installed.  It is a
+small HTML document whose inline script fetches ``/gpudask/json`` every few seconds and
+redraws one row per worker and the scheduler check's findings.
+
+Two ways onto a scheduler's HTTP server:
+
+* distributed builds the scheduler's routes, in ``Scheduler.__init__``, from the modules
+  listed in the dask config ``distributed.scheduler.http.routes``; each module has a
+  ``routes`` list of ``(path, handler class, kwargs)``.  A scheduler whose plan adds
+  :data:`MODULE` to that list before the scheduler is created gets the page from the start.
+* :func:`install` adds the same handlers to a running scheduler's tornado application
+  (``dask_setup`` time, or a SchedulerPlugin registered by a client).  It also links the
+  page from the bokeh dashboard's navigation when that dashboard is up.
+
+Everything the page shows comes from :func:`cluster_state`: the one place that knows
+where the data lives on the scheduler.  Dicts it does not know (a worker's applied state,
+``gpudask-*`` worker metrics, the plan's memory section) are shown as generic key/values,
+so plugins can add to the page without touching it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from typing import Any
+
+from distributed.http.utils import RequestHandler
+
+from gpudask.check import EXTRA_KEY as CHECK_EXTRA_KEY
+from gpudask.check import PLUGIN_NAME as CHECK_PLUGIN_NAME
+from gpudask.check import PUBLISHED_KEY
+from gpudask.apply.dashboard_page import render
+
+MODULE = "gpudask.apply.dashboard"  # the entry for distributed.scheduler.http.routes
+ROUTES_KEY = "distributed.scheduler.http.routes"
+PAGE = "gpudask"
+METRIC_PREFIX = "gpudask-"  # worker metrics (Worker.metrics) shown on the page
+REFRESH_SECONDS = 3
+
+
+def routes_with_dashboard(current: list[str] | None) -> list[str]:
+    """``distributed.scheduler.http.routes`` with this module added (once, at the end)."""
+    routes = list(current or [])
+    return routes if MODULE in routes else [*routes, MODULE]
+
+
+# ------------------------------------------------------------------------------ data
+def cluster_state(scheduler: Any) -> dict[str, Any]:
+    """What the page shows: one dict per worker, and the scheduler check's findings.
+    JSON-compatible; never raises on odd worker data."""
+    check = scheduler.plugins.get(CHECK_PLUGIN_NAME)
+    report = _check_report(check)
+    workers = []
+    for address, ws in sorted(scheduler.workers.items()):
+        result = (report.get("workers") or {}).get(address) or ws.extra.get(CHECK_EXTRA_KEY)
+        workers.append(worker_state(address, ws, result))
+    findings = report.get("findings")
+    if findings is None:  # no check installed here: what earlier checks left on the workers
+        findings = [f for w in workers for f in w["check"]["findings"]]
+    return {
+        "time": time.time(),
+        "scheduler": {"address": scheduler.address, "protocol": _scheme(scheduler.address)},
+        "check": {"installed": bool(report), "action": report.get("action"), "status": report.get("status"),
+                  "problem": report.get("problem"), "refused": sorted(report.get("refused") or {})},
+        "bokeh": _bokeh_app(scheduler) is not None,
+        "workers": workers,
+        "findings": findings,
+    }
+
+
+def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None) -> dict[str, Any]:
+    """One worker's row, from what its gpudask published (``WorkerState.extra``) and its
+    heartbeat metrics (``WorkerState.metrics``)."""
+    published = _dict(ws.extra.get(PUBLISHED_KEY))
+    plan = _dict(published.get("plan"))
+    facts = _dict(published.get("facts"))
+    applied = published.get("applied", ws.extra.get("applied"))
+    env = _dict(plan.get("env"))
+    return {
+        "address": address,
+        "name": str(ws.name),
+        "host": ws.host,
+        "gpudask": bool(published),
+        "version": published.get("version"),
+        "gpu": _gpu(plan, facts),
+        "transports": {
+            "planned": {"protocol": published.get("protocol"), "UCX_TLS": env.get("UCX_TLS"),
+                        "ucx_transports": plan.get("ucx_transports") or []},
+            "active": _active_transports(address, applied),
+        },
+        "memory": _dict(plan.get("memory")),
+        "metrics": {k: v for k, v in sorted(ws.metrics.items()) if k.startswith(METRIC_PREFIX)},
+        "applied": applied if isinstance(applied, dict) else None,
+        "check": {"status": (check_result or {}).get("status"),
+                  "findings": list((check_result or {}).get("findings") or [])},
+    }
+
+
+def _gpu(plan: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    uuid = plan.get("gpu")
+    found: dict[str, Any] = {}
+    for gpu in facts.get("gpus") or []:
+        if not isinstance(gpu, dict):
+            continue
+        if gpu.get("uuid") == uuid:
+            found = gpu
+        for mig in _dict(gpu.get("mig")).get("instances") or []:
+            if isinstance(mig, dict) and mig.get("uuid") == uuid:
+                found = {**gpu, **mig, "name": f"{gpu.get('name')} MIG {mig.get('profile') or ''}".strip()}
+    return {"uuid": uuid, "name": found.get("name"), "index": plan.get("gpu_index"),
+            "memory_total": found.get("memory_total"), "cuda_visible_devices": plan.get("cuda_visible_devices")}
+
+
+def _active_transports(address: str, applied: Any) -> dict[str, Any]:
+    """The protocol the worker is connected through, and UCX_TLS as the live worker
+    reports it (its applied state), when it reports one."""
+    out: dict[str, Any] = {"protocol": _scheme(address), "UCX_TLS": None}
+    if isinstance(applied, dict):
+        for section in ("ucx", "env", "environment"):
+            value = _dict(applied.get(section))
+            tls = value.get("UCX_TLS", value.get("TLS", value.get("tls")))
+            if tls is not None:
+                out["UCX_TLS"] = tls if isinstance(tls, str) else ",".join(map(str, tls))
+                break
+    return out
+
+
+def _check_report(check: Any) -> dict[str, Any]:
+    report = getattr(check, "report", None)
+    if report is None:
+        return {}
+    try:
+        return report(sides=False)
+    except Exception as e:  # noqa: BLE001 - the page shows what broke instead of a 500
+        return {"problem": f"the scheduler check's report failed: {type(e).__name__}: {e}", "status": "error"}
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _scheme(address: str | None) -> str | None:
+    return address.split("://", 1)[0] if address and "://" in address else None
+
+
+# -------------------------------------------------------------------------- handlers
+class StateHandler(RequestHandler):
+    """``/gpudask/json``: :func:`cluster_state`."""
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.write(json.dumps(cluster_state(self.server), default=str))
+
+
+class PageHandler(RequestHandler):
+    """``/gpudask``: the page; its script draws it from ``/gpudask/json``."""
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.write(render(REFRESH_SECONDS))
+
+
+routes: list[tuple] = [(PAGE, PageHandler, {}), (f"{PAGE}/json", StateHandler, {})]
+
+
+# --------------------------------------------------------------------------- install
+def install(scheduler: Any, prefix: str | None = None) -> bool:
+    """Add the page to a running scheduler's HTTP server (idempotent) and link it from
+    the bokeh dashboard's navigation.  Returns whether handlers were added now."""
+    app = getattr(scheduler, "http_application", None)
+    if app is None:  # a scheduler without an HTTP server
+        return False
+    added = False
+    if not _has_handler(app.default_router, PageHandler):
+        prefix = _http_prefix(app) if prefix is None else "/" + prefix.strip("/") + "/"
+        handlers = [(re.escape(prefix) + path, cls, {**kwargs, "dask_server": scheduler})
+                    for path, cls, kwargs in routes]
+        app.add_handlers(".*$", handlers)
+        added = True
+    link_from_bokeh(scheduler)
+    return added
+
+
+def link_from_bokeh(scheduler: Any) -> bool:
+    """Put ``gpudask`` into the bokeh dashboard's top navigation.
+
+    distributed renders that navigation from ``template_variables(scheduler)["pages"]``
+    (``distributed.dashboard.scheduler``, memoised per scheduler; each page reads it when
+    it is opened), so adding to that list is enough: nothing is patched.  Returns False
+    when the bokeh dashboard is not running on this scheduler."""
+    if _bokeh_app(scheduler) is None:
+        return False
+    board = sys.modules["distributed.dashboard.scheduler"]
+    pages = board.template_variables(scheduler).get("pages")
+    if not isinstance(pages, list):
+        return False
+    if PAGE not in pages:
+        pages.append(PAGE)
+    return True
+
+
+def _bokeh_app(scheduler: Any) -> Any:
+    if "distributed.dashboard.scheduler" not in sys.modules:  # never import bokeh for this
+        return None
+    app = getattr(scheduler, "http_application", None)
+    for sub in getattr(app, "applications", None) or []:
+        if type(sub).__name__.endswith("BokehTornado"):
+            return sub
+    return None
+
+
+def _rules(router: Any) -> list[Any]:
+    out = []
+    for rule in getattr(router, "rules", None) or []:
+        out.append(rule)
+        out += _rules(rule.target)
+    return out
+
+
+def _has_handler(router: Any, cls: type) -> bool:
+    return any(rule.target is cls for rule in _rules(router))
+
+
+def _http_prefix(app: Any) -> str:
+    """The scheduler's ``--dashboard-prefix``, read from where distributed's own
+    ``/health`` route was mounted (the scheduler does not keep the prefix)."""
+    for rule in _rules(app.default_router):
+        pattern = getattr(getattr(rule, "matcher", None), "regex", None)
+        if pattern is not None and pattern.pattern.endswith("health$"):
+            return pattern.pattern[: -len("health$")].replace("\\", "")
+    return "/"

@@ -1,0 +1,190 @@
+"""gpudask's worker metrics on distributed's Prometheus ``/metrics``.
+
+Plugins report live numbers as distributed worker metrics (``Worker.metrics``, a dict
+of name -> callable(worker) that the worker also sends to the scheduler with each
+heartbeat), named ``gpudask-*``: e.g. ``gpudask-rmm`` (pool_size, used) and
+``gpudask-spill`` (counts, bytes, seconds).  A worker's ``/metrics`` page serves
+prometheus_client's default registry (``distributed.http.worker.prometheus``), so a
+collector registered there appears on it.  Each scrape calls the metric functions and
+turns their dicts into gauges, without knowing what any plugin reports:
+
+* a number (or bool) under key ``k`` of metric ``gpudask-x`` becomes the gauge
+  ``<ns>_worker_gpudask_x_<k>`` (nested dicts join their keys with ``_``);
+* the string values of a metric become labels of one ``<ns>_worker_gpudask_x_info``
+  gauge with value 1.
+
+``<ns>`` is ``distributed.dashboard.prometheus.namespace`` (``dask``), as for
+distributed's own worker metrics.  The contrib package gpudask-prometheus exports the
+*plan* (planned pools, decisions, check status); this module exports the live values.
+On the scheduler, :func:`register_scheduler_collector` exports the same for every
+worker (``<ns>_scheduler_gpudask_*{worker="..."}``) from the heartbeats it received.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import re
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+logger = logging.getLogger("distributed.gpudask.prometheus")
+
+METRIC_PREFIX = "gpudask-"
+_COLLECTOR: WorkerMetricsCollector | None = None
+_SCHEDULER_COLLECTOR: ClusterMetricsCollector | None = None
+
+
+def register_worker_collector(worker: Any) -> bool:
+    """Export ``worker``'s ``gpudask-*`` metrics on ``/metrics`` (once per process; a
+    later call points the collector at the later worker, as distributed's own collector
+    does).  Returns False when prometheus_client is not installed."""
+    global _COLLECTOR
+    try:
+        import prometheus_client
+    except ImportError:
+        return False
+    if _COLLECTOR is None:
+        _COLLECTOR = WorkerMetricsCollector()
+        prometheus_client.REGISTRY.register(_COLLECTOR)
+    _COLLECTOR.worker = weakref.ref(worker)
+    return True
+
+
+class WorkerMetricsCollector:
+    """A prometheus_client collector of one worker's ``gpudask-*`` metrics."""
+
+    def __init__(self) -> None:
+        self.worker: Any = None  # weakref to the Worker
+
+    def describe(self) -> list[Any]:
+        return []  # names depend on what plugins report: nothing to declare up front
+
+    def collect(self) -> Iterator[Any]:
+        worker = self.worker() if self.worker is not None else None
+        if worker is None:
+            return
+        prefix = f"{_namespace()}_worker".lstrip("_")
+        for name, function in sorted(getattr(worker, "metrics", {}).items()):
+            if not name.startswith(METRIC_PREFIX):
+                continue
+            value = _call(function, worker, name)
+            if isinstance(value, dict):
+                yield from families(f"{prefix}_{_sanitize(name)}", name, value)
+
+
+def register_scheduler_collector(scheduler: Any) -> bool:
+    """Export every worker's ``gpudask-*`` metrics, as the scheduler last received them
+    (heartbeats), on the scheduler's ``/metrics`` with a ``worker`` label: one scrape
+    target for the whole cluster.  Returns False without prometheus_client."""
+    global _SCHEDULER_COLLECTOR
+    try:
+        import prometheus_client
+    except ImportError:
+        return False
+    if _SCHEDULER_COLLECTOR is None:
+        _SCHEDULER_COLLECTOR = ClusterMetricsCollector()
+        prometheus_client.REGISTRY.register(_SCHEDULER_COLLECTOR)
+    _SCHEDULER_COLLECTOR.scheduler = weakref.ref(scheduler)
+    return True
+
+
+class ClusterMetricsCollector:
+    """A prometheus_client collector of every worker's ``gpudask-*`` metrics, on the scheduler."""
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None  # weakref to the Scheduler
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        scheduler = self.scheduler() if self.scheduler is not None else None
+        if scheduler is None:
+            return
+        prefix = f"{_namespace()}_scheduler".lstrip("_")
+        gauges: dict[str, Any] = {}
+        infos: dict[str, list[tuple[str, dict[str, str]]]] = {}
+        for address, ws in sorted(list(scheduler.workers.items())):
+            for name, value in sorted(ws.metrics.items()):
+                if not name.startswith(METRIC_PREFIX) or not isinstance(value, dict):
+                    continue
+                base = f"{prefix}_{_sanitize(name)}"
+                numbers, labels = _split(value)
+                for key, number in numbers:
+                    if f"{base}_{key}" not in gauges:
+                        gauges[f"{base}_{key}"] = GaugeMetricFamily(
+                            f"{base}_{key}", f"gpudask worker metric {name}: {key}, per worker", labels=["worker"])
+                    gauges[f"{base}_{key}"].add_metric([address], number)
+                if labels:
+                    infos.setdefault(base, []).append((address, dict(labels)))
+        yield from gauges.values()
+        for base, rows in infos.items():
+            keys = sorted({k for _, labels in rows for k in labels})
+            info = GaugeMetricFamily(f"{base}_info", "gpudask worker metric: its text values, per worker",
+                                     labels=["worker", *keys])
+            for address, labels in rows:
+                info.add_metric([address, *(labels.get(k, "") for k in keys)], 1.0)
+            yield info
+
+
+def _namespace() -> str:
+    import dask.config
+
+    return dask.config.get("distributed.dashboard.prometheus.namespace", default="dask") or ""
+
+
+def families(base: str, metric: str, values: dict[str, Any]) -> list[Any]:
+    """Gauge families for one metric's dict (see the module's docstring)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    numbers, labels = _split(values)
+    out = []
+    for key, number in numbers:
+        family = GaugeMetricFamily(f"{base}_{key}", f"gpudask worker metric {metric}: {key}")
+        family.add_metric([], number)
+        out.append(family)
+    if labels:
+        info = GaugeMetricFamily(f"{base}_info", f"gpudask worker metric {metric}: its text values",
+                                 labels=[k for k, _ in labels])
+        info.add_metric([v for _, v in labels], 1.0)
+        out.append(info)
+    return out
+
+
+def _split(values: dict[str, Any], prefix: str = "") -> tuple[list[tuple[str, float]], list[tuple[str, str]]]:
+    numbers: list[tuple[str, float]] = []
+    labels: list[tuple[str, str]] = []
+    for key, value in values.items():
+        name = _sanitize(f"{prefix}{key}")
+        if isinstance(value, dict):
+            more_numbers, more_labels = _split(value, f"{name}_")
+            numbers += more_numbers
+            labels += more_labels
+        elif isinstance(value, (bool, int, float)) and not (isinstance(value, float) and math.isnan(value)):
+            numbers.append((name, float(value)))
+        elif isinstance(value, str):
+            labels.append((name, value))
+        # None, lists and other values have no gauge
+    return numbers, labels
+
+
+def _call(function: Any, worker: Any, name: str) -> Any:
+    try:
+        value = function(worker)
+    except Exception:  # noqa: BLE001 - one plugin's metric must not break the scrape
+        logger.exception("gpudask prometheus: the worker metric %s failed", name)
+        return None
+    if inspect.isawaitable(value):
+        # a coroutine metric runs only in the heartbeat; a scrape cannot wait for it
+        getattr(value, "close", lambda: None)()
+        return None
+    return value
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)

@@ -1,0 +1,259 @@
+"""The /gpudask page and its JSON on real schedulers, and gpudask-* worker metrics on /metrics.
+
+In-process schedulers and workers (distributed's own classes on tcp://127.0.0.1) where the
+test needs to reach into them; a subprocess where bokeh must be absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import base_env
+
+from distributed import Scheduler, Worker
+from distributed.scheduler import WorkerState
+
+import gpudask.apply.dashboard as dashboard
+from gpudask.check import install as install_check
+
+
+async def fetch(port: int, path: str) -> tuple[int, str]:
+    from tornado.httpclient import AsyncHTTPClient
+
+    response = await AsyncHTTPClient().fetch(f"http://127.0.0.1:{port}{path}", raise_error=False)
+    return response.code, response.body.decode()
+
+
+async def until(predicate, timeout: float = 20) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_install_on_a_running_scheduler_serves_page_and_state():
+    async def main():
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
+            port = s.http_server.port
+            assert (await fetch(port, "/gpudask"))[0] == 404
+            assert dashboard.install(s) is True
+            assert dashboard.install(s) is False  # idempotent: the handlers are there once
+            install_check(s)
+            async with Worker(s.address, host="127.0.0.1", dashboard_address="127.0.0.1:0", name="stock") as w:
+                # a plugin's live numbers, as distributed worker metrics: sent with each heartbeat
+                w.metrics["gpudask-spill"] = lambda worker: {"count": 3, "bytes": 3 * 2**20, "seconds": 0.25}
+                w.metrics["not-gpudask"] = lambda worker: {"x": 1}
+                await until(lambda: "gpudask-spill" in s.workers[w.address].metrics)
+                code, page = await fetch(port, "/gpudask")
+                assert code == 200 and "<title>gpudask</title>" in page and "/json" in page
+                code, body = await fetch(port, "/gpudask/json")
+                assert code == 200
+                state = json.loads(body)
+                (row,) = state["workers"]
+                assert row["address"] == w.address and row["name"] == "stock" and row["gpudask"] is False
+                assert row["metrics"] == {"gpudask-spill": {"count": 3, "bytes": 3 * 2**20, "seconds": 0.25}}
+                assert row["transports"]["active"] == {"protocol": "tcp", "UCX_TLS": None}
+                # the check ran on it: a stock worker is a finding, on the row and in the list
+                assert row["check"]["status"] == "warning"
+                assert [f["code"] for f in row["check"]["findings"]] == ["no-gpudask"]
+                assert [(f["code"], f["subject"]) for f in state["findings"]] == [("no-gpudask", w.address)]
+                assert state["check"]["installed"] and state["check"]["action"] == "warn"
+                assert state["bokeh"] is True
+
+    run(main())
+
+
+def test_the_bokeh_dashboard_links_the_page():
+    async def main():
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
+            port = s.http_server.port
+            code, before = await fetch(port, "/status")
+            assert code == 200 and 'href="gpudask"' not in before
+            dashboard.install(s)
+            code, after = await fetch(port, "/status")
+            assert code == 200 and 'href="gpudask"' in after
+            code, page = await fetch(port, "/gpudask")  # where the link leads
+            assert code == 200
+
+    run(main())
+
+
+def test_page_under_a_dashboard_prefix():
+    async def main():
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0", http_prefix="/dask") as s:
+            dashboard.install(s)
+            port = s.http_server.port
+            assert (await fetch(port, "/dask/gpudask"))[0] == 200
+            code, body = await fetch(port, "/dask/gpudask/json")
+            assert code == 200 and json.loads(body)["workers"] == []
+            assert (await fetch(port, "/gpudask"))[0] == 404
+
+    run(main())
+
+
+def test_applied_state_and_published_plan_become_the_row():
+    """A worker's published plan and (future) applied state, as the scheduler holds them."""
+    published = {
+        "version": "0.1.0", "protocol": "ucx",
+        "facts": {"gpus": [{"uuid": "GPU-a", "name": "NVIDIA H200", "memory_total": 141 * 2**30,
+                            "mig": {"instances": []}}]},
+        "plan": {"gpu": "GPU-a", "gpu_index": 0, "cuda_visible_devices": "0,1",
+                 "env": {"UCX_TLS": "tcp,cuda_copy,cuda_ipc"}, "ucx_transports": ["tcp", "cuda_copy", "cuda_ipc"],
+                 "memory": {"allocator": "pool", "initial_pool_size": 2**30, "device_memory_limit": 2**33}},
+        "applied": {"cuda_device": "GPU-a", "ucx": {"TLS": ["tcp", "cuda_copy"]}},
+    }
+    ws = WorkerState(address="ucx://10.0.0.1:1234", status=None, pid=1, name=0, nthreads=1, memory_limit=0,
+                     local_directory="/tmp", nanny=None, server_id="x", extra={"gpudask": published})
+    ws.metrics = {"gpudask-rmm": {"pool_size": 2**30, "used": 5}, "cpu": 3.0}
+    row = dashboard.worker_state(ws.address, ws, {"status": "ok", "findings": []})
+    assert row["gpu"] == {"uuid": "GPU-a", "name": "NVIDIA H200", "index": 0, "memory_total": 141 * 2**30,
+                          "cuda_visible_devices": "0,1"}
+    assert row["transports"] == {
+        "planned": {"protocol": "ucx", "UCX_TLS": "tcp,cuda_copy,cuda_ipc",
+                    "ucx_transports": ["tcp", "cuda_copy", "cuda_ipc"]},
+        "active": {"protocol": "ucx", "UCX_TLS": "tcp,cuda_copy"}}
+    assert row["memory"]["device_memory_limit"] == 2**33
+    assert row["metrics"] == {"gpudask-rmm": {"pool_size": 2**30, "used": 5}}
+    assert row["applied"]["cuda_device"] == "GPU-a" and row["check"]["status"] == "ok"
+
+
+def test_junk_in_worker_data_never_breaks_the_state():
+    ws = WorkerState(address="tcp://10.0.0.1:1", status=None, pid=1, name="j", nthreads=1, memory_limit=0,
+                     local_directory="/tmp", nanny=None, server_id="x",
+                     extra={"gpudask": {"plan": ["not", "a", "dict"], "facts": {"gpus": [1, None, "x"]},
+                                        "applied": "junk"}})
+    row = dashboard.worker_state(ws.address, ws, None)
+    assert row["gpu"]["uuid"] is None and row["applied"] is None and row["check"] == {"status": None,
+                                                                                      "findings": []}
+
+
+def test_routes_with_dashboard_adds_the_module_once():
+    stock = ["distributed.http.scheduler.prometheus", "distributed.http.health"]
+    assert dashboard.routes_with_dashboard(stock) == [*stock, "gpudask.apply.dashboard"]
+    assert dashboard.routes_with_dashboard([*stock, "gpudask.apply.dashboard"]) == [*stock, "gpudask.apply.dashboard"]
+
+
+@pytest.mark.process
+def test_page_from_the_routes_config_without_bokeh(tmp_path):
+    """No bokeh importable; the page comes from distributed.scheduler.http.routes, the
+    way a scheduler whose plan lists gpudask.dashboard gets it."""
+    script = textwrap.dedent("""
+        import asyncio, json, sys
+        sys.modules["bokeh"] = None  # as if bokeh were not installed
+        import dask.config
+        from distributed import Scheduler
+        from tornado.httpclient import AsyncHTTPClient
+        from gpudask.apply.dashboard import ROUTES_KEY, install, routes_with_dashboard
+
+        async def main():
+            with dask.config.set({ROUTES_KEY: routes_with_dashboard(dask.config.get(ROUTES_KEY))}):
+                async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
+                    out = {}
+                    for path in ("/gpudask", "/gpudask/json", "/status"):
+                        r = await AsyncHTTPClient().fetch(f"http://127.0.0.1:{s.http_server.port}{path}",
+                                                          raise_error=False)
+                        out[path] = [r.code, r.body.decode()]
+                    out["bokeh"] = "bokeh" in sys.modules and sys.modules["bokeh"] is not None
+                    out["installed again"] = install(s)  # already there from the routes: nothing added
+                    print(json.dumps(out))
+        asyncio.run(main())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=base_env(), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["bokeh"] is False and out["installed again"] is False
+    assert out["/status"][0] == 200 and "Dask needs bokeh" in out["/status"][1]  # distributed's no-bokeh page
+    assert out["/gpudask"][0] == 200 and "<title>gpudask</title>" in out["/gpudask"][1]
+    state = json.loads(out["/gpudask/json"][1])
+    assert state["bokeh"] is False and state["workers"] == [] and state["check"]["installed"] is False
+
+
+# ------------------------------------------------------------------------- prometheus
+def test_worker_gpudask_metrics_on_its_metrics_page():
+    pytest.importorskip("prometheus_client")
+    from gpudask.apply.prometheus import register_worker_collector
+
+    async def main():
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
+            async with Worker(s.address, host="127.0.0.1", dashboard_address="127.0.0.1:0") as w:
+                assert register_worker_collector(w) is True
+                w.metrics["gpudask-rmm"] = lambda worker: {"allocator": "pool", "pool_size": 2**30, "used": 4096,
+                                                           "maximum_pool_size": None}
+                w.metrics["gpudask-spill"] = lambda worker: {"count": 3, "bytes": 3 * 2**20, "seconds": 0.25,
+                                                             "by_tier": {"host": 2, "disk": 1}}
+                w.metrics["gpudask-broken"] = lambda worker: 1 / 0  # logged, never breaks the scrape
+                w.metrics["other"] = lambda worker: {"pool_size": 7}
+                code, text = await fetch(w.http_server.port, "/metrics")
+                assert code == 200
+                lines = set(text.splitlines())
+                assert "dask_worker_gpudask_rmm_pool_size 1.073741824e+09" in lines
+                assert "dask_worker_gpudask_rmm_used 4096.0" in lines
+                assert 'dask_worker_gpudask_rmm_info{allocator="pool"} 1.0' in lines
+                assert "dask_worker_gpudask_spill_count 3.0" in lines
+                assert "dask_worker_gpudask_spill_bytes 3.145728e+06" in lines
+                assert "dask_worker_gpudask_spill_seconds 0.25" in lines
+                assert "dask_worker_gpudask_spill_by_tier_disk 1.0" in lines
+                assert not any(line.startswith(("dask_worker_gpudask_rmm_maximum_pool_size", "dask_worker_other_",
+                                                "dask_worker_gpudask_broken")) for line in lines)
+                assert any(line.startswith("dask_worker_threads ") for line in lines)  # distributed's own, still there
+                # live values: the next scrape reads them again
+                w.metrics["gpudask-rmm"] = lambda worker: {"pool_size": 2**31, "used": 0}
+                code, text = await fetch(w.http_server.port, "/metrics")
+                assert "dask_worker_gpudask_rmm_pool_size 2.147483648e+09" in text.splitlines()
+
+    run(main())
+
+
+@pytest.mark.process
+def test_preloaded_cluster_state_and_worker_metrics(cluster):
+    """``--preload gpudask`` everywhere, a described 2-GPU host with a 4 GiB pool: the
+    scheduler's /gpudask/json has both workers with their GPUs and planned pools, each
+    worker's /metrics has the rmm plugin's ``gpudask-rmm`` metric as gauges, and the
+    scheduler's /metrics has them for every worker."""
+    import urllib.request
+
+    from conftest import host
+
+    def get(port: int, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.read().decode()
+
+    cluster.scheduler("--preload", "gpudask", "--dashboard-address", "127.0.0.1:0",
+                      env=base_env(GPUDASK_FACTS=host("no-gpu.json")))
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", "--dashboard", "--dashboard-address", "127.0.0.1:0",
+                   env=base_env(GPUDASK_FACTS=host("workstation-2gpu-pcie.json"), DASK_GPUDASK__RMM__POOL_SIZE="4GiB"))
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=120)
+        info = client.scheduler_info(n_workers=-1)
+        state = json.loads(get(info["services"]["dashboard"], "/gpudask/json"))
+        rows = {w["address"]: w for w in state["workers"]}
+        assert set(rows) == set(info["workers"])
+        assert sorted(w["gpu"]["uuid"] for w in rows.values()) == [
+            "GPU-00000000-0000-0000-0000-000000000000", "GPU-00000000-0000-0000-0000-000000000001"]
+        for address, row in rows.items():
+            assert row["gpudask"] and row["gpu"]["name"] == "NVIDIA RTX A6000"
+            assert row["memory"]["allocator"] == "pool" and row["memory"]["initial_pool_size"] == 4 * 2**30
+            assert row["check"]["status"] == "warning"
+            assert "scheduler-no-gpu" in {f["code"] for f in row["check"]["findings"]}
+            text = get(info["workers"][address]["services"]["dashboard"], "/metrics").splitlines()
+            assert "dask_worker_gpudask_rmm_initial_pool_size 4.294967296e+09" in text
+            # described host: the pool is planned, not created (applied false)
+            assert "dask_worker_gpudask_rmm_applied 0.0" in text
+            assert 'dask_worker_gpudask_rmm_info{allocator="pool"} 1.0' in text
+        assert {f["subject"] for f in state["findings"] if f["code"] == "scheduler-no-gpu"} == set(rows)
+        # the scheduler's /metrics: every worker's gpudask-* metrics, labelled by worker
+        text = get(info["services"]["dashboard"], "/metrics").splitlines()
+        for address in rows:
+            assert f'dask_scheduler_gpudask_rmm_initial_pool_size{{worker="{address}"}} 4.294967296e+09' in text
+            assert f'dask_scheduler_gpudask_rmm_info{{allocator="pool",worker="{address}"}} 1.0' in text
