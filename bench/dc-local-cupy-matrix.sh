@@ -137,6 +137,8 @@ variant() {
     # the host-memory limit: distributed's 'auto' gives a --nthreads 1 worker 1/CPUs of the host's memory
     # and spills CuPy arrays to disk above 0.6 of it; 0.5 = this host's memory split between 2 workers
     gpudask-memlimit)        WARGS="--memory-limit 0.5" ;;
+    # gpudask's device tier off: only the worker-memory plugin's host limit stands between CuPy and disk
+    gpudask-no-spill)        VENV="DASK_GPUDASK__SPILL__DEVICE_MEMORY_LIMIT=false" ;;
     gpudask-no-host-spill)   VENV="DASK_DISTRIBUTED__WORKER__MEMORY__TARGET=False DASK_DISTRIBUTED__WORKER__MEMORY__SPILL=False" ;;
     # only gpu-pinning; distributed-ucxx then makes the CUDA context itself, as on dask-cuda's workers
     gpudask-pinning-only)    VENV="GPUDASK_PLUGINS=gpu-pinning DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT=True" ;;
