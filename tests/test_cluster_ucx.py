@@ -232,7 +232,7 @@ def test_two_workers_sharing_the_gpu_move_data_over_cuda_ipc(cluster, client_ove
     so it shows cuda_ipc carried the data (the figure is printed)."""
     pytest.importorskip("cupy")
     assert real_gpu_count() >= 1
-    env = ucx_env()
+    env = ucx_env(CUDA_VISIBLE_DEVICES="0")  # one GPU shared, whatever the machine has
     cluster.scheduler("--preload", "gpudask", protocol="ucx", env=env)
     cluster.worker("--protocol", "ucx", "--preload", "gpudask", "--nworkers", "2", "--nthreads", "1", env=env)
     with cluster.client(timeout=120) as client:
