@@ -15,8 +15,12 @@ import subprocess
 import sys
 import time
 
+import cloudpickle
 import pytest
 from conftest import base_env, real_gpu_count
+
+# the functions below run in the workers, which cannot import this test module
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = [pytest.mark.gpu, pytest.mark.process]
 
