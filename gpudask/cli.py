@@ -47,7 +47,8 @@ _config_option = click.option("--config", "config_file", type=click.Path(exists=
 @click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
 def info(facts: str | None, config_file: str | None, protocol: str, nworkers: int | None, interface: str | None,
          reasons: bool, as_json: bool) -> None:
-    """Print what gpudask would do on this host (or the described one), starting nothing."""
+    """Print what gpudask would do on this host (or the described one), starting nothing: a summary;
+    --reasons for every decision and why, --json for the whole plan."""
     from gpudask.session import plan_host
 
     host = plan_host(protocol, nworkers, facts_path=facts, config_file=config_file, user_interface=interface)

@@ -176,7 +176,7 @@ def _changes(plan: ProcessPlan, user_env: Any, user_config: Any) -> list[tuple[s
 
 def _where(roles: list[str], nworkers: int) -> str:
     workers = sorted(int(r.split()[1]) for r in roles if r.startswith("worker "))
-    named = [r for r in ("scheduler", "nanny", "client") if r in roles]
+    named: list[str] = [r for r in ("scheduler", "nanny", "client") if r in roles]
     if workers and len(workers) == nworkers:
         named.append("workers" if nworkers > 1 else "worker")
     elif workers:
@@ -254,6 +254,6 @@ def plan_table(host: HostPlan, interface: str | None = None) -> str:
         if not plan.reasons:
             out.append("  (no decisions)")
     out += ["", "Start it:", *("  " + line for line in worker_command(host, interface))]
-    for w in host.warnings:
-        out.append(f"\nwarning: {w}")
+    for warning in host.warnings:
+        out.append(f"\nwarning: {warning}")
     return "\n".join(out)
