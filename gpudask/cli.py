@@ -42,19 +42,26 @@ _config_option = click.option("--config", "config_file", type=click.Path(exists=
               help="Workers on this host (default: one per visible GPU, at least 1).")
 @click.option("--interface", default=None,
               help="The --interface you will give `dask worker` (it wins over the detected one).")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (DESIGN §4).")
+@click.option("--reasons", "-v", "reasons", is_flag=True,
+              help="Every process's settings and every decision with its reason (default: a summary).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
 def info(facts: str | None, config_file: str | None, protocol: str, nworkers: int | None, interface: str | None,
-         as_json: bool) -> None:
-    """Print what gpudask would do on this host (or the described one), starting nothing."""
+         reasons: bool, as_json: bool) -> None:
+    """Print what gpudask would do on this host (or the described one), starting nothing: a summary;
+    --reasons for every decision and why, --json for the whole plan."""
     from gpudask.apply.process import plan_host
 
     host = plan_host(protocol, nworkers, facts_path=facts, config_file=config_file, user_interface=interface)
     if as_json:
         click.echo(json.dumps(host.to_dict(), indent=1))
-    else:
+    elif reasons:
         from gpudask.report import plan_table
 
-        click.echo(plan_table(host))
+        click.echo(plan_table(host, interface))
+    else:
+        from gpudask.report import plan_summary
+
+        click.echo(plan_summary(host, interface))
 
 
 @main.command()

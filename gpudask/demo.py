@@ -40,10 +40,13 @@ def run_demo(nworkers: int | None = None, protocol: str = "tcp",
     from distributed import Client, LocalCluster
 
     started = time.perf_counter()
-    kwargs = gpudask.cluster_kwargs(n_workers=n, protocol=protocol)
+    # free ports for the scheduler and its dashboard: 8786/8787 may belong to a cluster
+    # already running here, and a demo should neither fail nor warn because of it
+    kwargs = gpudask.cluster_kwargs(n_workers=n, protocol=protocol, scheduler_port=0, dashboard_address=":0")
     with LocalCluster(**kwargs) as cluster, Client(cluster) as client:
         client.wait_for_workers(n, timeout=120)
         ready = time.perf_counter() - started
+        scheduler, dashboard = cluster.scheduler_address, cluster.dashboard_link
         xp = _gpu_array_module()
         shape, chunks = (4000, 4000), 1000
         x = da.random.random(shape, chunks=chunks)
@@ -58,7 +61,8 @@ def run_demo(nworkers: int | None = None, protocol: str = "tcp",
                            key=lambda p: (p.get("plan") or {}).get("index") or 0)
 
     backend = "CuPy" if xp is not None else "NumPy"
-    say(f"\n{n} stock dask worker(s) with gpudask ready in {ready:.1f} s; "
+    say(f"\nscheduler {scheduler}, dashboard {dashboard} (free ports, closed again now)")
+    say(f"{n} stock dask worker(s) with gpudask ready in {ready:.1f} s; "
         f"(x + x.T).sum() and a rechunk of a {shape[0]}x{shape[1]} {backend} array in {compute:.2f} s "
         f"(sum {total:.1f}, {rechunked:.1f})\n")
     rows = []
@@ -73,5 +77,5 @@ def run_demo(nworkers: int | None = None, protocol: str = "tcp",
                     - {r[1] for r in rows})
     if silent:
         say(f"plugins with nothing to decide on this host: {', '.join(silent)}")
-    return {"workers": n, "backend": backend, "ready_s": ready, "compute_s": compute, "sum": total,
+    return {"workers": n, "scheduler": scheduler, "dashboard": dashboard, "backend": backend, "ready_s": ready, "compute_s": compute, "sum": total,
             "published": published}

@@ -1,18 +1,105 @@
-"""Readable tables of plans and plugins (the non-JSON output of the CLI)."""
+"""Readable tables of plans and plugins (the non-JSON output of the CLI).
+
+Tables fit the terminal: a cell too wide for its column wraps inside it (at a comma,
+space, colon, slash, underscore or dash when it can), so nothing is lost.  Output to a
+pipe or a file keeps whole lines (``grep`` sees every value on one line) unless
+``COLUMNS`` says how wide to be.
+"""
 
 from __future__ import annotations
 
+import re
+import shutil
+import textwrap
 from typing import Any
 
 from gpudask.plan import HostPlan, ProcessPlan, _cpu_ranges
 
+_GAP = "  "
+_MIN_COLUMN = 6  # narrower than this a column is unreadable: the table overflows instead
+_BREAK = re.compile(r"(?<=[ ,;:/_=|-])")  # a cell may wrap after any of these
 
-def table(headers: list[str], rows: list[list[Any]]) -> str:
+
+def terminal_width() -> int | None:
+    """``$COLUMNS`` or the terminal's width; None (no limit) when writing to a pipe or file."""
+    columns = shutil.get_terminal_size(fallback=(0, 0)).columns
+    return columns if columns > 0 else None
+
+
+def _wrap_cell(text: str, width: int) -> list[str]:
+    if len(text) <= width:
+        return [text]
+    lines: list[str] = []
+    line = ""
+    for piece in _BREAK.split(text):
+        if len(line) + len(piece.rstrip()) > width and line:
+            lines.append(line.rstrip())
+            line = ""
+        while len(piece) > width:  # one word wider than the column: cut it, carry on below
+            lines.append(piece[:width])
+            piece = piece[width:]
+        line += piece
+    if line.strip():
+        lines.append(line.rstrip())
+    return lines
+
+
+def _fit(cells: list[list[str]], width: int | None) -> list[int]:
+    """Column widths for a table no wider than ``width``, wrapping as few lines as it can:
+    each step narrows the column (and by as much) as costs the fewest extra lines per
+    character saved."""
+    natural = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    budget = None if width is None else width - len(_GAP) * (len(natural) - 1)
+    if budget is None or sum(natural) <= budget:
+        return natural
+    # lines[i][w][r]: how many lines cell (r, i) takes in a column w wide
+    lines = [{w: [len(_wrap_cell(row[i], w)) for row in cells] for w in range(_MIN_COLUMN, n + 1)}
+             for i, n in enumerate(natural)]
+
+    def height(widths: list[int]) -> int:
+        return sum(max(lines[i][w][r] for i, w in enumerate(widths)) for r in range(len(cells)))
+
+    widths = list(natural)
+    while sum(widths) > budget:
+        need, now = sum(widths) - budget, height(widths)
+        moves = []
+        for i, w in enumerate(widths):
+            for narrower in range(max(_MIN_COLUMN, w - need), w):
+                cost = height(widths[:i] + [narrower] + widths[i + 1:]) - now
+                moves.append((cost / (w - narrower), -(w - narrower), i, narrower))
+        if not moves:
+            break  # every column at its narrowest: the table overflows rather than lose text
+        _, _, i, narrower = min(moves)
+        widths[i] = narrower
+    return widths
+
+
+def table(headers: list[str], rows: list[list[Any]], width: int | None = -1) -> str:
+    """A plain-text table; ``width`` -1 means the terminal's (see :func:`terminal_width`)."""
+    if width == -1:
+        width = terminal_width()
     cells = [[str(c) for c in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    widths = _fit(cells, width)
+    lines = []
+    for n, row in enumerate(cells):
+        wrapped = [_wrap_cell(c, w) for c, w in zip(row, widths)]
+        for k in range(max(len(parts) for parts in wrapped)):
+            lines.append(_GAP.join((parts[k] if k < len(parts) else "").ljust(w)
+                                   for parts, w in zip(wrapped, widths)).rstrip())
+        if n == 0:
+            lines.append(_GAP.join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def wrap_text(text: str, width: int | None = -1, indent: str = "  ") -> str:
+    """Prose lines wrapped to the terminal (continuations indented); whole without a terminal."""
+    if width == -1:
+        width = terminal_width()
+    if width is None:
+        return text
+    return "\n".join(textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
+                                   break_long_words=True) if len(line) > width else line
+                     for line in text.splitlines())
 
 
 def _memory(plan: ProcessPlan) -> str:
@@ -26,7 +113,7 @@ def _memory(plan: ProcessPlan) -> str:
     return ", ".join(parts) or "-"
 
 
-def plan_table(host: HostPlan) -> str:
+def _header(host: HostPlan) -> list[str]:
     facts = host.facts
     gpus = facts.visible_gpus()
     head = [f"host {facts.hostname} ({'described by ' + facts.origin if facts.described else 'probed'}): "
@@ -36,15 +123,131 @@ def plan_table(host: HostPlan) -> str:
             + ", ".join(f"{p['name']}({p['priority']})" for p in host.plugins)]
     if not gpus:
         head.append("no GPU visible: GPU plugins skip (see reasons)")
+    return head
+
+
+# columns of the worker table: header, the value for one worker, and the prefixes of the
+# changes it shows (those are left out of the list of changes under it)
+_WORKER_COLUMNS: list[tuple[str, Any, tuple[str, ...]]] = [
+    ("gpu", lambda w: w.gpu_index if w.gpu_index is not None else "-", ()),
+    ("CUDA_VISIBLE_DEVICES", lambda w: w.cuda_visible_devices or "-", ("CUDA_VISIBLE_DEVICES=",)),
+    ("UCX_TLS", lambda w: w.env.get("UCX_TLS", "-"), ("UCX_TLS=",)),
+    ("UCX_NET_DEVICES", lambda w: w.env.get("UCX_NET_DEVICES", "-"), ("UCX_NET_DEVICES=",)),
+    ("interface", lambda w: w.interface or "-", ("interface=",)),
+    ("cpus", lambda w: _cpu_ranges(w.cpu_affinity) if w.cpu_affinity else "-", ("cpu_affinity=",)),
+    ("memory", _memory, ("memory ",)),
+    ("start", lambda w: w.multiprocessing_method or "-", ("multiprocessing_method=",)),
+]
+
+
+def _table_columns(host: HostPlan) -> list[tuple[str, list[str], tuple[str, ...]]]:
+    """The worker-table columns worth a column: the GPU, and what differs between workers (all
+    that is set, for a single worker).  A value every worker shares goes to the list of changes."""
+    columns = [(name, [str(value(w)) for w in host.workers], prefixes) for name, value, prefixes in _WORKER_COLUMNS]
+    single = len(host.workers) == 1
+    return [(n, v, p) for n, v, p in columns
+            if n == "gpu" or len(set(v)) > 1 or (single and v[0] != "-")]
+
+
+def _worker_table(host: HostPlan, width: int | None) -> str:
+    columns = _table_columns(host)
+    rows = [[w.index, *(v[k] for _, v, _ in columns)] for k, w in enumerate(host.workers)]
+    return table(["worker", *(n for n, _, _ in columns)], rows, width)
+
+
+def _changes(plan: ProcessPlan, user_env: Any, user_config: Any) -> list[tuple[str, str]]:
+    """(decision, plugin) for what this process does differently from stock dask run in the
+    same environment and dask config: env variables and config values set, and the process
+    settings (GPU, interface, CPUs, memory, start method, resources).  Notes that change
+    nothing (skips, checks, transports already visible in UCX_TLS) are left to --reasons."""
+    import dask.config
+
+    settings = ("CUDA_VISIBLE_DEVICES=", "interface=", "cpu_affinity=", "multiprocessing_method=", "memory:",
+                "resource ")
+    stock_config = dask.config.merge(*dask.config.defaults, dict(user_config))
+    final = {f"{k}={v}" for k, v in plan.env.items() if user_env.get(k) != v}
+    final |= {f"{k}={v!r}" for k, v in plan.config.items() if dask.config.get(k, None, config=stock_config) != v}
+    seen: dict[str, str] = {}
+    for r in plan.reasons:
+        if r.decision.startswith("memory:"):
+            if plan.memory:  # named in bytes in the decision: the short form reads better here
+                seen.setdefault(f"memory {_memory(plan)}", r.plugin)
+        elif r.decision in final or r.decision.startswith(settings):
+            seen.setdefault(r.decision, r.plugin)
+    return list(seen.items())
+
+
+def _where(roles: list[str], nworkers: int) -> str:
+    workers = sorted(int(r.split()[1]) for r in roles if r.startswith("worker "))
+    named: list[str] = [r for r in ("scheduler", "nanny", "client") if r in roles]
+    if workers and len(workers) == nworkers:
+        named.append("workers" if nworkers > 1 else "worker")
+    elif workers:
+        named.append("worker " + ",".join(map(str, workers)))
+    groups = ["scheduler", "nanny", "client", "workers" if nworkers > 1 else "worker"]
+    if len(named) == 4:
+        return "all"
+    if len(named) == 3 and all(n in groups for n in named):  # shorter, so the setting column keeps its width
+        return "all but " + next(g for g in groups if g not in named)
+    return ", ".join(named)
+
+
+def _changes_table(host: HostPlan, width: int | None) -> str:
+    ctx = host.ctx
+    user_env = getattr(ctx, "user_env", {}) or {}
+    user_config = getattr(ctx, "user_config", {}) or {}
+    shown_in_table = tuple(p for _, _, prefixes in _table_columns(host) for p in prefixes)
+    found: dict[str, tuple[list[str], list[str]]] = {}  # decision -> (processes, plugins)
+    for plan in [host.scheduler, host.nanny, host.client, *host.workers]:
+        title = plan.role + (f" {plan.index}" if plan.index is not None else "")
+        for decision, plugin in _changes(plan, user_env, user_config):
+            if plan.role == "worker" and decision.startswith(shown_in_table):
+                continue
+            where, plugins = found.setdefault(decision, ([], []))
+            where.append(title)
+            if plugin not in plugins:
+                plugins.append(plugin)
+    if not found:
+        return "nothing differs from stock dask here (gpudask info --reasons says why)"
+    rows = [[decision, _where(where, host.nworkers), ", ".join(plugins)]
+            for decision, (where, plugins) in found.items()]
+    return ("What differs from stock dask (why: gpudask info --reasons):\n"
+            + table(["setting", "processes", "plugin"], rows, width))
+
+
+def worker_command(host: HostPlan, interface: str | None = None) -> list[str]:
+    """The stock command lines that start this host's part of a cluster with gpudask."""
+    scheduler = f"{host.protocol}://SCHEDULER:8786"
+    worker = f"dask worker {scheduler} --nworkers {host.nworkers} --preload gpudask"
+    if interface:
+        worker += f" --interface {interface}"
+    return [f"dask scheduler --protocol {host.protocol} --preload gpudask", worker]
+
+
+def plan_summary(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
+    """The short answer: host, one table of workers, what differs from stock, the command lines."""
+    if width == -1:
+        width = terminal_width()
+    facts = host.facts
+    head = [f"host {facts.hostname} ({'described by ' + facts.origin if facts.described else 'probed'}): "
+            f"{len(facts.visible_gpus())} visible GPU(s)",
+            f"driver {facts.driver_version or 'none'}, {sum(d.is_infiniband for d in facts.ib_devices)} active "
+            f"InfiniBand port(s); protocol {host.protocol}, {host.nworkers} worker(s)"]
+    if not facts.visible_gpus():
+        head.append("no GPU visible: the GPU plugins skip (gpudask info --reasons says why)")
+    out = [wrap_text("\n".join(head), width), "", _worker_table(host, width), "", _changes_table(host, width), "",
+           wrap_text("Start it (SCHEDULER: the scheduler's host):", width)]
+    out += ["  " + line for line in worker_command(host, interface)]  # never wrapped: they are copied whole
+    out += [wrap_text(f"warning: {w}", width) for w in host.warnings]
+    return "\n".join(out)
+
+
+def plan_table(host: HostPlan, interface: str | None = None) -> str:
+    """Everything: the worker table, then every process's settings and every decision with its reason."""
     rows = []
     for w in host.workers:
-        rows.append([w.index, w.gpu_index if w.gpu_index is not None else "-", w.cuda_visible_devices or "-",
-                     w.env.get("UCX_TLS", "-"), w.env.get("UCX_NET_DEVICES", "-"), w.interface or "-",
-                     _cpu_ranges(w.cpu_affinity) if w.cpu_affinity else "-", _memory(w),
-                     w.multiprocessing_method or "-"])
-    out = ["\n".join(head), "",
-           table(["worker", "gpu", "CUDA_VISIBLE_DEVICES", "UCX_TLS", "UCX_NET_DEVICES", "interface", "cpus",
-                  "memory", "start"], rows)]
+        rows.append([w.index, *(value(w) for _, value, _ in _WORKER_COLUMNS)])
+    out = ["\n".join(_header(host)), "", table(["worker", *(n for n, _, _ in _WORKER_COLUMNS)], rows)]
     for plan in [host.scheduler, host.nanny, host.client, *host.workers]:
         title = plan.role + (f" {plan.index}" if plan.index is not None else "")
         extra = {**plan.env, **{k: repr(v) for k, v in plan.config.items()}}
@@ -53,6 +256,7 @@ def plan_table(host: HostPlan) -> str:
             out.append(f"  [{r.plugin}] {r.decision} -- {r.why}")
         if not plan.reasons:
             out.append("  (no decisions)")
-    for w in host.warnings:
-        out.append(f"\nwarning: {w}")
+    out += ["", "Start it:", *("  " + line for line in worker_command(host, interface))]
+    for warning in host.warnings:
+        out.append(f"\nwarning: {warning}")
     return "\n".join(out)

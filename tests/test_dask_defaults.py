@@ -100,8 +100,8 @@ def test_cudf_installed_means_task_shuffle(tmp_path):
 
 
 def test_gpudask_info_shows_the_reason():
-    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", host("h200-single.json")],
-                         capture_output=True, text=True, timeout=120, env=base_env())
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--reasons", "--facts",
+                          host("h200-single.json")], capture_output=True, text=True, timeout=120, env=base_env())
     assert out.returncode == 0, out.stderr
     assert "[gpu-dask-defaults] array.rechunk.method='tasks' -- P2P rechunk fails on CuPy-backed arrays" in out.stdout
 

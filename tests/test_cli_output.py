@@ -1,0 +1,130 @@
+"""What a person reads: short `gpudask info`, tables that fit the terminal, the command lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+ROOT = pathlib.Path(__file__).parent.parent
+HGX = ["--facts", "tests/hosts/hgx-4gpu-2ib.json", "--protocol", "ucx", "--nworkers", "4"]
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    """Run ``gpudask ARGS`` in-process from the repository root, with a terminal COLUMNS wide."""
+    from gpudask.cli import main
+
+    for name in list(os.environ):
+        if name.startswith(("UCX_", "DASK_", "RAPIDS_")) or name == "CUDA_VISIBLE_DEVICES":
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(ROOT)
+
+    def run(*args: str, columns: int = 80) -> str:
+        result = CliRunner(env={"COLUMNS": str(columns)}).invoke(main, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    return run
+
+
+@pytest.mark.parametrize("columns", [80, 1000])
+def test_info_fits_40_lines_for_a_4_gpu_host(cli, columns):
+    lines = cli("info", *HGX, columns=columns).splitlines()
+    assert len(lines) <= 40, "\n".join(lines)
+    assert max(map(len, lines)) <= columns
+
+
+def test_info_summary_shows_workers_changes_and_the_command_lines(cli):
+    out = cli("info", *HGX, columns=1000)
+    plan = json.loads(cli("info", *HGX, "--json"))
+    lines = out.splitlines()
+    for w in plan["workers"]:  # one row per worker: its GPU and its own devices
+        row = next(line.split() for line in lines if line.startswith(f"{w['index']} "))
+        assert row[:3] == [str(w["index"]), str(w["gpu_index"]), w["cuda_visible_devices"]]
+        assert w["env"]["UCX_NET_DEVICES"] in row and w["interface"] in row
+    assert "UCX_TLS=rc,tcp " in out and "scheduler, nanny" in out  # the scheduler's own transports
+    assert "resource GPU=1" in out and "memory pool 39.8 GiB" in out
+    # a value equal to stock dask's is not a change: the plan sets the RMM pool keys to None
+    assert plan["scheduler"]["config"]["distributed.rmm.pool-size"] is None
+    assert "distributed.rmm.pool-size" not in out
+    assert "  dask scheduler --protocol ucx --preload gpudask" in lines
+    assert "  dask worker ucx://SCHEDULER:8786 --nworkers 4 --preload gpudask" in lines
+
+
+def test_info_reasons_gives_every_decision(cli):
+    full = cli("info", *HGX, "--reasons", columns=1000)
+    assert cli("info", *HGX, "-v", columns=1000) == full
+    plan = json.loads(cli("info", *HGX, "--json"))
+    for process in [plan["scheduler"], plan["nanny"], plan["client"], *plan["workers"]]:
+        for r in process["reasons"]:
+            assert f"  [{r['plugin']}] {r['decision']} -- {r['why']}" in full
+    assert len(full.splitlines()) > 150
+    assert "dask worker ucx://SCHEDULER:8786 --nworkers 4 --preload gpudask" in full
+
+
+def test_info_command_line_follows_protocol_nworkers_and_interface(cli):
+    out = cli("info", "--facts", "tests/hosts/no-gpu.json", "--nworkers", "3", "--interface", "eth1")
+    assert "  dask worker tcp://SCHEDULER:8786 --nworkers 3 --preload gpudask --interface eth1" in out.splitlines()
+    assert "no GPU visible" in out
+
+
+def test_an_environment_variable_the_user_set_is_not_a_change(cli, monkeypatch):
+    monkeypatch.setenv("UCX_SOCKADDR_TLS_PRIORITY", "rdmacm")  # the value infiniband would set
+    assert "UCX_SOCKADDR_TLS_PRIORITY" not in cli("info", *HGX, columns=1000)
+    monkeypatch.delenv("UCX_SOCKADDR_TLS_PRIORITY")
+    assert "UCX_SOCKADDR_TLS_PRIORITY=rdmacm" in cli("info", *HGX, columns=1000)
+
+
+def test_config_table_fits_80_columns_and_keeps_every_value(cli):
+    out = cli("config", columns=80)
+    assert max(map(len, out.splitlines())) <= 80
+    rows = json.loads(cli("config", "--json"))
+    packages = next(r for r in rows if r["key"] == "gpudask.scheduler-parity.packages")["value"]
+    assert len(json.dumps(packages)) > 80  # so it had to wrap
+    for row in rows:
+        assert row["key"] in out
+    for name in packages:
+        assert f'"{name}"' in out
+
+
+def test_table_wraps_long_cells_in_the_widest_column_without_losing_text():
+    from gpudask.report import table
+
+    message = ("worker tcp://10.0.0.7:40123 runs distributed 2025.9.1 but the scheduler runs 2025.11.0: "
+               "pin the same version on every host")
+    rows = [["error", "tcp://10.0.0.7:40123", "scheduler", "scheduler-parity", message],
+            ["info", "client", "-", "gpudask", "ok"]]
+    out = table(["severity", "process", "compared with", "plugin", "finding"], rows, width=80)
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert len(lines) > 4  # the finding wrapped onto more lines
+    rule = next(i for i, line in enumerate(lines) if set(line) <= {"-", " "})
+    column = lines[rule].rindex(" ") + 1  # where the finding column starts
+    # every character of the finding is there, in order, reading its column top to bottom
+    finding = "".join(line[column:] for line in lines[rule + 1:-1]).replace(" ", "")
+    assert finding == message.replace(" ", "")
+    assert table(["a"], [["x" * 200]], width=None) == "a\n" + "-" * 200 + "\n" + "x" * 200
+
+
+def test_table_without_a_terminal_keeps_whole_lines(monkeypatch):
+    from gpudask import report
+
+    monkeypatch.setattr(report.shutil, "get_terminal_size", lambda fallback: os.terminal_size(fallback))
+    assert report.terminal_width() is None
+    assert len(report.table(["k", "v"], [["a", "y" * 300]]).splitlines()[-1]) > 300
+
+
+@pytest.mark.process
+def test_piped_info_keeps_whole_lines():
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS" and not k.startswith(("UCX_", "DASK_"))}
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", *HGX], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "PTXCOMPILER_CHECK_NUMBA_CODEGEN_PATCH_NEEDED=0" in out.stdout  # not wrapped
+    assert len(out.stdout.splitlines()) <= 40

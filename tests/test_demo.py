@@ -1,0 +1,50 @@
+"""`gpudask demo`, the README's first command, as a newcomer runs it."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+
+@contextlib.contextmanager
+def held(port: int):
+    """Keep ``port`` taken on every interface while the block runs (someone else may hold it already)."""
+    sock = socket.socket()
+    try:
+        sock.bind(("0.0.0.0", port))
+        sock.listen()
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        sock.close()  # taken by another process: just as good
+        sock = None
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # it is really in use
+        yield
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+@pytest.mark.process
+def test_demo_uses_free_ports_when_8786_and_8787_are_taken():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "DASK_", "GPUDASK_"))}
+    with held(8786), held(8787):
+        out = subprocess.run([sys.executable, "-m", "gpudask.cli", "demo", "--nworkers", "1", "--json"], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["workers"] == 1 and report["backend"] in ("NumPy", "CuPy")
+    assert not report["scheduler"].endswith(":8786") and ":8787/" not in report["dashboard"]
+    assert "already in use" not in out.stderr and "8787" not in out.stderr, out.stderr

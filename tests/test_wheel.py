@@ -1,0 +1,69 @@
+"""`pip wheel .` gives a wheel that works on its own: installed into a fresh virtual
+environment (no source tree, no editable install), it lists every built-in plugin and plans."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = pathlib.Path(__file__).parents[1]
+
+
+def builtin_entry_points() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["entry-points"]["gpudask"]
+
+
+def test_every_plugin_module_is_an_entry_point():
+    modules = {f"gpudask.plugins.{p.stem}" for p in (ROOT / "plugins").glob("*.py") if p.stem != "__init__"}
+    assert modules == set(builtin_entry_points().values())
+
+
+@pytest.mark.process
+def test_wheel_installed_alone_lists_every_builtin_plugin(tmp_path):
+    wheels = tmp_path / "wheels"
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+                           capture_output=True, text=True, timeout=280)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = wheels.glob("gpudask-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True,
+                             timeout=280)
+    assert install.returncode == 0, install.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith(("GPUDASK_", "DASK_", "UCX_"))}
+    where = tmp_path / "elsewhere"  # not the source tree: only the wheel can be imported
+    where.mkdir()
+
+    def gpudask(*args: str) -> str:
+        out = subprocess.run([str(venv / "bin" / "gpudask"), *args], cwd=where, env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
+    origin = subprocess.run([python, "-c", "import gpudask; print(gpudask.__file__)"], cwd=where, env=env,
+                            capture_output=True, text=True, timeout=60).stdout
+    assert origin.startswith(str(venv)), origin
+    listed = {p["name"]: p for p in json.loads(gpudask("plugins", "--json"))}
+    assert set(listed) == set(builtin_entry_points())
+    assert all(p["source"] == "builtin" for p in listed.values())
+    table = gpudask("plugins")
+    for name in builtin_entry_points():
+        assert any(line.split()[:1] == [name] for line in table.splitlines()), name
+    # the planning modules and the package data came along too: a described host plans
+    facts = tmp_path / "host.json"
+    facts.write_text((ROOT / "tests" / "hosts" / "hgx-4gpu-2ib.json").read_text())
+    plan = json.loads(gpudask("info", "--facts", str(facts), "--json"))
+    assert [w["gpu_index"] for w in plan["workers"]] == [0, 1, 2, 3]
