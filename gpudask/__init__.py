@@ -22,7 +22,7 @@ _LAZY = {
     "dask_setup": ("gpudask.preload", "dask_setup"),
     "Option": ("gpudask.config", "Option"),
     "GpudaskError": ("gpudask.errors", "GpudaskError"),
-    "check": ("gpudask.check", "check"),
+    "check": ("gpudask.checks", "check"),
     "cluster_kwargs": ("gpudask.cluster", "cluster_kwargs"),
     "LocalGPUCluster": ("gpudask.cluster", "LocalGPUCluster"),
     "WorkerPlugin": ("gpudask.distributed_plugins", "WorkerPlugin"),

@@ -427,7 +427,7 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         if ws is None:
             return "unknown worker"
         ws.extra["gpudask"] = published
-        from gpudask.check import PLUGIN_NAME as CHECK_NAME
+        from gpudask.checks import PLUGIN_NAME as CHECK_NAME
 
         check = self.scheduler.plugins.get(CHECK_NAME)
         if check is not None and hasattr(check, "check_worker"):

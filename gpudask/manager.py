@@ -208,7 +208,7 @@ class PluginManager:
     def scheduler_check(self, ctx: Any, scheduler_facts: Any, worker_facts: Any) -> list[Any]:
         """Findings of every plugin; a plugin that raises (or returns something that is
         not a Finding) becomes a ``plugin-failed`` finding, the others still run."""
-        from gpudask.check import Finding
+        from gpudask.findings import Finding
 
         findings = []
         for plugin, result in self._call("gpudask_scheduler_check", isolate=True, ctx=ctx,
