@@ -27,6 +27,7 @@ def smoke(tmp_path_factory):
     return tmp, proc
 
 
+@pytest.mark.process
 def test_smoke_run_produces_figures(smoke):
     tmp, proc = smoke
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,6 +56,7 @@ def test_smoke_run_produces_figures(smoke):
     assert all(w["gpudask_loaded"] for w in gd["transports"].values())
 
 
+@pytest.mark.process
 def test_smoke_run_leaves_no_process(smoke):
     import psutil
 
@@ -69,6 +71,7 @@ def test_smoke_run_leaves_no_process(smoke):
     assert not strays
 
 
+@pytest.mark.process
 def test_show_renders_the_table(smoke, tmp_path):
     _, proc = smoke
     path = tmp_path / "bench.json"
@@ -80,6 +83,7 @@ def test_show_renders_the_table(smoke, tmp_path):
         assert word in out.stdout
 
 
+@pytest.mark.process
 def test_bad_config_is_a_clean_error():
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "bench", "--configs", "tcp,nope"],
                          capture_output=True, text=True, timeout=60)
@@ -87,6 +91,7 @@ def test_bad_config_is_a_clean_error():
     assert "nope" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.process
 def test_worker_functions_travel_by_value(tmp_path):
     """What the bench sends to workers unpickles where gpudask cannot be imported."""
     from distributed.protocol.pickle import dumps

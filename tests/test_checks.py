@@ -346,6 +346,7 @@ def scheduler_env(facts: str, **extra: str) -> dict:
     return base_env(GPUDASK_FACTS=facts, **extra)
 
 
+@pytest.mark.process
 def test_tcp_gpu_less_scheduler_warns_in_log_events_scheduler_info_and_check(cluster, tmp_path, monkeypatch):
     cluster.scheduler("--preload", "gpudask", env=scheduler_env(no_gpu_ucx(tmp_path),
                                                                 DASK_GPUDASK__SCHEDULER_CHECK__ACTION="warn"))
@@ -380,6 +381,7 @@ def test_tcp_gpu_less_scheduler_warns_in_log_events_scheduler_info_and_check(clu
     assert "action warn" in out.stdout and address in out.stdout
 
 
+@pytest.mark.process
 def test_ucx_gpu_less_scheduler_is_an_error_told_to_every_client(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("UCX_TLS", "tcp")
     env = dict(UCX_TLS="tcp", DASK_GPUDASK__SCHEDULER_CHECK__ACTION="error")
@@ -410,6 +412,7 @@ def test_ucx_gpu_less_scheduler_is_an_error_told_to_every_client(cluster, tmp_pa
     assert cli["status"] == "error" and cli["workers"][address]["status"] == "error"
 
 
+@pytest.mark.process
 def test_mismatched_driver_and_cupy_missing_on_the_scheduler(cluster, tmp_path, monkeypatch):
     sched = facts_file(tmp_path, "h200-single.json", "older", {"cupy": None},
                        driver_version="550.54.15", cuda_driver_version=12040)
@@ -433,6 +436,7 @@ def test_mismatched_driver_and_cupy_missing_on_the_scheduler(cluster, tmp_path, 
     assert report["status"] == "warning"
 
 
+@pytest.mark.process
 def test_refuse_closes_the_offending_worker_with_the_finding_as_reason(cluster, tmp_path):
     cpu = no_gpu_ucx(tmp_path)
     cluster.scheduler("--preload", "gpudask", env=scheduler_env(cpu, DASK_GPUDASK__SCHEDULER_CHECK__ACTION="refuse"))
@@ -469,6 +473,7 @@ def third_party_module() -> str:
             + textwrap.dedent(inspect.getsource(CudfOnScheduler)))
 
 
+@pytest.mark.process
 def test_registered_late_it_checks_connected_workers_and_survives_junk(cluster, tmp_path, monkeypatch):
     """No preload on the scheduler; a client registers the check after three workers joined:
     a gpudask worker (with cudf), a stock worker, and one whose preload publishes junk."""
@@ -523,6 +528,7 @@ def test_registered_late_it_checks_connected_workers_and_survives_junk(cluster, 
 
 
 # ------------------------------------------------------------------------------- GPU
+@pytest.mark.process
 @pytest.mark.gpu
 def test_gpu_less_ucx_scheduler_fails_and_gpudask_says_so_first(tmp_path):
     """On a GPU machine: the scheduler started with CUDA_VISIBLE_DEVICES="" over UCX, GPU

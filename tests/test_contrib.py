@@ -23,6 +23,8 @@ import urllib.request
 import pytest
 from conftest import base_env
 
+pytestmark = pytest.mark.process  # every test here starts dask processes
+
 ROOT = pathlib.Path(__file__).parents[1]
 CONTRIB = ROOT / "contrib"
 PACKAGES = {"gpudask-torch-rmm": ("torch-rmm", 110), "gpudask-prometheus": ("prometheus", 900)}

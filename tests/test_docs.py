@@ -88,6 +88,7 @@ def test_every_page_in_docs_is_in_the_nav():
     assert not missing, f"nav names pages that do not exist: {sorted(missing)}"
 
 
+@pytest.mark.process
 def test_mkdocs_build_strict(tmp_path, builtin_manager):
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[docs]')")
     site = tmp_path / "site"

@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import cloudpickle
+import pytest
 from conftest import base_env, host
 
 import gpudask
@@ -53,6 +54,7 @@ def _env(names=("CUDA_VISIBLE_DEVICES", "GPUDASK_WORKER_INDEX", "RAPIDS_NO_INITI
 
 
 # ---------------------------------------------------------------------- 1. preload
+@pytest.mark.process
 def test_preload_scheduler_and_worker_take_options_from_gpudask_toml_and_environment(cluster, tmp_path):
     """gpudask.toml in the working directory of both processes; DASK_GPUDASK__* in the
     worker's environment wins over the file."""
@@ -90,6 +92,7 @@ def test_preload_scheduler_and_worker_take_options_from_gpudask_toml_and_environ
     assert all(s["preloaded"] and s["needs_restart"] == [] for s in status.values())
 
 
+@pytest.mark.process
 def test_preload_nanny_takes_options_from_the_file_named_by_gpudask_config(cluster, tmp_path):
     """`--preload-nanny gpudask` only (the workers do not import gpudask): the nannies put
     each worker's planned environment into its process, planned with $GPUDASK_CONFIG."""
@@ -116,6 +119,7 @@ def test_preload_nanny_takes_options_from_the_file_named_by_gpudask_config(clust
     assert "cuda-context" not in cluster.log("worker").split("(nanny, protocol tcp): plugins ")[1].splitlines()[0]
 
 
+@pytest.mark.process
 def test_preload_argv_is_left_to_the_users_own_click_preload(cluster, tmp_path):
     """gpudask's dask_setup is a plain function, not a click command: gpudask decides at
     import time, before distributed parses preload arguments, so its options come from
@@ -186,6 +190,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.process
 def test_local_gpu_cluster_and_cluster_kwargs_give_one_worker_per_gpu(tmp_path):
     script = tmp_path / "local.py"
     script.write_text(LOCAL_SCRIPT)
@@ -216,6 +221,7 @@ def test_local_gpu_cluster_and_cluster_kwargs_give_one_worker_per_gpu(tmp_path):
     assert result["client_session"] == "client"
 
 
+@pytest.mark.process
 def test_cluster_kwargs_merges_user_arguments_and_refuses_threads(tmp_path):
     code = textwrap.dedent("""\
         import json, gpudask
@@ -248,6 +254,7 @@ def _check_state(dask_scheduler=None):
             for a, ws in dask_scheduler.workers.items()}
 
 
+@pytest.mark.process
 def test_register_plugin_on_a_stock_cluster_reports_restart_then_nanny_plugin_applies_it(cluster):
     cluster.scheduler()  # no preload anywhere
     cluster.worker("--nworkers", "2", env=base_env(GPUDASK_FACTS=TWO_GPUS, GPUDASK_GROUP=f"stock-{os.getpid()}"))
@@ -310,6 +317,7 @@ def test_register_plugin_on_a_stock_cluster_reports_restart_then_nanny_plugin_ap
     assert all(s["preloaded"] and s["needs_restart"] == [] for s in status_after.values())
 
 
+@pytest.mark.process
 def test_register_helper_with_restart_applies_everything_at_once(cluster):
     cluster.scheduler()
     cluster.worker("--nworkers", "1", env=base_env(GPUDASK_FACTS=TWO_GPUS, GPUDASK_GROUP=f"restart-{os.getpid()}"))
