@@ -15,6 +15,7 @@ import pytest
 from gpudask.bench.processes import ProcessCluster
 
 HOSTS = pathlib.Path(__file__).parent / "hosts"
+_BEFORE = pytest.StashKey["set[str] | None"]()
 BIN = pathlib.Path(sys.executable).parent
 
 
@@ -31,6 +32,41 @@ def real_gpu_count() -> int:
             pynvml.nvmlShutdown()
     except Exception:
         return 0
+
+
+def _checkout_files() -> set[str] | None:
+    """Untracked and ignored files in the checkout (bytecode and pytest's cache aside), or
+    None when this is not a git checkout."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "."],
+                             cwd=root, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return {line for line in out.stdout.splitlines() if "__pycache__/" not in line and ".pytest_cache/" not in line}
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_BEFORE] = _checkout_files()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Tests build, install and write under tmp_path only: anything new in the checkout fails the run."""
+    before = session.config.stash.get(_BEFORE, None)
+    if before is None:
+        return
+    after = _checkout_files() or set()
+    new = sorted(after - before)
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "tests wrote into the checkout (build under tmp_path instead):\n  " + "\n  ".join(new)
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        else:  # pragma: no cover
+            print(message, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config, items):
