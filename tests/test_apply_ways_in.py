@@ -142,7 +142,7 @@ def test_preload_argv_is_left_to_the_users_own_click_preload(cluster, tmp_path):
     assert "Was click-configurable --preload target provided?" in bad.stderr  # distributed's own message
     # the scheduler address is given as an argument: with --scheduler-file, click would take
     # the first preload argument for the (optional) scheduler address
-    cluster._spawn("worker", [sys.executable, "-m", "dask", "worker", cluster.address, "--host", "127.0.0.1",
+    cluster.spawn("worker", [sys.executable, "-m", "dask", "worker", cluster.address, "--host", "127.0.0.1",
                               "--no-dashboard", "--death-timeout", "60", "--preload", "gpudask",
                               "--preload", str(mine), "--greeting", "hello"],
                    base_env(GPUDASK_FACTS=TWO_GPUS, DASK_GPUDASK__RMM__POOL_SIZE="1GB"))

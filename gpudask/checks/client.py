@@ -178,7 +178,9 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
         echo(f"gpudask: error: {e}", err=True)
         return 2
     try:
-        if scheme(target) in (None, "tcp", "tls"):  # UCX is set up once per process: Client() does it
+        # plain TCP only: UCX is set up once per process and TLS needs the security
+        # context, both of which Client() does itself
+        if scheme(target) in (None, "tcp"):
             _probe(target, timeout)
         client = Client(target, timeout=timeout, set_as_default=False)
     except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
