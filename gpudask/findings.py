@@ -76,7 +76,7 @@ class Finding:
         return f"{self.severity}: {who}{against}: [{self.plugin or 'gpudask'}] {self.message}"
 
 
-def worst(findings: Iterable[Finding | dict]) -> str:
+def worst(findings: Iterable[Finding | dict[str, Any]]) -> str:
     """``"ok"`` or the highest severity among ``findings``."""
     ranks = [SEVERITIES.index(f.severity if isinstance(f, Finding) else f.get("severity", "warning"))
              for f in findings]

@@ -124,7 +124,8 @@ def wait_for_scheduler_file(scheduler_file: str | os.PathLike, procs: list[subpr
             return address
         for p in procs:
             if p.poll() is not None:
-                what = " ".join(str(a) for a in p.args[2:4])  # [python, -m, dask, scheduler, ...]
+                argv = list(p.args) if isinstance(p.args, (list, tuple)) else [p.args]
+                what = " ".join(str(a) for a in argv[2:4])  # [python, -m, dask, scheduler, ...]
                 raise RuntimeError(f"{what} exited with {p.returncode} before the scheduler file was written")
         if time.monotonic() > deadline:
             raise RuntimeError(f"no scheduler file after {timeout:.0f} s")

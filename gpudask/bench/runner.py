@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
@@ -169,7 +170,7 @@ class Runner:
             self.notes.append("fewer than 2 workers: no transfers")
         else:
             for nbytes in sizes:
-                steps.append((f"transfer {size_label(nbytes)}", lambda nbytes=nbytes: self._transfer(cluster, nbytes)))
+                steps.append((f"transfer {size_label(nbytes)}", functools.partial(self._transfer, cluster, nbytes)))
         steps.append((f"transpose-sum {side}^2", lambda: self._transpose_sum(cluster, side, chunk)))
         for i, (label, step) in enumerate(steps):
             try:

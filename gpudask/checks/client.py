@@ -20,15 +20,17 @@ ADDRESS_FORMS = "tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT, or --scheduler-fil
 
 
 def _fetch_scheduler_report(client: Any) -> dict[str, Any]:
+    report: dict[str, Any]
     try:
-        return client.run_on_scheduler(report_on_scheduler)
+        report = client.run_on_scheduler(report_on_scheduler)
     except Exception as first:  # noqa: BLE001
         # pickled functions refused (distributed.scheduler.pickle: false)? the handler
         # of an installed check needs no pickle
         try:
-            return client.sync(client.scheduler.gpudask_check, sides=True)
+            report = client.sync(client.scheduler.gpudask_check, sides=True)
         except Exception:  # noqa: BLE001
             raise first from None
+    return report
 
 
 def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
@@ -157,7 +159,7 @@ def _probe(address: str, timeout: float) -> None:
     ``timeout``, and not inside ``Client()`` (whose half-made object hangs at exit)."""
     import asyncio
 
-    from distributed.comm import connect
+    from distributed.comm.core import connect
 
     async def once() -> None:
         comm = await connect(address, timeout=timeout)

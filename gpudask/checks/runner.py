@@ -161,7 +161,7 @@ class SchedulerCheck(SchedulerPlugin):
     def check_worker(self, address: str) -> list[Finding]:
         """Compare one connected worker with the scheduler and act on the findings."""
         ws = self.scheduler.workers.get(address) if self.scheduler is not None else None
-        if ws is None or self.manager is None:
+        if ws is None or self.manager is None or self.side is None:
             return []
         findings, side = evaluate_worker(self.manager, self.ctx, self.side, address, ws.extra)
         status = worst(findings)

@@ -127,7 +127,7 @@ def read_action(ctx: Any, override: str | None = None) -> str:
     """The check's policy: ``override``, else the setting (``warn`` when unreadable)."""
     if override is not None:
         return override
-    settings = getattr(ctx, "settings", None)
+    settings: Any = getattr(ctx, "settings", None)
     try:
         return str(settings[ACTION_KEY])
     except (KeyError, TypeError, GpudaskError):
@@ -139,7 +139,7 @@ def read_action(ctx: Any, override: str | None = None) -> str:
 
 def dedupe(findings: list[Finding]) -> list[Finding]:
     """The client compared with N workers says the same thing N times: say it once."""
-    merged: dict[tuple, Finding] = {}
+    merged: dict[tuple[Any, ...], Finding] = {}
     for f in findings:
         key = (f.plugin, f.code, f.severity, f.message, f.subject)
         if key in merged:
