@@ -23,7 +23,7 @@ _LAZY = {
     "dask_teardown": ("gpudask.apply.preload", "dask_teardown"),
     "Option": ("gpudask.config", "Option"),
     "GpudaskError": ("gpudask.errors", "GpudaskError"),
-    "check": ("gpudask.check", "check"),
+    "check": ("gpudask.checks", "check"),
     "cluster_kwargs": ("gpudask.apply.cluster", "cluster_kwargs"),
     "LocalGPUCluster": ("gpudask.apply.cluster", "LocalGPUCluster"),
     "WorkerPlugin": ("gpudask.apply.server_plugins", "WorkerPlugin"),

@@ -130,9 +130,10 @@ def demo(nworkers: int | None, protocol: str, as_json: bool) -> None:
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the scheduler.")
 def check(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float) -> None:
     """Compare the scheduler, its workers and this client (exit 1 on an error finding)."""
-    from gpudask.check import check_cli
+    from gpudask.checks import check_cli
+    from gpudask.report import table
 
-    sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo))
+    sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo, table))
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})

@@ -177,7 +177,7 @@ def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
     :param worker_facts: the same shape for the other side (a worker or the client),
         or ``None`` when that process does not run gpudask.  It arrived over the network:
         treat it as untrusted data (types are validated, nothing is unpickled).
-    :return: a list of :class:`gpudask.check.Finding` (may be empty).  A plugin that
+    :return: a list of :class:`gpudask.findings.Finding` (may be empty).  A plugin that
         raises, or returns something else, becomes a ``plugin-failed`` finding; the other
         plugins still run.
     """

@@ -208,7 +208,7 @@ class PluginManager:
     def scheduler_check(self, ctx: Any, scheduler_facts: Any, worker_facts: Any) -> list[Any]:
         """Findings of every plugin; a plugin that raises (or returns something that is
         not a Finding) becomes a ``plugin-failed`` finding, the others still run."""
-        from gpudask.check import Finding
+        from gpudask.findings import Finding
 
         findings = []
         for plugin, result in self._call("gpudask_scheduler_check", isolate=True, ctx=ctx,
@@ -222,7 +222,7 @@ class PluginManager:
                     finding = Finding.from_dict(finding) if _is_finding_dict(finding) else finding
                 if not isinstance(finding, Finding):
                     finding = Finding("warning", "plugin-failed", f"the check could not finish: plugin returned "
-                                      f"{type(finding).__name__}, not a gpudask.check.Finding", plugin=plugin.name)
+                                      f"{type(finding).__name__}, not a gpudask.findings.Finding", plugin=plugin.name)
                 finding.plugin = finding.plugin or plugin.name
                 findings.append(finding)
         return findings

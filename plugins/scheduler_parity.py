@@ -9,8 +9,8 @@ packages.  The client should match too: it deserialises what it gathers.
 
 This plugin compares two processes' published facts (the scheduler with each worker,
 in the scheduler; the client with the scheduler and each worker, in
-:func:`gpudask.check`) and installs gpudask's scheduler check runner in a
-``dask scheduler --preload gpudask`` process.
+:func:`gpudask.check`).  The runner that calls this hook is gpudask's own
+(:mod:`gpudask.checks`); disabling this plugin leaves other plugins' checks running.
 """
 
 from __future__ import annotations
@@ -55,17 +55,6 @@ def gpudask_config_options():
     return [Option(PACKAGES_KEY, list(DEFAULT_PACKAGES),
                    "Packages whose versions the scheduler check compares between the scheduler, the workers and the "
                    "client ('python' is the interpreter).", parse_name_list, "a list of package names")]
-
-
-@hookimpl
-def gpudask_preload(server):
-    """In ``dask scheduler --preload gpudask``: install the scheduler check runner."""
-    from distributed import Scheduler
-
-    if isinstance(server, Scheduler):
-        from gpudask.check import install
-
-        install(server)
 
 
 # ----------------------------------------------------------------------- reading sides
@@ -215,7 +204,7 @@ def _package_versions(ref: dict, other: dict, names: list[str], F) -> list:
 @hookimpl
 def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
     """Compare the other process (a worker, or the client) with the reference one."""
-    from gpudask.check import Finding
+    from gpudask.findings import Finding
 
     if not isinstance(scheduler_facts, dict) or not isinstance(worker_facts, dict):
         return []  # the runner reports processes without (valid) gpudask data itself

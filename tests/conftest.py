@@ -6,15 +6,16 @@ import functools
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
-import time
 
 import distributed  # noqa: F401 - its config defaults must exist before any test snapshots dask.config
 import pytest
 
+from gpudask.bench.processes import ProcessCluster
+
 HOSTS = pathlib.Path(__file__).parent / "hosts"
+_BEFORE = pytest.StashKey["set[str] | None"]()
 BIN = pathlib.Path(sys.executable).parent
 
 
@@ -31,6 +32,41 @@ def real_gpu_count() -> int:
             pynvml.nvmlShutdown()
     except Exception:
         return 0
+
+
+def _checkout_files() -> set[str] | None:
+    """Untracked and ignored files in the checkout (bytecode and pytest's cache aside), or
+    None when this is not a git checkout."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "."],
+                             cwd=root, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return {line for line in out.stdout.splitlines() if "__pycache__/" not in line and ".pytest_cache/" not in line}
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_BEFORE] = _checkout_files()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Tests build, install and write under tmp_path only: anything new in the checkout fails the run."""
+    before = session.config.stash.get(_BEFORE, None)
+    if before is None:
+        return
+    after = _checkout_files() or set()
+    new = sorted(after - before)
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "tests wrote into the checkout (build under tmp_path instead):\n  " + "\n  ".join(new)
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        else:  # pragma: no cover
+            print(message, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config, items):
@@ -95,69 +131,18 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-class Cluster:
-    """A real `dask scheduler` + `dask worker` pair of processes on 127.0.0.1."""
+class Cluster(ProcessCluster):
+    """Real `dask scheduler` / `dask worker` processes on 127.0.0.1, logs and scheduler file
+    in ``tmp_path``: the process helper `gpudask bench` uses, with the tests' environment
+    (:func:`base_env` at start time) unless a test gives its own."""
 
     def __init__(self, tmp_path: pathlib.Path):
+        super().__init__(tmp_path)
         self.tmp_path = tmp_path
-        self.procs: list[subprocess.Popen] = []
-        self.scheduler_file = str(tmp_path / "scheduler.json")
-        self.logs: dict[str, pathlib.Path] = {}
 
-    def _spawn(self, label: str, args: list[str], env: dict[str, str], cwd: str | None = None) -> subprocess.Popen:
-        log = self.tmp_path / f"{label}.log"
-        self.logs[label] = log
-        proc = subprocess.Popen(args, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                cwd=cwd or str(self.tmp_path), start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def scheduler(self, *extra: str, env: dict[str, str] | None = None, protocol: str = "tcp",
-                  cwd: str | None = None) -> subprocess.Popen:
-        args = [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                "--protocol", protocol, "--scheduler-file", self.scheduler_file, *extra]
-        proc = self._spawn("scheduler", args, env or base_env(), cwd)
-        deadline = time.time() + 60
-        while not os.path.exists(self.scheduler_file):
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("scheduler did not start:\n" + self.log("scheduler"))
-            time.sleep(0.1)
-        return proc
-
-    def worker(self, *extra: str, env: dict[str, str] | None = None, label: str = "worker",
-               cwd: str | None = None) -> subprocess.Popen:
-        # loopback, unless the test names the interface itself (dask refuses both)
-        where = [] if "--interface" in extra else ["--host", "127.0.0.1"]
-        args = [sys.executable, "-m", "dask", "worker", "--scheduler-file", self.scheduler_file, *where,
-                "--no-dashboard", "--death-timeout", "60", *extra]
-        return self._spawn(label, args, env or base_env(), cwd)
-
-    def client(self, timeout: float = 30):
-        from distributed import Client
-
-        return Client(scheduler_file=self.scheduler_file, timeout=timeout)
-
-    @property
-    def address(self) -> str:
-        return json.loads(pathlib.Path(self.scheduler_file).read_text())["address"]
-
-    def log(self, label: str) -> str:
-        path = self.logs.get(label)
-        return path.read_text() if path and path.exists() else ""
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    def spawn(self, label: str, argv: list[str], env: dict[str, str] | None = None,
+              cwd: str | None = None) -> subprocess.Popen:
+        return super().spawn(label, argv, base_env() if env is None else env, cwd)
 
 
 @pytest.fixture

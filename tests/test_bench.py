@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from gpudask import bench
+from gpudask.bench import configs, measures, report, workers
+from gpudask.bench.report import size_label
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,7 @@ def smoke(tmp_path_factory):
     return tmp, proc
 
 
+@pytest.mark.process
 def test_smoke_run_produces_figures(smoke):
     tmp, proc = smoke
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -38,7 +40,7 @@ def test_smoke_run_produces_figures(smoke):
     for c in report["configs"]:
         assert c["status"] == "ok", c.get("notes")
         figs = c["figures"]
-        expected = {"ready_s", "transpose_sum_s"} | {f"transfer_{bench._label(n)}_{u}" for n in sizes
+        expected = {"ready_s", "transpose_sum_s"} | {f"transfer_{size_label(n)}_{u}" for n in sizes
                                                      for u in ("s", "GBps")}
         assert expected <= set(figs), set(figs)
         for key in expected:
@@ -54,6 +56,7 @@ def test_smoke_run_produces_figures(smoke):
     assert all(w["gpudask_loaded"] for w in gd["transports"].values())
 
 
+@pytest.mark.process
 def test_smoke_run_leaves_no_process(smoke):
     import psutil
 
@@ -68,6 +71,7 @@ def test_smoke_run_leaves_no_process(smoke):
     assert not strays
 
 
+@pytest.mark.process
 def test_show_renders_the_table(smoke, tmp_path):
     _, proc = smoke
     path = tmp_path / "bench.json"
@@ -79,15 +83,7 @@ def test_show_renders_the_table(smoke, tmp_path):
         assert word in out.stdout
 
 
-def test_import_is_cheap():
-    code = ("import sys, gpudask.bench; "
-            "print([m for m in ('numpy', 'dask', 'distributed', 'psutil', 'pynvml', 'cupy', 'rmm', 'ucxx') "
-            "if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
-
-
+@pytest.mark.process
 def test_bad_config_is_a_clean_error():
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "bench", "--configs", "tcp,nope"],
                          capture_output=True, text=True, timeout=60)
@@ -95,11 +91,12 @@ def test_bad_config_is_a_clean_error():
     assert "nope" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.process
 def test_worker_functions_travel_by_value(tmp_path):
     """What the bench sends to workers unpickles where gpudask cannot be imported."""
     from distributed.protocol.pickle import dumps
 
-    (tmp_path / "f.pkl").write_bytes(dumps(bench._detached(bench._w_consume)))
+    (tmp_path / "f.pkl").write_bytes(dumps(workers.detached(workers.consume)))
     code = ("import sys; sys.modules['gpudask'] = None\n"
             "import numpy\nfrom distributed.protocol.pickle import loads\n"
             f"f = loads(open({str(tmp_path / 'f.pkl')!r}, 'rb').read())\n"
@@ -109,28 +106,28 @@ def test_worker_functions_travel_by_value(tmp_path):
     assert out.stdout.strip() == "4.0"
 
 
-def _host(ngpus: int) -> bench.Host:
+def _host(ngpus: int) -> configs.Host:
     gpus = [{"index": i, "name": "GPU", "uuid": f"GPU-{i}", "memory_total_MiB": 1} for i in range(ngpus)]
-    return bench.Host(gpus, "580", [str(i) for i in range(ngpus)], "cupy" if ngpus else "numpy", True, True)
+    return configs.Host(gpus, "580", [str(i) for i in range(ngpus)], "cupy" if ngpus else "numpy", True, True)
 
 
-def _opts(n: int) -> bench.Options:
-    return bench.Options(nworkers=n, nthreads=1, repeat=1, quick=True, pool_size="1GB", death_timeout=60,
-                         launch_timeout=60, profile=False, proto_info=False, sizes=bench.SMALL_SIZES)
+def _opts(n: int) -> configs.Options:
+    return configs.Options(nworkers=n, nthreads=1, repeat=1, quick=True, pool_size="1GB", death_timeout=60,
+                         launch_timeout=60, profile=False, proto_info=False, sizes=configs.SMALL_SIZES)
 
 
-def _cvd(spec: bench.Spec) -> list[str | None]:
+def _cvd(spec: configs.Spec) -> list[str | None]:
     return [env.get("CUDA_VISIBLE_DEVICES") for _, env in spec.workers]
 
 
 def test_two_workers_on_one_gpu():
     host = _host(1)
     for name in ("tcp", "ucx-stock", "gpudask"):
-        spec = bench.build_spec(name, host, _opts(2), "s.json", "d")
+        spec = configs.build_spec(name, host, _opts(2), "s.json", "d")
         assert len(spec.workers) == 1 and "--nworkers" in spec.workers[0][0]
         argv = spec.workers[0][0]
         assert argv[argv.index("--nworkers") + 1] == "2"
-    cuda = bench.build_spec("dask-cuda", host, _opts(2), "s.json", "d")
+    cuda = configs.build_spec("dask-cuda", host, _opts(2), "s.json", "d")
     assert _cvd(cuda) == ["0", "0"]  # dask cuda worker: one CLI per worker when they share a GPU
     assert all(argv[3:5] == ["cuda", "worker"] for argv, _ in cuda.workers)
 
@@ -138,36 +135,36 @@ def test_two_workers_on_one_gpu():
 def test_one_worker_per_gpu():
     host = _host(4)
     for name in ("tcp", "ucx-stock"):
-        spec = bench.build_spec(name, host, _opts(4), "s.json", "d")
+        spec = configs.build_spec(name, host, _opts(4), "s.json", "d")
         assert _cvd(spec) == ["0,1,2,3", "1,2,3,0", "2,3,0,1", "3,0,1,2"]
-    gd = bench.build_spec("gpudask", host, _opts(4), "s.json", "d")
+    gd = configs.build_spec("gpudask", host, _opts(4), "s.json", "d")
     assert len(gd.workers) == 1 and gd.workers[0][1] == {}  # nothing but --preload gpudask
     assert "--preload" in gd.scheduler_argv and gd.protocol == "ucx"
-    cuda = bench.build_spec("dask-cuda", host, _opts(4), "s.json", "d")
+    cuda = configs.build_spec("dask-cuda", host, _opts(4), "s.json", "d")
     assert _cvd(cuda) == ["0,1,2,3"] and "--rmm-pool-size" in cuda.workers[0][0]
 
 
 def test_hand_set_ucx_config():
-    spec = bench.build_spec("ucx-stock", _host(1), _opts(2), "s.json", "d")
+    spec = configs.build_spec("ucx-stock", _host(1), _opts(2), "s.json", "d")
     env = spec.workers[0][1]
     assert env["DASK_DISTRIBUTED_UCXX__NVLINK"] == "True" and env["DASK_DISTRIBUTED_UCXX__CUDA_COPY"] == "True"
     assert env["DASK_DISTRIBUTED_UCXX__TCP"] == "True" and env["DASK_DISTRIBUTED_UCXX__RMM__POOL_SIZE"] == "1GB"
-    cpu = bench.build_spec("ucx-stock", _host(0), _opts(2), "s.json", "d")
+    cpu = configs.build_spec("ucx-stock", _host(0), _opts(2), "s.json", "d")
     assert "DASK_DISTRIBUTED_UCXX__RMM__POOL_SIZE" not in cpu.workers[0][1]
-    assert bench.build_spec("dask-cuda", _host(0), _opts(2), "s.json", "d") == "no GPU visible"
+    assert configs.build_spec("dask-cuda", _host(0), _opts(2), "s.json", "d") == "no GPU visible"
 
 
 def test_ratios_and_stats():
-    a = {"name": "a", "figures": {"ready_s": bench._figure("ready", "s", bench.LOWER)}}
-    b = {"name": "b", "figures": {"ready_s": bench._figure("ready", "s", bench.LOWER),
-                                  "x_GBps": bench._figure("x", "GB/s", bench.HIGHER)}}
+    a = {"name": "a", "figures": {"ready_s": report.figure("ready", "s", report.LOWER)}}
+    b = {"name": "b", "figures": {"ready_s": report.figure("ready", "s", report.LOWER),
+                                  "x_GBps": report.figure("x", "GB/s", report.HIGHER)}}
     a["figures"]["ready_s"]["runs"] = [4.0, 2.0, 3.0]
     b["figures"]["ready_s"]["runs"] = [1.0, 3.0]
     b["figures"]["x_GBps"]["runs"] = [1.0, 5.0, 2.0]
     for r in (a, b):
         for f in r["figures"].values():
-            bench._finish(f)
-    bench.add_ratios([a, b])
+            report.finish(f)
+    report.add_ratios([a, b])
     assert a["figures"]["ready_s"]["best"] == 2.0 and a["figures"]["ready_s"]["median"] == 3.0
     assert b["figures"]["ready_s"]["ratio_best"] == 0.5 and b["figures"]["ready_s"]["ratio_median"] == 2.0 / 3.0
     assert b["figures"]["x_GBps"]["best"] == 5.0 and b["figures"]["x_GBps"]["ratio_best"] is None
@@ -192,17 +189,17 @@ def test_gpu_memory_counts_what_is_not_a_worker(tmp_path, monkeypatch):
     procs = [{"pid": 10, "gpu": 0, "MiB": 500.0}, {"pid": 11, "gpu": 0, "MiB": 954.0},
              {"pid": 12, "gpu": 0, "MiB": 2000.0}, {"pid": 13, "gpu": 0, "MiB": 2000.0},
              {"pid": 99, "gpu": 0, "MiB": 700.0}, {"pid": me, "gpu": 0, "MiB": 300.0}]
-    monkeypatch.setattr(bench, "_nvml_processes", lambda: procs)
+    monkeypatch.setattr(measures, "_nvml_processes", lambda: procs)
     cluster = _FakeCluster(tmp_path, {10: "scheduler", 11: "nanny", 12: "worker", 13: "worker", 14: "helper"})
-    mem = bench.gpu_memory(cluster, _host(1))
+    mem = measures.gpu_memory(cluster, _host(1))
     assert mem["outside_workers_MiB"] == 1454.0
     roles = {p["pid"]: p["role"] for p in mem["processes"]}
     assert roles[99] == "not ours" and roles[me] == "bench client"
     assert "not counted" in mem["note"]
     # NVML pids of another PID namespace: no attribution rather than a wrong number
-    monkeypatch.setattr(bench, "_nvml_processes", lambda: [{"pid": 123456, "gpu": 0, "MiB": 518.0}])
-    assert bench.gpu_memory(cluster, _host(1))["outside_workers_MiB"] is None
-    assert bench.gpu_memory(cluster, _host(0)) is None
+    monkeypatch.setattr(measures, "_nvml_processes", lambda: [{"pid": 123456, "gpu": 0, "MiB": 518.0}])
+    assert measures.gpu_memory(cluster, _host(1))["outside_workers_MiB"] is None
+    assert measures.gpu_memory(cluster, _host(0)) is None
 
 
 def test_proto_info_reads_ucx_tables(tmp_path):
@@ -213,7 +210,7 @@ def test_proto_info_reads_ucx_tables(tmp_path):
         "[1795963961.871894] [h:202:0]   |  0..inf | copy | cuda_copy/cuda |\n"
         "2026-11-29 14:45:43,556 - distributed.worker - INFO - tcp/eth0 is not a table line\n")
     cluster = _FakeCluster(tmp_path, {}, {"ucx://a:1": 200, "ucx://b:2": 201})
-    assert bench.proto_info(cluster) == {"workers": {"ucx://a:1": ["cuda_ipc/cuda"], "ucx://b:2": ["tcp/eth0"]}}
+    assert measures.proto_info(cluster) == {"workers": {"ucx://a:1": ["cuda_ipc/cuda"], "ucx://b:2": ["tcp/eth0"]}}
 
 
 def test_profile_stages_from_logs(tmp_path):
@@ -235,10 +232,10 @@ def test_profile_stages_from_logs(tmp_path):
         + line(2.0, 3, "gpudask", "gpudask 0.1.0 (worker 0, protocol ucx): plugins x(1)")
         + line(2.2, 3, "distributed.worker", "      Start worker at:      ucx://10.0.0.1:4")
         + line(2.4, 3, "distributed.worker", "        Registered to:      ucx://10.0.0.1:1"))
-    prof = bench.profile_launch(_FakeCluster(tmp_path, {1: "scheduler", 2: "nanny", 3: "worker"}, t_launch=t0))
+    prof = measures.profile_launch(_FakeCluster(tmp_path, {1: "scheduler", 2: "nanny", 3: "worker"}, t_launch=t0))
     rows = {r["role"]: r for r in prof["processes"]}
     assert rows["scheduler"]["gpudask"] == 0.5 and rows["scheduler"]["listen"] == 0.8
     assert rows["nanny"]["listen"] == 1.6  # the last of its nannies
     assert (rows["worker"]["gpudask"], rows["worker"]["listen"], rows["worker"]["registered"]) == (2.0, 2.2, 2.4)
-    summary = bench.summarize_profiles([prof, prof])["median_s_after_launch"]
+    summary = measures.summarize_profiles([prof, prof])["median_s_after_launch"]
     assert summary["worker.registered"] == 2.4 and summary["ready"] == 2.5

@@ -109,6 +109,7 @@ def test_unknown_keys_warn_with_did_you_mean():
                     "did you mean 'gpudask.plugins.disable'?"]
 
 
+@pytest.mark.process
 def test_cli_reports_a_bad_value_in_one_line(tmp_path):
     (tmp_path / "gpudask.toml").write_text('[plugins]\nautoload = "sometimes"\n')
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info"], cwd=tmp_path, capture_output=True,
@@ -119,6 +120,7 @@ def test_cli_reports_a_bad_value_in_one_line(tmp_path):
     assert "gpudask.toml" in lines[0] and "accepted: true or false" in lines[0]
 
 
+@pytest.mark.process
 def test_config_command_lists_every_option_with_its_source(tmp_path):
     (tmp_path / "gpudask.toml").write_text('[plugins]\ndisable = ["nvlink"]\n')
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "config", "--json"], cwd=tmp_path,

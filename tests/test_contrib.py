@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -23,18 +24,21 @@ import urllib.request
 import pytest
 from conftest import base_env
 
+pytestmark = pytest.mark.process  # every test here starts dask processes
+
 ROOT = pathlib.Path(__file__).parents[1]
 CONTRIB = ROOT / "contrib"
 PACKAGES = {"gpudask-torch-rmm": ("torch-rmm", 110), "gpudask-prometheus": ("prometheus", 900)}
 
 
 SITE: pathlib.Path | None = None  # where the fixture installed the two packages
+SOURCES: pathlib.Path | None = None  # copies of contrib/*: pip and pytest write next to the sources
 
 
 def install_command(dist: str, target: pathlib.Path) -> list[str]:
     """pip install into ``target``, without build isolation when this environment can
     build the package itself (setuptools >= 70.1, or setuptools >= 64 with wheel)."""
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(CONTRIB / dist)]
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(SOURCES / dist)]
     try:
         import setuptools
 
@@ -49,14 +53,18 @@ def install_command(dist: str, target: pathlib.Path) -> list[str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def contrib_installed(tmp_path_factory):
-    global SITE
+    global SITE, SOURCES
     SITE = tmp_path_factory.mktemp("contrib-site")
+    SOURCES = tmp_path_factory.mktemp("contrib-src")
+    for dist in PACKAGES:
+        shutil.copytree(CONTRIB / dist, SOURCES / dist,
+                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"))
     for dist in PACKAGES:
         out = subprocess.run(install_command(dist, SITE), capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, f"installing contrib/{dist} failed:\n{out.stdout}\n{out.stderr}"
         assert list(SITE.glob(dist.replace("-", "_") + "-*.dist-info")), dist
     yield
-    SITE = None
+    SITE = SOURCES = None
 
 
 def contrib_env(**extra: str) -> dict[str, str]:
@@ -195,6 +203,6 @@ def test_the_packages_own_tests_pass(dist):
     # their real-cluster test is the same as test_hooks_run_in_the_right_processes_of_a_real_cluster
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not real_cluster",
                           "tests"],
-                         cwd=CONTRIB / dist, capture_output=True, text=True, timeout=600, env=env)
+                         cwd=SOURCES / dist, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert " passed" in out.stdout

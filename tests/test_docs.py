@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -88,11 +89,15 @@ def test_every_page_in_docs_is_in_the_nav():
     assert not missing, f"nav names pages that do not exist: {sorted(missing)}"
 
 
+@pytest.mark.process
 def test_mkdocs_build_strict(tmp_path, builtin_manager):
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[docs]')")
+    # the build writes its generated reference pages next to the sources: build a copy
+    shutil.copytree(DOCS, tmp_path / "docs", ignore=shutil.ignore_patterns("reference", "__pycache__"))
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
     site = tmp_path / "site"
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
-                           "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
+                           "-f", str(tmp_path / "mkdocs.yml"), "-d", str(site)],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     built = (site / "reference" / "configuration" / "index.html").read_text()

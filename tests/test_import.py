@@ -1,19 +1,39 @@
-"""`import gpudask` stays light: the CLI process of `dask worker --preload gpudask` imports it."""
+"""Importing gpudask stays light: no CUDA library, no UCX, no GPU probing.
+
+``dask worker --preload gpudask`` imports gpudask in the CLI process and in every worker;
+``gpudask`` commands and plugins are imported in processes that may have no GPU at all.
+Each entry point is imported first in a fresh interpreter, as it is in real use.
+"""
 
 from __future__ import annotations
 
+import json
+import pathlib
 import subprocess
 import sys
 
-HEAVY = ("cupy", "rmm", "ucxx", "numba", "cudf", "torch", "distributed", "pynvml", "cuda")
+import pytest
+
+pytestmark = pytest.mark.process
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# what `import gpudask` (or any of the entry points below) must never pull in
+FORBIDDEN = ("cupy", "rmm", "ucxx", "distributed_ucxx", "numba", "cudf", "torch", "pynvml")
+
+ENTRY_POINTS = ["gpudask", "gpudask.cli", "gpudask.facts", "gpudask.bench.cli"]
+ENTRY_POINTS += [f"gpudask.plugins.{p.stem}" for p in sorted((ROOT / "plugins").glob("*.py")) if p.stem != "__init__"]
+if (ROOT / "gpudask" / "pluginapi.py").exists():
+    ENTRY_POINTS.append("gpudask.pluginapi")
 
 
-def test_import_gpudask_pulls_in_nothing_heavy():
-    code = ("import sys, gpudask; "
-            f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))")
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_import_pulls_in_nothing_heavy(module):
+    code = (f"import importlib, json, sys\nimportlib.import_module({module!r})\n"
+            f"print(json.dumps([m for m in {FORBIDDEN!r} if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""
+    assert json.loads(out.stdout) == []
 
 
 def test_import_in_a_plain_process_does_not_plan_or_probe():

@@ -102,6 +102,7 @@ def test_autoload_off_keeps_builtins(monkeypatch):
     assert all(p.source == "builtin" for p in m.plugins)
 
 
+@pytest.mark.process
 def test_tracing_logs_each_hook_call():
     code = ("import types; from gpudask import hookimpl; from gpudask.apply.process import plan_host\n"
             "p = types.SimpleNamespace(name='probe', priority=7)\n"
@@ -116,6 +117,7 @@ def test_tracing_logs_each_hook_call():
     assert "gpudask trace" not in out.stderr
 
 
+@pytest.mark.process
 def test_plugin_failing_to_import_is_reported_by_name(tmp_path):
     """A real installed distribution whose entry point module raises on import."""
     dist = tmp_path / "site"

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 from conftest import host
 
 from gpudask import hookimpl
@@ -88,6 +90,7 @@ def test_planning_has_no_side_effects():
     assert dict(os.environ) == before
 
 
+@pytest.mark.process
 def test_info_json_has_the_design_shape():
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", host("hgx-4gpu-2ib.json"),
                           "--protocol", "ucx", "--json"], capture_output=True, text=True, timeout=120)
@@ -103,6 +106,7 @@ def test_info_json_has_the_design_shape():
         assert all(set(r) == {"plugin", "decision", "why"} for r in w["reasons"])
 
 
+@pytest.mark.process
 def test_info_table_and_bad_facts_file(tmp_path):
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", host("hgx-4gpu-2ib.json")],
                          capture_output=True, text=True, timeout=120)
@@ -115,6 +119,7 @@ def test_info_table_and_bad_facts_file(tmp_path):
     assert str(bad) in out.stderr and "is missing" in out.stderr
 
 
+@pytest.mark.process
 def test_replanning_after_apply_ignores_what_gpudask_itself_applied():
     """The nanny host applies nvlink=False for itself; a plan built later in that process
     (another nanny, a worker index past the first plan) must still give workers cuda_ipc."""

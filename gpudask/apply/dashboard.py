@@ -30,9 +30,9 @@ from typing import Any
 
 from distributed.http.utils import RequestHandler
 
-from gpudask.check import EXTRA_KEY as CHECK_EXTRA_KEY
-from gpudask.check import PLUGIN_NAME as CHECK_PLUGIN_NAME
-from gpudask.check import PUBLISHED_KEY
+from gpudask.checks import EXTRA_KEY as CHECK_EXTRA_KEY
+from gpudask.checks import PLUGIN_NAME as CHECK_PLUGIN_NAME
+from gpudask.checks import PUBLISHED_KEY
 from gpudask.apply.dashboard_page import render
 
 MODULE = "gpudask.apply.dashboard"  # the entry for distributed.scheduler.http.routes

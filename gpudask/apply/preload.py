@@ -175,13 +175,12 @@ def _setup_nanny(s: process.Session, nanny: Any) -> None:
 
 
 def _setup_scheduler(s: process.Session, scheduler: Any) -> None:
-    s.manager.preload(s.ctx, s.plan, scheduler)
     from gpudask.apply import dashboard, prometheus
+    from gpudask.apply.server_plugins import install_check
 
+    install_check(scheduler, s)  # the core runs the check, whichever plugins implement it
+    s.manager.preload(s.ctx, s.plan, scheduler)
     dashboard.install(scheduler)  # /gpudask on the scheduler's HTTP server
     prometheus.register_scheduler_collector(scheduler)
     if s.applied:  # a scheduler inside a client's process runs with the client's plan
         state.record(s, scheduler)
-    from gpudask.apply.server_plugins import install_check
-
-    install_check(scheduler, s)

@@ -360,7 +360,7 @@ def add_worker_preload(nanny: Any) -> None:
 # ----------------------------------------------------------------------- scheduler
 class SchedulerPlugin(_dp.SchedulerPlugin):
     """gpudask for a running scheduler: the ``gpudask_preload`` hooks (which install the
-    scheduler check, see :mod:`gpudask.check`), late config, and a report of what needs a
+    scheduler check, see :mod:`gpudask.checks`), late config, and a report of what needs a
     restart (``client.get_metadata(["gpudask", "scheduler"])``)."""
 
     name = PLUGIN_NAME
@@ -390,6 +390,7 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
                 dask.config.set(late)
                 report["applied"] += [f"{k}={v!r}" for k, v in late.items()]
             before = set(scheduler.plugins)
+            install_check(scheduler, s)
             try:
                 s.manager.preload(s.ctx, s.plan, scheduler)
                 report["applied"].append("gpudask_preload hooks")
@@ -432,7 +433,7 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         if ws is None:
             return "unknown worker"
         ws.extra["gpudask"] = published
-        from gpudask.check import PLUGIN_NAME as CHECK_NAME  # noqa: F401
+        from gpudask.checks import PLUGIN_NAME as CHECK_NAME
 
         check = self.scheduler.plugins.get(CHECK_NAME)
         if check is not None and hasattr(check, "check_worker"):
@@ -492,6 +493,7 @@ def register(client: Any, *, nanny: bool = True, restart: bool = False) -> dict[
 def install_check(scheduler: Any, s: Any) -> None:
     """The scheduler check runs in every scheduler gpudask configures (the core installs
     it, whichever plugins implement ``gpudask_scheduler_check``)."""
-    from gpudask.check import install
+    from gpudask.checks import install, local_side, scheme
 
-    install(scheduler)
+    install(scheduler, s.manager, s.ctx,
+            local_side(s.host.facts, "scheduler", scheduler.address, scheme(scheduler.address) or s.host.protocol))

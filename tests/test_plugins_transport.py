@@ -1,4 +1,4 @@
-"""Transport selection on described hosts: the tcp, nvlink and infiniband plugins (DESIGN §3, §5).
+"""Transport selection on described hosts: the tcp, nvlink and infiniband plugins (docs/transports.md).
 
 Plans come from ``gpudask.apply.process.plan_host`` -- what ``gpudask info`` prints and what every
 preloaded process applies -- with the built-in plugins loaded from entry points.
@@ -426,6 +426,7 @@ def test_ucx_without_distributed_ucxx_is_one_clear_error(tmp_path, cuda, package
     assert plan(facts, protocol="tcp").protocol == "tcp"
 
 
+@pytest.mark.process
 def test_missing_distributed_ucxx_through_the_cli():
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", NO_UCXX, "--protocol", "ucx"],
                          capture_output=True, text=True, timeout=120, env=base_env())
@@ -458,6 +459,7 @@ def test_tls_enables_reads_ucx_syntax():
     assert not tls_enables("^tcp,rc", "rc") and tls_enables("^tcp,rc", "cuda_ipc")
 
 
+@pytest.mark.process
 def test_info_json_shows_the_decisions_with_their_plugins():
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--json", "--facts", DGX, "--protocol", "ucx"],
                          capture_output=True, text=True, timeout=120, env=base_env())

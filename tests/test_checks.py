@@ -23,7 +23,7 @@ from conftest import Cluster, base_env, host
 
 import gpudask
 from gpudask import hookimpl
-from gpudask.check import Finding, SchedulerCheck, evaluate_worker, run_hooks, side_from_published
+from gpudask.checks import Finding, SchedulerCheck, evaluate_worker, local_side, run_hooks, side_from_published
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -126,11 +126,10 @@ def test_finding_checks_its_severity_and_round_trips():
     assert Finding.from_dict({"severity": "nonsense", "message": 3}).severity == "warning"
 
 
-def test_gpudask_check_is_callable_and_holds_the_plugin_class():
-    import gpudask.check as module
+def test_gpudask_check_is_the_client_function_and_the_runner_pickles():
+    import gpudask.checks
 
-    assert gpudask.check is module and callable(gpudask.check)
-    assert gpudask.check.SchedulerCheck is SchedulerCheck
+    assert gpudask.check is gpudask.checks.check and callable(gpudask.check)
     plugin = SchedulerCheck(action="refuse")
     import pickle
 
@@ -292,15 +291,18 @@ def test_install_on_a_running_scheduler_starts_once_and_checks_connected_workers
 
     from distributed import Scheduler, Worker
 
-    from gpudask.check import PLUGIN_NAME, install
+    from gpudask.checks import PLUGIN_NAME, install
 
     monkeypatch.setenv("GPUDASK_FACTS", host("h200-single.json"))
+    manager, ctx = planned()
 
     async def main():
         async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as scheduler:
             async with Worker(scheduler.address, host="127.0.0.1", nthreads=1):
-                plugin = install(scheduler)
-                assert install(scheduler) is plugin and scheduler.plugins[PLUGIN_NAME] is plugin
+                me = local_side(ctx.facts, "scheduler", scheduler.address, "tcp")
+                plugin = install(scheduler, manager, ctx, me)
+                assert install(scheduler, manager, ctx, me) is plugin and scheduler.plugins[PLUGIN_NAME] is plugin
+                assert plugin.manager is manager and plugin.side is me  # no planning of its own
                 for _ in range(300):
                     if plugin.results:
                         break
@@ -316,11 +318,35 @@ def test_install_on_a_running_scheduler_starts_once_and_checks_connected_workers
     asyncio.run(main())
 
 
+@pytest.mark.process
+@pytest.mark.parametrize("target, says", [
+    (["banana"], "gpudask: error: 'banana' is not a scheduler address (missing port number in address 'banana'); "
+                 "accepted: tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT, or --scheduler-file FILE"),
+    (["tcp://127.0.0.1:1"], "gpudask: error: cannot connect to the scheduler tcp://127.0.0.1:1: "),
+    (["--scheduler-file", "not-json.txt"], "gpudask: error: cannot read the scheduler's address from not-json.txt"),
+])
+def test_check_of_a_bad_address_fails_within_its_timeout_with_one_line(tmp_path, target, says):
+    """Never the hang of a half-made Client at exit, nor its traceback."""
+    (tmp_path / "not-json.txt").write_text("banana")
+    timeout = 10
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "check", *target, "--timeout", str(timeout)],
+                         capture_output=True, text=True, timeout=120, env=base_env(), cwd=tmp_path)
+    elapsed = time.monotonic() - started
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(says), line
+    assert out.stdout == ""
+    # a refused connection is retried for --timeout; the old failure then waited 2 x --timeout more
+    assert elapsed < 2 * timeout, elapsed
+
+
 # ------------------------------------------------------------------------- clusters
 def scheduler_env(facts: str, **extra: str) -> dict:
     return base_env(GPUDASK_FACTS=facts, **extra)
 
 
+@pytest.mark.process
 def test_tcp_gpu_less_scheduler_warns_in_log_events_scheduler_info_and_check(cluster, tmp_path, monkeypatch):
     cluster.scheduler("--preload", "gpudask", env=scheduler_env(no_gpu_ucx(tmp_path),
                                                                 DASK_GPUDASK__SCHEDULER_CHECK__ACTION="warn"))
@@ -355,6 +381,7 @@ def test_tcp_gpu_less_scheduler_warns_in_log_events_scheduler_info_and_check(clu
     assert "action warn" in out.stdout and address in out.stdout
 
 
+@pytest.mark.process
 def test_ucx_gpu_less_scheduler_is_an_error_told_to_every_client(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("UCX_TLS", "tcp")
     env = dict(UCX_TLS="tcp", DASK_GPUDASK__SCHEDULER_CHECK__ACTION="error")
@@ -385,6 +412,7 @@ def test_ucx_gpu_less_scheduler_is_an_error_told_to_every_client(cluster, tmp_pa
     assert cli["status"] == "error" and cli["workers"][address]["status"] == "error"
 
 
+@pytest.mark.process
 def test_mismatched_driver_and_cupy_missing_on_the_scheduler(cluster, tmp_path, monkeypatch):
     sched = facts_file(tmp_path, "h200-single.json", "older", {"cupy": None},
                        driver_version="550.54.15", cuda_driver_version=12040)
@@ -408,6 +436,7 @@ def test_mismatched_driver_and_cupy_missing_on_the_scheduler(cluster, tmp_path, 
     assert report["status"] == "warning"
 
 
+@pytest.mark.process
 def test_refuse_closes_the_offending_worker_with_the_finding_as_reason(cluster, tmp_path):
     cpu = no_gpu_ucx(tmp_path)
     cluster.scheduler("--preload", "gpudask", env=scheduler_env(cpu, DASK_GPUDASK__SCHEDULER_CHECK__ACTION="refuse"))
@@ -440,10 +469,11 @@ def dask_setup(worker):
 def third_party_module() -> str:
     """The in-process check above, as the source of an importable module (the scheduler
     unpickles it by reference, so it must be importable there)."""
-    return ("from gpudask import hookimpl\nfrom gpudask.check import Finding\n\n\n"
+    return ("from gpudask import hookimpl\nfrom gpudask.findings import Finding\n\n\n"
             + textwrap.dedent(inspect.getsource(CudfOnScheduler)))
 
 
+@pytest.mark.process
 def test_registered_late_it_checks_connected_workers_and_survives_junk(cluster, tmp_path, monkeypatch):
     """No preload on the scheduler; a client registers the check after three workers joined:
     a gpudask worker (with cudf), a stock worker, and one whose preload publishes junk."""
@@ -498,6 +528,7 @@ def test_registered_late_it_checks_connected_workers_and_survives_junk(cluster, 
 
 
 # ------------------------------------------------------------------------------- GPU
+@pytest.mark.process
 @pytest.mark.gpu
 def test_gpu_less_ucx_scheduler_fails_and_gpudask_says_so_first(tmp_path):
     """On a GPU machine: the scheduler started with CUDA_VISIBLE_DEVICES="" over UCX, GPU

@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import base_env, host
+
+pytestmark = pytest.mark.process  # every test here starts dask processes
 
 
 def info_json(*args: str, env: dict[str, str] | None = None) -> dict:

@@ -19,6 +19,8 @@ import cloudpickle
 import pytest
 from conftest import base_env, host, real_gpu_count
 
+pytestmark = pytest.mark.process  # every test here starts dask processes
+
 # the functions below run in the workers, which cannot import this test module
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

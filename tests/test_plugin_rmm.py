@@ -407,6 +407,7 @@ def test_default_pool_without_rmm_installed_warns(tmp_path):
     assert any("rmm is not installed" in w for w in host_plan.warnings)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("value", ["200GB", "-1GB", "lots"])
 def test_gpudask_info_reports_a_bad_pool_in_one_line(value):
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", host("h200-single.json")],
@@ -420,6 +421,7 @@ def test_gpudask_info_reports_a_bad_pool_in_one_line(value):
         assert "GPU 0 (NVIDIA H200" in lines[0]
 
 
+@pytest.mark.process
 def test_gpudask_info_json_shows_the_memory_plan():
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--json", "--facts",
                           host("h200-single.json")], capture_output=True, text=True, timeout=120,
@@ -474,14 +476,8 @@ def test_setup_memory_without_a_plan_reports_none():
     assert report["allocator"] is None and report["applied"] is False
 
 
-def test_importing_the_plugin_imports_no_gpu_library():
-    code = ("import sys, gpudask.plugins.rmm, gpudask.plugins.dask_defaults; "
-            "print([m for m in ('rmm', 'cupy', 'numba', 'torch', 'ucxx') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=base_env())
-    assert out.stdout.strip() == "[]", out.stdout + out.stderr
-
-
 # --------------------------------------------------------------------------- CPU clusters
+@pytest.mark.process
 @pytest.mark.parametrize("nanny", [True, False])
 def test_bad_pool_size_stops_the_worker_with_the_message(cluster, nanny):
     cluster.scheduler()
@@ -498,6 +494,7 @@ def test_bad_pool_size_stops_the_worker_with_the_message(cluster, nanny):
         assert client.scheduler_info()["workers"] == {}
 
 
+@pytest.mark.process
 def test_described_worker_plans_the_pool_skips_it_and_no_process_builds_another(cluster):
     """Legacy key in the environment: honoured as the worker's pool (skipped: no real GPU here),
     and unset in the nanny's and the worker's dask config, so distributed-ucxx builds none."""
@@ -538,6 +535,7 @@ def _gpu_cluster(cluster, tmp_path, *, protocol="tcp", **env):
     return client
 
 
+@pytest.mark.process
 @pytest.mark.gpu
 def test_gpu_pool_is_the_worker_allocator_and_cupy_uses_it(cluster, tmp_path):
     def probe():
@@ -574,6 +572,7 @@ def test_gpu_pool_is_the_worker_allocator_and_cupy_uses_it(cluster, tmp_path):
         assert result["cupy"] == "rmm_cupy_allocator"
 
 
+@pytest.mark.process
 @pytest.mark.gpu
 def test_gpu_log_file_appears(cluster, tmp_path):
     logs = tmp_path / "rmm-logs"
@@ -594,6 +593,7 @@ def test_gpu_log_file_appears(cluster, tmp_path):
     assert info["gpudask"]["memory"]["rmm"]["log_file"] == str(files[0])
 
 
+@pytest.mark.process
 @pytest.mark.gpu
 def test_gpu_second_setup_reports_and_does_not_rebuild(cluster, tmp_path):
     def again():
@@ -607,6 +607,7 @@ def test_gpu_second_setup_reports_and_does_not_rebuild(cluster, tmp_path):
     assert report["already_set_up"] is True and report["applied"] is True
 
 
+@pytest.mark.process
 @pytest.mark.gpu
 def test_gpu_nanny_holds_no_pool(cluster, tmp_path):
     """With the legacy key set (the case that gave the nanny a 1472 MiB pool), the nanny process

@@ -99,6 +99,7 @@ def test_cudf_installed_means_task_shuffle(tmp_path):
     assert SHUFFLE not in h.workers[0].config and h.workers[0].config[RECHUNK] == "tasks"
 
 
+@pytest.mark.process
 def test_gpudask_info_shows_the_reason():
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--reasons", "--facts",
                           host("h200-single.json")], capture_output=True, text=True, timeout=120, env=base_env())
@@ -118,6 +119,7 @@ with Client(processes=False, n_workers=1, dashboard_address=None):
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("user, expected", [(None, "tasks tasks"), ("p2p", "p2p p2p")])
 def test_initialized_client_builds_task_rechunks(user, expected):
     env = base_env(GPUDASK_FACTS=host("h200-single.json"))
@@ -128,6 +130,7 @@ def test_initialized_client_builds_task_rechunks(user, expected):
     assert out.stdout.strip().splitlines()[-1] == expected
 
 
+@pytest.mark.process
 def test_described_gpu_worker_process_gets_the_setting(cluster):
     env = base_env(GPUDASK_FACTS=host("h200-single.json"))
     cluster.scheduler("--preload", "gpudask", env=env)

@@ -22,6 +22,8 @@ import psutil
 import pytest
 from conftest import base_env, host
 
+pytestmark = pytest.mark.process  # every test here starts dask processes
+
 # The described hosts' InfiniBand ports, interfaces and cuda transports are not this machine's:
 # the process-start plugins alone decide here (transport plugins have their own cluster tests).
 PROCESS_PLUGINS = "gpu-pinning,cpu-affinity,forkserver,cuda-context"

@@ -191,6 +191,7 @@ BIND = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 def test_cpu_binding_covers_existing_threads_and_only_warns_when_impossible():
     out = subprocess.run([sys.executable, "-c", BIND], capture_output=True, text=True, timeout=60, env=base_env())
     assert out.returncode == 0, out.stderr
@@ -274,6 +275,7 @@ DIAGNOSE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 def test_fork_after_ucx_init_is_named_in_diagnostic_mode():
     out = subprocess.run([sys.executable, "-c", DIAGNOSE, HGX], capture_output=True, text=True, timeout=120,
                          env=base_env(UCX_TLS="tcp"))
@@ -316,6 +318,7 @@ def test_on_existing_policy_is_validated():
         plan(HGX, nworkers=1, **{"gpudask.context.on-existing": "ignore"})
 
 
+@pytest.mark.process
 def test_gpudask_info_prints_the_same_plan():
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--json", "--facts", HGX, "--protocol", "ucx",
                           "--nworkers", "2"], capture_output=True, text=True, timeout=120,

@@ -1,0 +1,203 @@
+"""``gpudask bench``: tcp, hand-set UCX, gpudask and dask-cuda side by side, on real processes.
+
+For each configuration the bench starts a real ``dask scheduler`` and real workers as
+separate process groups (``--port 0``, scheduler files), measures, and kills the groups.
+Figures, each the best and the median of ``--repeat`` runs after a warm-up:
+
+* ``ready_s``: from launching the scheduler until ``client.wait_for_workers(N)`` returns
+  (one cluster launch per run; the first launch of a configuration is the warm-up);
+* ``transfer_<size>_s``: end-to-end time of a task pinned to worker B that depends on an
+  array created on worker A; ``transfer_<size>_GBps``: the bandwidth distributed records
+  for that transfer in B's ``transfer_incoming_log``;
+* ``transpose_sum_s``: ``(x + x.T).sum()`` on a persisted square array;
+* ``gpu_mem_outside_workers_MiB``: GPU memory that NVML attributes to the cluster's
+  processes other than the workers (scheduler, nanny hosts, helpers);
+* per worker, the UCX transports in effect (``ucxx`` config and active transports, and
+  with ``--ucx-proto-info`` the transports UCX reported selecting for endpoints).
+
+Importing the bench is cheap: numpy, cupy, dask, distributed, psutil and pynvml are
+imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import click
+
+from gpudask.bench import processes
+from gpudask.bench.configs import CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, build_spec, detect_host, versions
+from gpudask.bench.report import add_ratios, render_table
+from gpudask.bench.runner import Interrupted, Runner, finish
+
+
+def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float | None, log_dir: str | None,
+              echo: Callable[[str], None]) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    end = t_start + max_seconds if max_seconds else math.inf
+    report: dict[str, Any] = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": {"hostname": socket.gethostname(), "cpu_count": len(os.sched_getaffinity(0)),
+                    "gpus": host.gpus, "visible": host.tokens, "driver": host.driver,
+                    "python": sys.version.split()[0], "packages": versions()},
+        "settings": {"configs": configs, "nworkers": opts.nworkers, "nthreads": opts.nthreads,
+                     "repeat": opts.repeat, "quick": opts.quick, "backend": host.backend,
+                     "transfer_bytes": list(opts.sizes[0]), "array_side": opts.sizes[1],
+                     "chunk_side": opts.sizes[2], "pool_size": opts.pool_size, "max_seconds": max_seconds,
+                     "profile": opts.profile, "ucx_proto_info": opts.proto_info},
+        "configs": [], "notes": []}
+    if not host.tokens:
+        report["notes"].append("no GPU visible: NumPy arrays, smaller sizes; ucx configurations get UCX_TLS=tcp")
+    elif host.backend != "cupy":
+        report["notes"].append("GPU visible but cupy is not importable: NumPy arrays, smaller sizes")
+    root = tempfile.mkdtemp(prefix="gpudask-bench-")  # scheduler files, worker directories
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+    results = report["configs"]
+    try:
+        todo = []
+        for name in configs:  # skipped configurations take no share of the time box
+            workdir = os.path.join(root, name)
+            os.makedirs(workdir, exist_ok=True)
+            todo.append((name, workdir, build_spec(name, host, opts, os.path.join(workdir, "scheduler.json"),
+                                                   workdir)))
+        runnable = sum(1 for _, _, spec in todo if not isinstance(spec, str))
+        while todo:
+            name, workdir, spec = todo.pop(0)
+            if isinstance(spec, str):
+                results.append({"name": name, "status": "skipped", "notes": [spec], "figures": {}})
+                echo(f"[{name}] skipped: {spec}")
+                continue
+            left = end - time.perf_counter()
+            if left < 20:
+                results.append({"name": name, "status": "skipped", "figures": {},
+                                "notes": ["time box: --max-seconds spent before this configuration"]})
+                echo(f"[{name}] skipped: time box")
+                runnable -= 1
+                continue
+            share = left / runnable
+            runnable -= 1
+            runner = Runner(spec, host, opts, workdir, time.perf_counter() + share, echo, log_dir)
+            try:
+                results.append(runner.run())
+            except Interrupted:
+                runner.result.update({"status": "interrupted", "figures": runner.figures, "notes": runner.notes})
+                for fig in runner.figures.values():
+                    finish(fig)
+                results.append(runner.result)
+                for rest, _, _ in todo:
+                    results.append({"name": rest, "status": "skipped", "figures": {}, "notes": ["interrupted"]})
+                report["notes"].append("interrupted by a signal: partial results")
+                break
+    except Interrupted:
+        report["notes"].append("interrupted by a signal: partial results")
+    finally:
+        processes.stop_all()
+        shutil.rmtree(root, ignore_errors=True)
+    add_ratios(results)
+    report["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+    return report
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+@click.command(name="bench", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--configs", default=",".join(CONFIGS), show_default=True,
+              help="Comma-separated configurations, the first one is the reference for ratios.")
+@click.option("--nworkers", type=click.IntRange(min=1), default=None,
+              help="Workers per configuration (default: one per visible GPU, at least 2).")
+@click.option("--nthreads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Threads per worker, the same for every configuration.")
+@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Measured runs per figure (after one warm-up run).")
+@click.option("--quick", is_flag=True,
+              help="Smoke test: small sizes, no warm-up, one cluster launch per configuration.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--max-seconds", type=click.FloatRange(min=1), default=None,
+              help="Time box for the whole bench; figures that do not fit are skipped with a note.")
+@click.option("--profile", is_flag=True,
+              help="Record where ready time goes: per-process start, gpudask import, listen, registration.")
+@click.option("--ucx-proto-info", "proto_info", is_flag=True,
+              help="Set UCX_PROTO_INFO=y in ucx configurations and report the transports UCX selected.")
+@click.option("--pool-size", default="1GB", show_default=True,
+              help="RMM pool of the hand-set configurations (ucx-stock, dask-cuda); gpudask decides its own.")
+@click.option("--backend", type=click.Choice(["auto", "cupy", "numpy"]), default="auto", show_default=True,
+              help="Array library on the workers (auto: cupy with a GPU, numpy without).")
+@click.option("--launch-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="Seconds to wait for a cluster to be ready.")
+@click.option("--death-timeout", type=click.IntRange(min=1), default=60, show_default=True,
+              help="Workers' --death-timeout (they exit when the scheduler is gone this long).")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the process logs here (default: a temporary directory, removed).")
+@click.option("--table-file", type=click.Path(dir_okay=False), default=None,
+              help="Also write the table to this file.")
+@click.option("--show", "show", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Print the table of a previous --json result and exit (runs nothing).")
+def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int, quick: bool, as_json: bool,
+                  max_seconds: float | None, profile: bool, proto_info: bool, pool_size: str, backend: str,
+                  launch_timeout: float, death_timeout: int, log_dir: str | None, table_file: str | None,
+                  show: str | None) -> None:
+    """Benchmark tcp, ucx-stock, gpudask and dask-cuda side by side on real processes.
+
+    Each configuration gets a real `dask scheduler` and N workers as separate processes,
+    measured and then killed: ready time, worker-to-worker transfers, (x + x.T).sum(),
+    GPU memory outside the workers, the UCX transports in use.  Progress goes to stderr.
+    """
+    if show:
+        with open(show) as f:
+            click.echo(render_table(json.load(f)))
+        return
+    # this process is the client: UCX must print nothing on stdout (--json) and, without
+    # a GPU, use TCP only.  The clusters get the user's environment, not these.
+    user_env = dict(os.environ)
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    os.environ.setdefault("UCX_LOG_FILE", "stderr")
+    names = [c.strip() for c in configs.split(",") if c.strip()]
+    bad = [c for c in names if c not in CONFIGS]
+    if bad or not names:
+        raise click.BadParameter(f"{','.join(bad) or configs!r}: accepted: {', '.join(CONFIGS)}",
+                                 param_hint="--configs")
+    host = detect_host(backend)
+    if not host.tokens:
+        os.environ.setdefault("UCX_TLS", "tcp")
+    if host.backend == "cupy" and not host.tokens:
+        raise click.BadParameter("cupy needs a visible GPU", param_hint="--backend")
+    sizes = FULL_SIZES if host.backend == "cupy" and not quick else SMALL_SIZES
+    opts = Options(nworkers=nworkers or max(2, len(host.tokens)), nthreads=nthreads, repeat=repeat, quick=quick,
+                   pool_size=pool_size, death_timeout=death_timeout, launch_timeout=launch_timeout,
+                   profile=profile, proto_info=proto_info, sizes=sizes, user_env=user_env)
+
+    def echo(msg: str) -> None:
+        click.echo(msg, err=True)
+
+    import cloudpickle  # noqa: F401  (distributed needs it; fail here, not in a worker)
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        report = run_bench(names, opts, host, max_seconds, log_dir, echo)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    text = render_table(report)
+    if table_file:
+        with open(table_file, "w") as f:
+            f.write(text + "\n")
+    click.echo(json.dumps(report, indent=1, default=str) if as_json else text)
+
+
+def bench_main(args: list[str]) -> None:
+    """Entry point of ``gpudask bench`` (the CLI passes its arguments through)."""
+    bench_command.main(args=list(args), prog_name="gpudask bench")
+

@@ -1,0 +1,123 @@
+"""One launch of a configuration: its processes, a client, and which process is which."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from typing import Any
+
+from gpudask.bench.configs import Host, Options, Spec, base_env
+from gpudask.bench.processes import ProcessCluster, wait_for_scheduler_file
+from gpudask.bench.workers import detached, getpid
+
+
+class Cluster:
+    """The processes of one configuration (a scheduler, one or more worker CLIs) and a client."""
+
+    def __init__(self, spec: Spec, host: Host, opts: Options, workdir: str):
+        self.spec, self.host, self.opts, self.workdir = spec, host, opts, workdir
+        self.processes = ProcessCluster(workdir, env=base_env(host, opts, spec.protocol), grace=1.0)
+        self.sched_file = self.processes.scheduler_file
+        self.scheduler: subprocess.Popen | None = None
+        self.worker_clis: list[subprocess.Popen] = []
+        self.client: Any = None
+        self.t_launch = 0.0  # time.time() at launch
+        self.ready_s: float | None = None
+        self.workers: list[str] = []
+        self.worker_pids: dict[str, int] = {}
+        self.nanny_pids: dict[str, int] = {}
+
+    @property
+    def popens(self) -> list[subprocess.Popen]:
+        return [p for p in [self.scheduler, *self.worker_clis] if p is not None]
+
+    def logs(self) -> list[str]:
+        return sorted(os.path.join(self.workdir, f) for f in os.listdir(self.workdir) if f.endswith(".log"))
+
+    def log_tail(self, lines: int = 12) -> str:
+        out = []
+        for path in self.logs():
+            try:
+                with open(path, errors="replace") as f:
+                    tail = f.read().splitlines()[-lines:]
+            except OSError:
+                continue
+            out.append(f"--- {os.path.basename(path)}\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    def start(self, timeout: float) -> float:
+        """Launch everything, wait for all workers; return the ready time in seconds."""
+        from distributed import Client
+
+        env = self.processes.env
+        t0 = time.perf_counter()
+        self.t_launch = time.time()
+        self.scheduler = self.processes.spawn("scheduler", self.spec.scheduler_argv,
+                                              {**env, **self.spec.scheduler_env})
+        for i, (argv, wenv) in enumerate(self.spec.workers):
+            self.worker_clis.append(self.processes.spawn(f"workers-{i}", argv, {**env, **wenv}))
+        deadline = t0 + timeout
+        # workers wait for the file themselves; the client needs it complete
+        wait_for_scheduler_file(self.sched_file, self.popens, timeout)
+        self.client = Client(scheduler_file=self.sched_file, timeout=max(5.0, deadline - time.perf_counter()),
+                             set_as_default=False)
+        while True:
+            try:
+                step = min(2.0, max(0.1, deadline - time.perf_counter()))
+                self.client.wait_for_workers(self.opts.nworkers, timeout=step)
+                break
+            except TimeoutError:
+                self._check_alive()
+                if time.perf_counter() > deadline:
+                    have = len(self.client.scheduler_info(n_workers=-1)["workers"])
+                    raise TimeoutError(f"{have} of {self.opts.nworkers} workers after {timeout:.0f} s") from None
+        self.ready_s = time.perf_counter() - t0
+        self.workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        return self.ready_s
+
+    def _check_alive(self) -> None:
+        for p in self.popens:
+            if p.poll() is not None:
+                what = "scheduler" if p is self.scheduler else "worker CLI"
+                raise RuntimeError(f"{what} exited with {p.returncode}")
+
+    def collect_pids(self) -> None:
+        pid_of = detached(getpid)
+        self.worker_pids = dict(self.client.run(pid_of))
+        try:
+            self.nanny_pids = dict(self.client.run(pid_of, nanny=True))
+        except Exception:
+            self.nanny_pids = {}
+
+    def stop(self) -> list[int]:
+        if self.client is not None:
+            try:
+                self.client.close(timeout=5)
+            except Exception:
+                pass
+            self.client = None
+        return self.processes.stop()
+
+    # -- process roles (for NVML accounting and the profile) --------------------------
+    def roles(self) -> dict[int, str]:
+        import psutil
+
+        roles: dict[int, str] = {}
+        for p in self.popens:
+            try:
+                for c in psutil.Process(p.pid).children(recursive=True):
+                    roles[c.pid] = "helper"
+            except psutil.Error:
+                pass
+        for p in self.worker_clis:
+            roles[p.pid] = "nanny"
+        if self.scheduler is not None:
+            roles[self.scheduler.pid] = "scheduler"
+        for pid in self.nanny_pids.values():
+            roles[pid] = "nanny"
+        for pid in self.worker_pids.values():
+            roles[pid] = "worker"
+        return roles
+
+

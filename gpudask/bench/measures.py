@@ -1,0 +1,187 @@
+"""Figures read from outside the workers: GPU memory per process (NVML), the transports
+UCX reported (UCX_PROTO_INFO), and where a launch's ready time goes (--profile)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import statistics
+import time
+from typing import Any
+
+from gpudask.bench.cluster import Cluster
+from gpudask.bench.configs import MiB, Host
+
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - (?:(\d+) - )?([\w.]+) - (\w+) - (.*)$")
+
+
+def _nvml_processes() -> list[dict[str, Any]] | None:
+    """Compute processes on every GPU: pid, GPU index, used MiB.  None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                used = p.usedGpuMemory
+                out.append({"pid": int(p.pid), "gpu": i, "MiB": None if used is None else used / MiB})
+        return out
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _proc_start_epoch(pid: int) -> float | None:
+    """When process ``pid`` started, in time.time() seconds (10 ms resolution; psutil's
+    create_time is off by up to a second because /proc/stat's btime is whole seconds)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        hz = os.sysconf("SC_CLK_TCK")
+        offset = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        return offset + ticks / hz
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+
+def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
+    if not host.gpus:
+        return None
+    procs = _nvml_processes()
+    if procs is None:
+        return {"outside_workers_MiB": None, "processes": [], "note": "NVML process query failed"}
+    roles = cluster.roles()
+    me = os.getpid()
+    rows, outside, foreign = [], 0.0, []
+    for p in procs:
+        role = roles.get(p["pid"]) or ("bench client" if p["pid"] == me else None)
+        rows.append({**p, "role": role or "not ours"})
+        if role is None:
+            foreign.append(p)
+        elif role not in ("worker", "bench client") and p["MiB"] is not None:
+            outside += p["MiB"]
+    note = None
+    ours = [r for r in rows if r["role"] not in ("not ours", "bench client")]
+    if procs and not ours:
+        # NVML reports pids of another PID namespace (containers): attribution impossible
+        return {"outside_workers_MiB": None, "processes": rows,
+                "note": "NVML pids are not this PID namespace's: no attribution"}
+    if any(r["role"] == "bench client" for r in rows):
+        note = "the bench client holds a CUDA context (not counted)"
+    if foreign:
+        note = (note + "; " if note else "") + f"{len(foreign)} other process(es) on the GPUs (not counted)"
+    return {"outside_workers_MiB": round(outside, 1), "processes": rows, "note": note}
+
+
+_TL = re.compile(r"\b(tcp|cuda_ipc|cuda_copy|gdr_copy|rc_mlx5|rc_verbs|dc_mlx5|ud_mlx5|ud_verbs|rc|dc|ud|posix|"
+                 r"sysv|cma|knem|xpmem|self)/([\w:.\-]+)")
+_UCX_PREFIX = re.compile(r"\[\d+\.\d+\]\s+\[[^:\]]+:(\d+):")
+
+
+def proto_info(cluster: Cluster) -> dict[str, Any]:
+    """Transports UCX reported choosing (UCX_PROTO_INFO=y), per worker process."""
+    by_pid: dict[int, set[str]] = {}
+    for path in cluster.logs():
+        try:
+            with open(path, errors="replace") as f:
+                for line in f:  # "[time] [host:pid:thread]   | 0..inf | zero-copy | cuda_ipc/cuda |"
+                    m = _UCX_PREFIX.search(line)
+                    if m and "|" in line:
+                        for tl, dev in _TL.findall(line):
+                            by_pid.setdefault(int(m.group(1)), set()).add(f"{tl}/{dev}")
+        except OSError:
+            continue
+    out = {}
+    for addr, pid in cluster.worker_pids.items():
+        out[addr] = sorted(by_pid.get(pid, set()))
+    if not any(out.values()):
+        return {"note": "no UCX_PROTO_INFO lines found in the logs", "workers": out}
+    return {"workers": out}
+
+
+_STAGES = {"scheduler": ("start", "gpudask", "listen"),
+           "nanny": ("start", "gpudask", "listen"),
+           "worker": ("start", "gpudask", "listen", "registered")}
+
+
+def _parse_log_time(text: str) -> float | None:
+    try:
+        return datetime.datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None
+
+
+def profile_launch(cluster: Cluster) -> dict[str, Any]:
+    """Per-process timestamps of one launch, in seconds after the launch: process start
+    -> gpudask imported (its startup line) -> listening -> registered with the scheduler."""
+    t0 = cluster.t_launch
+    roles = cluster.roles()
+    events: dict[int, dict[str, float]] = {}
+    for path in cluster.logs():
+        try:
+            with open(path, errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            m = _LOG_LINE.match(line)
+            if not m or not m.group(2):
+                continue
+            t = _parse_log_time(m.group(1))
+            if t is None:
+                continue
+            pid, logger, msg = int(m.group(2)), m.group(3), m.group(5)
+            ev = events.setdefault(pid, {})
+            stage = None
+            if logger == "gpudask" and re.match(r"gpudask \S+ \(", msg):
+                stage = "gpudask"
+            elif "Scheduler at:" in msg or "Start Nanny at:" in msg or "Start worker at:" in msg:
+                stage = "listen"
+            elif "Registered to:" in msg:
+                stage = "registered"
+            if stage:
+                ev[stage] = max(ev.get(stage, 0.0), t - t0)  # several nannies in one process: the last
+    per_process = []
+    for pid, role in sorted(roles.items()):
+        if role not in _STAGES:
+            continue
+        start = _proc_start_epoch(pid)
+        row = {"pid": pid, "role": role, "start": None if start is None else round(start - t0, 3)}
+        for stage in _STAGES[role][1:]:
+            v = events.get(pid, {}).get(stage)
+            row[stage] = None if v is None else round(v, 3)
+        per_process.append(row)
+    return {"ready": round(cluster.ready_s or 0.0, 3), "processes": per_process}
+
+
+def summarize_profiles(profiles: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median over launches of each role's stage, the slowest process of a role counting."""
+    table: dict[str, list[float]] = {}
+    for prof in profiles:
+        worst: dict[str, float] = {}
+        for row in prof["processes"]:
+            for stage in _STAGES[row["role"]]:
+                v = row.get(stage)
+                if v is not None:
+                    k = f"{row['role']}.{stage}"
+                    worst[k] = max(worst.get(k, -1e9), v)
+        worst["ready"] = prof["ready"]
+        for k, v in worst.items():
+            table.setdefault(k, []).append(v)
+    order = [f"{r}.{s}" for r, stages in _STAGES.items() for s in stages] + ["ready"]
+    median = {k: round(statistics.median(table[k]), 3) for k in order if k in table}
+    return {"median_s_after_launch": median, "launches": profiles}
+
+

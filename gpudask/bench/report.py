@@ -1,0 +1,153 @@
+"""Figures (best and median of the runs) and the bench's report: ratios to the first
+configuration, the table."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from typing import Any
+
+LOWER, HIGHER = "lower", "higher"
+
+
+def size_label(nbytes: int) -> str:
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if nbytes >= size and nbytes % size == 0:
+            return f"{nbytes // size}{unit}"
+    return f"{nbytes}B"
+
+
+def figure(label: str, unit: str, better: str) -> dict[str, Any]:
+    return {"label": label, "unit": unit, "better": better, "runs": [], "warmup": [], "best": None,
+            "median": None, "note": None}
+
+
+def finish(fig: dict[str, Any]) -> None:
+    runs = [r for r in fig["runs"] if r is not None]
+    if runs:
+        fig["best"] = min(runs) if fig["better"] == LOWER else max(runs)
+        fig["median"] = statistics.median(runs)
+
+
+def brief(fig: dict[str, Any], unit: str) -> str:
+    runs = [r for r in fig["runs"] if r is not None]
+    if not runs:
+        return f"- {unit}"
+    best = min(runs) if fig["better"] == LOWER else max(runs)
+    return f"best {num(best)} {unit}, median {num(statistics.median(runs))} {unit}"
+
+
+def argv_text(argv: list[str]) -> str:
+    out = list(argv)
+    if out[:3] == [sys.executable, "-m", "dask"]:
+        out = ["dask", *out[3:]]
+    return " ".join(out)
+
+
+def num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def add_ratios(results: list[dict[str, Any]]) -> None:
+    """ratio = this configuration's value / the first configuration's (same figure)."""
+    base = next((r for r in results if r.get("figures")), None)
+    for r in results:
+        for key, fig in (r.get("figures") or {}).items():
+            ref = (base.get("figures") or {}).get(key) if base else None
+            for stat in ("best", "median"):
+                v, b = fig.get(stat), (ref or {}).get(stat)
+                fig[f"ratio_{stat}"] = (v / b) if (v is not None and b) else None
+
+
+def _transport_summary(r: dict[str, Any]) -> str:
+    info = r.get("transports") or {}
+    if not info:
+        return "-"
+    if r.get("protocol") != "ucx":
+        return "tcp comm (no UCX)"
+    parts = []
+    proto = (r.get("proto_info") or {}).get("workers") or {}
+    for i, (addr, w) in enumerate(sorted(info.items())):
+        tl = w.get("active_transports")
+        tls = ",".join(tl) if isinstance(tl, list) else (w.get("ucx_tls") or w.get("env", {}).get("UCX_TLS") or "?")
+        used = proto.get(addr)
+        parts.append(f"w{i}: {tls}" + (f" [endpoints: {','.join(sorted({u.split('/')[0] for u in used}))}]"
+                                       if used else ""))
+    return "; ".join(parts)
+
+
+def render_table(report: dict[str, Any]) -> str:
+    results = report["configs"]
+    m = report["machine"]
+    s = report["settings"]
+    gpus = m.get("gpus") or []
+    gpu_text = (f"{len(gpus)} x {gpus[0]['name']}" if gpus else "no GPU")
+    lines = [f"gpudask bench, {report['date']}, {m['hostname']}: {m['cpu_count']} CPUs, {gpu_text}"
+             + (f", driver {m['driver']}" if m.get("driver") else ""),
+             f"{s['nworkers']} workers x {s['nthreads']} thread(s), backend {s['backend']}, repeat {s['repeat']}"
+             + (", quick" if s["quick"] else "") + (f", max {s['max_seconds']:.0f} s" if s.get("max_seconds") else ""),
+             "cells: best / median (median relative to the first configuration)", ""]
+    names = [r["name"] for r in results]
+    keys: list[str] = []
+    for r in results:
+        for k in r.get("figures") or {}:
+            if k not in keys:
+                keys.append(k)
+    headers = ["figure", "unit", *names]
+    rows = []
+    for k in keys:
+        label = unit = None
+        cells = []
+        for r in results:
+            fig = (r.get("figures") or {}).get(k)
+            if fig is None:
+                cells.append("-" if r.get("status") != "skipped" else "skipped")
+                continue
+            label, unit = fig["label"], fig["unit"]
+            if fig["best"] is None:
+                cells.append("-")
+                continue
+            cell = num(fig["best"]) if fig["best"] == fig["median"] and len(fig["runs"]) <= 1 else \
+                f"{num(fig['best'])} / {num(fig['median'])}"
+            ratio = fig.get("ratio_median")
+            if ratio is not None and r is not results[0]:
+                cell += f" (x{ratio:.2f})"
+            cells.append(cell)
+        rows.append([label or k, unit or "", *cells])
+    rows.append(["UCX transports", "", *[_transport_summary(r) if r.get("status") != "skipped" else "skipped"
+                                         for r in results]])
+    from gpudask.report import table
+
+    lines.append(table(headers, rows))
+    notes = []
+    for r in results:
+        for n in r.get("notes") or []:
+            notes.append(f"{r['name']}: {n}")
+        for key, fig in (r.get("figures") or {}).items():
+            if fig.get("note"):
+                notes.append(f"{r['name']}: {fig['label']}: {fig['note']}")
+        mem = (r.get("gpu_memory") or {}).get("after_workloads")
+        if mem and mem.get("processes"):
+            parts = [f"{p['role']} {p['pid']} {num(p['MiB'])} MiB" for p in mem["processes"]]
+            notes.append(f"{r['name']}: GPU processes: " + ", ".join(parts))
+        prof = (r.get("profile") or {}).get("median_s_after_launch")
+        if prof:
+            notes.append(f"{r['name']}: profile (median s after launch): "
+                         + ", ".join(f"{k} {v:.2f}" for k, v in prof.items()))
+    notes += report.get("notes") or []
+    if notes:
+        lines += ["", "notes:"] + [f"- {n}" for n in notes]
+    return "\n".join(lines)
+
+

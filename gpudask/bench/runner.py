@@ -1,0 +1,285 @@
+"""Measuring one configuration within its time box: launches, transfers, (x + x.T).sum()."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import time
+import uuid
+from typing import Any, Callable
+
+from gpudask.bench.cluster import Cluster
+from gpudask.bench.configs import Host, Options, Spec, build_spec
+from gpudask.bench.measures import gpu_memory, profile_launch, proto_info, summarize_profiles
+from gpudask.bench.report import HIGHER, LOWER, argv_text, brief, figure, finish, size_label
+from gpudask.bench import workers as remote  # functions sent to the workers
+
+
+class TimeBox(Exception):
+    """The configuration's share of --max-seconds is spent."""
+
+
+class Interrupted(Exception):
+    """SIGTERM / SIGINT: stop measuring, tear down, report what was measured."""
+
+
+class Runner:
+    """Measures one configuration within its time box."""
+
+    def __init__(self, spec: Spec, host: Host, opts: Options, workdir: str, deadline: float,
+                 echo: Callable[[str], None], log_dir: str | None = None):
+        self.spec, self.host, self.opts, self.workdir = spec, host, opts, workdir
+        self.log_dir = log_dir
+        self.deadline = deadline
+        self.echo = echo
+        self.figures: dict[str, dict[str, Any]] = {}
+        self.notes: list[str] = list(spec.notes)
+        self.result: dict[str, Any] = {"name": spec.name, "protocol": spec.protocol, "status": "ok",
+                                       "commands": {"scheduler": argv_text(spec.scheduler_argv),
+                                                    "workers": [argv_text(a) for a, _ in spec.workers]},
+                                       "env": {"scheduler": spec.scheduler_env,
+                                               "workers": [e for _, e in spec.workers]}}
+        self.launches = 0
+        self.profiles: list[dict[str, Any]] = []
+        self.strays: list[int] = []
+
+    # -- time box ----------------------------------------------------------------------
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def timeout(self, at_least: float) -> float:
+        """A timeout for one step: what the time box leaves (plus a margin), never below
+        ``at_least``, never more than 10 minutes."""
+        return min(600.0, max(at_least, self.left() + 10.0))
+
+    def _loop(self, fig: dict[str, Any], run: Callable[[], float | None], warmup: bool = True,
+              estimate: float = 0.0) -> None:
+        """Warm-up (unless --quick) then --repeat runs, each only if time is left."""
+        total = self.opts.repeat + (1 if warmup and not self.opts.quick else 0)
+        for i in range(total):
+            last = fig["runs"][-1] if fig["runs"] else (fig["warmup"][-1] if fig["warmup"] else estimate)
+            if self.left() < (last or 0.0) * 1.2 + 0.5:
+                done = len(fig["runs"])
+                fig["note"] = f"time box: {done} of {self.opts.repeat} runs"
+                if not fig["runs"]:
+                    raise TimeBox(fig["label"])
+                return
+            value = run()
+            (fig["warmup"] if warmup and not self.opts.quick and i == 0 else fig["runs"]).append(value)
+
+    # -- the configuration -------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        ready = self.figures["ready_s"] = figure("ready", "s", LOWER)
+        launches = 1 if self.opts.quick else self.opts.repeat + 1
+        launch_budget = self.left() * (0.5 if launches > 1 else 1.0)
+        t_start = time.perf_counter()
+        for i in range(launches):
+            if i > 0 and (time.perf_counter() - t_start + (ready["runs"] or ready["warmup"])[-1] * 1.5 > launch_budget
+                          or self.left() < 30):
+                ready["note"] = f"time box: {len(ready['runs'])} of {self.opts.repeat} launches"
+                last = True
+            else:
+                last = i == launches - 1
+            cluster = self._launch(i)
+            if cluster is None:
+                break  # failed, noted
+            try:
+                warm = i == 0 and not self.opts.quick
+                (ready["warmup"] if warm else ready["runs"]).append(cluster.ready_s)
+                self.echo(f"[{self.spec.name}] launch {i + 1}: ready in {cluster.ready_s:.2f} s"
+                          + (" (warm-up)" if warm else ""))
+                if self.opts.profile:
+                    try:
+                        cluster.collect_pids()
+                        self.profiles.append(profile_launch(cluster))
+                    except Exception as e:
+                        self.notes.append(f"profile of launch {i + 1} failed: {type(e).__name__}: {e}")
+                if last:
+                    if not ready["runs"]:  # only the warm-up launch fitted: report it, say so
+                        ready["runs"] = list(ready["warmup"])
+                        ready["note"] = "time box: warm-up launch only"
+                    try:
+                        self._workloads(cluster)
+                    except (Interrupted, TimeBox):
+                        raise
+                    except Exception as e:
+                        self.result["status"] = "partial"
+                        self.notes.append(f"workloads failed: {type(e).__name__}: {e}")
+                        self.echo(f"[{self.spec.name}] workloads failed: {type(e).__name__}: {e}")
+            finally:
+                t_stop = time.perf_counter()
+                self.strays += cluster.stop()
+                self.keep_logs(cluster, i)
+                self.echo(f"[{self.spec.name}] teardown {time.perf_counter() - t_stop:.1f} s")
+            if last:
+                break
+        finish(ready)
+        for fig in self.figures.values():
+            finish(fig)
+        self.result["figures"] = self.figures
+        self.result["notes"] = self.notes
+        if self.opts.profile:
+            self.result["profile"] = summarize_profiles(self.profiles)
+        if self.strays:
+            self.notes.append(f"processes that survived SIGKILL: {self.strays}")
+        return self.result
+
+    def _launch(self, i: int) -> Cluster | None:
+        workdir = os.path.join(self.workdir, f"launch-{i}")
+        os.makedirs(workdir, exist_ok=True)
+        # the scheduler file and local directory are per launch: rebuild the commands
+        spec = build_spec(self.spec.name, self.host, self.opts, os.path.join(workdir, "scheduler.json"),
+                          os.path.join(workdir, "local"))
+        assert isinstance(spec, Spec)
+        cluster = Cluster(spec, self.host, self.opts, workdir)
+        timeout = min(self.opts.launch_timeout, max(20.0, self.left()))
+        try:
+            cluster.start(timeout)
+            self.launches += 1
+            return cluster
+        except Interrupted:
+            self.strays += cluster.stop()
+            self.keep_logs(cluster, i)
+            raise
+        except Exception as e:
+            self.strays += cluster.stop()
+            self.keep_logs(cluster, i)
+            self.result["status"] = "failed" if i == 0 else "partial"
+            self.notes.append(f"launch {i + 1} failed: {type(e).__name__}: {e}")
+            self.result["log_tail"] = cluster.log_tail()
+            self.echo(f"[{self.spec.name}] launch {i + 1} failed: {e}\n{cluster.log_tail()}")
+            return None
+
+    def keep_logs(self, cluster: Cluster, i: int) -> None:
+        if not self.log_dir:
+            return
+        dest = os.path.join(self.log_dir, self.spec.name, f"launch-{i}")
+        os.makedirs(dest, exist_ok=True)
+        for path in cluster.logs():
+            shutil.copy(path, dest)
+
+    def _workloads(self, cluster: Cluster) -> None:
+        cluster.collect_pids()
+        self.result["workers"] = {addr: {"pid": pid} for addr, pid in cluster.worker_pids.items()}
+        self._transports(cluster)
+        mem_ready = gpu_memory(cluster, self.host)
+        steps: list[tuple[str, Callable[[], None]]] = []
+        sizes, side, chunk = self.opts.sizes
+        if len(cluster.workers) < 2:
+            self.notes.append("fewer than 2 workers: no transfers")
+        else:
+            for nbytes in sizes:
+                steps.append((f"transfer {size_label(nbytes)}", functools.partial(self._transfer, cluster, nbytes)))
+        steps.append((f"transpose-sum {side}^2", lambda: self._transpose_sum(cluster, side, chunk)))
+        for i, (label, step) in enumerate(steps):
+            try:
+                with cluster.client.as_current():  # distributed.wait() looks for the default client
+                    step()
+            except TimeBox:
+                skipped = [s for s, _ in steps[i:]]
+                self.notes.append("time box: skipped " + ", ".join(skipped))
+                self.echo(f"[{self.spec.name}] time box: skipped {', '.join(skipped)}")
+                break
+            except Interrupted:
+                raise
+            except Exception as e:
+                self.result["status"] = "partial"
+                self.notes.append(f"{label} failed: {type(e).__name__}: {e}")
+                self.echo(f"[{self.spec.name}] {label} failed: {type(e).__name__}: {e}")
+        mem_end = gpu_memory(cluster, self.host)
+        if self.opts.proto_info:
+            self.result["proto_info"] = proto_info(cluster)
+        mems = [m for m in (mem_ready, mem_end) if m is not None]
+        if mems:
+            fig = self.figures["gpu_mem_outside_workers_MiB"] = figure("GPU memory outside workers", "MiB", LOWER)
+            worst = max(mems, key=lambda m: m["outside_workers_MiB"] if m["outside_workers_MiB"] is not None else -1)
+            if worst["outside_workers_MiB"] is not None:
+                fig["runs"] = [worst["outside_workers_MiB"]]
+            fig["note"] = worst.get("note")
+            self.result["gpu_memory"] = {"at_ready": mem_ready, "after_workloads": mem_end}
+
+    def _transports(self, cluster: Cluster) -> None:
+        info = cluster.client.run(remote.detached(remote.worker_info))
+        self.result["transports"] = info
+        if self.spec.name != "gpudask":
+            loaded = [a for a, i in info.items() if i.get("gpudask_loaded")]
+            if loaded:
+                self.notes.append(f"gpudask was imported in stock workers {loaded}: results are not stock")
+
+    def _transfer(self, cluster: Cluster, nbytes: int) -> None:
+        from distributed import wait
+
+        client = cluster.client
+        a, b = cluster.workers[0], cluster.workers[1]
+        label = size_label(nbytes)
+        t_fig = self.figures[f"transfer_{label}_s"] = figure(f"transfer {label} (end to end)", "s", LOWER)
+        bw_fig = self.figures[f"transfer_{label}_GBps"] = figure(f"transfer {label} (bandwidth)", "GB/s", HIGHER)
+        make, consume, incoming = (remote.detached(f) for f in (remote.make_array, remote.consume, remote.incoming))
+        timeout = self.timeout(max(30.0, nbytes / 1e8))  # 10 s per GB at worst
+        seq = iter(range(1_000_000))
+
+        def once() -> float:
+            i = next(seq)
+            tag = uuid.uuid4().hex[:8]
+            src = client.submit(make, nbytes, self.host.backend, i, key=f"bench-src-{label}-{tag}",
+                                workers=[a], allow_other_workers=False, pure=False)
+            wait(src, timeout=timeout)
+            if src.status != "finished":
+                src.result()  # raises the worker's error
+            t0 = time.perf_counter()
+            dst = client.submit(consume, src, key=f"bench-dst-{label}-{tag}", workers=[b],
+                                allow_other_workers=False, pure=False)
+            dst.result(timeout=timeout)
+            elapsed = time.perf_counter() - t0
+            entries = client.run(incoming, src.key, workers=[b]).get(b, [])
+            bw = None
+            if entries:
+                total = sum(e["total"] for e in entries)
+                duration = sum(e["duration"] for e in entries)
+                bw = total / duration / 1e9 if duration > 0 else None
+            is_warm = not self.opts.quick and not t_fig["warmup"] and not t_fig["runs"]
+            (bw_fig["warmup"] if is_warm else bw_fig["runs"]).append(bw)
+            del src, dst
+            return elapsed
+
+        self._loop(t_fig, once, estimate=nbytes / 1e9)
+        if not bw_fig["runs"] or all(v is None for v in bw_fig["runs"]):
+            bw_fig["note"] = "no transfer_incoming_log entry for the key"
+        self.echo(f"[{self.spec.name}] transfer {label}: {brief(t_fig, 's')}, {brief(bw_fig, 'GB/s')}")
+
+    def _transpose_sum(self, cluster: Cluster, side: int, chunk: int) -> None:
+        import operator
+
+        import dask
+        import dask.array as da
+        import numpy as np
+        from distributed import wait
+
+        client = cluster.client
+        fig = self.figures["transpose_sum_s"] = figure(f"(x + x.T).sum() {side}^2 chunks {chunk}", "s", LOWER)
+        meta = np.empty((0, 0))
+        x = da.empty((side, side), chunks=chunk, dtype="f8").map_blocks(
+            remote.detached(remote.random_block), self.host.backend, dtype="f8", meta=meta)
+        x = client.persist(x)
+        wait(x, timeout=self.timeout(60.0))
+        to_float = remote.detached(remote.to_float)
+
+        def once() -> float:
+            y = da.blockwise(operator.add, "ij", x, "ij", x.T, "ij", dtype="f8", meta=meta,
+                             name=f"bench-xpxt-{uuid.uuid4().hex[:8]}")
+            total = dask.delayed(to_float, pure=False)(y.sum())
+            t0 = time.perf_counter()
+            fut = client.compute(total)
+            fut.result(timeout=self.timeout(60.0))
+            elapsed = time.perf_counter() - t0
+            del fut
+            return elapsed
+
+        try:
+            self._loop(fig, once, estimate=1.0)
+        finally:
+            del x
+        self.echo(f"[{self.spec.name}] transpose-sum: {brief(fig, 's')}")
+
+

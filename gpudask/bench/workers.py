@@ -1,0 +1,118 @@
+"""Functions that run on the workers of a benchmarked cluster.
+
+Written as ordinary functions and sent as detached copies (module ``"__main__"``, no
+module globals) so that cloudpickle ships them by value: stock workers never import
+gpudask, which would make them not stock.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+def make_array(nbytes, backend, seed):
+    if backend == "cupy":
+        import cupy
+
+        x = cupy.random.default_rng(seed).random(nbytes // 8)
+        cupy.cuda.get_current_stream().synchronize()
+        return x
+    import numpy
+
+    return numpy.random.default_rng(seed).random(nbytes // 8)
+
+
+def consume(x):
+    return float(x.sum())
+
+
+def random_block(block, backend, block_info=None):
+    seed = 0
+    if block_info is not None:
+        seed = hash(tuple(block_info[0]["chunk-location"])) & 0xFFFFFFFF
+    if backend == "cupy":
+        import cupy
+
+        return cupy.random.default_rng(seed).random(block.shape)
+    import numpy
+
+    return numpy.random.default_rng(seed).random(block.shape)
+
+
+def to_float(x):
+    return float(x)
+
+
+def incoming(key, dask_worker=None):
+    """This worker's transfer_incoming_log entries that brought ``key``."""
+    out = []
+    for entry in list(dask_worker.transfer_incoming_log):
+        keys = entry.get("keys") or {}
+        if key in keys:
+            out.append({"duration": float(entry["duration"]), "total": int(entry["total"]),
+                        "bandwidth": float(entry["bandwidth"]), "who": str(entry.get("who"))})
+    return out
+
+
+def worker_info(dask_worker=None):
+    """What this worker process uses: UCX config and transports, GPU, gpudask."""
+    import os
+    import sys
+
+    info = {"pid": os.getpid(), "gpudask_loaded": "gpudask" in sys.modules,
+            "env": {k: v for k, v in sorted(os.environ.items())
+                    if k.startswith("UCX_") or k in ("CUDA_VISIBLE_DEVICES", "RAPIDS_NO_INITIALIZE")}}
+    try:
+        import dask
+
+        cfg = dask.config.get("distributed-ucxx", default=None)
+        info["distributed_ucxx"] = {k: v for k, v in (cfg or {}).items() if k != "version"} or None
+    except Exception as e:  # pragma: no cover - reported, never fatal
+        info["distributed_ucxx"] = f"error: {e}"
+    mod = sys.modules.get("distributed_ucxx.ucxx")
+    ucxx = getattr(mod, "ucxx", None) if mod is not None else None
+    if ucxx is not None:
+        try:
+            info["ucx_tls"] = ucxx.get_config().get("TLS")
+        except Exception as e:
+            info["ucx_tls"] = f"error: {e}"
+        try:
+            info["active_transports"] = sorted(ucxx.get_active_transports())
+        except Exception as e:
+            info["active_transports"] = f"error: {e}"
+    try:
+        from distributed.diagnostics.nvml import has_cuda_context
+
+        ctx = has_cuda_context()
+        info["cuda_context"] = bool(ctx.has_context)
+        if ctx.has_context and ctx.device_info is not None:
+            info["cuda_device"] = str(ctx.device_info.uuid)
+    except Exception:
+        info["cuda_context"] = None
+    rmm = sys.modules.get("rmm")
+    if rmm is not None and info.get("cuda_context"):
+        try:
+            info["rmm_resource"] = type(rmm.mr.get_current_device_resource()).__name__
+        except Exception:
+            pass
+    return info
+
+
+def getpid():
+    import os
+
+    return os.getpid()
+
+
+def detached(f: Callable) -> Callable:
+    """A copy of ``f`` that belongs to no importable module, so distributed/cloudpickle
+    ship its code by value and the receiving worker never imports ``gpudask``."""
+    import builtins
+    import types
+
+    g = types.FunctionType(f.__code__, {"__name__": "__main__", "__builtins__": builtins}, f.__name__,
+                           f.__defaults__, f.__closure__)
+    g.__kwdefaults__ = f.__kwdefaults__
+    g.__qualname__ = f"_bench{f.__name__}"
+    return g
+

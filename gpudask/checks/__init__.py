@@ -1,0 +1,25 @@
+"""The scheduler check: does the scheduler (and the client) match the workers?
+
+The scheduler sometimes deserialises data and, over UCX, receives GPU frames it relays,
+so it needs what the workers have (see docs/scheduler-check.md).  This package runs the
+``gpudask_scheduler_check`` hook; what is compared is up to the plugins.
+
+* :mod:`gpudask.checks.sides` -- reading what a process published, running the hooks (pure);
+* :mod:`gpudask.checks.runner` -- :class:`SchedulerCheck`, the ``SchedulerPlugin``, and
+  :func:`install`, which the apply stage calls in a scheduler started with gpudask;
+* :mod:`gpudask.checks.client` -- ``gpudask.check(client)`` and ``gpudask check``.
+"""
+
+from __future__ import annotations
+
+from gpudask.checks.client import check, check_cli, format_report, run_check
+from gpudask.checks.runner import SchedulerCheck, install, plan_here, report_on_scheduler
+from gpudask.checks.sides import (ACTION_KEY, ACTIONS, CLIENT_WARN_TOPIC, EVENT_TOPIC, EXTRA_KEY, HANDLER,
+                                  PLUGIN_NAME, PUBLISHED_KEY, evaluate_worker, local_side, run_hooks, scheme,
+                                  side_from_published)
+from gpudask.findings import SEVERITIES, Finding, worst
+
+__all__ = ["ACTIONS", "ACTION_KEY", "CLIENT_WARN_TOPIC", "EVENT_TOPIC", "EXTRA_KEY", "HANDLER", "PLUGIN_NAME",
+           "PUBLISHED_KEY", "SEVERITIES", "Finding", "SchedulerCheck", "check", "check_cli", "evaluate_worker",
+           "format_report", "install", "local_side", "plan_here", "report_on_scheduler", "run_check", "run_hooks",
+           "scheme", "side_from_published", "worst"]

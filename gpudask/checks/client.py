@@ -1,0 +1,196 @@
+"""The client side of the scheduler check: ``gpudask.check(client)`` and ``gpudask check``.
+
+Fetches the scheduler's report (its installed check's, or a one-off evaluation) and adds
+this client's own comparison with the scheduler and with each worker: the client
+deserialises what it gathers, so it should match them too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpudask.checks.runner import plan_here, report_on_scheduler
+from gpudask.checks.sides import SEVERITIES, dedupe, local_side, run_hooks, scheme, side_from_published, summary
+from gpudask.errors import GpudaskError
+from gpudask.findings import Finding, worst
+
+ADDRESS_FORMS = "tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT, or --scheduler-file FILE"
+
+
+def _fetch_scheduler_report(client: Any) -> dict[str, Any]:
+    report: dict[str, Any]
+    try:
+        report = client.run_on_scheduler(report_on_scheduler)
+    except Exception as first:  # noqa: BLE001
+        # pickled functions refused (distributed.scheduler.pickle: false)? the handler
+        # of an installed check needs no pickle
+        try:
+            report = client.sync(client.scheduler.gpudask_check, sides=True)
+        except Exception:  # noqa: BLE001
+            raise first from None
+    return report
+
+
+def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
+              here: tuple[Any, Any, Any] | None = None) -> dict[str, Any]:
+    """The report of the scheduler check, with this client compared too.
+
+    :param client: default: the current client.
+    :param extra_plugins: gpudask plugin objects whose checks run here too.
+    :param here: ``(manager, ctx, facts)`` of this process, when the caller has them;
+        else they are planned here (:func:`plan_here`: facts probed, or ``$GPUDASK_FACTS``).
+    :return: the report; ``report["status"]`` is ``"ok"``, ``"info"``, ``"warning"`` or ``"error"``.
+    """
+    if client is None:
+        from distributed import get_client
+
+        client = get_client()
+    findings: list[Finding] = []
+    try:
+        remote = _fetch_scheduler_report(client)
+    except Exception as e:  # noqa: BLE001 - e.g. gpudask not installed on the scheduler
+        remote = {"installed": False, "action": None, "scheduler": {"address": client.scheduler.address},
+                  "problem": f"the scheduler could not run gpudask's check ({type(e).__name__}: {e}); "
+                             f"is gpudask installed there?", "workers": {}, "refused": {}, "findings": [],
+                  "sides": {"scheduler": None, "workers": {}}}
+    sides = remote.pop("sides", None) or {}
+    if remote.get("problem"):
+        findings.append(Finding("error", "check-unavailable", remote["problem"], plugin="gpudask",
+                                subject="scheduler"))
+    protocol = scheme(client.scheduler.address)
+    mine: list[Finding] = []
+    try:
+        manager, ctx, facts = here if here is not None else plan_here(protocol, extra_plugins)
+    except GpudaskError as e:  # e.g. a $GPUDASK_FACTS that cannot run this protocol
+        manager = ctx = facts = None
+        mine.append(Finding("warning", "check-unavailable",
+                            f"this client could not be compared: gpudask cannot plan here ({e})",
+                            plugin="gpudask", subject="client"))
+    me = local_side(facts, "client", None, protocol) if facts is not None else None
+    scheduler_side = sides.get("scheduler")
+    if isinstance(scheduler_side, dict):
+        try:
+            scheduler_side = dict(side_from_published(
+                {"facts": scheduler_side.get("facts"), "protocol": scheduler_side.get("protocol"),
+                 "version": scheduler_side.get("gpudask"), "facts_origin": scheduler_side.get("facts_origin")},
+                "scheduler", scheduler_side.get("address")))
+        except ValueError:
+            scheduler_side = None
+    if me is not None and isinstance(scheduler_side, dict):
+        mine += run_hooks(manager, ctx, scheduler_side, me, "client", "scheduler")
+    per_worker: list[Finding] = []
+    for address, side in sorted((sides.get("workers") or {}).items()):
+        if me is not None and isinstance(side, dict):
+            per_worker += run_hooks(manager, ctx, side, me, "client", address)
+    mine += dedupe(per_worker)
+    report = dict(remote)
+    report["client"] = {"summary": summary(me, None), "status": worst(mine), "findings": [f.to_dict() for f in mine]}
+    all_findings = [f.to_dict() for f in findings] + list(remote.get("findings") or []) + report["client"]["findings"]
+    report["findings"] = all_findings
+    report["status"] = worst(all_findings)
+    report["counts"] = {sev: sum(f.get("severity") == sev for f in all_findings) for sev in SEVERITIES}
+    return report
+
+
+def check(client: Any = None, extra_plugins: Iterable[Any] = ()) -> dict[str, Any]:
+    """``gpudask.check(client)``: the scheduler check's report, this client compared too
+    (see :func:`run_check`)."""
+    return run_check(client, extra_plugins)
+
+
+def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[Any]]], str]) -> str:
+    """The readable form of a report (``gpudask check`` without ``--json``); ``table``
+    renders headers and rows as text."""
+    sched = report.get("scheduler") or {}
+    gpus = sched.get("gpus")
+    origin = sched.get("facts_origin")
+    installed = (f"check installed, action {report.get('action')}" if report.get("installed")
+                 else "check not installed (one-off report)")
+    lines = [f"scheduler {sched.get('address')}: protocol {sched.get('protocol')}, "
+             f"{len(gpus) if isinstance(gpus, list) else '?'} GPU(s), driver {sched.get('driver_version') or 'none'}"
+             + (f", facts from {origin}" if origin not in (None, "probed") else "") + f"; {installed}"]
+    workers = report.get("workers") or {}
+    if workers:
+        rows = [[a, "yes" if w.get("gpudask") else "no", w.get("status"), len(w.get("findings") or [])]
+                for a, w in workers.items()]
+        lines += ["", table(["worker", "gpudask", "status", "findings"], rows)]
+    else:
+        lines.append("no workers connected")
+    lines += [f"refused: {address}" for address in report.get("refused") or {}]
+    findings = sorted(report.get("findings") or [], key=lambda f: -SEVERITIES.index(f.get("severity", "info")))
+    lines.append("")
+    if findings:
+        rows = [[f.get("severity"), f.get("subject") or "-", f.get("reference") or "-", f.get("plugin") or "gpudask",
+                 f.get("message")] for f in findings]
+        lines += [table(["severity", "process", "compared with", "plugin", "finding"], rows), ""]
+    counts = report.get("counts") or {}
+    lines.append(f"{counts.get('error', 0)} error(s), {counts.get('warning', 0)} warning(s), "
+                 f"{counts.get('info', 0)} info: {report.get('status')}")
+    return "\n".join(lines)
+
+
+def scheduler_address(address: str | None, scheduler_file: str | None) -> str:
+    """The scheduler's address, checked for form.
+
+    :raises GpudaskError: one line naming what is wrong and the accepted forms.
+    """
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    if scheduler_file:
+        try:
+            with open(scheduler_file) as f:
+                address = json.load(f)["address"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise GpudaskError(f"cannot read the scheduler's address from {scheduler_file}: "
+                               f"{type(e).__name__}: {e}") from None
+    if not address:
+        raise GpudaskError(f"give the scheduler's address; accepted: {ADDRESS_FORMS}")
+    try:
+        parse_host_port(parse_address(address)[1])
+    except (ValueError, TypeError) as e:
+        raise GpudaskError(f"{address!r} is not a scheduler address ({e}); accepted: {ADDRESS_FORMS}") from None
+    return address
+
+
+def _probe(address: str, timeout: float) -> None:
+    """Connect once and hang up, so that an unreachable TCP scheduler fails here, within
+    ``timeout``, and not inside ``Client()`` (whose half-made object hangs at exit)."""
+    import asyncio
+
+    from distributed.comm.core import connect
+
+    async def once() -> None:
+        comm = await connect(address, timeout=timeout)
+        await comm.close()
+
+    asyncio.run(once())
+
+
+def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float,
+              echo: Callable[..., Any], table: Callable[[list[str], list[list[Any]]], str]) -> int:
+    """``gpudask check``: 0 when no error-level finding, 1 when there is one, 2 when the
+    scheduler cannot be reached."""
+    from distributed import Client
+
+    try:
+        target = scheduler_address(address, scheduler_file)
+    except GpudaskError as e:
+        echo(f"gpudask: error: {e}", err=True)
+        return 2
+    try:
+        # plain TCP only: UCX is set up once per process and TLS needs the security
+        # context, both of which Client() does itself
+        if scheme(target) in (None, "tcp"):
+            _probe(target, timeout)
+        client = Client(target, timeout=timeout, set_as_default=False)
+    except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
+        echo(f"gpudask: error: cannot connect to the scheduler {target}: {e}", err=True)
+        return 2
+    try:
+        report = run_check(client)
+    finally:
+        client.close()
+    echo(json.dumps(report, indent=1, default=str) if as_json else format_report(report, table))
+    return 1 if report["status"] == "error" else 0

@@ -1,0 +1,251 @@
+"""The scheduler check runner: a ``SchedulerPlugin`` comparing each worker with the scheduler.
+
+Two ways in:
+
+* the apply stage, in a scheduler started with gpudask, calls :func:`install` with the
+  scheduler's plugin manager, plan context and side;
+* a client registers ``SchedulerCheck()`` on a running scheduler
+  (``client.register_plugin(gpudask.checks.SchedulerCheck())``): it then plans the
+  comparison itself (:func:`plan_here`, off the event loop) and also checks the workers
+  already connected.
+
+Findings go to the scheduler log (logger ``distributed.gpudask.check``), to dask's event log (topic
+``"gpudask"``), to the worker's ``scheduler_info()["workers"][addr]["gpudask-check"]``
+and to the ``gpudask_check`` handler.  ``gpudask.scheduler-check.action`` decides what
+else happens: ``warn`` nothing more; ``error`` also warns every connected client (a
+``"warn"`` event, which distributed's clients turn into a ``UserWarning``); ``refuse``
+also closes the offending worker with the findings as reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from gpudask.checks.sides import (ACTION_KEY, ACTIONS, CLIENT_WARN_TOPIC, EVENT_TOPIC, EXTRA_KEY, HANDLER,
+                                  PLUGIN_NAME, describe, evaluate_worker, local_side, read_action, scheme, summary)
+from gpudask.errors import GpudaskError
+from gpudask.findings import Finding, worst
+
+logger = logging.getLogger("distributed.gpudask.check")
+
+
+def plan_here(protocol: str | None, extra_plugins: Iterable[Any] = ()) -> tuple[Any, Any, Any]:
+    """``(manager, ctx, facts)`` for comparing this process, where gpudask applied no plan
+    (a scheduler without gpudask, a client): the plugins and settings in effect here and
+    this host's facts.  Changes nothing but the dask config defaults of the plugins.
+
+    :raises GpudaskError: when gpudask cannot plan here (e.g. a described host that
+        cannot run ``protocol``).
+    """
+    import dask.config
+
+    from gpudask.config import Settings, load_dask_config, register_defaults
+    from gpudask.facts import get_facts
+    from gpudask.manager import PluginManager
+    from gpudask.planner import build_plan
+
+    load_dask_config()
+    manager = PluginManager.from_environment(extra_plugins)
+    options = manager.config_options()
+    register_defaults(options)
+    settings = Settings(options, config=dask.config.config, environ=dict(os.environ))
+    facts = get_facts()
+    # the whole plan is built so that a host gpudask cannot plan for is reported as such
+    host = build_plan(facts, settings, manager, protocol or "tcp", None, dict(os.environ), dask.config.config)
+    return manager, host.ctx, facts
+
+
+class SchedulerCheck(SchedulerPlugin):
+    """Compares each worker with the scheduler (runs the ``gpudask_scheduler_check`` hook).
+
+    :param action: ``"warn"``, ``"error"`` or ``"refuse"``; default: the scheduler's
+        ``gpudask.scheduler-check.action``.
+    :param extra_plugins: gpudask plugin objects to add to the scheduler's (they travel
+        pickled when a client registers this plugin; their module must be importable on
+        the scheduler).
+    :param dry: evaluate only: no log, events, changes or actions (a one-off report).
+    """
+
+    name = PLUGIN_NAME
+    idempotent = True  # registering it again (e.g. on a scheduler started with gpudask) is a no-op
+
+    def __init__(self, action: str | None = None, extra_plugins: Iterable[Any] = (), *, dry: bool = False):
+        if action is not None and action not in ACTIONS:
+            raise GpudaskError(f"{ACTION_KEY}: {action!r} is not valid; accepted: {' | '.join(ACTIONS)}")
+        self.action_override = action
+        self.extra_plugins = list(extra_plugins)
+        self.dry = dry
+        self._reset()
+
+    def _reset(self) -> None:
+        self.scheduler: Any = None
+        self.manager: Any = None
+        self.ctx: Any = None
+        self.side: dict[str, Any] | None = None
+        self.action = self.action_override or "warn"
+        self.problem: str | None = None
+        self.results: dict[str, dict[str, Any]] = {}
+        self.sides: dict[str, dict[str, Any] | None] = {}
+        self.refused: dict[str, dict[str, Any]] = {}
+        self._started = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"action_override": self.action_override, "extra_plugins": self.extra_plugins, "dry": self.dry}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.action_override = state.get("action_override")
+        self.extra_plugins = list(state.get("extra_plugins") or ())
+        self.dry = bool(state.get("dry"))
+        self._reset()
+
+    # -- setting up ------------------------------------------------------------------
+    def use(self, scheduler: Any, manager: Any, ctx: Any, side: dict[str, Any]) -> None:
+        """Compare with these: the scheduler's plugin manager, plan context and side."""
+        self.scheduler, self.manager, self.ctx, self.side = scheduler, manager, ctx, side
+        self.action = read_action(ctx, self.action_override)
+
+    async def _prepare(self, scheduler: Any) -> None:
+        if self.manager is not None:
+            return
+        self.scheduler = scheduler
+        protocol = scheme(scheduler.address)
+        try:
+            # probing the host (NVML, ucx_info) must not block the scheduler's event loop
+            manager, ctx, facts = await asyncio.to_thread(plan_here, protocol, self.extra_plugins)
+        except GpudaskError as e:
+            self.problem = f"gpudask cannot plan on the scheduler, so nothing is checked: {e}"
+            if not self.dry:
+                logger.error("gpudask check: %s", self.problem)
+                scheduler.log_event(EVENT_TOPIC, {"action": "scheduler-check-unavailable", "reason": self.problem})
+            return
+        if self.manager is None:  # install() may have given them meanwhile
+            self.use(scheduler, manager, ctx, local_side(facts, "scheduler", scheduler.address, protocol))
+
+    async def start(self, scheduler: Any) -> None:
+        if self._started:
+            return  # installed on a running scheduler: whoever calls start() first wins
+        self._started = True
+        if not self.dry:
+            scheduler.handlers[HANDLER] = self.handle_report
+        await self._prepare(scheduler)
+        if self.manager is None:
+            return
+        if not self.dry:
+            # a CPU host over tcp: nothing of gpudask's to say at INFO
+            level = logging.INFO if (self.ctx.gpus or self.ctx.uses_ucx) else logging.DEBUG
+            logger.log(level, "gpudask check: scheduler %s (%s) checks its workers; action %s", scheduler.address,
+                       describe(self.side), self.action)
+        for address in list(scheduler.workers):
+            self.check_worker(address)
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        if self.manager is None:
+            return  # start() checks it once the comparison is prepared
+        self.check_worker(worker)
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        self.results.pop(worker, None)
+        self.sides.pop(worker, None)
+
+    async def close(self) -> None:
+        if self.scheduler is not None and self.scheduler.handlers.get(HANDLER) == self.handle_report:
+            del self.scheduler.handlers[HANDLER]
+
+    # -- checking --------------------------------------------------------------------
+    def check_worker(self, address: str) -> list[Finding]:
+        """Compare one connected worker with the scheduler and act on the findings."""
+        ws = self.scheduler.workers.get(address) if self.scheduler is not None else None
+        if ws is None or self.manager is None or self.side is None:
+            return []
+        findings, side = evaluate_worker(self.manager, self.ctx, self.side, address, ws.extra)
+        status = worst(findings)
+        result = {"status": status, "gpudask": side is not None, "findings": [f.to_dict() for f in findings]}
+        self.results[address] = result
+        self.sides[address] = side
+        if self.dry:
+            return findings
+        ws.extra[EXTRA_KEY] = {"status": status, "action": self.action, "findings": result["findings"]}
+        for f in findings:
+            level = {"error": logging.ERROR, "warning": logging.WARNING}.get(f.severity, logging.INFO)
+            logger.log(level, "gpudask check: %s", f.line())
+        if not findings:
+            logger.info("gpudask check: worker %s matches the scheduler", address)
+        self.scheduler.log_event(EVENT_TOPIC, {"action": "scheduler-check", "worker": address, "status": status,
+                                               "policy": self.action, "findings": result["findings"]})
+        problems = [f for f in findings if f.severity in ("warning", "error")]
+        if problems and self.action == "error":
+            # one warning per worker in every connected client (distributed's default "warn" handler)
+            self.scheduler.log_event(CLIENT_WARN_TOPIC, "gpudask scheduler check: "
+                                     + "\n".join(f.line() for f in problems))
+        if problems and self.action == "refuse":
+            self._refuse(address, problems)
+        return findings
+
+    def _refuse(self, address: str, problems: list[Finding]) -> None:
+        reason = "gpudask scheduler check refused this worker: " + "; ".join(
+            f"{f.severity}: [{f.plugin or 'gpudask'}] {f.message}" for f in problems)
+        logger.error("gpudask check: closing worker %s: %s", address, reason)
+        self.refused[address] = {"reason": reason, "findings": [f.to_dict() for f in problems]}
+        self.scheduler.log_event(EVENT_TOPIC, {"action": "refuse-worker", "worker": address, "reason": reason})
+        # The worker's stream may not be started yet (we run inside Scheduler.add_worker):
+        # BatchedSend keeps the message until it is; the worker then closes itself (and
+        # tells its nanny not to restart it) with this reason and unregisters.
+        self.scheduler.worker_send(address, {"op": "close", "reason": reason})
+
+    # -- reporting -------------------------------------------------------------------
+    def report(self, sides: bool = False) -> dict[str, Any]:
+        findings = [f for r in self.results.values() for f in r["findings"]]
+        findings += [f for address, r in self.refused.items() if address not in self.results for f in r["findings"]]
+        out = {
+            "installed": not self.dry,
+            "action": self.action,
+            "scheduler": summary(self.side, self.scheduler.address if self.scheduler is not None else None),
+            "problem": self.problem,
+            "workers": {a: dict(r) for a, r in sorted(self.results.items())},
+            "refused": dict(self.refused),
+            "findings": findings,
+            "status": worst(findings) if self.problem is None else "error",
+        }
+        if sides:
+            out["sides"] = {"scheduler": self.side, "workers": dict(self.sides)}
+        return out
+
+    def handle_report(self, sides: bool = False) -> dict[str, Any]:
+        return self.report(sides=bool(sides))
+
+
+def install(scheduler: Any, manager: Any, ctx: Any, side: dict[str, Any], action: str | None = None) -> SchedulerCheck:
+    """Add the check to a scheduler that runs gpudask (idempotent); the apply stage calls it
+    with the scheduler's plugin manager, plan context and side (:func:`local_side`)."""
+    existing = scheduler.plugins.get(PLUGIN_NAME)
+    if isinstance(existing, SchedulerCheck):
+        if existing.manager is None:
+            existing.use(scheduler, manager, ctx, side)
+        return existing
+    from distributed.core import Status
+
+    plugin = SchedulerCheck(action=action)
+    plugin.use(scheduler, manager, ctx, side)
+    scheduler.add_plugin(plugin, name=PLUGIN_NAME, idempotent=True)
+    if scheduler.status == Status.running:
+        # a running scheduler (gpudask applied late): nobody else calls start(), which also
+        # checks the connected workers; start() runs once
+        scheduler.loop.add_callback(plugin.start, scheduler)
+    # else at dask_setup time: Scheduler.start_unsafe calls plugin.start() right after
+    return plugin
+
+
+async def report_on_scheduler(dask_scheduler: Any = None) -> dict[str, Any]:
+    """Run on the scheduler by ``gpudask check``: the installed check's report, or a one-off
+    evaluation (nothing logged, changed or enforced) when none is installed."""
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    if not isinstance(plugin, SchedulerCheck):
+        plugin = SchedulerCheck(dry=True)
+        await plugin.start(dask_scheduler)
+    return plugin.report(sides=True)

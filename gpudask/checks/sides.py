@@ -1,0 +1,207 @@
+"""The comparison itself, pure: read what a process published, run the plugins' checks.
+
+Each process is a *side*: ``{"role", "address", "facts", "protocol", "gpudask",
+"facts_origin"}``.  A worker's side comes from what its gpudask published in its startup
+information (``WorkerState.extra["gpudask"]``), validated here and never unpickled; the
+scheduler's and the client's from their own facts (:func:`local_side`).  What is compared
+is up to the plugins' ``gpudask_scheduler_check`` hooks; the core knows no plugin by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpudask._version import __version__
+from gpudask.errors import FactsError, GpudaskError
+from gpudask.findings import SEVERITIES, Finding, MalformedData, json_safe
+
+ACTIONS = ("warn", "error", "refuse")
+ACTION_KEY = "gpudask.scheduler-check.action"
+PLUGIN_NAME = "gpudask-check"  # the SchedulerPlugin's name in scheduler.plugins
+EVENT_TOPIC = "gpudask"  # client.get_events("gpudask") / client.subscribe_topic("gpudask", ...)
+CLIENT_WARN_TOPIC = "warn"  # distributed's clients turn events of this topic into warnings
+EXTRA_KEY = "gpudask-check"  # WorkerState.extra key -> scheduler_info()["workers"][addr]
+HANDLER = "gpudask_check"  # scheduler RPC handler returning the report
+PUBLISHED_KEY = "gpudask"  # what a worker's gpudask puts in its startup information
+
+_ABSENT = object()
+
+
+def scheme(address: str | None) -> str | None:
+    """``"ucx"`` for ``"ucx://10.0.0.1:8786"``; None for anything without a scheme."""
+    return address.split("://", 1)[0] if isinstance(address, str) and "://" in address else None
+
+
+def local_side(facts: Any, role: str, address: str | None, protocol: str | None) -> dict[str, Any]:
+    """This process as a side of the comparison, from its own facts."""
+    return {"role": role, "address": address, "facts": facts.to_dict(), "protocol": protocol,
+            "gpudask": __version__, "facts_origin": facts.origin}
+
+
+def side_from_published(published: Any, role: str, address: str | None) -> dict[str, Any]:
+    """Validate what a process published under ``"gpudask"`` and return the hook's view
+    of it: ``{"role", "address", "facts", "protocol", "gpudask", "facts_origin"}``.
+
+    :raises ValueError: with a one-line reason when the data is malformed.
+    """
+    from gpudask.facts import facts_from_dict
+
+    try:
+        data = json_safe(published)
+    except MalformedData as e:
+        raise ValueError(f"not JSON-compatible data ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"expected an object, got {type(data).__name__}")
+    if "facts" not in data:
+        raise ValueError("no 'facts' in it")
+    try:
+        facts = facts_from_dict(data["facts"], f"facts of the {role}")
+    except FactsError as e:
+        raise ValueError(str(e)) from None
+    for key in ("version", "protocol", "facts_origin"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ValueError(f"{key!r} must be a string, got {type(data[key]).__name__}")
+    return {"role": role, "address": address, "facts": facts.to_dict(), "protocol": data.get("protocol"),
+            "gpudask": data.get("version"), "facts_origin": data.get("facts_origin")}
+
+
+def run_hooks(manager: Any, ctx: Any, reference: dict[str, Any], other: dict[str, Any] | None,
+              subject: str, reference_name: str) -> list[Finding]:
+    """Call every plugin's ``gpudask_scheduler_check``; a failing plugin becomes a finding."""
+    try:
+        results = manager.scheduler_check(ctx, reference, other)
+    except GpudaskError as e:
+        return [Finding("warning", "plugin-failed", f"the check could not finish: {e}",
+                        plugin=getattr(e, "plugin", None) or "gpudask", subject=subject, reference=reference_name)]
+    except Exception as e:  # noqa: BLE001 - e.g. a plugin returned something that is not a Finding
+        return [Finding("warning", "plugin-failed", f"the check could not finish: {type(e).__name__}: {e}",
+                        plugin="gpudask", subject=subject, reference=reference_name)]
+    findings = []
+    for item in results:
+        if isinstance(item, dict):
+            try:
+                item = Finding.from_dict(item)
+            except ValueError:
+                item = None
+        if not isinstance(item, Finding):
+            findings.append(Finding("warning", "plugin-failed",
+                                    f"a plugin returned {type(item).__name__}, not a gpudask Finding",
+                                    plugin=getattr(item, "plugin", None) or "gpudask"))
+            continue
+        findings.append(item)
+    for f in findings:
+        f.subject = f.subject or subject
+        f.reference = f.reference or reference_name
+    return findings
+
+
+def evaluate_worker(manager: Any, ctx: Any, scheduler_side: dict[str, Any], address: str,
+                    extra: Any) -> tuple[list[Finding], dict[str, Any] | None]:
+    """Findings for one worker, from its ``WorkerState.extra``; never raises."""
+    published = extra.get(PUBLISHED_KEY, _ABSENT) if isinstance(extra, dict) else _ABSENT
+    findings: list[Finding] = []
+    side = None
+    if published is _ABSENT:
+        findings.append(Finding(
+            "warning", "no-gpudask",
+            "the worker does not run gpudask (nothing under 'gpudask' in its startup information), so its GPU, "
+            "driver, CUDA and packages cannot be compared with the scheduler's; start it with --preload gpudask",
+            plugin="gpudask"))
+    else:
+        try:
+            side = side_from_published(published, "worker", address)
+        except ValueError as e:
+            findings.append(Finding(
+                "warning", "malformed-facts",
+                f"the worker published malformed gpudask data ({e}); it cannot be compared with the scheduler",
+                plugin="gpudask"))
+        else:
+            side["protocol"] = scheme(address) or side["protocol"]
+        findings += not_applied(published)
+    findings += run_hooks(manager, ctx, scheduler_side, side, address, "scheduler")
+    for f in findings:
+        f.subject, f.reference = f.subject or address, f.reference or "scheduler"
+    return findings, side
+
+
+def not_applied(published: Any) -> list[Finding]:
+    """An error finding for every planned value the worker's live process does not have
+    (its applied state, read after setup: gpudask.apply.state)."""
+    mismatches = published.get("mismatches") if isinstance(published, dict) else None
+    out = []
+    for m in mismatches if isinstance(mismatches, list) else []:
+        if not isinstance(m, dict):
+            continue
+        out.append(Finding(
+            "error", "not-applied",
+            f"{m.get('process')}: {m.get('key')} is {m.get('actual')!r}, planned {m.get('planned')!r}: the plan "
+            "did not take effect (something changed it after gpudask, or could not apply it)",
+            plugin=str(m.get("plugin") or "gpudask")))
+    return out
+
+
+def read_action(ctx: Any, override: str | None = None) -> str:
+    """The check's policy: ``override``, else the setting (``warn`` when unreadable)."""
+    if override is not None:
+        return override
+    settings: Any = getattr(ctx, "settings", None)
+    try:
+        return str(settings[ACTION_KEY])
+    except (KeyError, TypeError, GpudaskError):
+        import dask.config
+
+        value = dask.config.get(ACTION_KEY, default="warn")
+        return value if value in ACTIONS else "warn"
+
+
+def dedupe(findings: list[Finding]) -> list[Finding]:
+    """The client compared with N workers says the same thing N times: say it once."""
+    merged: dict[tuple[Any, ...], Finding] = {}
+    for f in findings:
+        key = (f.plugin, f.code, f.severity, f.message, f.subject)
+        if key in merged:
+            m = merged[key]
+            m.reference = f"{m.reference}, {f.reference}"
+        else:
+            merged[key] = f
+    return list(merged.values())
+
+
+def describe(side: dict[str, Any] | None) -> str:
+    """One line on a side, for the scheduler log."""
+    if not side:
+        return "unknown"
+    facts = side.get("facts") or {}
+    gpus = facts.get("gpus") or []
+    origin = side.get("facts_origin")
+    where = f"facts described by {origin}" if origin and origin != "probed" else "probed facts"
+    visible = _visible_count(facts)
+    shown = f"{len(gpus)} GPU(s)" if visible in (None, len(gpus)) else f"{visible} of {len(gpus)} GPU(s) visible"
+    return (f"protocol {side.get('protocol')}, {shown}, driver {facts.get('driver_version') or 'none'}, "
+            f"{where}")
+
+
+def _visible_count(facts: dict[str, Any]) -> int | None:
+    """GPUs CUDA shows the process (CUDA_VISIBLE_DEVICES applied); None if unreadable."""
+    from gpudask.facts import facts_from_dict
+
+    try:
+        return len(facts_from_dict(facts, "published").visible_gpus())
+    except (FactsError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def summary(side: dict[str, Any] | None, address: str | None) -> dict[str, Any]:
+    """What a report shows of a side."""
+    if not side:
+        return {"address": address}
+    facts = side.get("facts") or {}
+    return {"address": address, "protocol": side.get("protocol"), "gpudask": side.get("gpudask"),
+            "facts_origin": side.get("facts_origin"), "hostname": facts.get("hostname"),
+            "gpus": [g.get("name") for g in facts.get("gpus") or [] if isinstance(g, dict)],
+            "driver_version": facts.get("driver_version"), "cuda_driver_version": facts.get("cuda_driver_version")}
+
+
+__all__ = ["ACTIONS", "ACTION_KEY", "CLIENT_WARN_TOPIC", "EVENT_TOPIC", "EXTRA_KEY", "HANDLER", "PLUGIN_NAME",
+           "PUBLISHED_KEY", "SEVERITIES", "dedupe", "describe", "evaluate_worker", "local_side", "read_action",
+           "run_hooks", "scheme", "side_from_published", "summary"]

@@ -1,0 +1,130 @@
+"""Findings: what a comparison of two processes (the scheduler check) reports.
+
+A :class:`Finding` is plain data that travels as JSON (scheduler log, dask events,
+``WorkerState.extra``); :func:`json_safe` is how data published by another process is
+read: only JSON-compatible values, bounded in size and depth, never unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("info", "warning", "error")
+
+# Limits on what another process may publish: anything beyond is "malformed", never a crash.
+_MAX_DEPTH = 12
+_MAX_ITEMS = 20000
+_MAX_STR = 4096
+
+
+@dataclass
+class Finding:
+    """One result of the scheduler check.
+
+    :param severity: ``"error"`` (this will fail), ``"warning"`` (this may fail, or
+        differs where it should not), ``"info"``.
+    :param code: a short stable identifier (``"scheduler-no-gpu"``, ``"package-mismatch"``).
+    :param message: a plain statement of what differs and its consequence.  Name the
+        sides by role ("the scheduler", "the worker", "the client"), not by address:
+        the runner records which process was compared in ``subject`` / ``reference``.
+    :param plugin: filled by the plugin manager with the plugin's name.
+    :param subject: the process compared (a worker address, or ``"client"``).
+    :param reference: what it was compared with (``"scheduler"``, or worker addresses).
+    :param details: JSON-compatible data (e.g. ``{"package": "cupy", "scheduler": None,
+        "worker": "14.2.0"}``).
+    """
+
+    severity: str
+    code: str
+    message: str
+    plugin: str | None = None
+    subject: str | None = None
+    reference: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"Finding severity must be one of {', '.join(SEVERITIES)}, got {self.severity!r}")
+
+    @property
+    def rank(self) -> int:
+        return SEVERITIES.index(self.severity)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"severity": self.severity, "code": str(self.code), "message": str(self.message),
+                "plugin": self.plugin, "subject": self.subject, "reference": self.reference,
+                "details": json_copy(self.details)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Finding:
+        if not isinstance(data, dict):
+            raise ValueError(f"a finding must be a dict, got {type(data).__name__}")
+        severity = data.get("severity")
+        details = data.get("details")
+        return cls(severity=severity if severity in SEVERITIES else "warning", code=str(data.get("code", "")),
+                   message=str(data.get("message", "")), plugin=_opt_str(data.get("plugin")),
+                   subject=_opt_str(data.get("subject")), reference=_opt_str(data.get("reference")),
+                   details=details if isinstance(details, dict) else {})
+
+    def line(self) -> str:
+        who = self.subject or "?"
+        against = f" vs {self.reference}" if self.reference else ""
+        return f"{self.severity}: {who}{against}: [{self.plugin or 'gpudask'}] {self.message}"
+
+
+def worst(findings: Iterable[Finding | dict[str, Any]]) -> str:
+    """``"ok"`` or the highest severity among ``findings``."""
+    ranks = [SEVERITIES.index(f.severity if isinstance(f, Finding) else f.get("severity", "warning"))
+             for f in findings]
+    return SEVERITIES[max(ranks)] if ranks else "ok"
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# ------------------------------------------------------------------- untrusted data
+class MalformedData(ValueError):
+    pass
+
+
+def json_safe(value: Any, depth: int = 0, budget: list[int] | None = None) -> Any:
+    """A copy of ``value`` made of dict/list/str/int/float/bool/None only, or MalformedData."""
+    budget = budget if budget is not None else [_MAX_ITEMS]
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise MalformedData("too large")
+    if depth > _MAX_DEPTH:
+        raise MalformedData("nested too deeply")
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise MalformedData(f"non-finite number {value!r}")
+        return value
+    if isinstance(value, str):
+        if len(value) > _MAX_STR:
+            raise MalformedData(f"a string of {len(value)} characters")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v, depth + 1, budget) for v in value]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise MalformedData(f"a non-string key {type(k).__name__}")
+            out[k] = json_safe(v, depth + 1, budget)
+        return out
+    raise MalformedData(f"a value of type {type(value).__name__}")
+
+
+def json_copy(value: Any) -> Any:
+    """JSON-compatible copy for reports; anything else becomes its repr."""
+    try:
+        return json_safe(value)
+    except MalformedData:
+        return json.loads(json.dumps(value, default=repr))
