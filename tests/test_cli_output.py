@@ -94,7 +94,7 @@ def test_config_table_fits_80_columns_and_keeps_every_value(cli):
 
 
 def test_table_wraps_long_cells_in_the_widest_column_without_losing_text():
-    from gpudask.report import table
+    from gpudask.cli.report import table
 
     message = ("worker tcp://10.0.0.7:40123 runs distributed 2025.9.1 but the scheduler runs 2025.11.0: "
                "pin the same version on every host")
@@ -113,7 +113,7 @@ def test_table_wraps_long_cells_in_the_widest_column_without_losing_text():
 
 
 def test_table_without_a_terminal_keeps_whole_lines(monkeypatch):
-    from gpudask import report
+    from gpudask.cli import report
 
     monkeypatch.setattr(report.shutil, "get_terminal_size", lambda fallback: os.terminal_size(fallback))
     assert report.terminal_width() is None

@@ -20,7 +20,7 @@ from distributed import Scheduler, Worker
 from distributed.scheduler import WorkerState
 
 import gpudask.apply.dashboard as dashboard
-from gpudask.check import install as install_check
+from gpudask.checks import SchedulerCheck
 
 
 async def fetch(port: int, path: str) -> tuple[int, str]:
@@ -48,7 +48,9 @@ def test_install_on_a_running_scheduler_serves_page_and_state():
             assert (await fetch(port, "/gpudask"))[0] == 404
             assert dashboard.install(s) is True
             assert dashboard.install(s) is False  # idempotent: the handlers are there once
-            install_check(s)
+            check = SchedulerCheck()  # plans for itself, as when a client registers it
+            s.add_plugin(check)
+            await check.start(s)
             async with Worker(s.address, host="127.0.0.1", dashboard_address="127.0.0.1:0", name="stock") as w:
                 # a plugin's live numbers, as distributed worker metrics: sent with each heartbeat
                 w.metrics["gpudask-spill"] = lambda worker: {"count": 3, "bytes": 3 * 2**20, "seconds": 0.25}

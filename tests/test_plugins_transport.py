@@ -395,14 +395,6 @@ def test_bad_transport_option_is_one_clear_error():
         plan(HGX, **{"gpudask.transport.nvlink": "maybe"})
 
 
-def test_a_plan_rebuilt_after_apply_does_not_take_gpudask_values_for_the_users(monkeypatch):
-    """In a process gpudask configured (apply_plan), distributed-ucxx.nvlink=False is gpudask's, not a legacy key."""
-    monkeypatch.setenv("GPUDASK_SHADOWED", json.dumps({"env": {}, "config": {"distributed-ucxx.nvlink": None}}))
-    h = plan(HGX, **{"distributed-ucxx.nvlink": False})
-    assert tls(h.workers[0]) == "rc,tcp,cuda_copy,cuda_ipc"
-    assert why(h.workers[0], "nvlink", "UCX transport cuda_ipc").startswith("GPU 0 has NVLink peers")
-
-
 # -- protocol ---------------------------------------------------------------------------
 def test_tcp_protocol_plans_no_ucx_and_says_why():
     h = plan(HGX, protocol="tcp")

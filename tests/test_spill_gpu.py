@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from conftest import base_env
 
-from gpudask.bench_spill import _detached, spill_figure
+from gpudask.bench.spill import _detached, spill_figure
 
 GB = 10**9
 LIMIT = 8 * GB

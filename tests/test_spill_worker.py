@@ -146,7 +146,7 @@ def test_preloaded_workers_have_the_store_and_spill(cluster, tmp_path, monkeypat
 
 # -- the bench workload's plumbing (the figure itself is measured on the GPU machine) ---------
 def test_bench_chunks_cover_the_working_set():
-    from gpudask.bench_spill import expected_total, plan_chunks
+    from gpudask.bench.spill import expected_total, plan_chunks
 
     elems, chunks = plan_chunks(8 * 10**9, 1)
     assert elems * 8 == 256 * 2**20 and chunks * elems * 8 >= 2.5 * 8 * 10**9 > (chunks - 1) * elems * 8
@@ -166,7 +166,7 @@ def test_bench_workload_runs_and_checks_its_total_with_a_stand_in_array_library(
     import numpy as np
     from distributed import Client, LocalCluster
 
-    from gpudask.bench_spill import spill_figure
+    from gpudask.bench.spill import spill_figure
 
     stream = types.SimpleNamespace(synchronize=lambda: None)
     fake = types.SimpleNamespace(full=lambda n, v, dtype: FakeDeviceArray(np.full(n, v, dtype=dtype)), cuda=types.SimpleNamespace(get_current_stream=lambda: stream))

@@ -33,8 +33,6 @@ def state_dir() -> pathlib.Path:
 
 def publish(host: HostPlan) -> None:
     """Write ``host`` for this process's worker processes (a no-op where nothing was decided)."""
-    from gpudask.apply.process import decided_anything
-
     if not decided_anything(host):
         return
     base = state_dir()
@@ -51,6 +49,13 @@ def publish(host: HostPlan) -> None:
     os.environ.setdefault(GROUP_ENV, f"pid-{os.getpid()}")
     atexit.register(_remove, path, base / os.environ[GROUP_ENV])
     path.with_name(path.name + ".fatal").unlink(missing_ok=True)
+
+
+def decided_anything(host: HostPlan) -> bool:
+    """Did gpudask decide anything for this host (a CPU host with tcp: nothing)?"""
+    plans = [host.scheduler, host.nanny, host.client, *host.workers]
+    return any(p.env or p.config or p.cpu_affinity or p.memory or p.multiprocessing_method or p.resources
+               for p in plans)
 
 
 def _user_values(host: HostPlan) -> dict[str, str | None]:

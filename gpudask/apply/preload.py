@@ -39,7 +39,7 @@ def on_import() -> None:
         return
     s = process.current()
     assert s is not None
-    level = logging.INFO if process.decided_anything(s.host) else logging.DEBUG
+    level = logging.INFO if hostfile.decided_anything(s.host) else logging.DEBUG
     logger.log(level, process.startup_line(s))
     for warning in s.host.warnings + _worker_count_warnings(s, cli):
         logger.warning("gpudask: %s", warning)

@@ -257,13 +257,6 @@ def _bind_cpus(cpus: list[int], ctx: Any) -> None:
         logger.warning("gpudask: could not set CPU affinity %s: %s", cpus, e)
 
 
-def decided_anything(host: HostPlan) -> bool:
-    """Did gpudask decide anything for this host (a CPU host with tcp: nothing)?"""
-    plans = [host.scheduler, host.nanny, host.client, *host.workers]
-    return any(p.env or p.config or p.cpu_affinity or p.memory or p.multiprocessing_method or p.resources
-               for p in plans)
-
-
 def startup_line(session: Session) -> str:
     from gpudask import __version__
 

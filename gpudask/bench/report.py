@@ -127,7 +127,7 @@ def render_table(report: dict[str, Any]) -> str:
         rows.append([label or k, unit or "", *cells])
     rows.append(["UCX transports", "", *[_transport_summary(r) if r.get("status") != "skipped" else "skipped"
                                          for r in results]])
-    from gpudask.report import table
+    from gpudask.cli.report import table
 
     lines.append(table(headers, rows))
     notes = []

@@ -24,7 +24,7 @@ def run_demo(nworkers: int | None = None, protocol: str = "tcp",
              echo: Callable[[str], None] | None = print) -> dict[str, Any]:
     say = echo or (lambda _line: None)
     import gpudask
-    from gpudask.report import table
+    from gpudask.cli.report import table
 
     session = gpudask.initialize(protocol=protocol, nworkers=nworkers)
     facts = session.host.facts

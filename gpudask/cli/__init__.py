@@ -55,11 +55,11 @@ def info(facts: str | None, config_file: str | None, protocol: str, nworkers: in
     if as_json:
         click.echo(json.dumps(host.to_dict(), indent=1))
     elif reasons:
-        from gpudask.report import plan_table
+        from gpudask.cli.report import plan_table
 
         click.echo(plan_table(host, interface))
     else:
-        from gpudask.report import plan_summary
+        from gpudask.cli.report import plan_summary
 
         click.echo(plan_summary(host, interface))
 
@@ -76,7 +76,7 @@ def plugins(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(loaded, indent=1))
         return
-    from gpudask.report import table
+    from gpudask.cli.report import table
 
     rows = [[p["name"], p["priority"], p["source"] + (f" ({p['distribution']})" if p["source"] != "builtin" else ""),
              ", ".join(h.removeprefix("gpudask_") for h in p["hooks"])] for p in loaded]
@@ -101,7 +101,7 @@ def config_cmd(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=1, default=str))
         return
-    from gpudask.report import table
+    from gpudask.cli.report import table
 
     click.echo(table(["key", "value", "source"], [[r["key"], json.dumps(r["value"], default=str), r["source"]]
                                                   for r in rows]))
@@ -116,7 +116,7 @@ def config_cmd(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def demo(nworkers: int | None, protocol: str, as_json: bool) -> None:
     """Start a local cluster of stock workers with gpudask preloaded, compute, report."""
-    from gpudask.demo import run_demo
+    from gpudask.cli.demo import run_demo
 
     report = run_demo(nworkers=nworkers, protocol=protocol, echo=None if as_json else click.echo)
     if as_json:
@@ -131,19 +131,60 @@ def demo(nworkers: int | None, protocol: str, as_json: bool) -> None:
 def check(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float) -> None:
     """Compare the scheduler, its workers and this client (exit 1 on an error finding)."""
     from gpudask.checks import check_cli
-    from gpudask.report import table
+    from gpudask.cli.report import table
 
     sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo, table))
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
-@click.pass_context
-def bench(ctx: click.Context) -> None:
-    """Benchmark tcp, ucx-stock, gpudask and dask-cuda side by side (see --help)."""
-    from gpudask.bench import bench_main
+@main.command()
+@click.option("--address", default=None, help="The scheduler's address.")
+@click.option("--scheduler-file", default=None, type=click.Path(dir_okay=False), help="A dask scheduler file.")
+@click.option("--json", "as_json", is_flag=True, help="Every worker's planned and actual state as JSON.")
+@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the scheduler.")
+def status(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float) -> None:
+    """The running cluster, one row per worker: GPU, transports, pool, CPUs, start method, planned
+    against actual (exit 1 when a plan did not take effect)."""
+    from distributed import Client
 
-    bench_main(ctx.args)
+    from gpudask.checks import scheduler_address
+    from gpudask.cli.report import table
+    from gpudask.cli.status import cluster_status, format_status
+
+    target = scheduler_address(address, scheduler_file)
+    try:
+        with Client(target, timeout=timeout) as client:
+            result = cluster_status(client)
+    except OSError as e:
+        raise GpudaskError(f"cannot reach the scheduler at {target} within {timeout:g} s: {e}") from None
+    click.echo(json.dumps(result, indent=1, default=str) if as_json else format_status(result, table))
+    sys.exit(1 if result["mismatches"] else 0)
 
 
-if __name__ == "__main__":  # python -m gpudask.cli
-    main()
+class _Commands(click.Group):
+    """Commands other packages (and gpudask's own bench, which sits on top of the CLI) add
+    through the ``gpudask.commands`` entry point group, loaded when asked for."""
+
+
+def _entry_point_commands() -> dict[str, Any]:
+    import importlib.metadata
+
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group="gpudask.commands")}
+
+
+_builtin_get, _builtin_list = main.get_command, main.list_commands
+
+
+def _get_command(ctx: click.Context, name: str) -> Any:
+    command = _builtin_get(ctx, name)
+    if command is None and name in _entry_point_commands():
+        command = _entry_point_commands()[name].load()
+    return command
+
+
+def _list_commands(ctx: click.Context) -> list[str]:
+    return sorted(set(_builtin_list(ctx)) | set(_entry_point_commands()))
+
+
+main.get_command = _get_command  # type: ignore[method-assign]
+main.list_commands = _list_commands  # type: ignore[method-assign]
+

@@ -1,0 +1,5 @@
+"""``python -m gpudask.cli``."""
+
+from gpudask.cli import main
+
+main()
