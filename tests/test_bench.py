@@ -239,3 +239,20 @@ def test_profile_stages_from_logs(tmp_path):
     assert (rows["worker"]["gpudask"], rows["worker"]["listen"], rows["worker"]["registered"]) == (2.0, 2.2, 2.4)
     summary = measures.summarize_profiles([prof, prof])["median_s_after_launch"]
     assert summary["worker.registered"] == 2.4 and summary["ready"] == 2.5
+
+
+def test_dask_cuda_local_cupy_report_is_read_run_by_run():
+    """The output of dask-cuda's local_cupy (captured on 2 x H200, tests/data) becomes the
+    figure's runs and the p2p note."""
+    import pathlib
+
+    from gpudask.bench.dask_cuda_client import parse
+
+    text = (pathlib.Path(__file__).parent / "data" / "local_cupy-dot-h200x2.txt").read_text()
+    out = parse(text)
+    assert out["runs"] == [2.66, 2.94, 2.55]
+    assert out["p2p"] == ["(0,1) 4.27 GiB/s 4.99 GiB/s 5.89 GiB/s (29.80 GiB)",
+                          "(1,0) 4.25 GiB/s 4.87 GiB/s 5.66 GiB/s (29.80 GiB)"]
+    ms = text.replace("2.66 s ", "266.00 ms")
+    assert parse(ms)["runs"][0] == 0.266
+    assert parse("no report") == {"runs": [], "p2p": []}

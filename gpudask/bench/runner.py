@@ -172,6 +172,8 @@ class Runner:
             for nbytes in sizes:
                 steps.append((f"transfer {size_label(nbytes)}", functools.partial(self._transfer, cluster, nbytes)))
         steps.append((f"transpose-sum {side}^2", lambda: self._transpose_sum(cluster, side, chunk)))
+        if self.spec.name in ("gpudask", "dask-cuda") and self.host.backend == "cupy":
+            steps.append(("dask-cuda local_cupy", lambda: self._dc_local_cupy(cluster)))
         for i, (label, step) in enumerate(steps):
             try:
                 with cluster.client.as_current():  # distributed.wait() looks for the default client
@@ -247,6 +249,28 @@ class Runner:
         if not bw_fig["runs"] or all(v is None for v in bw_fig["runs"]):
             bw_fig["note"] = "no transfer_incoming_log entry for the key"
         self.echo(f"[{self.spec.name}] transfer {label}: {brief(t_fig, 's')}, {brief(bw_fig, 'GB/s')}")
+
+    def _dc_local_cupy(self, cluster: Cluster) -> None:
+        """dask-cuda's own benchmark, a client gpudask did not write, against this cluster."""
+        from gpudask.bench import dask_cuda_client as dc
+
+        if not dc.available():
+            self.notes.append("dask-cuda (with nvtx) not installed: no dc_local_cupy figures")
+            return
+        size, chunk = (10000, 1000) if self.opts.quick else (20000, 2000)
+        for op in dc.OPERATIONS:
+            if self.left() < 20:
+                raise TimeBox()
+            fig = self.figures[f"dc_local_cupy_{op}_s"] = figure(f"dask-cuda local_cupy {op} {size}^2", "s", LOWER)
+            out = dc.run(cluster.sched_file, self.spec.protocol, op, size, chunk, max(3, self.opts.repeat),
+                         self.timeout(60.0))
+            fig["runs"] = out["runs"]
+            if out.get("error"):
+                fig["note"] = f"local_cupy {op} failed: {out['error']}"
+            elif out["p2p"]:
+                fig["note"] = f"local_cupy's p2p 25/50/75%: {'; '.join(out['p2p'])}"
+            finish(fig)
+            self.echo(f"[{self.spec.name}] dask-cuda local_cupy {op}: {brief(fig, 's')}")
 
     def _transpose_sum(self, cluster: Cluster, side: int, chunk: int) -> None:
         import operator
