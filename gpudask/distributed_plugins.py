@@ -41,7 +41,7 @@ from distributed.diagnostics import plugin as _dp
 
 from gpudask import runtime, session
 from gpudask.errors import GpudaskError
-from gpudask.planner import INTERNAL_ENV_PREFIX
+from gpudask.plan.planner import INTERNAL_ENV_PREFIX
 
 logger = logging.getLogger("gpudask")
 

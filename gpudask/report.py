@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudask.plan import HostPlan, ProcessPlan, _cpu_ranges
+from gpudask.plan import HostPlan, ProcessPlan, cpu_ranges as _cpu_ranges
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:

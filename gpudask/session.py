@@ -18,37 +18,9 @@ from typing import Any
 from gpudask import runtime
 from gpudask.errors import GpudaskError
 from gpudask.plan import HostPlan, ProcessPlan
+from gpudask.plan.host import plan_host
 
 logger = logging.getLogger("gpudask")
-
-
-def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_path: str | None = None,
-              config_file: str | None = None, extra_plugins: Iterable[Any] = (),
-              user_interface: str | None = None) -> HostPlan:
-    """The plan for every process of this (or the described) host.  No side effects
-    beyond loading config into dask.config."""
-    import dask.config
-
-    from gpudask.config import Settings, load_dask_config, register_defaults, warn_unknown
-    from gpudask.facts import get_facts
-    from gpudask.manager import PluginManager
-    from gpudask.planner import build_plan
-
-    user_env = runtime.user_environ()
-    load_dask_config(config_file)
-    manager = PluginManager.from_environment(extra_plugins)
-    options = manager.config_options()
-    register_defaults(options)
-    # plan from the user's config: what gpudask applied in this process (a nanny host
-    # re-planning for another nanny, a client after initialize()) is not the user's choice
-    user_config = runtime.user_config(dask.config.config)
-    settings = Settings(options, config=user_config, environ=user_env)
-    warn_unknown(settings.validate_all())
-    facts = get_facts(facts_path)
-    host = build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env, user_config,
-                      user_interface)
-    host.ctx.manager = manager  # apply hooks need it
-    return host
 
 
 @dataclass

@@ -9,16 +9,15 @@ packages.  The client should match too: it deserialises what it gathers.
 
 This plugin compares two processes' published facts (the scheduler with each worker,
 in the scheduler; the client with the scheduler and each worker, in
-:func:`gpudask.check`) and installs gpudask's scheduler check runner in a
-``dask scheduler --preload gpudask`` process.
+:func:`gpudask.check`).  The check runner that calls it is the core's: disabling this
+plugin leaves other plugins' checks running.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpudask import hookimpl
-from gpudask.config import Option, parse_name_list
+from gpudask.pluginapi import Finding, Option, facts_from_dict, hookimpl, parse_name_list
 
 name = "scheduler-parity"
 priority = 200
@@ -57,17 +56,6 @@ def gpudask_config_options():
                    "client ('python' is the interpreter).", parse_name_list, "a list of package names")]
 
 
-@hookimpl
-def gpudask_preload(server):
-    """In ``dask scheduler --preload gpudask``: install the scheduler check runner."""
-    from distributed import Scheduler
-
-    if isinstance(server, Scheduler):
-        from gpudask.check import install
-
-        install(server)
-
-
 # ----------------------------------------------------------------------- reading sides
 def _label(side: dict) -> str:
     return f"the {side.get('role') or 'other process'}"
@@ -82,8 +70,6 @@ def _visible_gpus(side: dict) -> list[dict]:
     """The GPUs CUDA shows the process (``cuda_visible_devices`` applied)."""
     facts = _facts(side)
     try:
-        from gpudask.facts import facts_from_dict
-
         gpus = facts_from_dict(facts, "probed").visible_gpus()
         by_index = {g.get("index"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
         return [by_index.get(g.index, {"index": g.index}) for g in gpus]
@@ -215,8 +201,6 @@ def _package_versions(ref: dict, other: dict, names: list[str], F) -> list:
 @hookimpl
 def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
     """Compare the other process (a worker, or the client) with the reference one."""
-    from gpudask.check import Finding
-
     if not isinstance(scheduler_facts, dict) or not isinstance(worker_facts, dict):
         return []  # the runner reports processes without (valid) gpudask data itself
 
@@ -236,9 +220,7 @@ def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
     ref_gpus, other_gpus = _visible_gpus(ref), _visible_gpus(other)
     findings += _gpu_presence(ref, other, protocol, ref_gpus, other_gpus, F)
     findings += _driver_and_cuda(ref, other, ref_gpus, other_gpus, F)
-    try:
-        names = list(ctx.settings[PACKAGES_KEY])
-    except Exception:  # noqa: BLE001 - a context without this plugin's settings
-        names = list(DEFAULT_PACKAGES)
+    packages = ctx.setting(PACKAGES_KEY) if ctx is not None else None
+    names = list(packages.value) if packages is not None else list(DEFAULT_PACKAGES)
     findings += _package_versions(ref, other, names, F)
     return findings

@@ -14,7 +14,7 @@ from gpudask import hookimpl
 from gpudask.config import CORE_OPTIONS, Settings
 from gpudask.facts import load_facts
 from gpudask.manager import PluginManager
-from gpudask.planner import build_plan
+from gpudask.plan import build_plan
 
 
 def plugin(name, priority, **hooks):

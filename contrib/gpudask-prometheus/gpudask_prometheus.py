@@ -23,8 +23,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from gpudask import hookimpl
-from gpudask.config import Option, parse_bool
+from gpudask.pluginapi import Option, hookimpl, parse_bool
 
 name = "prometheus"
 priority = 900  # acts last: the others' decisions are all made and published
@@ -45,7 +44,7 @@ def gpudask_config_options():
 
 @hookimpl
 def gpudask_preload(ctx, plan, server):
-    if not ctx.settings[ENABLED]:
+    if not ctx.setting(ENABLED).value:
         return
     try:
         import prometheus_client  # noqa: F401

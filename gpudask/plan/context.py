@@ -1,18 +1,32 @@
-"""What a plan hook can read: facts, settings, protocol, and the user's own choices."""
+"""What a plan hook can read: the one frozen snapshot of a plan's inputs.
+
+A :class:`PlanContext` is captured once per plan (by :func:`gpudask.plan.build_plan`)
+from the facts, the typed settings, the protocol, the number of workers and the user's
+own environment and dask config.  It is frozen: every hook of the plan reads the same
+inputs, and nothing a hook or the apply stage does to ``os.environ`` or
+``dask.config`` afterwards changes what the plan was built from.  Only the warnings
+list grows while the plan is built.
+"""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpudask.config import Setting, Settings
+    from gpudask.facts import GPU, Facts
 
 UCX_PROTOCOLS = ("ucx", "ucxx")
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanContext:
-    facts: Any  # gpudask.facts.Facts
-    settings: Any  # gpudask.config.Settings
+    facts: Facts
+    settings: Settings
     protocol: str
     nworkers: int
     # The environment and dask config as the *user* set them: gpudask's own changes
@@ -21,15 +35,31 @@ class PlanContext:
     user_config: Mapping[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     user_interface: str | None = None  # `dask worker --interface` given by the user
+    # the plugin manager the plan was built with (apply hooks of the same process use it)
+    manager: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # a snapshot: later changes to os.environ / dask.config do not reach the plan
+        object.__setattr__(self, "user_env", MappingProxyType(dict(self.user_env)))
+        object.__setattr__(self, "user_config", MappingProxyType(copy.deepcopy(dict(self.user_config))))
 
     @property
     def uses_ucx(self) -> bool:
         return self.protocol in UCX_PROTOCOLS
 
     @property
-    def gpus(self) -> list[Any]:
+    def gpus(self) -> list[GPU]:
         """The GPUs this host's workers may use (CUDA_VISIBLE_DEVICES applied)."""
         return self.facts.visible_gpus()
+
+    def setting(self, key: str) -> Setting | None:
+        """The typed value of option ``key`` with its source (``.value``, ``.source``,
+        ``.explicit``), or None when no loaded plugin declares ``key``.  The one way plugins
+        read settings: values are parsed once, from the user's config."""
+        try:
+            return self.settings.get(key)
+        except KeyError:
+            return None
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:

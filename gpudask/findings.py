@@ -1,0 +1,88 @@
+"""Findings: what a ``gpudask_scheduler_check`` hook reports (a base module).
+
+Defined here, below the plugin manager and the checks stage, so that the manager can
+turn a failing check plugin into a finding without importing the checks stage.
+Re-exported by :mod:`gpudask.pluginapi` (for plugins) and by the checks stage.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("info", "warning", "error")
+
+
+@dataclass
+class Finding:
+    """One result of the scheduler check.
+
+    :param severity: ``"error"`` (this will fail), ``"warning"`` (this may fail, or
+        differs where it should not), ``"info"``.
+    :param code: a short stable identifier (``"scheduler-no-gpu"``, ``"package-mismatch"``).
+    :param message: a plain statement of what differs and its consequence.  Name the
+        sides by role ("the scheduler", "the worker", "the client"), not by address:
+        the runner records which process was compared in ``subject`` / ``reference``.
+    :param plugin: filled by the plugin manager with the plugin's name.
+    :param subject: the process compared (a worker address, or ``"client"``).
+    :param reference: what it was compared with (``"scheduler"``, or worker addresses).
+    :param details: JSON-compatible data (e.g. ``{"package": "cupy", "scheduler": None,
+        "worker": "14.2.0"}``).
+    """
+
+    severity: str
+    code: str
+    message: str
+    plugin: str | None = None
+    subject: str | None = None
+    reference: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"Finding severity must be one of {', '.join(SEVERITIES)}, got {self.severity!r}")
+
+    @property
+    def rank(self) -> int:
+        return SEVERITIES.index(self.severity)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"severity": self.severity, "code": str(self.code), "message": str(self.message),
+                "plugin": self.plugin, "subject": self.subject, "reference": self.reference,
+                # JSON-compatible whatever a plugin put there: anything else becomes its repr
+                "details": json.loads(json.dumps(self.details, default=repr))}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Finding:
+        if not isinstance(data, dict):
+            raise ValueError(f"a finding must be a dict, got {type(data).__name__}")
+        severity = data.get("severity")
+        details = data.get("details")
+        return cls(severity=severity if severity in SEVERITIES else "warning", code=str(data.get("code", "")),
+                   message=str(data.get("message", "")), plugin=_opt_str(data.get("plugin")),
+                   subject=_opt_str(data.get("subject")), reference=_opt_str(data.get("reference")),
+                   details=details if isinstance(details, dict) else {})
+
+    @staticmethod
+    def is_finding_dict(data: Mapping[str, Any]) -> bool:
+        """Has ``data`` the three keys a finding needs (as a plugin may return it)?"""
+        return isinstance(data.get("severity"), str) and isinstance(data.get("code"), str) \
+            and isinstance(data.get("message"), str)
+
+    def line(self) -> str:
+        who = self.subject or "?"
+        against = f" vs {self.reference}" if self.reference else ""
+        return f"{self.severity}: {who}{against}: [{self.plugin or 'gpudask'}] {self.message}"
+
+
+def worst(findings: Iterable[Finding | Mapping[str, Any]]) -> str:
+    """``"ok"`` or the highest severity among ``findings``."""
+    ranks = [SEVERITIES.index(f.severity if isinstance(f, Finding) else f.get("severity", "warning"))
+             for f in findings]
+    return SEVERITIES[max(ranks)] if ranks else "ok"
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
