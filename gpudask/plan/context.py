@@ -43,6 +43,9 @@ class PlanContext:
         object.__setattr__(self, "user_env", MappingProxyType(dict(self.user_env)))
         object.__setattr__(self, "user_config", MappingProxyType(copy.deepcopy(dict(self.user_config))))
 
+    def __str__(self) -> str:  # short, for traces
+        return f"plan context of {self.facts.hostname} ({self.protocol}, {self.nworkers} workers)"
+
     @property
     def uses_ucx(self) -> bool:
         return self.protocol in UCX_PROTOCOLS

@@ -90,6 +90,9 @@ class ProcessPlan:
     # set by the plugin manager around each hook call, so reasons name the plugin
     acting_plugin: str = field(default="gpudask", repr=False, compare=False)
 
+    def __str__(self) -> str:  # short, for traces and messages
+        return self.role + (f" {self.index}" if self.index is not None else "") + " plan"
+
     # -- recording decisions -------------------------------------------------------
     def note(self, decision: str, why: str) -> None:
         """Record a decision (or a skip: ``note("skipped", "no GPU")``) with its reason."""
@@ -182,6 +185,9 @@ class HostPlan:
     workers: list[ProcessPlan]
     warnings: list[str] = field(default_factory=list)
     ctx: PlanContext | None = field(default=None, repr=False, compare=False)  # the context it was built with
+
+    def __str__(self) -> str:
+        return f"host plan for {self.facts.hostname} ({self.protocol}, {self.nworkers} workers)"
 
     def for_role(self, role: str, index: int | None = None) -> ProcessPlan:
         if role == "worker":
