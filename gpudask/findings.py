@@ -10,9 +10,25 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 SEVERITIES = ("info", "warning", "error")
+
+
+class ProcessSide(TypedDict):
+    """One side of a scheduler check, as ``gpudask_scheduler_check`` receives it.
+
+    Built by the check runner from what a process published (plain JSON, validated,
+    never unpickled): ``facts`` is a valid schema-1 facts dict (``cuda_visible_devices``
+    is that process's), the other values are strings or None.
+    """
+
+    role: str  # "scheduler", "worker" or "client"
+    address: str | None  # the process's address (None for a client)
+    facts: dict[str, Any]  # schema 1 (docs/facts.md)
+    protocol: str | None  # "tcp", "ucx", ... as that process planned
+    gpudask: str | None  # the gpudask version there
+    facts_origin: str | None  # "probed", or the facts file that described that host
 
 
 @dataclass
