@@ -258,7 +258,7 @@ class PluginManager:
             try:
                 # pluggy's own hook execution (so its tracing and monitoring see the call),
                 # one implementation at a time: plugin objects need not be hashable
-                out = self._pm._hookexec(hook_name, self._impls(hook_name, plugin), kwargs, firstresult)
+                out: Any = self._pm._hookexec(hook_name, self._impls(hook_name, plugin), kwargs, firstresult)
                 result = out if firstresult else (out[0] if out else None)
             except Exception as e:  # noqa: BLE001
                 # a plugin's own one-line error keeps its text; anything else its type too

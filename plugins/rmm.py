@@ -99,6 +99,8 @@ def _target(ctx: Any, plan: Any) -> _Target | None:
             i.get("uuid") == plan.gpu for i in g.mig.get("instances", []))), None)
     if gpu is None:
         gpu, _ = process_gpu(ctx, plan)  # no GPU of its own: CUDA device 0
+        if gpu is None:
+            return None
     instances = gpu.mig.get("instances", []) if gpu.mig.get("enabled") else []
     if instances:
         chosen = next((i for i in instances if plan.gpu and i.get("uuid") == plan.gpu), None)

@@ -136,7 +136,7 @@ def _gpu_presence(ref: dict, other: dict, protocol: str | None, ref_gpus: list, 
 
 
 def _driver_and_cuda(ref: dict, other: dict, ref_gpus: list, other_gpus: list, F) -> list:
-    out = []
+    out: list = []
     if not (ref_gpus and other_gpus):
         return out  # a side without a GPU is reported above; its driver does not matter
     rf, of = _facts(ref), _facts(other)

@@ -116,11 +116,15 @@ def _cross_checks(data: dict[str, Any], where: str, described: bool) -> None:
                 raise _fail(where, f"gpus[{i}].cpu_affinity[{j}]", f"a CPU below cpu_count ({cpu_count})", cpu)
 
 
+def _pair(value: list[int] | None) -> tuple[int, int] | None:
+    return None if value is None else (value[0], value[1])
+
+
 def _build(data: dict[str, Any], origin: str) -> Facts:
     gpus = [
         GPU(
             index=g["index"], uuid=g["uuid"], name=g["name"], memory_total=g["memory_total"],
-            compute_capability=tuple(g["compute_capability"]) if g["compute_capability"] is not None else None,  # type: ignore[arg-type]
+            compute_capability=_pair(g["compute_capability"]),
             pci_bus_id=g["pci_bus_id"], pci_path=g["pci_path"], numa_node=g["numa_node"],
             cpu_affinity=list(g["cpu_affinity"]), nvlink_peers=list(g["nvlink_peers"]),
             # extra instance keys (gpu_instance_id, ...) are kept; extra GPU keys are not

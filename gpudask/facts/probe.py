@@ -161,7 +161,7 @@ def _probe_packages() -> dict[str, str | None]:
     import importlib.metadata as md
     import platform
 
-    def version(dists):
+    def version(dists: tuple[str, ...]) -> str | None:
         for dist in dists:
             try:
                 return md.version(dist)
@@ -174,7 +174,7 @@ def _probe_packages() -> dict[str, str | None]:
     return packages
 
 
-def _ucx_info_commands() -> list[tuple[str, dict]]:
+def _ucx_info_commands() -> list[tuple[str, dict[str, str]]]:
     """Where `ucx_info` may be: the libucx wheel first (what ucxx loads), then PATH."""
     import importlib.util
     import shutil
@@ -205,7 +205,7 @@ def _probe_ucx_transports() -> list[str] | None:
     """UCX transports `ucx_info -d` lists, or None when UCX is missing or fails."""
     import importlib.metadata as md
 
-    def installed(dist):
+    def installed(dist: str) -> bool:
         try:
             md.version(dist)
             return True
@@ -217,7 +217,8 @@ def _probe_ucx_transports() -> list[str] | None:
     cache = _ucx_cache_path()
     if cache is not None:
         try:
-            return json.loads(cache.read_text())
+            cached: list[str] = json.loads(cache.read_text())
+            return cached
         except (OSError, ValueError):
             pass
     transports = _run_ucx_info()
@@ -288,7 +289,7 @@ def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
     except Exception:  # no driver, no libnvidia-ml, driver/library mismatch: no GPU
         return None, None, []
 
-    def nv(fn_name: str, *args, default=None):
+    def nv(fn_name: str, *args: Any, default: Any = None) -> Any:
         # Unsupported calls (old GPU, VM, MIG, old binding) give the empty value.
         fn = getattr(pynvml, fn_name, None)
         if fn is None:
@@ -351,7 +352,7 @@ def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
             pass
 
 
-def _probe_mig(pynvml, nv, h) -> dict:
+def _probe_mig(pynvml: Any, nv: Any, h: Any) -> dict[str, Any]:
     mode = nv("nvmlDeviceGetMigMode", h)
     enabled = bool(mode) and mode[0] == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1)
     instances = []
@@ -372,9 +373,9 @@ def _probe_mig(pynvml, nv, h) -> dict:
     return {"enabled": enabled, "instances": instances}
 
 
-def _probe_nvlink(pynvml, nv, devices) -> None:
+def _probe_nvlink(pynvml: Any, nv: Any, devices: list[tuple[GPU, Any]]) -> None:
     """Fill nvlink_peers: direct GPU links, plus everyone on the same NVSwitch fabric."""
-    by_bus = {g.pci_bus_id: g.index for g, _ in devices if g.pci_bus_id}
+    by_bus: dict[str | None, int] = {g.pci_bus_id: g.index for g, _ in devices if g.pci_bus_id}
     gpu_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_GPU", 0)
     switch_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
     npu_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_IBMNPU", 1)

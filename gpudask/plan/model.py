@@ -184,7 +184,8 @@ class HostPlan:
     client: ProcessPlan
     workers: list[ProcessPlan]
     warnings: list[str] = field(default_factory=list)
-    ctx: PlanContext | None = field(default=None, repr=False, compare=False)  # the context it was built with
+    # the context it was built with (build_plan always sets it)
+    ctx: PlanContext = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     def __str__(self) -> str:
         return f"host plan for {self.facts.hostname} ({self.protocol}, {self.nworkers} workers)"
@@ -192,7 +193,8 @@ class HostPlan:
     def for_role(self, role: str, index: int | None = None) -> ProcessPlan:
         if role == "worker":
             return self.workers[(index or 0) % len(self.workers)]
-        return getattr(self, role)
+        plans = {"scheduler": self.scheduler, "nanny": self.nanny, "client": self.client}
+        return plans[role]
 
     def to_dict(self) -> dict[str, Any]:
         return {
