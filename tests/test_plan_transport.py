@@ -1,4 +1,4 @@
-"""Transport selection on described hosts: the tcp, nvlink and infiniband plugins (DESIGN §3, §5).
+"""Transport selection on described hosts: the tcp, nvlink and infiniband plugins (docs/transports.md).
 
 Plans come from ``gpudask.session.plan_host`` -- what ``gpudask info`` prints and what every
 preloaded process applies -- with the built-in plugins loaded from entry points.
