@@ -649,3 +649,9 @@ def test_facts_package_imports_nothing_heavy():
     # the facts package (model, loader, probe) before anything is probed or read
     code = f"import json, sys\nimport gpudask.facts\nprint(json.dumps([m for m in {FORBIDDEN!r} if m in sys.modules]))\n"
     assert _modules_after(code) == []
+
+
+def test_a_wrong_value_is_reported_before_missing_keys():
+    with pytest.raises(FactsError) as e:
+        F.facts_from_dict({"schema": 1, "gpus": "lots", "packages": [1]}, "facts of the worker")
+    assert str(e.value) == "facts of the worker: key 'gpus' must be a list, got 'lots'"

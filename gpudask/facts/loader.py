@@ -60,7 +60,9 @@ def _key(path: Iterable[Any]) -> str:
 
 def _schema_error(where: str, data: Any) -> FactsError | None:
     """The first schema violation in ``data`` as a one-line FactsError, or None."""
-    errors = sorted(_validator().iter_errors(data), key=lambda e: (len(e.absolute_path), str(list(e.absolute_path))))
+    # a wrong value before a missing key, the outermost first, keys in a stable order
+    errors = sorted(_validator().iter_errors(data),
+                    key=lambda e: (e.validator == "required", len(e.absolute_path), str(list(e.absolute_path))))
     if not errors:
         return None
     error = errors[0]

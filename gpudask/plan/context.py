@@ -41,7 +41,7 @@ class PlanContext:
     def __post_init__(self) -> None:
         # a snapshot: later changes to os.environ / dask.config do not reach the plan
         object.__setattr__(self, "user_env", MappingProxyType(dict(self.user_env)))
-        object.__setattr__(self, "user_config", MappingProxyType(copy.deepcopy(dict(self.user_config))))
+        object.__setattr__(self, "user_config", MappingProxyType(_snapshot(self.user_config)))
 
     def __str__(self) -> str:  # short, for traces
         return f"plan context of {self.facts.hostname} ({self.protocol}, {self.nworkers} workers)"
@@ -75,6 +75,13 @@ class PlanContext:
         value = dask.config.get(key, default=None, config=dict(self.user_config))
         base = dask.config.get(key, default=None, config=_dask_defaults())
         return default if value is None or value == base else value
+
+
+def _snapshot(config: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return copy.deepcopy(dict(config))
+    except Exception:  # noqa: BLE001 - a config value that cannot be copied (a lock, an SSL context)
+        return dict(config)
 
 
 _DEFAULTS: dict[str, Any] | None = None
