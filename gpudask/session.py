@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 

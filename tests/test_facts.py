@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import importlib.metadata as md
-import importlib.util
 import json
 import os
 import subprocess
