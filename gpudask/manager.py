@@ -272,8 +272,10 @@ class PluginManager:
                     plan.acting_plugin = "gpudask"
             if self.trace:
                 where = f" role={plan.role} index={plan.index}" if plan is not None else ""
+                # pluggy's "finish" line above carries the result; this one names the plugin
+                outcome = "failed" if isinstance(result, PluginError) else "done"
                 self._pm.trace.root.get("gpudask")(
-                    f"{hook_name} -> {plugin.name}{where}: {result!r} ({(time.perf_counter() - start) * 1e3:.1f} ms)")
+                    f"{hook_name} -> {plugin.name}{where}: {outcome} in {(time.perf_counter() - start) * 1e3:.1f} ms")
             results.append((plugin, result))
         return results
 

@@ -113,7 +113,7 @@ def test_tracing_logs_each_hook_call():
     env = {"GPUDASK_TRACE_PLUGINS": "1", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "gpudask trace: gpudask_plan_process -> probe role=worker index=0: None" in out.stderr
+    assert "gpudask trace: gpudask_plan_process -> probe role=worker index=0: done in " in out.stderr
     # pluggy's own tracer: the hook call, its arguments (short) and its result
     assert "gpudask trace:   gpudask_plan_process [hook]" in out.stderr
     assert "gpudask trace:       plan: worker 0 plan" in out.stderr
