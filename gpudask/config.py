@@ -155,10 +155,10 @@ def read_toml(path: pathlib.Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not a valid TOML file ({e})") from None
     if not any(k in data for k in ("gpudask", "distributed", "distributed-ucxx", "dask", "array")):
         data = {"gpudask": data}
-    return data
+    return dict(data)
 
 
-def load_dask_config(extra_file: str | os.PathLike | None = None) -> None:
+def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
     """Merge gpudask's YAML defaults, gpudask.toml (and ``extra_file``) into dask.config.
 
     A file sets a key only where nobody set it explicitly: ``dask.config.set(...)`` and

@@ -31,3 +31,9 @@ class PluginError(GpudaskError):
         where = f"plugin {plugin!r}" + (f" (from {distribution})" if distribution else "")
         text = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
         super().__init__(f"gpudask {where} failed in {hook}: {text}")
+
+    def __reduce__(self) -> tuple[type[PluginError], tuple[str, str | None, str, str]]:
+        # Pickled across processes (a nanny receives a worker's startup failure): the cause
+        # travels as its text, so an exception type the other side cannot import never matters.
+        cause = self.cause if isinstance(self.cause, str) else f"{type(self.cause).__name__}: {self.cause}"
+        return PluginError, (self.plugin, self.distribution, self.hook, cause)

@@ -3,15 +3,19 @@
 A :class:`Finding` is plain data that travels as JSON (scheduler log, dask events,
 ``WorkerState.extra``); :func:`json_safe` is how data published by another process is
 read: only JSON-compatible values, bounded in size and depth, never unpickled.
+
+Defined below the plugin manager and the checks stage, so that the manager can turn
+a failing check plugin into a finding without importing the checks stage.  Re-exported
+by :mod:`gpudask.pluginapi` (for plugins) and by the checks stage.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 SEVERITIES = ("info", "warning", "error")
 
@@ -19,6 +23,22 @@ SEVERITIES = ("info", "warning", "error")
 _MAX_DEPTH = 12
 _MAX_ITEMS = 20000
 _MAX_STR = 4096
+
+
+class ProcessSide(TypedDict):
+    """One side of a scheduler check, as ``gpudask_scheduler_check`` receives it.
+
+    Built by the check runner from what a process published (plain JSON, validated,
+    never unpickled): ``facts`` is a valid schema-1 facts dict (``cuda_visible_devices``
+    is that process's), the other values are strings or None.
+    """
+
+    role: str  # "scheduler", "worker" or "client"
+    address: str | None  # the process's address (None for a client)
+    facts: dict[str, Any]  # schema 1 (docs/facts.md)
+    protocol: str | None  # "tcp", "ucx", ... as that process planned
+    gpudask: str | None  # the gpudask version there
+    facts_origin: str | None  # "probed", or the facts file that described that host
 
 
 @dataclass
@@ -70,13 +90,19 @@ class Finding:
                    subject=_opt_str(data.get("subject")), reference=_opt_str(data.get("reference")),
                    details=details if isinstance(details, dict) else {})
 
+    @staticmethod
+    def is_finding_dict(data: Mapping[str, Any]) -> bool:
+        """Has ``data`` the three keys a finding needs (as a plugin may return it)?"""
+        return isinstance(data.get("severity"), str) and isinstance(data.get("code"), str) \
+            and isinstance(data.get("message"), str)
+
     def line(self) -> str:
         who = self.subject or "?"
         against = f" vs {self.reference}" if self.reference else ""
         return f"{self.severity}: {who}{against}: [{self.plugin or 'gpudask'}] {self.message}"
 
 
-def worst(findings: Iterable[Finding | dict[str, Any]]) -> str:
+def worst(findings: Iterable[Finding | Mapping[str, Any]]) -> str:
     """``"ok"`` or the highest severity among ``findings``."""
     ranks = [SEVERITIES.index(f.severity if isinstance(f, Finding) else f.get("severity", "warning"))
              for f in findings]

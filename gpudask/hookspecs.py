@@ -1,32 +1,48 @@
-"""The hooks a gpudask plugin can implement.  These docstrings are the reference.
+"""The hooks a gpudask plugin can implement: the typed contract.  These docstrings are the reference.
 
 A plugin is a module or an object that carries a ``name`` (str) and a ``priority``
 (int, 0-1000, lower runs first; ties are broken by name) and implements any of the
-hooks below, each marked with :data:`gpudask.hookimpl`.  Built-in plugins and
-third-party ones are found the same way: the ``gpudask`` entry point group.
+hooks below, each marked with :data:`gpudask.pluginapi.hookimpl`.  Built-in plugins
+are registered from :data:`gpudask.manager.BUILTIN_PLUGINS`, third-party ones through
+the ``gpudask`` entry point group; both are called the same way.
 
-Two kinds of hooks exist:
+Every hook is called by gpudask's plugin manager one implementation at a time, in
+priority order (through pluggy's hook execution, so ``GPUDASK_TRACE_PLUGINS=1`` traces
+it).  None of the hooks is ``firstresult``: each asks every plugin for its part (its
+options, its decisions, its findings), and no single plugin's answer ends the call.
+How the results combine is said per hook.  A failure is reported as
+``gpudask plugin 'x' (from dist) failed in <hook>: <cause>``; what it then does is also
+said per hook.  Hook wrappers (``wrapper=True``) are not supported.
 
-*Plan hooks* (``gpudask_plan_process``, ``gpudask_select_transport``,
-``gpudask_plan_memory``) are pure: they read ``ctx`` (facts, settings, protocol) and
-write decisions into a :class:`gpudask.plan.ProcessPlan` through its methods, which
-record the reason and the plugin.  They run wherever a plan is needed -- in
-``gpudask info`` on a laptop, in the ``dask worker`` CLI process, in each worker
-process -- and must have no side effects.
+*Plan hooks* (``gpudask_config_options``, ``gpudask_validate``,
+``gpudask_plan_process``, ``gpudask_select_transport``, ``gpudask_plan_memory``) are
+pure: they read the frozen :class:`~gpudask.plan.PlanContext` and write decisions into a
+:class:`~gpudask.plan.ProcessPlan` through its methods, which record the reason and the
+plugin.  They run wherever a plan is built -- ``gpudask info`` on a laptop, the
+``dask worker`` CLI process, each worker process -- and must have no side effects.
 
 *Apply hooks* (``gpudask_context_init``, ``gpudask_setup_memory``,
-``gpudask_preload``, ``gpudask_scheduler_check``) run in the process that the plan is
-for, at the moment named in each docstring.  They receive the plan already computed
-and must not re-decide.
+``gpudask_preload``) run in the process the plan is for, at the moment each docstring
+names, with the plan already computed; they must not re-decide.
+``gpudask_scheduler_check`` compares two processes' published facts.
 
-All hooks are called by gpudask one implementation at a time, in priority order, so a
-failure is reported as ``gpudask plugin 'x' (from dist) failed in <hook>: <cause>``.
-Hook wrappers (``wrapper=True``) are not supported.
+The annotations name the types; they are imported for type checkers only, so this
+module stays as light as ``import gpudask``.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import pluggy
+
+if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
+
+    from gpudask.config import Option
+    from gpudask.findings import Finding, ProcessSide
+    from gpudask.plan.context import PlanContext
+    from gpudask.plan.model import ProcessPlan
 
 PROJECT = "gpudask"
 
@@ -35,149 +51,192 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     """Declare the settings this plugin reads.
 
-    Called once per process when the plugin manager loads, before any other hook,
-    in every process gpudask runs in (CLI, nanny host, worker, scheduler, client).
+    **When, where:** called once per plugin manager, before any other hook, in every
+    process that builds a plan (scheduler, nanny host, worker, client, ``gpudask info``,
+    ``gpudask config``, the documentation build).
 
-    :return: a list of :class:`gpudask.config.Option`.  Keys must live under
+    :return: a list of :class:`gpudask.pluginapi.Option`.  Keys must live under
         ``gpudask.`` (``gpudask.<plugin-name>.<option>`` by convention).  Each option
         carries its default, a one-line description (used for the generated
         configuration reference), a parser that turns raw values into typed ones
         and raises :class:`ValueError` with the accepted form, and optional
         ``legacy`` keys (other dask config keys honoured when the gpudask key is
-        not set explicitly).
+        not set explicitly).  Plugins read values with ``ctx.setting(key)``.
+
+    **Combined:** the lists of all plugins are concatenated after gpudask's core options.
+    **Failure:** raising, or returning something that is not an ``Option`` under
+    ``gpudask.``, stops the process (one line naming the plugin).
     """
 
 
 @hookspec
-def gpudask_validate(ctx):
-    """Check the settings and the facts before any plugin acts.
+def gpudask_validate(ctx: PlanContext) -> None:
+    """Check the settings and the facts before any plugin decides.
 
-    Called after all options are parsed and before any plan hook, in every process
-    that builds a plan (including ``gpudask info``).  Raising here stops the process
-    from starting: a worker refuses to start rather than start half-configured.
+    **When, where:** called once per plan, after all options are parsed and before any
+    other plan hook, in every process that builds a plan (including ``gpudask info``).
 
-    :param ctx: the :class:`gpudask.context.PlanContext` (facts, settings, protocol,
-        number of workers).
-    :raises gpudask.errors.ConfigError: with a one-line message naming the key, the
+    :param ctx: the frozen :class:`gpudask.pluginapi.PlanContext` (facts, settings,
+        protocol, number of workers, the user's environment and config).
+    :raises gpudask.pluginapi.ConfigError: with a one-line message naming the key, the
         value, and what is accepted.
-    :return: ignored.
+    :return: None (ignored).  ``ctx.warn(message)`` adds a warning to the plan.
+
+    **Failure:** stops the process from starting: a worker refuses to start rather than
+    start half-configured; ``gpudask info`` prints the one line and exits 2.
     """
 
 
 @hookspec
-def gpudask_plan_process(ctx, plan):
+def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Decide how a process starts: its GPU, CPU affinity, start method, dask config.
 
-    Plan hook (pure).  Called once for the scheduler plan, the nanny-host plan, the
-    client plan and each worker plan, in that order, before transport selection
-    (transport and memory decisions depend on the worker's GPU).
+    **When, where:** a plan hook (pure), in every process that builds a plan; called for
+    the scheduler plan, the nanny-host plan, the client plan and each worker plan, in
+    that order, before transport selection (transport and memory depend on the GPU).
 
-    :param ctx: the :class:`gpudask.context.PlanContext`.
-    :param plan: the :class:`gpudask.plan.ProcessPlan` to fill; ``plan.role`` is one
-        of ``"scheduler"``, ``"nanny"`` (the process hosting nannies: the
-        ``dask worker`` CLI), ``"client"``, ``"worker"``; ``plan.index`` is the worker
-        number for workers.
-    :return: ignored; write decisions with ``plan.set_gpu``, ``plan.set_env``,
-        ``plan.set_config``, ``plan.set_cpu_affinity``,
-        ``plan.set_multiprocessing_method``, ``plan.note``.
+    :param ctx: the :class:`gpudask.pluginapi.PlanContext`.
+    :param plan: the :class:`gpudask.pluginapi.ProcessPlan` to fill; ``plan.role`` is
+        ``"scheduler"``, ``"nanny"`` (the process hosting nannies: the ``dask worker``
+        CLI), ``"client"`` or ``"worker"``; ``plan.index`` is the worker number.
+    :return: None (ignored); decisions are written with ``plan.set_gpu``,
+        ``plan.set_env``, ``plan.set_config``, ``plan.set_cpu_affinity``,
+        ``plan.set_multiprocessing_method``, ``plan.set_resource``, ``plan.note``.
+
+    **Combined:** every plugin writes into the same plan, in priority order; a later
+    plugin sees (and may override) an earlier one's decisions.  **Failure:** stops the
+    process, as in ``gpudask_validate``.
     """
 
 
 @hookspec
-def gpudask_select_transport(ctx, plan):
+def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Contribute to the transport of a process (UCX transports, environment, interface).
 
-    Plan hook (pure).  Called for every plan after ``gpudask_plan_process``.  Several
-    plugins contribute: each adds the UCX transports it needs with
-    ``plan.add_ucx_transport(name, why)``; after the last plugin, gpudask composes
-    ``UCX_TLS`` from all contributions (unless the user set ``UCX_TLS``, which always
-    wins).  A plugin may also set ``UCX_*`` variables with ``plan.set_env``,
-    ``distributed-ucxx.*`` keys with ``plan.set_config`` and the interface with
-    ``plan.set_interface``.  Nothing is contributed when ``ctx.protocol`` is not UCX
-    unless the plugin has a reason to (the interface, say).
+    **When, where:** a plan hook (pure), in every process that builds a plan; called for
+    every plan after ``gpudask_plan_process``.
 
-    :return: ignored.
+    Each plugin adds the UCX transports it needs with ``plan.add_ucx_transport(name,
+    why)``; may set ``UCX_*`` variables with ``plan.set_env``, ``distributed-ucxx.*``
+    keys with ``plan.set_config`` and the interface with ``plan.set_interface``.
+    Nothing is contributed when ``ctx.uses_ucx`` is false unless the plugin has a
+    reason to (the interface, say).  Read a user's ``UCX_TLS`` with
+    ``gpudask.pluginapi.parse_ucx_tls`` / ``tls_enables`` only.
+
+    :return: None (ignored).
+
+    **Combined:** additive; after the last plugin gpudask composes ``UCX_TLS`` from all
+    contributions (unless the user exported ``UCX_TLS`` or a plugin set it, which then
+    wins).  **Failure:** stops the process, as in ``gpudask_validate``.
     """
 
 
 @hookspec
-def gpudask_plan_memory(ctx, plan):
+def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Decide the device-memory setup of a process (allocator, pool sizes).
 
-    Plan hook (pure).  Called for every plan after transport selection, so
-    ``plan.ucx_transports`` is known.  Write the decision with ``plan.set_memory``;
-    sizes must already be validated and resolved to bytes for this worker's GPU.
+    **When, where:** a plan hook (pure), in every process that builds a plan; called
+    for every plan after ``UCX_TLS`` is composed, so ``plan.ucx_transports`` and
+    ``plan.env["UCX_TLS"]`` are known.
 
-    :return: ignored.
+    :return: None (ignored); write the decision with
+        ``plan.set_memory(MemoryPlan(allocator, initial_pool_size, maximum_pool_size, gpu,
+        details), why)``; sizes are validated and resolved to bytes for this process's GPU.
+
+    **Combined:** one memory plan per process: a later plugin's ``set_memory`` replaces
+    an earlier one's (the reasons keep both).  **Failure:** stops the process, as in
+    ``gpudask_validate``.
     """
 
 
 @hookspec
-def gpudask_context_init(ctx, plan):
+def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Prepare the CUDA context of the current process before UCX initialises.
 
-    Apply hook.  Called in every process gpudask is preloaded into (scheduler,
-    nanny host, worker) and in the client by :func:`gpudask.initialize`, at import time
-    of the preload -- i.e. in ``Worker.__init__`` / ``Nanny.__init__`` /
-    ``Scheduler.__init__`` before ``listen()`` -- after gpudask has applied the plan's
-    environment and config to the process.  This is the last moment at which
+    **When, where:** an apply hook, called once in every process gpudask is preloaded
+    into (scheduler, nanny host, worker) and in a client by :func:`gpudask.initialize`,
+    at import time of the preload -- before ``listen()`` -- after gpudask applied the
+    plan's environment and config.  This is the last moment at which
     ``CUDA_VISIBLE_DEVICES`` and ``UCX_*`` still take effect.
 
     Implementations detect existing contexts (without creating one), create the
     worker's context on its own GPU when UCX needs it, and verify it.  When the facts
     are described (``ctx.facts.described``) nothing touching a real device may run.
 
-    :return: ignored.  Raise :class:`gpudask.errors.GpudaskError` to stop the process.
+    :return: None (ignored).
+
+    **Combined:** every plugin runs, in priority order.  **Failure:** raise
+    :class:`gpudask.pluginapi.GpudaskError`: the process stops with the one line.
     """
 
 
 @hookspec
-def gpudask_setup_memory(ctx, plan):
+def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] | None:
     """Apply the memory decision of ``plan.memory`` in a worker process.
 
-    Apply hook.  Called only in worker processes (never nanny, CLI, client), at import
-    time of the preload right after ``gpudask_context_init`` -- so before the first
-    connection and the first task -- and again by gpudask's WorkerPlugin when it is
-    registered on a running worker (``client.register_plugin``).  Raise to stop the
-    worker: a worker never starts without the pool it was asked for.
+    **When, where:** an apply hook, in worker processes only (never nanny, CLI, client),
+    at import time of the preload right after ``gpudask_context_init`` -- before the
+    first connection and the first task.  Called **once per process**: gpudask keeps the
+    returned reports and hands them out to every later request in that process (its
+    WorkerPlugin registered on a running worker, a second preload), so a plugin never
+    builds a pool twice.
 
     :return: a JSON-compatible dict describing what was set up (published in the
-        worker's startup information under ``gpudask``), or ``None``.
+        worker's startup information under ``gpudask.memory.<plugin name>``), or None.
+
+    **Combined:** a dict ``{plugin name: report}`` of the non-None reports.
+    **Failure:** raise to stop the worker: a worker never starts without the pool it was
+    asked for (the one line names the plugin, the hook and the cause).
     """
 
 
 @hookspec
-def gpudask_preload(ctx, plan, server):
+def gpudask_preload(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """Act on the running server (``dask_setup`` time).
 
-    Apply hook.  Called with ``server`` a ``Worker``, ``Nanny`` or ``Scheduler`` from
-    gpudask's ``dask_setup`` (after ``listen()``, before the worker registers with the
-    scheduler), and from gpudask's WorkerPlugin / NannyPlugin / SchedulerPlugin when
-    they are registered on a running cluster.  Use it to add plugins, metrics,
-    startup information or resources.
+    **When, where:** an apply hook, called with ``server`` a ``Worker``, ``Nanny`` or
+    ``Scheduler`` from gpudask's ``dask_setup`` (after ``listen()``, before the worker
+    registers with the scheduler), and from gpudask's WorkerPlugin / NannyPlugin /
+    SchedulerPlugin when they are registered on a running cluster.  Use it to add
+    plugins, metrics, startup information or resources.
 
-    :return: ignored.
+    :return: None (ignored).
+
+    **Combined:** every plugin runs, in priority order.  **Failure:** the process stops
+    with the one line (a server never runs half-configured).
     """
 
 
 @hookspec
-def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
-    """Compare a worker (or a client) with the scheduler and report findings.
+def gpudask_scheduler_check(ctx: PlanContext | None, scheduler_facts: ProcessSide,
+                            worker_facts: ProcessSide | None) -> list[Finding] | None:
+    """Compare two processes of a cluster and report findings.
 
-    Apply hook.  Called in the scheduler process by gpudask's SchedulerPlugin each time
-    a worker joins (and for workers already connected when the plugin is registered
-    late), and in a client by :func:`gpudask.check`.
+    **When, where:** called in the scheduler process by gpudask's check runner each time a
+    worker joins (and for workers already connected when the runner is registered
+    late); and in a client by :func:`gpudask.check`, which compares the client with the
+    scheduler and with each worker.
 
-    :param scheduler_facts: the reference side, a JSON-compatible dict
-        ``{"role", "address", "facts" (schema 1), "protocol", "gpudask" (version),
-        "facts_origin"}`` -- the scheduler, or a worker when the client is compared.
-    :param worker_facts: the same shape for the other side (a worker or the client),
-        or ``None`` when that process does not run gpudask.  It arrived over the network:
-        treat it as untrusted data (types are validated, nothing is unpickled).
-    :return: a list of :class:`gpudask.findings.Finding` (may be empty).  A plugin that
-        raises, or returns something else, becomes a ``plugin-failed`` finding; the other
-        plugins still run.
+    :param ctx: the :class:`gpudask.pluginapi.PlanContext` of the process running the
+        check (its settings, e.g. which packages to compare), or None where that process
+        has no plan.
+    :param scheduler_facts: the *reference* side, a :class:`gpudask.findings.ProcessSide`
+        dict ``{"role", "address", "facts", "protocol", "gpudask", "facts_origin"}``.
+        It is the scheduler when a worker is checked in the scheduler and when a client
+        is compared with the scheduler; it is a **worker** (``role == "worker"``) when a
+        client is compared with that worker.
+    :param worker_facts: the side compared with it, same shape (a worker, or the client),
+        or None when that process does not run gpudask.  Both sides arrived over the
+        network: they are validated plain data (``facts`` is a valid schema-1 dict),
+        never unpickled.
+    :return: a list of :class:`gpudask.pluginapi.Finding` (or dicts with ``severity``,
+        ``code``, ``message``), possibly empty, or None.
+
+    **Combined:** the findings of all plugins are concatenated; each finding's
+    ``plugin`` is filled with the plugin's name.  **Failure:** isolated: a plugin that
+    raises, or returns something else, becomes one ``plugin-failed`` warning finding
+    and the other plugins still run.
     """

@@ -1,29 +1,39 @@
 """Finding, ordering and calling plugins.
 
 A thin typed layer over pluggy (in the manner of tox's plugin manager): the rest of
-gpudask calls ``manager.select_transport(ctx, plan)``, never ``pm.hook.x``.  Each hook
-implementation is called on its own, in priority order, so that a failure names the
-plugin, its distribution and the hook, and so that reasons are attributed to the
-plugin that made them.
+gpudask calls ``manager.select_transport(ctx, plan)``, never ``pm.hook.x``.  pluggy
+does the registration and spec validation, the blocking of disabled plugins
+(``set_blocked``), the loading of entry points (``load_setuptools_entrypoints``), the
+check for unknown hooks (``check_pending``) and the tracing (``enable_tracing``).
+gpudask adds what pluggy has no notion of: the built-ins registered from
+:data:`BUILTIN_PLUGINS`, an explicit integer priority, and a call of one
+implementation at a time in priority order, so that a failure names the plugin, its
+distribution and the hook, and reasons are attributed to the plugin that made them.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.metadata
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from gpudask import hookspecs
 from gpudask.config import CORE_OPTIONS, Option, Settings, parse_bool, parse_name_list
 from gpudask.errors import ConfigError, GpudaskError, PluginError
+from gpudask.findings import Finding
+
+if TYPE_CHECKING:
+    from gpudask.plan.context import PlanContext
+    from gpudask.plan.model import ProcessPlan
 
 logger = logging.getLogger("distributed.gpudask")
 trace_logger = logging.getLogger("distributed.gpudask.trace")
@@ -31,7 +41,27 @@ trace_logger = logging.getLogger("distributed.gpudask.trace")
 ENTRY_POINT_GROUP = "gpudask"
 BUILTIN_DISTRIBUTION = "gpudask"
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 1000, 500
-HOOKS = [name for name in dir(hookspecs) if name.startswith("gpudask_")]
+HOOKS = sorted(name for name in dir(hookspecs) if name.startswith("gpudask_"))
+
+# The built-in plugins: (name, module).  Registered from here, not found through entry
+# point metadata; a third-party entry point may not take one of these names.
+BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
+    ("gpu-pinning", "gpudask.plugins.gpu_pinning"),
+    ("cpu-affinity", "gpudask.plugins.cpu_affinity"),
+    ("forkserver", "gpudask.plugins.forkserver"),
+    ("cuda-context", "gpudask.plugins.cuda_context"),
+    ("tcp", "gpudask.plugins.tcp"),
+    ("nvlink", "gpudask.plugins.nvlink"),
+    ("infiniband", "gpudask.plugins.infiniband"),
+    ("rmm", "gpudask.plugins.rmm"),
+    ("worker-memory", "gpudask.plugins.worker_memory"),
+    ("spill", "gpudask.plugins.spill"),
+    ("gpu-dask-defaults", "gpudask.plugins.dask_defaults"),
+    ("scheduler-parity", "gpudask.plugins.scheduler_parity"),
+)
+
+# What gpudask_setup_memory returned in this process, by pid (a forked child sets up its own).
+_MEMORY_SETUP: dict[int, dict[str, Any]] = {}
 
 
 @dataclass
@@ -55,13 +85,47 @@ def _env_flag(name: str) -> bool:
         raise ConfigError(f"${name}={os.environ[name]!r} is not valid; accepted: 1 or 0") from None
 
 
+def _third_party_entry_points() -> dict[str, tuple[importlib.metadata.EntryPoint, str | None]]:
+    """name -> (entry point, distribution) of the ``gpudask`` group, gpudask's own left out."""
+    builtin_modules = dict(BUILTIN_PLUGINS)
+    found: dict[str, tuple[importlib.metadata.EntryPoint, str | None]] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else None
+        if dist == BUILTIN_DISTRIBUTION and builtin_modules.get(ep.name) == ep.value:
+            continue  # metadata of an older gpudask install that still lists its built-ins
+        if ep.name in builtin_modules:
+            raise PluginError(ep.name, dist, "registration",
+                              f"entry point {ep.name} = {ep.value} takes the name of the built-in plugin "
+                              f"{ep.name!r} ({builtin_modules[ep.name]}); a third-party plugin needs a name of "
+                              "its own")
+        found.setdefault(ep.name, (ep, dist))
+    return found
+
+
+class _Pluggy(pluggy.PluginManager):
+    """pluggy's manager, whose entry-point loading registers through gpudask's checks."""
+
+    def __init__(self, owner: PluginManager) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.owner = owner
+        self.direct = False  # True while gpudask's own register() calls pluggy's
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        if self.direct:
+            return super().register(plugin, name)
+        loaded = self.owner.register(plugin, name=name, source="entry point", distribution=self.owner.loading_dist)
+        return loaded.name if loaded is not None else None
+
+
 class PluginManager:
     """Loads the plugins allowed by config and environment and calls their hooks."""
 
     def __init__(self) -> None:
-        self._pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self._pm = _Pluggy(self)
         self._pm.add_hookspecs(hookspecs)
+        self.loading_dist: str | None = None  # the distribution of the entry point being loaded
         self.plugins: list[LoadedPlugin] = []
+        self._callers: dict[tuple[str, str], Any] = {}
         self.trace = False
 
     # -- loading ---------------------------------------------------------------
@@ -74,90 +138,131 @@ class PluginManager:
             else core["gpudask.plugins.enable"]
         disable = set(core["gpudask.plugins.disable"]) | set(parse_name_list(os.environ.get("GPUDASK_DISABLE_PLUGINS")))
         autoload = core["gpudask.plugins.autoload"] and not _env_flag("GPUDASK_DISABLE_PLUGIN_AUTOLOAD")
-        manager.trace = core["gpudask.plugins.trace"] or _env_flag("GPUDASK_TRACE_PLUGINS")
+        if core["gpudask.plugins.trace"] or _env_flag("GPUDASK_TRACE_PLUGINS"):
+            manager.enable_tracing()
 
-        found: dict[str, tuple[importlib.metadata.EntryPoint, str | None]] = {}
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            dist = ep.dist.name if ep.dist is not None else None
-            found.setdefault(ep.name, (ep, dist))
-        known = set(found) | {getattr(p, "name", "") for p in extra}
+        third_party = _third_party_entry_points()
+        extra = list(extra)
+        known = {n for n, _ in BUILTIN_PLUGINS} | set(third_party) | {getattr(p, "name", "") for p in extra}
         for name in [*enable, *disable]:
             if name not in known:
                 close = difflib.get_close_matches(name, sorted(known), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"no gpudask plugin named {name!r} (installed: {', '.join(sorted(known))}){hint}")
+        for name in sorted(known):
+            if name in disable or (enable and name not in enable):
+                manager._pm.set_blocked(name)
 
-        for name, (ep, dist) in sorted(found.items()):
-            builtin = dist == BUILTIN_DISTRIBUTION or ep.value.startswith("gpudask.plugins.")
-            if (enable and name not in enable) or name in disable or (not builtin and not autoload):
+        for name, module in BUILTIN_PLUGINS:
+            if manager._pm.is_blocked(name):
                 continue
             try:
-                obj = ep.load()
+                obj = importlib.import_module(module)
             except Exception as e:  # noqa: BLE001 - any import failure is reported the same way
-                raise PluginError(name, dist, "import", e) from e
-            manager.register(obj, name=name, source="builtin" if builtin else "entry point", distribution=dist)
+                raise PluginError(name, BUILTIN_DISTRIBUTION, "import", e) from e
+            manager.register(obj, name=name, source="builtin", distribution=BUILTIN_DISTRIBUTION)
+        if autoload:
+            for name, (ep, dist) in sorted(third_party.items()):
+                manager._load_entry_point(name, dist)
         for obj in extra:
             name = getattr(obj, "name", None)
-            if name and not ((enable and name not in enable) or name in disable):
+            if name and not manager._pm.is_blocked(name):
                 manager.register(obj, source="registered")
         return manager
 
+    def _load_entry_point(self, name: str, dist: str | None) -> None:
+        """One entry point through pluggy, which skips blocked names; failures name the plugin."""
+        self.loading_dist = dist
+        try:
+            self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
+        except PluginError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an import failure of a third-party plugin
+            raise PluginError(name, dist, "import", e) from e
+        finally:
+            self.loading_dist = None
+
     def register(self, obj: Any, name: str | None = None, source: str = "registered",
-                 distribution: str | None = None) -> LoadedPlugin:
+                 distribution: str | None = None) -> LoadedPlugin | None:
+        """Register ``obj`` (a module or object with ``name``, ``priority`` and hooks).
+        None when the name is blocked (disabled)."""
         name = getattr(obj, "name", None) or name
         if not isinstance(name, str) or not name:
             raise PluginError(repr(obj), distribution, "registration", "a plugin needs a non-empty string 'name'")
+        if self._pm.is_blocked(name):
+            return None
         priority = getattr(obj, "priority", DEFAULT_PRIORITY)
         if isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
             raise PluginError(name, distribution, "registration",
                               f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}")
         if any(p.name == name for p in self.plugins):
             raise PluginError(name, distribution, "registration", "another plugin already has this name")
+        self._pm.direct = True
         try:
             self._pm.register(obj, name=name)
-        except pluggy.PluginValidationError as e:
+        except (pluggy.PluginValidationError, ValueError) as e:
             raise PluginError(name, distribution, "registration", str(e)) from e
-        unknown = [a for a in dir(obj) if a.startswith("gpudask_") and a not in HOOKS]
-        if unknown:
+        finally:
+            self._pm.direct = False
+        try:
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as e:
             self._pm.unregister(obj)
-            close = difflib.get_close_matches(unknown[0], HOOKS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise PluginError(name, distribution, "registration", f"unknown hook {unknown[0]!r}{hint}")
-        hooks = sorted(impl.function.__name__ for impl in self._hookimpls_of(obj))
+            raise PluginError(name, distribution, "registration", self._unknown_hook(e)) from e
+        hooks = sorted(caller.name for caller in self._pm.get_hookcallers(obj) or [])
         plugin = LoadedPlugin(name, priority, source, distribution, obj, hooks)
         self.plugins.append(plugin)
         self.plugins.sort(key=lambda p: (p.priority, p.name))
+        self._callers.clear()
         return plugin
 
-    def _hookimpls_of(self, obj: Any) -> list[Any]:
-        out = []
-        for hook_name in HOOKS:
-            caller = getattr(self._pm.hook, hook_name)
-            out += [impl for impl in caller.get_hookimpls() if impl.plugin is obj]
-        return out
+    def _unknown_hook(self, error: pluggy.PluginValidationError) -> str:
+        unknown = sorted(n for n, caller in vars(self._pm.hook).items()
+                         if n.startswith(hookspecs.PROJECT) and caller.spec is None)
+        if not unknown:
+            return str(error)
+        close = difflib.get_close_matches(unknown[0], HOOKS, n=1)
+        return f"unknown hook {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else "")
 
     def names(self) -> list[str]:
         return [p.name for p in self.plugins]
 
+    # -- tracing ---------------------------------------------------------------
+    def enable_tracing(self) -> None:
+        """Log every hook call (pluggy's tracer) and, per plugin, its result and duration."""
+        self.trace = True
+        self._pm.trace.root.setwriter(_trace_write)
+        self._pm.enable_tracing()
+
     # -- calling ---------------------------------------------------------------
-    def _call(self, hook_name: str, plan: Any = None, isolate: bool = False,
+    def _impls(self, hook_name: str, plugin: LoadedPlugin) -> list[Any]:
+        """``plugin``'s implementation of ``hook_name`` (pluggy's HookImpl), as a list of one."""
+        key = (hook_name, plugin.name)
+        if key not in self._callers:
+            caller = getattr(self._pm.hook, hook_name)
+            self._callers[key] = [i for i in caller.get_hookimpls() if i.plugin_name == plugin.name]
+        return self._callers[key]  # type: ignore[no-any-return]
+
+    def _call(self, hook_name: str, plan: ProcessPlan | None = None, isolate: bool = False,
               **kwargs: Any) -> list[tuple[LoadedPlugin, Any]]:
         """Call each implementation in priority order.  With ``isolate`` a failing plugin's
         PluginError is returned as its result instead of stopping the others."""
-        caller = getattr(self._pm.hook, hook_name)
-        impls = {impl.plugin_name: impl for impl in caller.get_hookimpls()}
+        spec = getattr(self._pm.hook, hook_name).spec
+        firstresult = bool(spec.opts.get("firstresult")) if spec is not None else False
+        if plan is not None:
+            kwargs = dict(kwargs, plan=plan)
         results = []
         for plugin in self.plugins:
-            impl = impls.get(plugin.name)
-            if impl is None:
+            if hook_name not in plugin.hooks:
                 continue
-            args = dict(kwargs, plan=plan) if plan is not None else kwargs
-            wanted = {k: v for k, v in args.items() if k in impl.argnames}
             if plan is not None:
                 plan.acting_plugin = plugin.name
             start = time.perf_counter()
             try:
-                result = impl.function(**wanted)
+                # pluggy's own hook execution (so its tracing and monitoring see the call),
+                # one implementation at a time: plugin objects need not be hashable
+                out: Any = self._pm._hookexec(hook_name, self._impls(hook_name, plugin), kwargs, firstresult)
+                result = out if firstresult else (out[0] if out else None)
             except Exception as e:  # noqa: BLE001
                 # a plugin's own one-line error keeps its text; anything else its type too
                 error = PluginError(plugin.name, plugin.distribution, hook_name,
@@ -170,7 +275,10 @@ class PluginManager:
                     plan.acting_plugin = "gpudask"
             if self.trace:
                 where = f" role={plan.role} index={plan.index}" if plan is not None else ""
-                _trace(f"{hook_name} -> {plugin.name}{where}: {result!r} ({(time.perf_counter() - start) * 1e3:.1f} ms)")
+                # pluggy's "finish" line above carries the result; this one names the plugin
+                outcome = "failed" if isinstance(result, PluginError) else "done"
+                self._pm.trace.root.get("gpudask")(
+                    f"{hook_name} -> {plugin.name}{where}: {outcome} in {(time.perf_counter() - start) * 1e3:.1f} ms")
             results.append((plugin, result))
         return results
 
@@ -180,36 +288,43 @@ class PluginManager:
             for opt in result or []:
                 if not isinstance(opt, Option) or not opt.key.startswith("gpudask."):
                     raise PluginError(plugin.name, plugin.distribution, "gpudask_config_options",
-                                      f"options must be gpudask.config.Option with keys under 'gpudask.', got {opt!r}")
+                                      f"options must be gpudask.pluginapi.Option with keys under 'gpudask.', "
+                                      f"got {opt!r}")
                 options.append(opt)
         return options
 
-    def validate(self, ctx: Any) -> None:
+    def validate(self, ctx: PlanContext) -> None:
         self._call("gpudask_validate", ctx=ctx)
 
-    def plan_process(self, ctx: Any, plan: Any) -> None:
+    def plan_process(self, ctx: PlanContext, plan: ProcessPlan) -> None:
         self._call("gpudask_plan_process", plan, ctx=ctx)
 
-    def select_transport(self, ctx: Any, plan: Any) -> None:
+    def select_transport(self, ctx: PlanContext, plan: ProcessPlan) -> None:
         self._call("gpudask_select_transport", plan, ctx=ctx)
 
-    def plan_memory(self, ctx: Any, plan: Any) -> None:
+    def plan_memory(self, ctx: PlanContext, plan: ProcessPlan) -> None:
         self._call("gpudask_plan_memory", plan, ctx=ctx)
 
-    def context_init(self, ctx: Any, plan: Any) -> None:
+    def context_init(self, ctx: PlanContext, plan: ProcessPlan) -> None:
         self._call("gpudask_context_init", plan, ctx=ctx)
 
-    def setup_memory(self, ctx: Any, plan: Any) -> dict[str, Any]:
-        return {p.name: r for p, r in self._call("gpudask_setup_memory", plan, ctx=ctx) if r is not None}
+    def setup_memory(self, ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
+        """``gpudask_setup_memory`` once per process: the first call runs the hooks, every
+        later one (a WorkerPlugin registered on a running worker, a second preload) gets
+        what the first returned.  A pool is never built twice in one process."""
+        kept = _MEMORY_SETUP.get(os.getpid())
+        if kept is None:
+            kept = {p.name: r for p, r in self._call("gpudask_setup_memory", plan, ctx=ctx) if r is not None}
+            _MEMORY_SETUP[os.getpid()] = kept
+        return kept
 
-    def preload(self, ctx: Any, plan: Any, server: Any) -> None:
+    def preload(self, ctx: PlanContext, plan: ProcessPlan, server: Any) -> None:
         self._call("gpudask_preload", plan, ctx=ctx, server=server)
 
-    def scheduler_check(self, ctx: Any, scheduler_facts: Any, worker_facts: Any) -> list[Any]:
+    def scheduler_check(self, ctx: PlanContext | None, scheduler_facts: Mapping[str, Any] | None,
+                        worker_facts: Mapping[str, Any] | None) -> list[Finding]:
         """Findings of every plugin; a plugin that raises (or returns something that is
         not a Finding) becomes a ``plugin-failed`` finding, the others still run."""
-        from gpudask.findings import Finding
-
         findings = []
         for plugin, result in self._call("gpudask_scheduler_check", isolate=True, ctx=ctx,
                                          scheduler_facts=scheduler_facts, worker_facts=worker_facts):
@@ -218,25 +333,28 @@ class PluginManager:
                                         plugin=plugin.name))
                 continue
             for finding in result or []:
-                if isinstance(finding, dict):
-                    finding = Finding.from_dict(finding) if _is_finding_dict(finding) else finding
+                if isinstance(finding, dict) and Finding.is_finding_dict(finding):
+                    finding = Finding.from_dict(finding)
                 if not isinstance(finding, Finding):
                     finding = Finding("warning", "plugin-failed", f"the check could not finish: plugin returned "
-                                      f"{type(finding).__name__}, not a gpudask.findings.Finding", plugin=plugin.name)
+                                      f"{type(finding).__name__}, not a gpudask.pluginapi.Finding",
+                                      plugin=plugin.name)
                 finding.plugin = finding.plugin or plugin.name
                 findings.append(finding)
         return findings
 
-def _is_finding_dict(data: dict[str, Any]) -> bool:
-    return isinstance(data.get("severity"), str) and isinstance(data.get("code"), str) \
-        and isinstance(data.get("message"), str)
+
+def forget_memory_setup() -> None:
+    """Forget what ``setup_memory`` kept in this process (for tests that set up twice)."""
+    _MEMORY_SETUP.pop(os.getpid(), None)
 
 
-def _trace(message: str) -> None:
+def _trace_write(message: str) -> None:
     if not trace_logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("gpudask trace: %(message)s"))
         trace_logger.addHandler(handler)
         trace_logger.setLevel(logging.INFO)
         trace_logger.propagate = False
-    trace_logger.info(message)
+    for line in message.rstrip("\n").splitlines():
+        trace_logger.info(line)

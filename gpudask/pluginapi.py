@@ -1,36 +1,48 @@
-"""The public plugin API (minimal version for the spill branch; the full module replaces it).
+"""The public plugin API: everything a gpudask plugin imports from gpudask.
 
-Built-in plugins and ``contrib/`` import only this module from gpudask.
+Built-in plugins (``gpudask.plugins.*``), ``contrib/`` and third-party plugins import
+from this module only (and from the standard library and third-party libraries); a
+test holds the built-ins and ``contrib/`` to it.  What is here is kept stable; anything
+else in ``gpudask`` may move.  Nothing in gpudask's core imports this module.
+
+* hooks: :data:`hookimpl` (the hooks are documented in docs/hooks.md);
+* settings: :class:`Option` and its parsers; read values with ``ctx.setting(key)``;
+* errors: :class:`GpudaskError`, :class:`ConfigError`, :class:`PluginError`;
+* plans: :class:`PlanContext`, :class:`ProcessPlan`, :class:`HostPlan`,
+  :class:`MemoryPlan`; the checks: :class:`Finding`;
+* shared rules: :func:`parse_ucx_tls` (the one UCX_TLS parser), :func:`cpu_ranges`,
+  :func:`workers_sharing_gpu`, the transport helpers of :mod:`gpudask.transport`;
+  :func:`format_bytes` / :func:`parse_bytes` (dask's);
+* facts of another process: :func:`facts_from_dict` (validates published facts).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from dask.utils import format_bytes, parse_bytes
 
-from gpudask.config import (Option, choice, parse_bool, parse_name_list, parse_optional_bool,
-                            parse_optional_float)
-from gpudask.context import PlanContext
+from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_optional_bool, parse_optional_float
 from gpudask.errors import ConfigError, GpudaskError, PluginError
+from gpudask.facts import facts_from_dict
+from gpudask.findings import Finding
 from gpudask.hookspecs import hookimpl
-from gpudask.plan import HostPlan, ProcessPlan
+from gpudask.plan import HostPlan, MemoryPlan, PlanContext, ProcessPlan, cpu_ranges
+from gpudask.transport import (AUTO, EXPLICIT, GPU_ROLES, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why,
+                               parse_name_or_list, parse_ucx_tls, pick, process_gpu, set_flag, tls_enables,
+                               ucx_supports, ucxx_creates_cuda_context, user_tls, workers_sharing_gpu)
 
-__all__ = ["hookimpl", "Option", "parse_bool", "parse_optional_bool", "parse_optional_float", "parse_name_list",
-           "choice", "GpudaskError", "ConfigError", "PluginError", "PlanContext", "ProcessPlan", "HostPlan",
-           "workers_sharing_gpu", "format_bytes", "parse_bytes"]
-
-
-def workers_sharing_gpu(ctx: Any, plan: Any) -> list[int]:
-    """Indices of this host's workers that run on ``plan``'s GPU (``plan`` itself included).
-
-    Workers are given the visible GPUs (a MIG instance counts as one) in turn: worker i
-    gets unit i mod n, so with more workers than units several share one."""
-    units: list[str] = []
-    for gpu in ctx.gpus:
-        instances = gpu.mig.get("instances") or [] if gpu.mig.get("enabled") else []
-        units += [i.get("uuid") for i in instances] or [gpu.uuid]
-    if not units or plan.role != "worker":
-        return [plan.index] if plan.index is not None else []
-    position = units.index(plan.gpu) if plan.gpu in units else (plan.index or 0) % len(units)
-    return [i for i in range(ctx.nworkers) if i % len(units) == position]
+__all__ = [
+    # hooks
+    "hookimpl",
+    # settings
+    "Option", "parse_bool", "parse_optional_bool", "parse_optional_float", "parse_name_list", "choice",
+    # errors
+    "GpudaskError", "ConfigError", "PluginError",
+    # plans and checks
+    "PlanContext", "ProcessPlan", "HostPlan", "MemoryPlan", "Finding", "facts_from_dict",
+    # shared rules
+    "parse_ucx_tls", "cpu_ranges", "workers_sharing_gpu", "format_bytes", "parse_bytes",
+    # transport helpers (tcp, nvlink, infiniband, rmm)
+    "MODE", "INTERFACE", "AUTO", "EXPLICIT", "UCX_AUTO", "GPU_ROLES", "tls_enables", "ucxx_creates_cuda_context",
+    "user_tls", "ucx_supports", "process_gpu", "parse_name_or_list", "pick", "mode", "mode_why", "decide",
+    "set_flag",
+]

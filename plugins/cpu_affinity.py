@@ -2,15 +2,13 @@
 
 The plan records the CPUs NVML reports as local to the worker's GPU (facts
 ``gpu.cpu_affinity``).  The core applies them in the worker process
-(``gpudask.session._bind_cpus``): it intersects them with the CPUs the process may use
+(the apply stage): it intersects them with the CPUs the process may use
 (``os.sched_getaffinity``: cgroups, Slurm, taskset) and only warns when that fails.
 """
 
 from __future__ import annotations
 
-from gpudask import hookimpl
-from gpudask.config import Option, parse_bool
-from gpudask.plan import _cpu_ranges
+from gpudask.pluginapi import Option, cpu_ranges, hookimpl, parse_bool
 
 name = "cpu-affinity"
 priority = 20
@@ -31,7 +29,7 @@ def gpudask_plan_process(ctx, plan):
     if plan.gpu_index is None:
         plan.note("skipped", "no GPU visible" if not ctx.gpus else "this worker has no GPU of its own")
         return
-    setting = ctx.settings.get(ENABLED)
+    setting = ctx.setting(ENABLED)
     if not setting.value:
         plan.note("skipped", f"{ENABLED}=false (from {setting.source})")
         return
@@ -45,4 +43,4 @@ def gpudask_plan_process(ctx, plan):
     if ctx.facts.described:
         plan.note("CPU binding not applied here",
                   f"the host is described ({ctx.facts.origin}): its CPUs "
-                  f"{_cpu_ranges(plan.cpu_affinity)} are not this machine's")
+                  f"{cpu_ranges(plan.cpu_affinity)} are not this machine's")

@@ -22,9 +22,7 @@ import logging
 import os
 from typing import Any
 
-from gpudask import hookimpl
-from gpudask.config import Option, choice
-from gpudask.errors import GpudaskError
+from gpudask.pluginapi import GpudaskError, Option, choice, hookimpl, ucxx_creates_cuda_context
 
 name = "cuda-context"
 priority = 40
@@ -48,8 +46,7 @@ def ucx_wants_context(env: dict[str, str], config_get: Any) -> bool:
     is true or UCX_TLS names a cuda transport."""
     if any(config_get(key) is True for key in CREATE_KEYS):
         return True
-    tls = env.get("UCX_TLS", "")
-    return "cuda" in tls and "^cuda" not in tls
+    return ucxx_creates_cuda_context(env.get("UCX_TLS"))
 
 
 @hookimpl
@@ -140,7 +137,7 @@ def _cause_and_fix(plan: Any) -> str:
 
 def report(ctx: Any, plan: Any, message: str) -> None:
     text = f"{message} {_cause_and_fix(plan)}"
-    if ctx.settings[ON_EXISTING] == "error":
+    if ctx.setting(ON_EXISTING).value == "error":
         raise GpudaskError(f"{text} ({ON_EXISTING}=error)")
     logger.warning("gpudask: %s", text)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudask import hookimpl
+from gpudask.pluginapi import hookimpl
 
 name = "gpu-dask-defaults"
 priority = 150

@@ -19,8 +19,7 @@ import os
 import sys
 import traceback
 
-from gpudask import hookimpl
-from gpudask.config import Option, parse_bool, parse_optional_bool
+from gpudask.pluginapi import Option, hookimpl, parse_bool, parse_optional_bool
 
 name = "forkserver"
 priority = 30
@@ -45,7 +44,7 @@ def gpudask_config_options():
 
 def _decide(ctx) -> tuple[bool, str]:
     """(use forkserver?, why) -- the same answer for every plan of the host."""
-    setting = ctx.settings.get(ENABLED)
+    setting = ctx.setting(ENABLED)
     ib = [f"{d.name}:{d.port}" for d in ctx.facts.ib_devices if d.is_infiniband]
     if setting.value is True:
         return True, f"{ENABLED}=true (from {setting.source})"
@@ -81,7 +80,7 @@ def gpudask_plan_process(ctx, plan):
                          "compare the driver and CUDA runtime versions")
     elif plan.role == "nanny":
         plan.note("forkserver not used", why)
-    if ctx.settings[DIAGNOSE]:
+    if ctx.setting(DIAGNOSE).value:
         plan.set_env("UCX_IB_FORK_INIT", "n",
                      f"{DIAGNOSE}=true: UCX skips ibv_fork_init() and warns at any fork() after it opened "
                      "InfiniBand; gpudask names the process and the code that forked")
@@ -94,7 +93,7 @@ _WATCHING = False
 @hookimpl
 def gpudask_context_init(ctx, plan):
     global _WATCHING
-    if not ctx.settings[DIAGNOSE] or _WATCHING:
+    if not ctx.setting(DIAGNOSE).value or _WATCHING:
         return
     _WATCHING = True
     where = plan.role + (f" {plan.index}" if plan.index is not None else "")

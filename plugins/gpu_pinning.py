@@ -7,7 +7,7 @@ stay reachable for CUDA IPC.  Entries keep the form the user wrote (index, ``GPU
 UUID, ``MIG-`` UUID); a MIG instance counts as a GPU of its own.  More workers than
 GPUs share them round-robin, with a warning.
 
-Which worker is number ``i`` is decided by the core (``gpudask.runtime.worker_index``):
+Which worker is number ``i`` is decided by the core (``gpudask.apply.runtime.worker_index``):
 restarted workers keep their number, killed ones free it.
 """
 
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpudask import hookimpl
+from gpudask.pluginapi import hookimpl
 
 name = "gpu-pinning"
 priority = 10
@@ -102,7 +102,8 @@ def rotation(units: list[Unit], index: int) -> list[Unit]:
 def gpudask_plan_process(ctx, plan):
     if plan.role != "worker":
         return
-    units = visible_units(ctx.facts)
+    # no GPU for CUDA (NVML sees none, whatever CUDA_VISIBLE_DEVICES says): nothing to pin
+    units = visible_units(ctx.facts) if ctx.gpus else []
     if not units:
         plan.note("skipped", "no GPU visible")
         return

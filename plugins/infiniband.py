@@ -1,7 +1,7 @@
 """UCX over InfiniBand: rc, rdmacm, and for each worker the port nearest its GPU.
 
 With an active InfiniBand port (state ACTIVE, link layer InfiniBand; DOWN ports and
-RoCE ports are not InfiniBand) and UCX (DESIGN §3, §5):
+RoCE ports are not InfiniBand) and UCX (docs/transports.md):
 
 * ``rc`` in ``UCX_TLS`` and ``UCX_SOCKADDR_TLS_PRIORITY=rdmacm`` in every UCX
   process (rdmacm sets up connections over InfiniBand; tcp remains as UCX's fallback
@@ -21,10 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudask import hookimpl
-from gpudask.config import Option, parse_optional_bool
-from gpudask.plugins.tcp import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick,
-                                 process_gpu, set_flag, setting, ucx_supports)
+from gpudask.pluginapi import (EXPLICIT, INTERFACE, UCX_AUTO, Option, decide, hookimpl, mode, mode_why,
+                               parse_name_or_list, parse_optional_bool, pick, process_gpu, set_flag, ucx_supports)
 
 name = "infiniband"
 priority = 70
@@ -50,7 +48,7 @@ def gpudask_config_options():
     ]
 
 
-# -- nearness (DESIGN §3) ----------------------------------------------------------------
+# -- nearness -------------------------------------------------------------------------
 def _pci_components(path: str | None) -> list[str]:
     """'/sys/devices/pci0000:15/0000:15:01.0/…' -> ['pci0000:15', '0000:15:01.0', …] (from the root complex on)."""
     if not path:
@@ -139,7 +137,7 @@ def _ignored(facts: Any) -> str:
 def gpudask_select_transport(ctx, plan):
     facts = ctx.facts
     ports = active_ports(facts)
-    net_devices = setting(ctx, NET_DEVICES)
+    net_devices = ctx.setting(NET_DEVICES)
     explicit_devices = net_devices is not None and net_devices.value is not None
     if explicit_devices and ctx.uses_ucx and (plan.role == "worker" or not isinstance(net_devices.value, list)):
         plan.set_env("UCX_NET_DEVICES", pick(net_devices.value, plan.index),
@@ -170,15 +168,15 @@ def gpudask_select_transport(ctx, plan):
             plan.note("no UCX transport rc", ib_why)
         elif plan.role in ("worker", "client", "nanny"):
             plan.note("skipped", ib_why)
-        set_flag(ctx, plan, "infiniband", False, "no rc in UCX_TLS")
-        set_flag(ctx, plan, "rdmacm", False, "no InfiniBand: connections are set up over TCP")
+        set_flag(plan, "infiniband", False, "no rc in UCX_TLS")
+        set_flag(plan, "rdmacm", False, "no InfiniBand: connections are set up over TCP")
         return
     if ib_explicit and not ports:
         ctx.warn(f"{ib_why}; but this host has no active InfiniBand port")
     plan.add_ucx_transport("rc", ib_why)
     # rc first, as distributed-ucxx and dask-cuda write UCX_TLS (the order is cosmetic for UCX)
     plan.ucx_transports.insert(0, plan.ucx_transports.pop(plan.ucx_transports.index("rc")))
-    set_flag(ctx, plan, "infiniband", True, "rc in UCX_TLS")
+    set_flag(plan, "infiniband", True, "rc in UCX_TLS")
     _rdmacm(ctx, plan)
 
     gpu, _ = process_gpu(ctx, plan)
@@ -208,7 +206,7 @@ def gpudask_select_transport(ctx, plan):
         plan.set_env("UCX_NET_DEVICES", port_label(port), near_why)
     if plan.role != "worker":
         return
-    interface = setting(ctx, INTERFACE)
+    interface = ctx.setting(INTERFACE)
     if interface is not None and interface.value is not None:
         return  # the tcp plugin set the user's
     if not port.netdev:
@@ -222,7 +220,7 @@ def gpudask_select_transport(ctx, plan):
 
 def _rdmacm(ctx: Any, plan: Any) -> None:
     user = ctx.user_env.get("UCX_SOCKADDR_TLS_PRIORITY")
-    s = setting(ctx, RDMACM)
+    s = ctx.setting(RDMACM)
     if user:
         on = "rdmacm" in user
         why = f"UCX_SOCKADDR_TLS_PRIORITY={user} set in the environment (explicit settings win)"
@@ -235,9 +233,9 @@ def _rdmacm(ctx: Any, plan: Any) -> None:
     if user:
         plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", user, why)
     elif on:
-        # rdmacm alone, as distributed-ucxx's own rdmacm flag and dask-cuda set it (DESIGN §5);
+        # rdmacm alone, as distributed-ucxx's own rdmacm flag and dask-cuda set it;
         # a user who needs UCX's tcp fallback for Ethernet-only peers exports the variable
         plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", "rdmacm", why)
     else:
         plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", "tcp", why + ": rdmacm turned off")
-    set_flag(ctx, plan, "rdmacm", on, "rdmacm sets up connections" if on else "rdmacm turned off")
+    set_flag(plan, "rdmacm", on, "rdmacm sets up connections" if on else "rdmacm turned off")

@@ -1,6 +1,6 @@
 """UCX over NVLink / CUDA IPC (cuda_copy, cuda_ipc), and no CUDA transport where no GPU data moves.
 
-Per process (DESIGN §5):
+Per process (docs/transports.md):
 
 * a worker or client with a GPU gets ``cuda_copy`` whenever UCX is used, and
   ``cuda_ipc`` when its GPU has NVLink peers among the visible GPUs or when other
@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudask import hookimpl
-from gpudask.config import Option, parse_optional_bool
-from gpudask.plugins.tcp import (UCX_AUTO, decide, mode, mode_why, process_gpu, set_flag, setting, ucx_supports,
-                                 user_tls, workers_on_gpu)
+from gpudask.pluginapi import (UCX_AUTO, Option, decide, hookimpl, mode, mode_why, parse_optional_bool, process_gpu,
+                               set_flag, ucx_supports, ucxx_creates_cuda_context, user_tls, workers_sharing_gpu)
 
 name = "nvlink"
 priority = 60
@@ -55,7 +53,7 @@ def gpudask_select_transport(ctx, plan):
         _no_cuda(ctx, plan, gpu_why)
         return
     if mode(ctx) == UCX_AUTO:
-        set_flag(ctx, plan, CONTEXT_FLAG, True, f"{mode_why(ctx)}: the CUDA context on GPU {gpu.index} exists "
+        set_flag(plan, CONTEXT_FLAG, True, f"{mode_why(ctx)}: the CUDA context on GPU {gpu.index} exists "
                                                 "before UCX initialises, so UCX sees the GPU and chooses for it")
         return
 
@@ -72,10 +70,10 @@ def gpudask_select_transport(ctx, plan):
             plan.add_ucx_transport(transport, why)
         else:
             plan.note(f"no UCX transport {transport}", why)
-    set_flag(ctx, plan, "cuda-copy", copy_on, "cuda_copy in UCX_TLS" if copy_on else "no cuda_copy in UCX_TLS")
-    set_flag(ctx, plan, "nvlink", ipc_on, "cuda_ipc in UCX_TLS" if ipc_on else "no cuda_ipc in UCX_TLS")
+    set_flag(plan, "cuda-copy", copy_on, "cuda_copy in UCX_TLS" if copy_on else "no cuda_copy in UCX_TLS")
+    set_flag(plan, "nvlink", ipc_on, "cuda_ipc in UCX_TLS" if ipc_on else "no cuda_ipc in UCX_TLS")
     if copy_on or ipc_on:
-        set_flag(ctx, plan, CONTEXT_FLAG, True,
+        set_flag(plan, CONTEXT_FLAG, True,
                  f"UCX_TLS names CUDA transports: the CUDA context on GPU {gpu.index} is created before UCX "
                  "initialises, so UCX finds it (and never on another GPU)")
 
@@ -90,7 +88,7 @@ def _ipc_detection(ctx: Any, plan: Any, gpu: Any) -> tuple[bool, str]:
     if peers:
         return True, (f"GPU {gpu.index} has NVLink peer{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))} "
                       "among the visible GPUs")
-    sharing = workers_on_gpu(ctx, plan, gpu)
+    sharing = workers_sharing_gpu(ctx, plan)
     if plan.role == "client" and sharing:
         return True, (f"the client and worker(s) {', '.join(map(str, sharing))} of this host use GPU {gpu.index} "
                       "(CUDA IPC between processes on one GPU)")
@@ -114,13 +112,13 @@ def _no_cuda(ctx: Any, plan: Any, why: str) -> None:
                              "gpudask_select_transport)"}.get(plan.role)
     context_why = f"{role_why}: no CUDA context for UCX here" if role_why else f"{why}: no CUDA context for UCX"
     tls = user_tls(ctx)
-    if tls is not None and "cuda" in tls and "^cuda" not in tls:  # distributed-ucxx's own test
+    if ucxx_creates_cuda_context(tls):
         ctx.warn(f"UCX_TLS={tls} from the environment names CUDA transports: distributed-ucxx creates a CUDA "
                  f"context in the {plan.role} process when UCX initialises (explicit settings win)")
-    requested = [s for s in (setting(ctx, NVLINK), setting(ctx, CUDA_COPY)) if s is not None and s.value]
+    requested = [s for s in (ctx.setting(NVLINK), ctx.setting(CUDA_COPY)) if s is not None and s.value]
     also = (f"; {', '.join(f'{s.key}=True' for s in requested)} applies to processes with a GPU" if requested
             else "")
     if mode(ctx) != UCX_AUTO:
-        set_flag(ctx, plan, "cuda-copy", False, f"{why}: no CUDA transport{also}")
-        set_flag(ctx, plan, "nvlink", False, f"{why}: no CUDA transport{also}")
-    set_flag(ctx, plan, CONTEXT_FLAG, False, context_why)
+        set_flag(plan, "cuda-copy", False, f"{why}: no CUDA transport{also}")
+        set_flag(plan, "nvlink", False, f"{why}: no CUDA transport{also}")
+    set_flag(plan, CONTEXT_FLAG, False, context_why)

@@ -9,16 +9,15 @@ packages.  The client should match too: it deserialises what it gathers.
 
 This plugin compares two processes' published facts (the scheduler with each worker,
 in the scheduler; the client with the scheduler and each worker, in
-:func:`gpudask.check`).  The runner that calls this hook is gpudask's own
-(:mod:`gpudask.checks`); disabling this plugin leaves other plugins' checks running.
+:func:`gpudask.check`).  The check runner that calls it is the core's: disabling this
+plugin leaves other plugins' checks running.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpudask import hookimpl
-from gpudask.config import Option, parse_name_list
+from gpudask.pluginapi import Finding, Option, facts_from_dict, hookimpl, parse_name_list
 
 name = "scheduler-parity"
 priority = 200
@@ -71,8 +70,6 @@ def _visible_gpus(side: dict) -> list[dict]:
     """The GPUs CUDA shows the process (``cuda_visible_devices`` applied)."""
     facts = _facts(side)
     try:
-        from gpudask.facts import facts_from_dict
-
         gpus = facts_from_dict(facts, "probed").visible_gpus()
         by_index = {g.get("index"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
         return [by_index.get(g.index, {"index": g.index}) for g in gpus]
@@ -139,7 +136,7 @@ def _gpu_presence(ref: dict, other: dict, protocol: str | None, ref_gpus: list, 
 
 
 def _driver_and_cuda(ref: dict, other: dict, ref_gpus: list, other_gpus: list, F) -> list:
-    out = []
+    out: list = []
     if not (ref_gpus and other_gpus):
         return out  # a side without a GPU is reported above; its driver does not matter
     rf, of = _facts(ref), _facts(other)
@@ -204,8 +201,6 @@ def _package_versions(ref: dict, other: dict, names: list[str], F) -> list:
 @hookimpl
 def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
     """Compare the other process (a worker, or the client) with the reference one."""
-    from gpudask.findings import Finding
-
     if not isinstance(scheduler_facts, dict) or not isinstance(worker_facts, dict):
         return []  # the runner reports processes without (valid) gpudask data itself
 
@@ -225,9 +220,7 @@ def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
     ref_gpus, other_gpus = _visible_gpus(ref), _visible_gpus(other)
     findings += _gpu_presence(ref, other, protocol, ref_gpus, other_gpus, F)
     findings += _driver_and_cuda(ref, other, ref_gpus, other_gpus, F)
-    try:
-        names = list(ctx.settings[PACKAGES_KEY])
-    except Exception:  # noqa: BLE001 - a context without this plugin's settings
-        names = list(DEFAULT_PACKAGES)
+    packages = ctx.setting(PACKAGES_KEY) if ctx is not None else None
+    names = list(packages.value) if packages is not None else list(DEFAULT_PACKAGES)
     findings += _package_versions(ref, other, names, F)
     return findings

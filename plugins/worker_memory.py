@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from gpudask import hookimpl
-from gpudask.config import Option
+from gpudask.pluginapi import Option, format_bytes, hookimpl
 
 name = "worker-memory"
 priority = 105
@@ -44,7 +43,7 @@ def gpudask_config_options():
 def gpudask_plan_memory(ctx, plan):
     if plan.role != "worker" or plan.gpu is None:
         return
-    setting = ctx.settings.get(LIMIT)
+    setting = ctx.setting(LIMIT)
     if setting.value == "distributed":
         plan.note("skipped", f"{LIMIT}=distributed (from {setting.source}): distributed's own default limit")
         return
@@ -80,6 +79,4 @@ def gpudask_preload(ctx, plan, server):
 
 
 def _fmt(n: int | None) -> str:
-    from dask.utils import format_bytes
-
     return "none" if n is None else format_bytes(n)

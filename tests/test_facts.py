@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import importlib.metadata as md
-import importlib.util
 import json
 import os
 import sys
@@ -14,26 +13,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTS = os.path.join(ROOT, "tests", "hosts")
-FACTS_PY = os.path.join(ROOT, "gpudask", "facts.py")
 
 
-def _load_by_path():
-    """Load facts.py (and errors.py) from their files, without running gpudask/__init__.py."""
-    pkg = types.ModuleType("gpudask")
-    pkg.__path__ = [os.path.join(ROOT, "gpudask")]
-    sys.modules["gpudask"] = pkg
-    for name in ("errors", "facts"):
-        spec = importlib.util.spec_from_file_location(f"gpudask.{name}", os.path.join(ROOT, "gpudask", f"{name}.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[f"gpudask.{name}"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["gpudask.facts"]
+from gpudask import facts as F  # noqa: E402
+from gpudask.facts import probe as P  # noqa: E402
 
-
-try:
-    from gpudask import facts as F
-except Exception:  # the package's other modules may still be incomplete
-    F = _load_by_path()
 FactsError = F.FactsError
 
 
@@ -135,7 +119,7 @@ def test_wrong_type(tmp_path):
     path = write(tmp_path, data)
     with pytest.raises(FactsError) as e:
         F.load_facts(path)
-    assert str(e.value) == f"{path}: key 'gpus[1].memory_total' must be an integer, got 'abc'"
+    assert str(e.value) == f"{path}: key 'gpus[1].memory_total' must be an integer >= 0 (bytes), got 'abc'"
 
 
 def test_missing_key(tmp_path):
@@ -165,6 +149,11 @@ def test_missing_key(tmp_path):
         (lambda d: d.pop("hostname"), "hostname", "missing"),
         (lambda d: d.update(driver_version=570), "driver_version", "a string or null"),
         (lambda d: d["ib_devices"].append("mlx5_9"), "ib_devices[2]", "an object"),
+        # issue 11: values that were silently accepted
+        (lambda d: d["gpus"][1].update(memory_total=-5), "gpus[1].memory_total", "an integer >= 0 (bytes), got -5"),
+        (lambda d: d["gpus"][0].update(cpu_affinity=[999]), "gpus[0].cpu_affinity[0]", "a CPU below cpu_count (48), got 999"),
+        (lambda d: d.update(cpu_count=0), "cpu_count", "an integer >= 1, got 0"),
+        (lambda d: d["gpus"][0].update(memory_total=1.5e9), "gpus[0].memory_total", "an integer"),
     ],
 )
 def test_bad_values(tmp_path, change, key, expected):
@@ -175,6 +164,26 @@ def test_bad_values(tmp_path, change, key, expected):
         F.load_facts(path)
     msg = str(e.value)
     assert msg.startswith(f"{path}: key {key!r} ") and expected in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("name", HOST_FILES)
+def test_every_host_file_is_valid_against_the_shipped_schema(name):
+    import jsonschema
+
+    jsonschema.Draft202012Validator.check_schema(F.schema())
+    jsonschema.validate(raw(name), F.schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_schema_is_shipped_next_to_the_loader():
+    assert F.SCHEMA_PATH.name == "facts.schema.json" and F.SCHEMA_PATH.parent.name == "facts"
+    assert F.schema()["properties"]["schema"]["const"] == F.SCHEMA_VERSION
+
+
+def test_a_probe_is_not_held_to_cpu_count():
+    # NVML reports the CPUs it knows; a probe is data, not a hand-written file
+    data = raw("hgx-4gpu-2ib.json")
+    data["gpus"][0]["cpu_affinity"] = [999]
+    assert F.facts_from_dict(data, "probed").gpus[0].cpu_affinity == [999]
 
 
 def test_unknown_keys_ignored_and_optional_cvd(tmp_path):
@@ -326,8 +335,8 @@ def test_probe_this_host():
 
 
 def test_ucx_missing(monkeypatch):
-    monkeypatch.setattr(F, "_UCX_DISTS", ("no-such-ucx-dist",))
-    assert F._probe_ucx_transports() is None
+    monkeypatch.setattr(P, "_UCX_DISTS", ("no-such-ucx-dist",))
+    assert P._probe_ucx_transports() is None
 
 
 def test_ucx_info_parsing_and_failure(tmp_path, monkeypatch):
@@ -342,12 +351,12 @@ def test_ucx_info_parsing_and_failure(tmp_path, monkeypatch):
         'echo "#      Transport: cuda_copy"\n'
     )
     script.chmod(0o755)
-    monkeypatch.setattr(F, "_ucx_info_commands", lambda: [(str(script), {})])
-    assert F._probe_ucx_transports() == ["cuda_copy", "posix", "rc_mlx5", "tcp"]
-    monkeypatch.setattr(F, "_ucx_info_commands", lambda: [("/bin/false", {})])
-    assert F._probe_ucx_transports() is None
-    monkeypatch.setattr(F, "_ucx_info_commands", lambda: [(str(tmp_path / "missing"), {})])
-    assert F._probe_ucx_transports() is None
+    monkeypatch.setattr(P, "_ucx_info_commands", lambda: [(str(script), {})])
+    assert P._probe_ucx_transports() == ["cuda_copy", "posix", "rc_mlx5", "tcp"]
+    monkeypatch.setattr(P, "_ucx_info_commands", lambda: [("/bin/false", {})])
+    assert P._probe_ucx_transports() is None
+    monkeypatch.setattr(P, "_ucx_info_commands", lambda: [(str(tmp_path / "missing"), {})])
+    assert P._probe_ucx_transports() is None
 
 
 # ------------------------------------------------------------------ fake sysfs + NVML
@@ -396,7 +405,7 @@ def test_infiniband_from_fake_sysfs(tmp_path, monkeypatch):
     _ib_device(root, "rxe0", None, {1: ("4: ACTIVE", "Ethernet")})  # soft RoCE: no PCI device
     monkeypatch.setenv("GPUDASK_SYSFS_ROOT", root)
 
-    got = {(d.name, d.port): d for d in F._probe_ib_devices()}
+    got = {(d.name, d.port): d for d in P._probe_ib_devices()}
     assert list(got) == [("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_2", 2), ("rxe0", 1)]
     m0 = got["mlx5_0", 1]
     assert (m0.state, m0.link_layer, m0.netdev, m0.numa_node) == ("ACTIVE", "InfiniBand", "ibp26s0", 0)
@@ -415,7 +424,7 @@ def test_infiniband_from_fake_sysfs(tmp_path, monkeypatch):
 
 def test_no_infiniband_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUDASK_SYSFS_ROOT", str(tmp_path))
-    assert F._probe_ib_devices() == []
+    assert P._probe_ib_devices() == []
 
 
 class _FakeNVML(types.ModuleType):
@@ -529,7 +538,7 @@ def test_probe_with_fake_nvml(tmp_path, monkeypatch):
     fake = _FakeNVML()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
 
-    driver, cuda, gpus = F._probe_nvml()
+    driver, cuda, gpus = P._probe_nvml()
     assert fake.shutdown
     assert (driver, cuda) == ("580.159.04", 13000)
     assert [g.pci_bus_id for g in gpus] == ["0000:18:00.0", "0000:19:00.0", "0000:9a:00.0", "0000:9b:00.0"]
@@ -562,13 +571,13 @@ def test_probe_nvml_init_fails(monkeypatch):
 
     fake.nvmlInit = boom
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    assert F._probe_nvml() == (None, None, [])
+    assert P._probe_nvml() == (None, None, [])
 
 
 def test_bus_id_normalised():
-    assert F._norm_bus_id(b"00000000:9A:00.0") == "0000:9a:00.0"
-    assert F._norm_bus_id("00010000:01:00.0") == "10000:01:00.0"  # VMD domains are wider
-    assert F._norm_bus_id("") is None and F._norm_bus_id("junk") is None
+    assert P._norm_bus_id(b"00000000:9A:00.0") == "0000:9a:00.0"
+    assert P._norm_bus_id("00010000:01:00.0") == "10000:01:00.0"  # VMD domains are wider
+    assert P._norm_bus_id("") is None and P._norm_bus_id("junk") is None
 
 
 # ------------------------------------------------------------------ get_facts
@@ -620,3 +629,9 @@ def test_get_facts_probes_once(monkeypatch):
     assert a is b and a.origin == "probed" and calls == [1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert F.get_facts().cuda_visible_devices == "" and F.get_facts().visible_gpus() == [] and calls == [1]
+
+
+def test_a_wrong_value_is_reported_before_missing_keys():
+    with pytest.raises(FactsError) as e:
+        F.facts_from_dict({"schema": 1, "gpus": "lots", "packages": [1]}, "facts of the worker")
+    assert str(e.value) == "facts of the worker: key 'gpus' must be a list, got 'lots'"

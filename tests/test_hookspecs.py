@@ -32,3 +32,39 @@ def test_the_five_core_hooks_exist():
     for name in ("gpudask_context_init", "gpudask_setup_memory", "gpudask_select_transport",
                  "gpudask_preload", "gpudask_scheduler_check"):
         assert name in HOOKS
+
+
+def signature_line(name: str) -> str:
+    """``gpudask_x(ctx: PlanContext, plan: ProcessPlan) -> None`` from the hookspec's annotations."""
+    fn = getattr(hookspecs, name)
+    params = ", ".join(f"{p.name}: {p.annotation}" for p in inspect.signature(fn).parameters.values())
+    return f"{name}({params}) -> {inspect.signature(fn).return_annotation}"
+
+
+def _section(text: str, name: str) -> str:
+    start = text.index(f"\n## {name}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+@pytest.mark.parametrize("name", HOOKS)
+def test_docs_hooks_md_shows_each_hooks_signature(name):
+    """Like datasette's documentation test: the hand-written page shows every hook's exact
+    signature (name, parameters, types); a hook added or changed without the page fails."""
+    section = _section((DOCS / "hooks.md").read_text(), name)
+    expected = signature_line(name)
+    shown = [line.strip() for line in section.splitlines() if line.strip().startswith(name + "(")]
+    assert shown == [expected], f"docs/hooks.md, section {name}: expected the line {expected!r}, found {shown}"
+
+
+def test_every_hookspec_is_annotated():
+    for name in HOOKS:
+        sig = inspect.signature(getattr(hookspecs, name))
+        assert sig.return_annotation is not inspect.Signature.empty, name
+        assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values()), name
+
+
+def test_the_signature_check_sees_a_difference():
+    section = "\n## gpudask_validate\n\n```python\ngpudask_validate(ctx) -> None\n```\n"
+    shown = [line for line in _section(section, "gpudask_validate").splitlines() if line.startswith("gpudask_")]
+    assert shown != [signature_line("gpudask_validate")]

@@ -14,7 +14,7 @@ from gpudask.manager import PluginManager
 from gpudask.plan import ProcessPlan
 
 BUILTINS = {"tcp", "nvlink", "infiniband", "rmm", "forkserver", "cuda-context", "gpu-pinning", "cpu-affinity",
-            "scheduler-parity", "gpu-dask-defaults"}
+            "scheduler-parity", "gpu-dask-defaults", "worker-memory", "spill"}
 
 
 def make_plugin(name, priority=500, **hooks):
@@ -24,7 +24,10 @@ def make_plugin(name, priority=500, **hooks):
     return mod
 
 
-def test_builtins_come_from_the_entry_point_group_in_priority_order():
+def test_builtins_come_from_the_tuple_in_code_in_priority_order():
+    from gpudask.manager import BUILTIN_PLUGINS
+
+    assert {name for name, _ in BUILTIN_PLUGINS} == BUILTINS
     m = PluginManager.from_environment()
     assert BUILTINS <= set(m.names())
     assert all(p.source == "builtin" and p.distribution == "gpudask" for p in m.plugins if p.name in BUILTINS)
@@ -111,7 +114,10 @@ def test_tracing_logs_each_hook_call():
     env = {"GPUDASK_TRACE_PLUGINS": "1", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "gpudask trace: gpudask_plan_process -> probe role=worker index=0: None" in out.stderr
+    assert "gpudask trace: gpudask_plan_process -> probe role=worker index=0: done in " in out.stderr
+    # pluggy's own tracer: the hook call, its arguments (short) and its result
+    assert "gpudask trace:   gpudask_plan_process [hook]" in out.stderr
+    assert "gpudask trace:       plan: worker 0 plan" in out.stderr
     env["GPUDASK_TRACE_PLUGINS"] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert "gpudask trace" not in out.stderr
@@ -137,3 +143,67 @@ def test_plugin_failing_to_import_is_reported_by_name(tmp_path):
     env["GPUDASK_DISABLE_PLUGINS"] = "broken"
     assert subprocess.run([sys.executable, "-c", code, "plugins"], env=env, capture_output=True,
                           timeout=60).returncode == 0
+
+
+def _fake_distribution(root, dist, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+    """An installed distribution (dist-info with entry points) and its modules under ``root``."""
+    for module, source in modules.items():
+        (root / f"{module}.py").write_text(source)
+    info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[gpudask]\n{lines}")
+
+
+def test_a_third_party_plugin_loads_through_its_entry_point(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, "gpudask-extra", {"extra": "gpudask_extra_mod"},
+                       {"gpudask_extra_mod": "from gpudask.pluginapi import hookimpl\nname = 'extra'\npriority = 300\n"
+                                             "@hookimpl\ndef gpudask_plan_process(plan):\n    plan.note('x', 'y')\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    m = PluginManager.from_environment()
+    (extra,) = [p for p in m.plugins if p.name == "extra"]
+    assert (extra.source, extra.distribution, extra.hooks) == ("entry point", "gpudask-extra", ["gpudask_plan_process"])
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "extra")  # blocked through pluggy: never imported
+    assert "extra" not in PluginManager.from_environment().names()
+
+
+def test_a_third_party_plugin_with_a_builtin_name_is_refused_in_one_line(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, "gpudask-fancy-rmm", {"rmm": "fancy_rmm"},
+                       {"fancy_rmm": "name = 'rmm'\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError) as info:
+        PluginManager.from_environment()
+    text = str(info.value)
+    assert "\n" not in text
+    assert text.startswith("gpudask plugin 'rmm' (from gpudask-fancy-rmm) failed in registration: ")
+    assert "rmm = fancy_rmm" in text and "built-in plugin 'rmm' (gpudask.plugins.rmm)" in text
+
+
+def test_plugin_error_survives_pickling():
+    import pickle
+
+    error = PluginError("rmm", "gpudask", "gpudask_setup_memory", MemoryError("out of memory"))
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is PluginError and str(again) == str(error)
+    assert (again.plugin, again.distribution, again.hook) == ("rmm", "gpudask", "gpudask_setup_memory")
+    assert str(again) == "gpudask plugin 'rmm' (from gpudask) failed in gpudask_setup_memory: MemoryError: out of memory"
+
+
+def test_setup_memory_runs_once_per_process_and_keeps_its_result():
+    from gpudask.manager import forget_memory_setup
+
+    calls = []
+    m = PluginManager()
+    m.register(make_plugin("pool", gpudask_setup_memory=lambda plan: calls.append(plan.index) or {"n": len(calls)}))
+    forget_memory_setup()
+    try:
+        first = m.setup_memory(None, ProcessPlan("worker", 0))
+        again = PluginManager()  # another manager of the same process (a re-plan) gets the same answer
+        again.register(make_plugin("pool", gpudask_setup_memory=lambda plan: calls.append(9) or {"n": 9}))
+        assert first == {"pool": {"n": 1}}
+        assert m.setup_memory(None, ProcessPlan("worker", 0)) is first
+        assert again.setup_memory(None, ProcessPlan("worker", 1)) is first
+        assert calls == [0]
+    finally:
+        forget_memory_setup()

@@ -16,7 +16,7 @@ from gpudask import hookimpl
 from gpudask.config import CORE_OPTIONS, Settings
 from gpudask.facts import load_facts
 from gpudask.manager import PluginManager
-from gpudask.planner import build_plan
+from gpudask.plan import build_plan
 
 
 def plugin(name, priority, **hooks):
@@ -131,3 +131,49 @@ def test_replanning_after_apply_ignores_what_gpudask_itself_applied():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "rc,tcp,cuda_copy,cuda_ipc"
+
+
+def test_cuda_visible_devices_without_any_gpu_plans_a_cpu_host_with_one_warning(monkeypatch):
+    """A login node or a container without GPUs, CUDA_VISIBLE_DEVICES still exported (issue 11)."""
+    from click.testing import CliRunner
+
+    from gpudask import facts
+    from gpudask.cli import main
+
+    probed = load_facts(host("no-gpu.json")).to_dict()  # what a probe finds there: no GPU
+    monkeypatch.setenv("GPUDASK_PROBED_FACTS", json.dumps(probed))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.delenv("GPUDASK_FACTS", raising=False)
+    facts.clear_cache()
+    try:
+        result = CliRunner().invoke(main, ["info", "--json", "--nworkers", "2"])
+    finally:
+        facts.clear_cache()
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert [w["gpu"] for w in info["workers"]] == [None, None]
+    assert all("CUDA_VISIBLE_DEVICES" not in w["env"] for w in info["workers"])
+    nvml = [w for w in info["warnings"] if "NVML sees no GPU" in w]
+    assert len(nvml) == 1 and "CUDA_VISIBLE_DEVICES=0,1 is set" in nvml[0] and "\n" not in nvml[0]
+
+
+def test_cuda_visible_devices_exported_with_a_facts_file_is_said_to_be_ignored():
+    p = plan("tcp", {"CUDA_VISIBLE_DEVICES": "3"}, facts="hgx-4gpu-2ib.json")
+    (warning,) = [w for w in p.warnings if "CUDA_VISIBLE_DEVICES" in w]
+    assert "CUDA_VISIBLE_DEVICES=3 in the environment is ignored" in warning and "hgx-4gpu-2ib.json" in warning
+    assert not [w for w in plan("tcp", {}, facts="hgx-4gpu-2ib.json").warnings if "CUDA_VISIBLE_DEVICES" in w]
+
+
+def test_the_plan_context_is_a_frozen_snapshot():
+    import dataclasses
+
+    import pytest
+
+    env = {"UCX_TLS": "tcp"}
+    p = plan("ucx", env)
+    env["UCX_TLS"] = "changed"
+    assert p.ctx.user_env["UCX_TLS"] == "tcp"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.ctx.protocol = "tcp"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        p.ctx.user_env["UCX_TLS"] = "x"  # type: ignore[index]

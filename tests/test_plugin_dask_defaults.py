@@ -14,7 +14,7 @@ from conftest import base_env, host
 from gpudask.config import Settings
 from gpudask.facts import facts_from_dict, load_facts
 from gpudask.manager import PluginManager
-from gpudask.planner import build_plan
+from gpudask.plan import build_plan
 from gpudask.plugins import dask_defaults as plugin
 
 RECHUNK, SHUFFLE = "array.rechunk.method", "dataframe.shuffle.method"

@@ -26,8 +26,10 @@ from gpudask.errors import ConfigError, GpudaskError
 from gpudask.facts import facts_from_dict, load_facts
 from gpudask.manager import PluginManager
 from gpudask.plan import ProcessPlan
-from gpudask.planner import build_plan
+from gpudask.plan import build_plan
+from gpudask.plugins import gpu_pinning
 from gpudask.plugins import rmm as rmm_plugin
+from gpudask.plugins import rmm_setup
 
 H200 = 150754820096  # tests/hosts/h200-single.json
 RTX = 25757220864  # tests/hosts/single-gpu.json
@@ -58,12 +60,13 @@ def nested(flat: dict) -> dict:
 
 
 def make(facts="h200-single.json", protocol="ucx", config=None, env=None, *extra, nworkers=None):
-    """The host plan with the rmm plugin (and extra plugins) for a described host."""
+    """The host plan with the rmm and gpu-pinning plugins (and extra ones) for a described host."""
     env = dict(env or {})
     cfg = nested(config or {})
     dask.config.update(cfg, dask.config.collect_env(env), priority="new")
     m = PluginManager()
     m.register(rmm_plugin)
+    m.register(gpu_pinning)  # each worker on its own GPU, as in a real plan
     for p in extra:
         m.register(p)
     settings = Settings(m.config_options(), config=cfg, environ=env)
@@ -467,7 +470,7 @@ def test_setup_memory_on_a_described_host_allocates_nothing_and_says_so():
     assert report["applied"] is False and "no real GPU" in report["skipped"]
     assert report["initial_pool_size"] == H200 // 2 and report["allocator"] == "pool"
     json.dumps(report)  # JSON-compatible: published in the worker's startup information
-    assert rmm_plugin._STATE is None  # nothing built in this process
+    assert rmm_setup._STATE is None  # nothing built in this process
 
 
 def test_setup_memory_without_a_plan_reports_none():
@@ -597,14 +600,19 @@ def test_gpu_log_file_appears(cluster, tmp_path):
 @pytest.mark.gpu
 def test_gpu_second_setup_reports_and_does_not_rebuild(cluster, tmp_path):
     def again():
+        import rmm
+
         from gpudask.apply import process as session
 
         s = session.current()
-        return s.manager.setup_memory(s.ctx, s.plan)["rmm"]
+        before = rmm.mr.get_current_device_resource()
+        report = s.manager.setup_memory(s.ctx, s.plan)["rmm"]
+        return report, s.memory["rmm"], rmm.mr.get_current_device_resource() is before
 
     with _gpu_cluster(cluster, tmp_path, DASK_GPUDASK__RMM__POOL_SIZE="256MiB") as client:
-        (report,) = client.run(again).values()
-    assert report["already_set_up"] is True and report["applied"] is True
+        ((report, first, same_resource),) = client.run(again).values()
+    # the core calls the hook once per process and hands back what it kept
+    assert report == first and report["applied"] is True and same_resource
 
 
 @pytest.mark.process

@@ -17,7 +17,7 @@ from conftest import base_env, host, described, plan_on
 
 from gpudask.errors import GpudaskError
 from gpudask.plugins.infiniband import nearest_ports
-from gpudask.plugins.tcp import tls_enables
+from gpudask.pluginapi import tls_enables
 from gpudask.apply.process import plan_host
 
 HGX = host("hgx-4gpu-2ib.json")  # 4 GPUs full NVLink mesh; GPU 0,1 under mlx5_0's switch, GPU 2,3 under mlx5_1's

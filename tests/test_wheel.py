@@ -11,17 +11,14 @@ import sys
 
 import pytest
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib
-
 ROOT = pathlib.Path(__file__).parents[1]
 
 
 def builtin_entry_points() -> dict[str, str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return project["entry-points"]["gpudask"]
+    """The built-in plugins: the tuple in code (gpudask.manager.BUILTIN_PLUGINS)."""
+    from gpudask.manager import BUILTIN_PLUGINS
+
+    return dict(BUILTIN_PLUGINS)
 
 
 def _is_plugin(path: pathlib.Path) -> bool:

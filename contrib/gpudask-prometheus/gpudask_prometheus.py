@@ -23,8 +23,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from gpudask import hookimpl
-from gpudask.config import Option, parse_bool
+from gpudask.pluginapi import Option, hookimpl, parse_bool
 
 name = "prometheus"
 priority = 900  # acts last: the others' decisions are all made and published
@@ -33,7 +32,7 @@ ENABLED = "gpudask.prometheus.enabled"
 PUBLISHED = "gpudask"  # the worker's startup information key (WorkerState.extra on the scheduler)
 CHECK = "gpudask-check"  # what gpudask's scheduler check adds to WorkerState.extra
 
-logger = logging.getLogger("gpudask.prometheus")
+logger = logging.getLogger("distributed.gpudask.prometheus")
 
 
 @hookimpl
@@ -45,7 +44,7 @@ def gpudask_config_options():
 
 @hookimpl
 def gpudask_preload(ctx, plan, server):
-    if not ctx.settings[ENABLED]:
+    if not ctx.setting(ENABLED).value:
         return
     try:
         import prometheus_client  # noqa: F401

@@ -23,8 +23,7 @@ import logging
 import os
 from typing import Any
 
-from gpudask import hookimpl
-from gpudask.config import Option, parse_bool
+from gpudask.pluginapi import Option, hookimpl, parse_bool
 
 name = "torch-rmm"
 priority = 110  # after rmm (100): the pool exists when PyTorch is pointed at it
@@ -32,7 +31,7 @@ priority = 110  # after rmm (100): the pool exists when PyTorch is pointed at it
 ENABLED = "gpudask.torch-rmm.enabled"
 DECISION = "torch allocator: rmm"
 
-logger = logging.getLogger("gpudask.torch-rmm")
+logger = logging.getLogger("distributed.gpudask.torch-rmm")
 
 _RESULT: dict[str, Any] | None = None  # what was done in this process (a second call reports it)
 
@@ -46,7 +45,7 @@ def gpudask_config_options():
 
 def decide(ctx: Any, plan: Any) -> tuple[bool, str]:
     """(on, why) for one worker plan.  Pure: reads the settings, the facts and the plan."""
-    setting = ctx.settings.get(ENABLED)
+    setting = ctx.setting(ENABLED)
     if not setting.value:
         return False, f"{ENABLED} is false (from {setting.source})"
     if not ctx.gpus:

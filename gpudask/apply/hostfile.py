@@ -89,7 +89,7 @@ def _host_from_dict(data: dict[str, Any]) -> HostPlan:
     import dask.config
 
     from gpudask.config import Settings, register_defaults
-    from gpudask.context import PlanContext
+    from gpudask.plan import PlanContext
     from gpudask.facts import facts_from_dict
     from gpudask.manager import PluginManager
 
@@ -100,8 +100,7 @@ def _host_from_dict(data: dict[str, Any]) -> HostPlan:
     env = dict(os.environ)
     settings = Settings(options, config=dask.config.config, environ=env)
     ctx = PlanContext(facts, settings, data["protocol"], data["nworkers"], user_env=env,
-                      user_config=dask.config.config)
-    ctx.manager = manager  # type: ignore[attr-defined]
+                      user_config=dask.config.config, manager=manager)
     host = HostPlan(facts=facts, protocol=data["protocol"], nworkers=data["nworkers"], plugins=data["plugins"],
                     scheduler=ProcessPlan.from_dict(data["scheduler"]), nanny=ProcessPlan.from_dict(data["nanny"]),
                     client=ProcessPlan.from_dict(data["client"]),

@@ -27,27 +27,14 @@ logger = logging.getLogger("distributed.gpudask")
 def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_path: str | None = None,
               config_file: str | None = None, extra_plugins: Iterable[Any] = (),
               user_interface: str | None = None) -> HostPlan:
-    """The plan for every process of this (or the described) host.  No side effects
-    beyond loading gpudask's config files into dask.config."""
-    import dask.config
+    """:func:`gpudask.plan.plan_host` from the user's view of this process: in a process
+    that applied a plan, the user's values of what gpudask changed (kept by its session)."""
+    from gpudask.config import load_dask_config
+    from gpudask.plan.host import plan_host as plan
 
-    from gpudask.config import Settings, load_dask_config, register_defaults, warn_unknown
-    from gpudask.facts import get_facts
-    from gpudask.manager import PluginManager
-    from gpudask.planner import build_plan
-
-    load_dask_config(config_file)
+    load_dask_config(config_file)  # gpudask.toml's values are the user's too
     user_env, user_config = _users_view()
-    manager = PluginManager.from_environment(extra_plugins)
-    options = manager.config_options()
-    register_defaults(options)
-    settings = Settings(options, config=user_config, environ=user_env)
-    warn_unknown(settings.validate_all())
-    facts = get_facts(facts_path)
-    host = build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env, user_config,
-                      user_interface)
-    host.ctx.manager = manager  # apply hooks need it
-    return host
+    return plan(protocol, nworkers, facts_path, config_file, extra_plugins, user_interface, user_env, user_config)
 
 
 def _users_view() -> tuple[dict[str, str], dict[str, Any]]:

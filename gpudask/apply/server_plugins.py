@@ -9,7 +9,7 @@ without ``--preload gpudask``::
     client.register_plugin(gpudask.NannyPlugin())       # nannies: the rest, at the next restart
     client.restart()                                    # ... now
 
-or all at once: ``gpudask.distributed_plugins.register(client)``.
+or all at once: ``gpudask.apply.server_plugins.register(client)``.
 
 A running worker process has already chosen its GPU (``CUDA_VISIBLE_DEVICES`` is read
 when CUDA initialises) and its transport (UCX initialises at the first connection), so
@@ -42,7 +42,7 @@ from distributed.diagnostics import plugin as _dp
 from gpudask.apply import process as session
 from gpudask.apply import runtime
 from gpudask.errors import GpudaskError
-from gpudask.planner import INTERNAL_ENV_PREFIX
+from gpudask.plan.planner import INTERNAL_ENV_PREFIX
 
 logger = logging.getLogger("distributed.gpudask")
 

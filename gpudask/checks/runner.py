@@ -43,22 +43,11 @@ def plan_here(protocol: str | None, extra_plugins: Iterable[Any] = ()) -> tuple[
     :raises GpudaskError: when gpudask cannot plan here (e.g. a described host that
         cannot run ``protocol``).
     """
-    import dask.config
+    from gpudask.plan.host import plan_host
 
-    from gpudask.config import Settings, load_dask_config, register_defaults
-    from gpudask.facts import get_facts
-    from gpudask.manager import PluginManager
-    from gpudask.planner import build_plan
-
-    load_dask_config()
-    manager = PluginManager.from_environment(extra_plugins)
-    options = manager.config_options()
-    register_defaults(options)
-    settings = Settings(options, config=dask.config.config, environ=dict(os.environ))
-    facts = get_facts()
     # the whole plan is built so that a host gpudask cannot plan for is reported as such
-    host = build_plan(facts, settings, manager, protocol or "tcp", None, dict(os.environ), dask.config.config)
-    return manager, host.ctx, facts
+    host = plan_host(protocol, extra_plugins=extra_plugins)
+    return host.ctx.manager, host.ctx, host.facts
 
 
 class SchedulerCheck(SchedulerPlugin):

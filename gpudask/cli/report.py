@@ -13,7 +13,7 @@ import shutil
 import textwrap
 from typing import Any
 
-from gpudask.plan import HostPlan, ProcessPlan, _cpu_ranges
+from gpudask.plan import HostPlan, ProcessPlan, cpu_ranges as _cpu_ranges
 
 _GAP = "  "
 _MIN_COLUMN = 6  # narrower than this a column is unreadable: the table overflows instead

@@ -1,18 +1,30 @@
-"""facts + settings + plugins -> HostPlan.  Pure: reads, never changes the process."""
+"""facts + settings + plugins -> HostPlan.  Pure: reads, never changes the process.
+
+The steps, in order, each for every process of the host: ``gpudask_validate`` once,
+``gpudask_plan_process``, ``gpudask_select_transport``, UCX_TLS composed from the
+plugins' contributions, ``gpudask_plan_memory``, then the user's explicit environment
+and ``--interface`` win over what was detected.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpudask.context import PlanContext
-from gpudask.plan import HostPlan, ProcessPlan
+from gpudask.plan.context import PlanContext
+from gpudask.plan.model import HostPlan, ProcessPlan
+
+if TYPE_CHECKING:
+    from gpudask.config import Settings
+    from gpudask.facts import Facts
+    from gpudask.manager import PluginManager
 
 # gpudask's own bookkeeping variables travel to child processes but are not decisions
 INTERNAL_ENV_PREFIX = "GPUDASK_"
 
 
-def build_plan(facts: Any, settings: Any, manager: Any, protocol: str = "tcp", nworkers: int | None = None,
+def build_plan(facts: Facts, settings: Settings, manager: PluginManager, protocol: str = "tcp",
+               nworkers: int | None = None,
                user_env: Mapping[str, str] | None = None, user_config: Mapping[str, Any] | None = None,
                user_interface: str | None = None) -> HostPlan:
     """The plan for every process on the host described by ``facts``.
@@ -22,7 +34,8 @@ def build_plan(facts: Any, settings: Any, manager: Any, protocol: str = "tcp", n
     if nworkers is None:
         nworkers = max(1, len(facts.visible_gpus()))
     ctx = PlanContext(facts, settings, protocol, nworkers, dict(user_env or {}), dict(user_config or {}),
-                      user_interface=user_interface)
+                      user_interface=user_interface, manager=manager)
+    _note_visible_devices(ctx)
     manager.validate(ctx)
     plans = [ProcessPlan("scheduler"), ProcessPlan("nanny"), ProcessPlan("client")]
     plans += [ProcessPlan("worker", index=i) for i in range(nworkers)]
@@ -33,6 +46,19 @@ def build_plan(facts: Any, settings: Any, manager: Any, protocol: str = "tcp", n
     scheduler, nanny, client, *workers = plans
     return HostPlan(facts, protocol, nworkers, [p.to_dict() for p in manager.plugins],
                     scheduler, nanny, client, workers, ctx.warnings, ctx)
+
+
+def _note_visible_devices(ctx: PlanContext) -> None:
+    """CUDA_VISIBLE_DEVICES that cannot take effect is said once, not failed on."""
+    facts, user_cvd = ctx.facts, ctx.user_env.get("CUDA_VISIBLE_DEVICES")
+    if facts.cvd_ignored:
+        # a login node, a container started without GPUs: CUDA would show nothing either
+        ctx.warn(f"NVML sees no GPU on {facts.hostname} while CUDA_VISIBLE_DEVICES={facts.cuda_visible_devices} "
+                 "is set: planning for a host without GPUs")
+    elif facts.described and user_cvd is not None and user_cvd != facts.cuda_visible_devices:
+        shown = "unset" if facts.cuda_visible_devices is None else repr(facts.cuda_visible_devices)
+        ctx.warn(f"CUDA_VISIBLE_DEVICES={user_cvd} in the environment is ignored: the host is described by "
+                 f"{facts.origin}, whose cuda_visible_devices ({shown}) is used")
 
 
 def _compose_ucx_tls(ctx: PlanContext, plan: ProcessPlan) -> None:

@@ -2,15 +2,20 @@
 
 A :class:`ProcessPlan` is filled by the plan hooks through its ``set_*`` / ``add_*``
 methods, each of which records a :class:`Reason` naming the plugin that decided.  The
-plan is plain data: it is printed by ``gpudask info``, applied by
-:mod:`gpudask.apply`, and published by workers in their startup information.
+plan is plain data: it is printed by ``gpudask info``, applied by the apply stage
+(see docs/architecture.md), and published by workers in their startup information.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpudask.facts import Facts
+    from gpudask.plan.context import PlanContext
 
 ROLES = ("scheduler", "nanny", "client", "worker")
 
@@ -25,6 +30,50 @@ class Reason:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class MemoryPlan(Mapping[str, Any]):
+    """The device-memory decision for one process (written by a ``gpudask_plan_memory`` hook).
+
+    The typed part is what any allocator has: its kind, the pool's initial and maximum
+    sizes in bytes, the GPU (UUID) it lives on.  ``details`` holds the deciding plugin's
+    own keys, published as they are.  It reads like the published dict
+    (``plan.memory["initial_pool_size"]``), which is what ``gpudask info --json`` prints.
+    """
+
+    allocator: str | None = None  # None: no allocator decided (only other plugins' keys)
+    initial_pool_size: int | None = None
+    maximum_pool_size: int | None = None
+    gpu: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryPlan:
+        core = ("allocator", "initial_pool_size", "maximum_pool_size", "gpu")
+        allocator = data.get("allocator")
+        return cls(None if allocator is None else str(allocator), data.get("initial_pool_size"),
+                   data.get("maximum_pool_size"), data.get("gpu"), {k: v for k, v in data.items() if k not in core})
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.allocator is None:
+            return {**self.details, **({"gpu": self.gpu} if self.gpu is not None else {})}
+        return {"allocator": self.allocator, "initial_pool_size": self.initial_pool_size,
+                "maximum_pool_size": self.maximum_pool_size, **self.details, "gpu": self.gpu}
+
+    def summary(self) -> str:
+        return (f"allocator={self.allocator}, initial_pool_size={self.initial_pool_size}, "
+                f"maximum_pool_size={self.maximum_pool_size}")
+
+    # -- read like the published dict ------------------------------------------------
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
 @dataclass
 class ProcessPlan:
     role: str
@@ -36,13 +85,16 @@ class ProcessPlan:
     config: dict[str, Any] = field(default_factory=dict)
     interface: str | None = None
     cpu_affinity: list[int] | None = None
-    memory: dict[str, Any] | None = None
+    memory: MemoryPlan | None = None
     multiprocessing_method: str | None = None
     resources: dict[str, float] = field(default_factory=dict)
     ucx_transports: list[str] = field(default_factory=list)
     reasons: list[Reason] = field(default_factory=list)
     # set by the plugin manager around each hook call, so reasons name the plugin
     acting_plugin: str = field(default="gpudask", repr=False, compare=False)
+
+    def __str__(self) -> str:  # short, for traces and messages
+        return self.role + (f" {self.index}" if self.index is not None else "") + " plan"
 
     # -- recording decisions -------------------------------------------------------
     def note(self, decision: str, why: str) -> None:
@@ -73,18 +125,22 @@ class ProcessPlan:
 
     def set_cpu_affinity(self, cpus: list[int], why: str) -> None:
         self.cpu_affinity = sorted(cpus)
-        self.note(f"cpu_affinity={_cpu_ranges(self.cpu_affinity)}", why)
+        self.note(f"cpu_affinity={cpu_ranges(self.cpu_affinity)}", why)
 
     def set_multiprocessing_method(self, method: str, why: str) -> None:
         self.multiprocessing_method = method
         self.note(f"multiprocessing_method={method}", why)
 
-    def set_memory(self, memory: dict[str, Any] | None, why: str) -> None:
-        previous = self.memory or {}
+    def set_memory(self, memory: MemoryPlan | Mapping[str, Any] | None, why: str) -> None:
+        """The memory decision (a :class:`MemoryPlan`; a dict with its keys is converted).
+        Several plugins add to one plan (rmm's pool, spill's device limit, worker-memory's
+        host share): the decision line names what this call changed."""
+        if memory is not None and not isinstance(memory, MemoryPlan):
+            memory = MemoryPlan.from_dict(memory)
+        previous = self.memory.to_dict() if self.memory is not None else {}
         self.memory = memory
-        # the decision line names the sizes this call set (several plugins add to one dict);
-        # the whole dict is in plan.memory / --json
-        changed = {k: v for k, v in (memory or {}).items() if k not in previous or previous[k] != v}
+        now = memory.to_dict() if memory is not None else {}
+        changed = {k: v for k, v in now.items() if k not in previous or previous[k] != v}
         keys = ("allocator", "initial_pool_size", "maximum_pool_size", "device_memory_limit")
         shown = "none" if memory is None else ", ".join(f"{k}={changed[k]}" for k in keys if k in changed) or \
             ", ".join(f"{k}={v}" for k, v in changed.items()) or "unchanged"
@@ -116,7 +172,7 @@ class ProcessPlan:
             "config": dict(self.config),
             "interface": self.interface,
             "cpu_affinity": self.cpu_affinity,
-            "memory": self.memory,
+            "memory": None if self.memory is None else self.memory.to_dict(),
             "multiprocessing_method": self.multiprocessing_method,
             "resources": dict(self.resources),
             "ucx_transports": list(self.ucx_transports),
@@ -136,7 +192,7 @@ class ProcessPlan:
 class HostPlan:
     """The plan for one host: every process gpudask may run in."""
 
-    facts: Any  # gpudask.facts.Facts
+    facts: Facts
     protocol: str
     nworkers: int
     plugins: list[dict[str, Any]]
@@ -145,12 +201,17 @@ class HostPlan:
     client: ProcessPlan
     workers: list[ProcessPlan]
     warnings: list[str] = field(default_factory=list)
-    ctx: Any = field(default=None, repr=False, compare=False)  # the PlanContext it was built with
+    # the context it was built with (build_plan always sets it)
+    ctx: PlanContext = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        return f"host plan for {self.facts.hostname} ({self.protocol}, {self.nworkers} workers)"
 
     def for_role(self, role: str, index: int | None = None) -> ProcessPlan:
         if role == "worker":
             return self.workers[(index or 0) % len(self.workers)]
-        return getattr(self, role)
+        plans = {"scheduler": self.scheduler, "nanny": self.nanny, "client": self.client}
+        return plans[role]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -167,7 +228,7 @@ class HostPlan:
         }
 
 
-def _cpu_ranges(cpus: list[int]) -> str:
+def cpu_ranges(cpus: Iterable[int]) -> str:
     """[0,1,2,3,8] -> '0-3,8' (short enough for a reason line)."""
     out: list[str] = []
     for cpu in cpus:

@@ -1,0 +1,73 @@
+"""Facts: what this host is (see docs/architecture.md, "Facts").
+
+Facts come from one of three places, chosen by :func:`get_facts`:
+
+* a facts file (``--facts`` / ``$GPUDASK_FACTS``): a *described* host, schema 1,
+  validated against ``facts.schema.json`` (:mod:`gpudask.facts.loader`);
+* ``$GPUDASK_PROBED_FACTS``: the JSON of a probe a parent process already made, so
+  nannies and workers do not probe again;
+* :func:`probe_facts`: NVML, sysfs, ``importlib.metadata`` and ``ucx_info``
+  (:mod:`gpudask.facts.probe`).
+
+Importing this package stays cheap and never touches CUDA: it runs in every
+``dask worker --preload gpudask`` CLI process before UCX is set up.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import replace
+
+from gpudask.errors import FactsError
+from gpudask.facts.loader import SCHEMA_PATH, facts_from_dict, from_dict, load_facts, schema
+from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, IBDevice
+from gpudask.facts.probe import probe_facts
+
+__all__ = ["GPU", "IBDevice", "Facts", "FactsError", "SCHEMA_VERSION", "SCHEMA_PATH", "schema", "facts_from_dict",
+           "load_facts", "probe_facts", "get_facts", "clear_cache"]
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_file(path: str) -> Facts:
+    return load_facts(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_env(text: str) -> Facts:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FactsError(f"$GPUDASK_PROBED_FACTS: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    return from_dict(data, "probed", "$GPUDASK_PROBED_FACTS", described=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_probe() -> Facts:
+    return probe_facts()
+
+
+def get_facts(path: str | os.PathLike[str] | None = None) -> Facts:
+    """Facts for this process: ``path`` > $GPUDASK_FACTS > $GPUDASK_PROBED_FACTS > a probe.
+
+    Cached per process.  A described file is taken as it is, its
+    ``cuda_visible_devices`` included.  Probed facts (fresh or from the parent's
+    $GPUDASK_PROBED_FACTS) take ``cuda_visible_devices`` from this process's
+    environment, since a nanny gives each worker its own.
+    """
+    path = path or os.environ.get("GPUDASK_FACTS") or None
+    if path:
+        return _cached_file(os.fspath(path))
+    text = os.environ.get("GPUDASK_PROBED_FACTS")
+    facts = _cached_env(text) if text else _cached_probe()
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if facts.cuda_visible_devices != cvd:
+        facts = replace(facts, cuda_visible_devices=cvd)
+    return facts
+
+
+def clear_cache() -> None:
+    _cached_file.cache_clear()
+    _cached_env.cache_clear()
+    _cached_probe.cache_clear()

@@ -1,0 +1,187 @@
+"""Reading a facts file (a described host) against the shipped JSON Schema.
+
+``facts.schema.json`` (next to this module, shipped in the wheel) is the one
+definition of the format: the loader validates with it, the tests check every file in
+``tests/hosts/`` with it, and docs/facts.md describes it.  The schema holds, for every
+key, an ``x-accepts`` text; an error is one line naming the file, the key path and that
+text.  What JSON Schema cannot say (unique GPU indices, NVLink peers naming another GPU,
+CPUs below ``cpu_count``, ``cuda_visible_devices`` entries) is checked here after it.
+
+``jsonschema`` is imported when a file is first read, never at ``import gpudask``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import pathlib
+from collections.abc import Iterable
+from typing import Any
+
+from gpudask.errors import FactsError
+from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, IBDevice, resolve_visible
+
+SCHEMA_PATH = pathlib.Path(__file__).with_name("facts.schema.json")
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    """The facts JSON Schema (draft 2020-12) as shipped with gpudask."""
+    data: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return data
+
+
+@functools.lru_cache(maxsize=1)
+def _validator() -> Any:
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    # JSON Schema counts 1.0 as an integer; a facts file means a Python int (and never a bool).
+    checker = base.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+    strict = jsonschema.validators.extend(base, type_checker=checker)
+    return strict(schema())
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else json.dumps(value, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _key(path: Iterable[Any]) -> str:
+    """('gpus', 1, 'memory_total') -> 'gpus[1].memory_total'."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _schema_error(where: str, data: Any) -> FactsError | None:
+    """The first schema violation in ``data`` as a one-line FactsError, or None."""
+    # a wrong value before a missing key, the outermost first, keys in a stable order
+    errors = sorted(_validator().iter_errors(data),
+                    key=lambda e: (e.validator == "required", len(e.absolute_path), str(list(e.absolute_path))))
+    if not errors:
+        return None
+    error = errors[0]
+    path = list(error.absolute_path)
+    if error.validator == "required":
+        missing = next(k for k in error.validator_value if k not in error.instance)
+        sub = error.schema.get("properties", {}).get(missing, {})
+        expected = sub.get("x-missing") or sub.get("x-accepts") or "a value"
+        return FactsError(f"{where}: key {_key([*path, missing])!r} is missing (expected {expected})")
+    if not path:
+        return FactsError(f"{where}: must hold {error.schema.get('x-accepts', 'a JSON object')}, got "
+                          f"{_show(error.instance)}")
+    # the innermost schema with an x-accepts text along the failing keyword's path
+    accepts = error.schema.get("x-accepts")
+    if accepts is None:
+        accepts = f"{error.validator} {error.validator_value!r}"
+        for parent in _parents(error):
+            if "x-accepts" in parent:
+                accepts = parent["x-accepts"]
+                break
+    return FactsError(f"{where}: key {_key(path)!r} must be {accepts}, got {_show(error.instance)}")
+
+
+def _parents(error: Any) -> list[dict[str, Any]]:
+    out = []
+    while error is not None:
+        if isinstance(error.schema, dict):
+            out.append(error.schema)
+        error = error.parent
+    return out
+
+
+def _fail(where: str, key: str, expected: str, value: Any) -> FactsError:
+    return FactsError(f"{where}: key {key!r} must be {expected}, got {_show(value)}")
+
+
+def _cross_checks(data: dict[str, Any], where: str, described: bool) -> None:
+    """What the schema cannot say: references between keys.  CPU numbers are checked in
+    described files only: a probe reports what NVML says, whatever numbering the kernel uses."""
+    gpus = data["gpus"]
+    indices = [g["index"] for g in gpus]
+    cpu_count = data["cpu_count"]
+    for i, g in enumerate(gpus):
+        if g["index"] in indices[:i]:
+            raise _fail(where, f"gpus[{i}].index", "unique among the GPUs", g["index"])
+    for i, g in enumerate(gpus):
+        for j, peer in enumerate(g["nvlink_peers"]):
+            if peer not in indices or peer == g["index"]:
+                raise _fail(where, f"gpus[{i}].nvlink_peers[{j}]",
+                            f"the index of another GPU ({', '.join(map(str, indices))})", peer)
+        for j, cpu in enumerate(g["cpu_affinity"] if described else []):
+            if cpu >= cpu_count:
+                raise _fail(where, f"gpus[{i}].cpu_affinity[{j}]", f"a CPU below cpu_count ({cpu_count})", cpu)
+
+
+def _pair(value: list[int] | None) -> tuple[int, int] | None:
+    return None if value is None else (value[0], value[1])
+
+
+def _build(data: dict[str, Any], origin: str) -> Facts:
+    gpus = [
+        GPU(
+            index=g["index"], uuid=g["uuid"], name=g["name"], memory_total=g["memory_total"],
+            compute_capability=_pair(g["compute_capability"]),
+            pci_bus_id=g["pci_bus_id"], pci_path=g["pci_path"], numa_node=g["numa_node"],
+            cpu_affinity=list(g["cpu_affinity"]), nvlink_peers=list(g["nvlink_peers"]),
+            # extra instance keys (gpu_instance_id, ...) are kept; extra GPU keys are not
+            mig={"enabled": g["mig"]["enabled"], "instances": copy.deepcopy(g["mig"]["instances"])},
+        )
+        for g in data["gpus"]
+    ]
+    ibs = [IBDevice(d["name"], d["port"], d["state"], d["link_layer"], d["pci_path"], d["numa_node"], d["netdev"])
+           for d in data["ib_devices"]]
+    return Facts(
+        hostname=data["hostname"],
+        cpu_count=data["cpu_count"],
+        driver_version=data["driver_version"],
+        cuda_driver_version=data["cuda_driver_version"],
+        gpus=gpus,
+        ib_devices=ibs,
+        net_interfaces={k: list(v) for k, v in data["net_interfaces"].items()},
+        # The one key that may be left out: unset is its natural state.
+        cuda_visible_devices=data.get("cuda_visible_devices"),
+        ucx_transports=None if data["ucx_transports"] is None else list(data["ucx_transports"]),
+        packages=dict(data["packages"]),
+        origin=origin,
+        schema=SCHEMA_VERSION,
+    )
+
+
+def from_dict(data: Any, origin: str, where: str, described: bool) -> Facts:
+    """Validate parsed JSON and build Facts; errors name ``where`` and the key.  A
+    ``described`` host is also checked for CPU numbers and its ``cuda_visible_devices``."""
+    error = _schema_error(where, data)
+    if error is not None:
+        raise error
+    _cross_checks(data, where, described)
+    facts = _build(data, origin)
+    if described:
+        # A described host with a wrong CUDA_VISIBLE_DEVICES is a broken file: say so now.
+        resolve_visible(facts, facts.cuda_visible_devices, "key 'cuda_visible_devices'")
+    return facts
+
+
+def facts_from_dict(data: Any, origin: str) -> Facts:
+    """Validate parsed schema-1 JSON; errors name ``origin`` and the key."""
+    return from_dict(data, origin, where=origin, described=origin != "probed")
+
+
+def load_facts(path: str | os.PathLike[str]) -> Facts:
+    """Read a facts file (a described host)."""
+    where = os.fspath(path)
+    try:
+        with open(where, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise FactsError(f"{where}: cannot read facts file: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FactsError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    return from_dict(data, where, where, described=True)

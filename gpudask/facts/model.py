@@ -1,0 +1,188 @@
+"""The facts model: one host's GPUs, InfiniBand ports, interfaces, versions and packages.
+
+Plain dataclasses, read-only by convention (:func:`gpudask.facts.get_facts` hands out
+cached instances).  Only the standard library is imported: this module is loaded in
+every ``dask worker --preload gpudask`` CLI process before UCX is set up.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gpudask.errors import FactsError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class GPU:
+    index: int
+    uuid: str
+    name: str
+    memory_total: int
+    compute_capability: tuple[int, int] | None
+    pci_bus_id: str | None
+    pci_path: str | None
+    numa_node: int | None
+    cpu_affinity: list[int]
+    nvlink_peers: list[int]
+    mig: dict[str, Any]  # {"enabled": bool, "instances": [{"uuid": "MIG-...", "memory_total": int, ...}]}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "memory_total": self.memory_total,
+            "compute_capability": list(self.compute_capability) if self.compute_capability else None,
+            "pci_bus_id": self.pci_bus_id,
+            "pci_path": self.pci_path,
+            "numa_node": self.numa_node,
+            "cpu_affinity": list(self.cpu_affinity),
+            "nvlink_peers": list(self.nvlink_peers),
+            "mig": copy.deepcopy(self.mig),
+        }
+
+
+@dataclass
+class IBDevice:
+    name: str
+    port: int
+    state: str
+    link_layer: str
+    pci_path: str | None
+    numa_node: int | None
+    netdev: str | None
+
+    @property
+    def is_infiniband(self) -> bool:
+        # DOWN ports and RoCE (link layer Ethernet) are not InfiniBand for UCX's rc.
+        return self.state == "ACTIVE" and self.link_layer == "InfiniBand"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "port": self.port,
+            "state": self.state,
+            "link_layer": self.link_layer,
+            "pci_path": self.pci_path,
+            "numa_node": self.numa_node,
+            "netdev": self.netdev,
+        }
+
+
+@dataclass
+class Facts:
+    """One host.  Treat as read-only: :func:`gpudask.facts.get_facts` hands out cached instances."""
+
+    hostname: str
+    cpu_count: int
+    driver_version: str | None
+    cuda_driver_version: int | None
+    gpus: list[GPU]
+    ib_devices: list[IBDevice]
+    net_interfaces: dict[str, list[str]]
+    cuda_visible_devices: str | None
+    ucx_transports: list[str] | None
+    packages: dict[str, str | None]
+    origin: str  # "probed", or the path of the facts file
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def described(self) -> bool:
+        return self.origin != "probed"
+
+    @property
+    def cuda_major(self) -> int | None:
+        return None if self.cuda_driver_version is None else self.cuda_driver_version // 1000
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "hostname": self.hostname,
+            "cpu_count": self.cpu_count,
+            "driver_version": self.driver_version,
+            "cuda_driver_version": self.cuda_driver_version,
+            "gpus": [g.to_dict() for g in self.gpus],
+            "ib_devices": [d.to_dict() for d in self.ib_devices],
+            "net_interfaces": {k: list(v) for k, v in self.net_interfaces.items()},
+            "cuda_visible_devices": self.cuda_visible_devices,
+            "ucx_transports": None if self.ucx_transports is None else list(self.ucx_transports),
+            "packages": dict(self.packages),
+        }
+
+    def gpu_by_index(self, index: int) -> GPU:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        raise FactsError(f"{self.where()}: no GPU with index {index} (GPUs: {self.known_indices()})")
+
+    def visible_gpus(self) -> list[GPU]:
+        """The GPUs CUDA would show this process, in CUDA's order."""
+        return resolve_visible(self, self.cuda_visible_devices, self.cvd_key())
+
+    @property
+    def cvd_ignored(self) -> bool:
+        """A probed host where NVML sees no GPU: CUDA shows nothing whatever CUDA_VISIBLE_DEVICES says."""
+        return not self.described and not self.gpus and bool((self.cuda_visible_devices or "").strip())
+
+    # Error messages name the file, or say the host was probed.
+    def where(self) -> str:
+        return self.origin if self.described else "probed host"
+
+    def cvd_key(self) -> str:
+        return "key 'cuda_visible_devices'" if self.described else "CUDA_VISIBLE_DEVICES"
+
+    def known_indices(self) -> str:
+        return ", ".join(str(g.index) for g in sorted(self.gpus, key=lambda g: g.index)) or "none"
+
+
+def resolve_visible(facts: Facts, value: str | None, key: str) -> list[GPU]:
+    """The GPUs a CUDA_VISIBLE_DEVICES ``value`` selects, in its order (``key`` names it in errors)."""
+    by_index = sorted(facts.gpus, key=lambda g: g.index)
+    if value is None:
+        return by_index
+    if not value.strip():
+        return []
+    if not facts.gpus and not facts.described:
+        # A probed host without a GPU (no driver): CUDA shows nothing whatever the variable says.
+        return []
+    chosen: list[GPU] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if re.fullmatch(r"-\d+", entry):
+            break  # CUDA stops at a negative index ("-1" hides all GPUs)
+        gpu = _match_entry(facts, entry, key)
+        if gpu not in chosen:  # two MIG instances of one GPU select it once
+            chosen.append(gpu)
+    return chosen
+
+
+def _match_entry(facts: Facts, entry: str, key: str) -> GPU:
+    found: list[GPU] = []
+    if entry.isdigit():
+        found = [g for g in facts.gpus if g.index == int(entry)]
+    elif entry.startswith("GPU-"):
+        # CUDA accepts any unique prefix of the uuid.
+        found = [g for g in facts.gpus if g.uuid.lower().startswith(entry.lower())]
+    elif entry.startswith("MIG-GPU-"):
+        # Old (driver < 470) form: MIG-GPU-<parent uuid>/<gi>/<ci>
+        parent = entry[len("MIG-"):].split("/")[0].lower()
+        found = [g for g in facts.gpus if g.uuid.lower() == parent]
+    elif entry.startswith("MIG-"):
+        found = [
+            g
+            for g in facts.gpus
+            if any(str(i.get("uuid", "")).lower().startswith(entry.lower()) for i in g.mig.get("instances", []))
+        ]
+    if len(found) == 1:
+        return found[0]
+    what = "is ambiguous" if found else "names no GPU"
+    raise FactsError(
+        f"{facts.where()}: {key} entry {entry!r} {what} "
+        f"(accepted: an index among {facts.known_indices()}, a 'GPU-<uuid>' or a 'MIG-<uuid>' of this host, "
+        f"or '' for none)"
+    )

@@ -1,0 +1,99 @@
+"""What a plan hook can read: the one frozen snapshot of a plan's inputs.
+
+A :class:`PlanContext` is captured once per plan (by :func:`gpudask.plan.build_plan`)
+from the facts, the typed settings, the protocol, the number of workers and the user's
+own environment and dask config.  It is frozen: every hook of the plan reads the same
+inputs, and nothing a hook or the apply stage does to ``os.environ`` or
+``dask.config`` afterwards changes what the plan was built from.  Only the warnings
+list grows while the plan is built.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpudask.config import Setting, Settings
+    from gpudask.facts import GPU, Facts
+
+UCX_PROTOCOLS = ("ucx", "ucxx")
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    facts: Facts
+    settings: Settings
+    protocol: str
+    nworkers: int
+    # The environment and dask config as the *user* set them: gpudask's own changes
+    # in parent processes are taken out, so "explicit wins" compares with the user.
+    user_env: Mapping[str, str] = field(default_factory=dict)
+    user_config: Mapping[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    user_interface: str | None = None  # `dask worker --interface` given by the user
+    # the plugin manager the plan was built with (apply hooks of the same process use it)
+    manager: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # a snapshot: later changes to os.environ / dask.config do not reach the plan
+        object.__setattr__(self, "user_env", MappingProxyType(dict(self.user_env)))
+        object.__setattr__(self, "user_config", MappingProxyType(_snapshot(self.user_config)))
+
+    def __str__(self) -> str:  # short, for traces
+        return f"plan context of {self.facts.hostname} ({self.protocol}, {self.nworkers} workers)"
+
+    @property
+    def uses_ucx(self) -> bool:
+        return self.protocol in UCX_PROTOCOLS
+
+    @property
+    def gpus(self) -> list[GPU]:
+        """The GPUs this host's workers may use (CUDA_VISIBLE_DEVICES applied)."""
+        return self.facts.visible_gpus()
+
+    def setting(self, key: str) -> Setting | None:
+        """The typed value of option ``key`` with its source (``.value``, ``.source``,
+        ``.explicit``), or None when no loaded plugin declares ``key``.  The one way plugins
+        read settings: values are parsed once, from the user's config."""
+        try:
+            return self.settings.get(key)
+        except KeyError:
+            return None
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def user_dask_config(self, key: str, default: Any = None) -> Any:
+        """A dask config value the user set explicitly (differs from dask's default)."""
+        import dask.config
+
+        value = dask.config.get(key, default=None, config=dict(self.user_config))
+        base = dask.config.get(key, default=None, config=_dask_defaults())
+        return default if value is None or value == base else value
+
+
+def _snapshot(config: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return copy.deepcopy(dict(config))
+    except Exception:  # noqa: BLE001 - a config value that cannot be copied (a lock, an SSL context)
+        return dict(config)
+
+
+_DEFAULTS: dict[str, Any] | None = None
+
+
+def _dask_defaults() -> dict[str, Any]:
+    global _DEFAULTS
+    if _DEFAULTS is None:
+        import dask.config
+
+        merged: dict[str, Any] = {}
+        for d in dask.config.defaults:
+            dask.config.update(merged, d, priority="new")
+        _DEFAULTS = merged
+    return _DEFAULTS

@@ -1,0 +1,46 @@
+"""The plan for this (or a described) host, from the process's settings and facts.
+
+:func:`plan_host` is what ``gpudask info`` prints and what a scheduler, nanny host or
+worker applies: the same inputs give the same plan everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpudask.plan.model import HostPlan
+
+
+def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_path: str | None = None,
+              config_file: str | None = None, extra_plugins: Iterable[Any] = (),
+              user_interface: str | None = None, user_env: Mapping[str, str] | None = None,
+              user_config: Mapping[str, Any] | None = None) -> HostPlan:
+    """The plan for every process of this (or the described) host.  No side effects
+    beyond loading config into dask.config.
+
+    ``user_env`` / ``user_config`` are the environment and dask config as the user set
+    them; left out, this process's own.  A process that applied a plan passes the user's
+    values it kept (:func:`gpudask.apply.process.plan_host`).
+    """
+    import dask.config
+
+    from gpudask.config import Settings, load_dask_config, register_defaults, warn_unknown
+    from gpudask.facts import get_facts
+    from gpudask.manager import PluginManager
+    from gpudask.plan.planner import build_plan
+
+    import os
+
+    if user_env is None:
+        user_env = dict(os.environ)
+    load_dask_config(config_file)
+    manager = PluginManager.from_environment(extra_plugins)
+    options = manager.config_options()
+    register_defaults(options)
+    if user_config is None:
+        user_config = dask.config.config
+    settings = Settings(options, config=dict(user_config), environ=dict(user_env))
+    warn_unknown(settings.validate_all())
+    facts = get_facts(facts_path)
+    return build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env, user_config, user_interface)

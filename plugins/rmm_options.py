@@ -1,0 +1,206 @@
+"""The rmm plugin's settings: ``gpudask.rmm.*``, their parsers and how messages quote them.
+
+Part of the rmm plugin (:mod:`gpudask.plugins.rmm`); imports only the plugin API.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from gpudask.pluginapi import Option, parse_bool, parse_name_list
+
+ALLOCATORS = ("pool", "async", "managed", "default")
+LIBRARIES = ("cupy", "torch", "numba")
+ALIGNMENT = 256
+DEFAULT_FRACTION = 0.5
+# distributed-ucxx builds a pool from these keys in *every* process that opens UCX
+# (``init_once``); gpudask keeps them unset and builds worker pools itself.
+UCXX_POOL_KEYS = ("distributed-ucxx.rmm.pool-size", "distributed.rmm.pool-size")
+
+SIZE_FORM = ("a size (4GB = 4*10**9 bytes, 4GiB = 2**32, 4000000000) or a fraction of the GPU's memory "
+             "(0.5, '0.5', '50%')")
+_OFF_WORDS = ("off", "false", "no", "disabled")
+
+
+# --------------------------------------------------------------------------- parsing
+def _parse_size(value: Any) -> float | int:
+    """A size: ``float`` in (0, 1] = fraction of the GPU, ``int`` > 1 = bytes, ``0`` = zero.
+
+    Raises ValueError (the accepted form) for anything else.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(SIZE_FORM)
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise ValueError(SIZE_FORM)
+        if text.endswith("%"):
+            try:
+                number = float(text[:-1]) / 100
+            except ValueError:
+                raise ValueError(SIZE_FORM) from None
+            if not 0 <= number <= 1:
+                raise ValueError("a percentage from 0% to 100%, or " + SIZE_FORM)
+            return number if number else 0
+        try:
+            number = float(text)
+        except ValueError:
+            from dask.utils import parse_bytes
+
+            try:
+                nbytes = parse_bytes(text)
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(SIZE_FORM) from None
+            if nbytes < 0:
+                raise ValueError("a non-negative size: " + SIZE_FORM)
+            return int(nbytes)
+    else:
+        number = float(value)
+    if math.isnan(number) or math.isinf(number):
+        raise ValueError(SIZE_FORM)
+    if number < 0:
+        raise ValueError("a non-negative size: " + SIZE_FORM)
+    if number == 0:
+        return 0
+    if number <= 1:
+        return float(number)
+    return int(number)
+
+
+def parse_pool_size(value: Any) -> float | int | bool | None:
+    """``None`` = auto (gpudask decides), ``False`` = no pool, else a size."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("auto", "")):
+        return None
+    if value is False or (isinstance(value, str) and value.strip().lower() in _OFF_WORDS):
+        return False
+    size = _parse_size(value)
+    return False if size == 0 else size
+
+
+def parse_optional_size(value: Any) -> float | int | None:
+    """A size or null; zero is refused (a zero maximum or scheduler pool means nothing)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    size = _parse_size(value)
+    if size == 0:
+        raise ValueError("a size greater than 0 or null: " + SIZE_FORM)
+    return size
+
+
+def parse_threshold(value: Any) -> float | int | None:
+    """A size or null; zero is allowed (release everything at each synchronisation)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    return _parse_size(value)
+
+
+def parse_allocator(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto")):
+        return None
+    if isinstance(value, str) and value.strip().lower() in ALLOCATORS:
+        return value.strip().lower()
+    raise ValueError(" | ".join(ALLOCATORS) + " or null (auto)")
+
+
+def parse_libraries(value: Any) -> list[str]:
+    if value is False or (isinstance(value, str) and value.strip().lower() in ("none", "off")):
+        return []
+    names = [n.lower() for n in parse_name_list(value)]
+    bad = [n for n in names if n not in LIBRARIES]
+    if bad:
+        raise ValueError(f"a list of library names among {', '.join(LIBRARIES)} (not {', '.join(bad)})")
+    return list(dict.fromkeys(names))
+
+
+def parse_log_directory(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return os.path.expanduser(os.fspath(value))
+    raise ValueError("a directory path or null")
+
+
+def options() -> list[Option]:
+    """The gpudask.rmm.* settings (declared by the rmm plugin's gpudask_config_options)."""
+    return [
+        Option("gpudask.rmm.pool-size", None,
+               "Initial RMM pool size of each worker: bytes ('4GB', '4GiB') or a fraction of its GPU (0.5); "
+               "null/'auto': a pool of 0.5 of the GPU when UCX uses NVLink or InfiniBand, else none; "
+               "false/'off'/0: no pool.",
+               parse_pool_size, SIZE_FORM + ", 'auto'/null, or false/'off'/0 (no pool)",
+               legacy=UCXX_POOL_KEYS),
+        Option("gpudask.rmm.maximum-pool-size", None,
+               "Largest size the pool may grow to (same forms as pool-size); null: no limit.",
+               parse_optional_size, SIZE_FORM + " or null (no limit)"),
+        Option("gpudask.rmm.allocator", None,
+               "pool (RMM pool), async (cudaMallocAsync), managed (CUDA managed memory), "
+               "default (cudaMalloc through RMM, no pool); null: pool when a pool is wanted.",
+               parse_allocator, " | ".join(ALLOCATORS) + " or null (auto)"),
+        Option("gpudask.rmm.managed-memory", False,
+               "Back the pool with CUDA managed memory (like dask-cuda's --rmm-managed-memory).",
+               parse_bool, "true or false"),
+        Option("gpudask.rmm.release-threshold", None,
+               "async allocator only: memory kept reserved by the driver's pool (same forms as pool-size).",
+               parse_threshold, SIZE_FORM + " or null"),
+        Option("gpudask.rmm.log-directory", None,
+               "Write one RMM allocation log per worker into this directory "
+               "(rmm-<host>-worker-<n>.dev0.log); slows allocation.",
+               parse_log_directory, "a directory path or null"),
+        Option("gpudask.rmm.track-allocations", False,
+               "Wrap the allocator in RMM's TrackingResourceAdaptor: distributed's rmm-used metric then "
+               "shows live bytes.", parse_bool, "true or false"),
+        Option("gpudask.rmm.libraries", ["cupy"],
+               "Libraries whose GPU allocations go through RMM in workers (cupy, numba, torch).",
+               parse_libraries, "a list among cupy, numba, torch (or [])"),
+        Option("gpudask.rmm.scheduler-pool-size", None,
+               "A pool in the scheduler, built by distributed-ucxx when the scheduler uses UCX "
+               "(it then receives CUDA frames into device memory); null: none.",
+               parse_optional_size, SIZE_FORM + " or null (none)"),
+    ]
+
+
+# --------------------------------------------------------------------------- settings
+@dataclass
+class RmmSettings:
+    """The gpudask.rmm.* values in effect for one plan."""
+
+    pool_size: Any
+    maximum: Any
+    allocator: str | None
+    managed: bool
+    threshold: Any
+    log_directory: str | None
+    track: bool
+    libraries: list[str]
+    scheduler_pool: Any
+
+
+def read_settings(ctx: Any) -> RmmSettings:
+    def value(option: str) -> Any:
+        return ctx.setting(f"gpudask.rmm.{option}").value
+
+    return RmmSettings(
+        value("pool-size"), value("maximum-pool-size"), value("allocator"), value("managed-memory"),
+        value("release-threshold"), value("log-directory"), value("track-allocations"), value("libraries"),
+        value("scheduler-pool-size"))
+
+
+def shown(ctx: Any, key: str) -> str:
+    """``key = <value as the user wrote it> (from <source>)`` for messages and reasons."""
+    import dask.config
+
+    setting = ctx.setting(key)
+    where = key
+    if setting.source.startswith("legacy key "):
+        where = setting.source[len("legacy key "):]
+    raw = setting.value
+    if setting.explicit and ctx.user_config:
+        raw = dask.config.get(where, default=setting.value, config=dict(ctx.user_config))
+    return f"{key} = {raw!r} (from {setting.source})"
+
+
+def explicit(ctx: Any, key: str) -> bool:
+    return bool(ctx.setting(key).explicit)

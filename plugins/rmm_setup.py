@@ -1,0 +1,174 @@
+"""The rmm plugin's apply side: build the planned RMM memory resource in a worker process.
+
+Part of the rmm plugin (:mod:`gpudask.plugins.rmm`), which calls :func:`setup` from its
+``gpudask_setup_memory`` hook and :func:`add_metric` from ``gpudask_preload``.  rmm,
+cupy, numba and torch are imported here only inside functions, in worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from gpudask.pluginapi import GpudaskError
+
+_STATE: dict[str, Any] | None = None  # what this process set up on a real GPU (JSON-compatible)
+_MR: Any = None  # the memory resource in use (for the metric)
+_REPORT: dict[str, Any] | None = None  # the last report, whatever happened (for the metric)
+
+
+def setup(ctx: Any, plan: Any) -> dict[str, Any]:
+    """Build the planned memory resource in this worker process (or report why not).
+
+    The core calls the hook once per process and keeps its result, so this never
+    rebuilds a pool."""
+    global _REPORT
+    _REPORT = _setup(ctx, plan)
+    return _REPORT
+
+
+def _setup(ctx: Any, plan: Any) -> dict[str, Any]:
+    global _STATE, _MR
+    memory = plan.memory
+    if memory is None or memory.get("allocator") is None:  # other plugins (spill) add keys of their own
+        return {"allocator": None, "applied": False, "why": "no memory setup planned (see gpudask info)"}
+    report: dict[str, Any] = dict(memory)
+    if ctx.facts.described:
+        report.update(applied=False, skipped=f"host described by {ctx.facts.origin}: no real GPU here, "
+                                             f"RMM not initialised, no pool allocated")
+        return report
+    try:
+        import rmm
+    except ImportError as e:
+        raise GpudaskError(f"gpudask.rmm: an RMM {memory['allocator']} allocator is planned for GPU "
+                           f"{memory.get('gpu')} but rmm cannot be imported: {e}") from None
+    existing = rmm.mr.get_current_device_resource()
+    if not _is_default_resource(rmm, existing):
+        # someone (a user, another plugin, a previous preload) set a resource: leave it
+        report.update(applied=False, existing=_chain(existing), pool_size=_pool_size(rmm, existing),
+                      why="a memory resource was already set in this process; gpudask does not replace it "
+                          "(restart the worker to change it)")
+        _STATE, _MR = report, existing
+        return report
+    mr = _build(rmm, memory)
+    rmm.mr.set_current_device_resource(mr)
+    report.update(applied=True, resource=_chain(mr), pool_size=_pool_size(rmm, mr))
+    if memory.get("log_file"):
+        report["log_file"] = _log_file(rmm, mr) or memory["log_file"]
+    report["libraries"] = {lib: _point_library(lib) for lib in memory.get("libraries") or []}
+    _STATE, _MR = report, mr
+    return report
+
+
+def _is_default_resource(rmm: Any, mr: Any) -> bool:
+    return type(mr) is rmm.mr.CudaMemoryResource
+
+
+def _build(rmm: Any, memory: dict[str, Any]) -> Any:
+    kind = memory["allocator"]
+    initial, maximum = memory.get("initial_pool_size"), memory.get("maximum_pool_size")
+    what = f"RMM {kind} allocator" + (f" with a pool of {initial} bytes" if initial else "")
+    if memory.get("log_file"):
+        os.makedirs(os.path.dirname(memory["log_file"]) or ".", exist_ok=True)
+    try:
+        if kind == "async":
+            mr = rmm.mr.CudaAsyncMemoryResource(initial_pool_size=initial,
+                                                release_threshold=memory.get("release_threshold"))
+            if maximum is not None:
+                mr = rmm.mr.LimitingResourceAdaptor(mr, allocation_limit=maximum)
+        elif kind == "pool":
+            upstream = rmm.mr.ManagedMemoryResource() if memory.get("managed_memory") else rmm.mr.CudaMemoryResource()
+            mr = rmm.mr.PoolMemoryResource(upstream, initial_pool_size=initial, maximum_pool_size=maximum)
+        elif kind == "managed":
+            mr = rmm.mr.ManagedMemoryResource()
+        else:
+            mr = rmm.mr.CudaMemoryResource()
+        if memory.get("log_file"):
+            mr = rmm.mr.LoggingResourceAdaptor(mr, log_file_name=memory["log_file"])
+        if memory.get("track_allocations"):
+            mr = rmm.mr.TrackingResourceAdaptor(mr)
+    except (MemoryError, RuntimeError, OSError, ValueError) as e:
+        raise GpudaskError(f"gpudask.rmm: could not build the {what} on GPU {memory.get('gpu')}: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return mr
+
+
+def _upstreams(mr: Any) -> Iterator[Any]:
+    seen = 0
+    while mr is not None and seen < 16:
+        yield mr
+        mr = getattr(mr, "upstream_mr", None)
+        seen += 1
+
+
+def _chain(mr: Any) -> str:
+    return " -> ".join(type(m).__name__ for m in _upstreams(mr))
+
+
+def _pool_size(rmm: Any, mr: Any) -> int | None:
+    for m in _upstreams(mr):
+        if isinstance(m, rmm.mr.PoolMemoryResource):
+            return int(m.pool_size())
+    return None
+
+
+def _allocated(mr: Any) -> int | None:
+    for m in _upstreams(mr):
+        if hasattr(m, "get_allocated_bytes"):
+            return int(m.get_allocated_bytes())
+    return None
+
+
+def _log_file(rmm: Any, mr: Any) -> str | None:
+    for m in _upstreams(mr):
+        if isinstance(m, rmm.mr.LoggingResourceAdaptor):
+            return m.get_file_name()
+    return None
+
+
+def _point_library(lib: str) -> str:
+    """Make ``lib`` allocate through RMM; a short status for the report (never raises)."""
+    try:
+        if lib == "cupy":
+            import cupy
+            from rmm.allocators.cupy import rmm_cupy_allocator
+
+            cupy.cuda.set_allocator(rmm_cupy_allocator)
+        elif lib == "numba":
+            from numba import cuda
+            from rmm.allocators.numba import RMMNumbaManager
+
+            cuda.set_memory_manager(RMMNumbaManager)
+        elif lib == "torch":
+            import torch
+            from rmm.allocators.torch import rmm_torch_allocator
+
+            if rmm_torch_allocator is None:
+                return "not pointed: torch sees no CUDA device"
+            torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+        return "rmm"
+    except ImportError:
+        return "not installed"
+    except Exception as e:  # noqa: BLE001 - e.g. torch's allocator already initialised
+        return f"not pointed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def add_metric(plan: Any, server: Any) -> None:
+    """A ``gpudask-rmm`` worker metric: allocator, initial and current pool size."""
+    metrics = getattr(server, "metrics", None)
+    if plan.role != "worker" or not isinstance(metrics, dict) or type(server).__name__ == "Nanny":
+        return
+    metrics.setdefault("gpudask-rmm", _metric)
+
+
+def _metric(worker: Any = None) -> dict[str, Any] | None:
+    if _REPORT is None:
+        return None
+    out = {k: _REPORT.get(k) for k in ("allocator", "initial_pool_size", "maximum_pool_size", "applied")}
+    if _MR is not None:
+        import rmm
+
+        out["pool_size"] = _pool_size(rmm, _MR)
+        out["used"] = _allocated(_MR)
+    return out
