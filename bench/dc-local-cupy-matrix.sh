@@ -139,6 +139,8 @@ variant() {
     gpudask-memlimit)        WARGS="--memory-limit 0.5" ;;
     # gpudask's device tier off: only the worker-memory plugin's host limit stands between CuPy and disk
     gpudask-no-spill)        VENV="DASK_GPUDASK__SPILL__DEVICE_MEMORY_LIMIT=false" ;;
+    # intra-node host transports as UCX picks them when UCX_TLS is unset (dask-cuda's workers)
+    gpudask-tls-sm)          VENV="UCX_TLS=tcp,cuda_copy,cuda_ipc,sm,self" ;;
     gpudask-no-host-spill)   VENV="DASK_DISTRIBUTED__WORKER__MEMORY__TARGET=False DASK_DISTRIBUTED__WORKER__MEMORY__SPILL=False" ;;
     # only gpu-pinning; distributed-ucxx then makes the CUDA context itself, as on dask-cuda's workers
     gpudask-pinning-only)    VENV="GPUDASK_PLUGINS=gpu-pinning DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT=True" ;;
