@@ -175,7 +175,7 @@ def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
     from_env = dask.config.collect_env()
     for key in _flatten(from_env):
         name = key.replace("_", "-")
-        if dask.config.get(name, default=None) == _default_of(name):
+        if _not_chosen(name):
             dask.config.set({name: dask.config.get(key, config=from_env)})
     env_keys = {k.replace("_", "-") for k in _flatten(from_env)}
     files = [p for p in (toml_path(), pathlib.Path(extra_file) if extra_file else None) if p]
@@ -192,10 +192,18 @@ def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
             current = dask.config.get(name, default=None)
             # explicit elsewhere (a DASK_* variable, or a value that differs from the default
             # and from what a file set before): keep it
-            if name in env_keys or (current != _default_of(name) and (previous is None or previous[1] != current)):
+            if name in env_keys or (not _not_chosen(name) and (previous is None or previous[1] != current)):
                 continue
             _FILE_VALUES[name] = (str(path), value)
             dask.config.set({name: value})
+
+
+def _not_chosen(key: str) -> bool:
+    """Nobody set ``key`` explicitly: it is missing or has its default value."""
+    import dask.config
+
+    current = dask.config.get(key, default=None)
+    return current is None or current == _default_of(key)
 
 
 def _default_of(key: str) -> Any:

@@ -69,6 +69,8 @@ def gpudask_preload(ctx, plan, server):
     if manager.memory_limit != auto:
         return  # --memory-limit (or memory_limit=...) given: it wins
     limit = int(system.MEMORY_LIMIT * share)
+    if limit == auto:
+        return  # distributed's own default already splits the host this way
     manager.memory_limit = limit
     data = manager.data
     target = manager.memory_target_fraction

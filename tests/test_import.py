@@ -22,7 +22,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FORBIDDEN = ("cupy", "rmm", "ucxx", "distributed_ucxx", "numba", "cudf", "torch", "pynvml")
 
 ENTRY_POINTS = ["gpudask", "gpudask.cli", "gpudask.facts", "gpudask.bench.cli"]
-ENTRY_POINTS += [f"gpudask.plugins.{p.stem}" for p in sorted((ROOT / "plugins").glob("*.py")) if p.stem != "__init__"]
+# every plugin module (loading the plugins is part of planning); the helpers a plugin
+# imports inside its worker-side hooks only (spill_store) load with distributed, in workers
+ENTRY_POINTS += [f"gpudask.plugins.{p.stem}" for p in sorted((ROOT / "plugins").glob("*.py"))
+                 if p.stem != "__init__" and "\nname = " in p.read_text()]
 if (ROOT / "gpudask" / "pluginapi.py").exists():
     ENTRY_POINTS.append("gpudask.pluginapi")
 

@@ -162,7 +162,9 @@ def _setup_worker(s: process.Session, worker: Any) -> None:
     register_worker_collector(worker)  # gpudask-* worker metrics on the worker's /metrics
     if s.applied:
         state.record(s, worker)
-    worker.startup_information["gpudask"] = lambda _worker: s.published()
+    # built here, not at registration: distributed drops a failing startup_information silently
+    published = s.published()
+    worker.startup_information["gpudask"] = lambda _worker: published
 
 
 def _setup_nanny(s: process.Session, nanny: Any) -> None:

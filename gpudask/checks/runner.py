@@ -83,6 +83,7 @@ class SchedulerCheck(SchedulerPlugin):
         self.sides: dict[str, dict[str, Any] | None] = {}
         self.refused: dict[str, dict[str, Any]] = {}
         self._started = False
+        self.asked_for = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {"action_override": self.action_override, "extra_plugins": self.extra_plugins, "dry": self.dry}
@@ -122,12 +123,14 @@ class SchedulerCheck(SchedulerPlugin):
         self._started = True
         if not self.dry:
             scheduler.handlers[HANDLER] = self.handle_report
+        # installed by gpudask with the scheduler's own plan, or registered by a client (asked for)
+        self.asked_for = self.manager is None
         await self._prepare(scheduler)
         if self.manager is None:
             return
         if not self.dry:
-            # a CPU host over tcp: nothing of gpudask's to say at INFO
-            level = logging.INFO if (self.ctx.gpus or self.ctx.uses_ucx) else logging.DEBUG
+            # a CPU host over tcp: nothing of gpudask's to say at INFO, unless a client asked
+            level = logging.INFO if (self.ctx.gpus or self.ctx.uses_ucx or self.asked_for) else logging.DEBUG
             logger.log(level, "gpudask check: scheduler %s (%s) checks its workers; action %s", scheduler.address,
                        describe(self.side), self.action)
         for address in list(scheduler.workers):
@@ -164,7 +167,9 @@ class SchedulerCheck(SchedulerPlugin):
             level = {"error": logging.ERROR, "warning": logging.WARNING}.get(f.severity, logging.INFO)
             logger.log(level, "gpudask check: %s", f.line())
         if not findings:
-            logger.info("gpudask check: worker %s matches the scheduler", address)
+            # a CPU host over tcp: nothing of gpudask's to say at INFO
+            level = logging.INFO if (self.ctx.gpus or self.ctx.uses_ucx) else logging.DEBUG
+            logger.log(level, "gpudask check: worker %s matches the scheduler", address)
         self.scheduler.log_event(EVENT_TOPIC, {"action": "scheduler-check", "worker": address, "status": status,
                                                "policy": self.action, "findings": result["findings"]})
         problems = [f for f in findings if f.severity in ("warning", "error")]

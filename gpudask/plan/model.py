@@ -182,10 +182,12 @@ class ProcessPlan:
 
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ProcessPlan:
+    def from_dict(cls, data: Mapping[str, Any]) -> ProcessPlan:
         """The inverse of :meth:`to_dict` (a worker process reads its plan from its parent's)."""
-        fields = {k: v for k, v in data.items() if k != "reasons"}
-        return cls(**fields, reasons=[Reason(**r) for r in data.get("reasons", [])])
+        fields = {k: v for k, v in data.items() if k not in ("reasons", "memory")}
+        memory = data.get("memory")
+        return cls(**fields, memory=None if memory is None else MemoryPlan.from_dict(memory),
+                   reasons=[Reason(**r) for r in data.get("reasons", [])])
 
 
 @dataclass
