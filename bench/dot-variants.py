@@ -5,7 +5,7 @@ changed at a time: which of gpudask's defaults costs time (issue 16's regression
 
 Each variant: a fresh `dask scheduler --protocol ucx`, NWORKERS workers (default: 2, on the
 visible GPUs round-robin), `x.dot(x.T).sum()` on a 12000^2 CuPy array in 2000^2 chunks,
-median of 5 runs after one warm-up.
+median of 3 runs after one warm-up.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def dot_seconds(sf: str, n: int) -> list[float]:
         x = rs.random_sample((12000, 12000), chunks=(2000, 2000)).persist()
         wait(x)
         times = []
-        for _ in range(6):
+        for _ in range(4):
             t0 = time.perf_counter()
             float(x.dot(x.T).sum().compute())
             times.append(time.perf_counter() - t0)
