@@ -39,6 +39,8 @@ __all__ = [
     "GpudaskError", "ConfigError", "PluginError",
     # plans and checks
     "PlanContext", "ProcessPlan", "HostPlan", "MemoryPlan", "Finding", "facts_from_dict",
+    # this process
+    "applied_role",
     # shared rules
     "parse_ucx_tls", "cpu_ranges", "workers_sharing_gpu", "format_bytes", "parse_bytes",
     # transport helpers (tcp, nvlink, infiniband, rmm)
@@ -46,3 +48,13 @@ __all__ = [
     "user_tls", "ucx_supports", "process_gpu", "parse_name_or_list", "pick", "mode", "mode_why", "decide",
     "set_flag",
 ]
+
+
+def applied_role() -> str | None:
+    """The role whose plan this process applied (``"scheduler"``, ``"nanny"``, ``"worker"``,
+    ``"client"``), or None.  A scheduler or nanny inside a client's process (a LocalCluster)
+    runs with the client's plan: an apply hook checking "this process" asks this first."""
+    from gpudask.apply.process import current
+
+    session = current()
+    return session.role if session is not None and session.applied else None

@@ -22,7 +22,7 @@ import logging
 import os
 from typing import Any
 
-from gpudask.pluginapi import GpudaskError, Option, choice, hookimpl, ucxx_creates_cuda_context
+from gpudask.pluginapi import GpudaskError, Option, applied_role, choice, hookimpl, ucxx_creates_cuda_context
 
 name = "cuda-context"
 priority = 40
@@ -236,6 +236,8 @@ def gpudask_preload(ctx, plan, server):
     global _CHECKED_AFTER_LISTEN
     if plan.role not in ("nanny", "scheduler") or _CHECKED_AFTER_LISTEN or not ctx.gpus or ctx.facts.described:
         return
+    if applied_role() != plan.role:
+        return  # e.g. a LocalCluster's scheduler in a client's process: the client's context is its own
     _CHECKED_AFTER_LISTEN = True  # the N nannies of `--nworkers N` share one process
     check_existing(ctx, plan, "after it started listening (UCX_TLS here: "
                               f"{os.environ.get('UCX_TLS', 'unset')})")
