@@ -4,7 +4,8 @@
 Usage (from anywhere, in an environment where gpudask and distributed are installed):
 
     python bench/distributed_suite.py /path/to/distributed-checkout [--out DIR]
-        [--only test_nanny,test_local] [--k test_worker='not gather'] [--report-only]
+        [--gpudask-ref REV] [--only test_nanny,test_local] [--k test_worker='not gather']
+        [--report-only]
 
 The checkout must be distributed's git repository at the tag of the installed
 distributed (the PyPI sdist ships no tests), e.g.
@@ -31,6 +32,12 @@ one junit XML and one log per file and run, and summary.md with the table: per
 file passed/failed/skipped plain vs preloaded, wall time each, and the tests that
 pass plain and fail preloaded. --report-only rebuilds summary.md from DIR.
 
+--gpudask-ref REV runs a snapshot of this repository at REV (git archive into
+DIR/gpudask-<commit>, laid out as installed: plugins/ becomes gpudask/plugins/) put
+first on PYTHONPATH, so commits landing in an editable checkout during the hour do not
+mix two versions into one run. Without it the installed gpudask runs; the summary
+records which one (path, commit) and says so if its checkout moved during the run.
+
 This is a manual check, not part of CI (CI cannot fetch distributed's repository).
 It takes about an hour on a 2-core machine.
 """
@@ -42,6 +49,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -81,14 +89,22 @@ PYTEST_ARGS = [
 ]
 
 
+REPO = Path(__file__).resolve().parent.parent
+EXTRA_PATH: list[str] = []  # the --gpudask-ref snapshot, first on PYTHONPATH
+
+
 def run_env(run: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in PRELOAD_VARS}
+    if EXTRA_PATH:
+        env["PYTHONPATH"] = os.pathsep.join(EXTRA_PATH + [p for p in [env.get("PYTHONPATH")] if p])
     if run == "preloaded":
         env.update(PRELOAD_VARS)
     return env
 
 
 def run_file(checkout: Path, out: Path, name: str, path: str, k: str | None, run: str) -> float:
+    """Run one file once; record its wall time and the CPU time of pytest and the
+    processes it waited for (less sensitive than wall time to a busy machine)."""
     xml = out / run / f"{name}.xml"
     log = out / run / f"{name}.log"
     xml.parent.mkdir(parents=True, exist_ok=True)
@@ -96,13 +112,20 @@ def run_file(checkout: Path, out: Path, name: str, path: str, k: str | None, run
     if k:
         cmd += ["-k", k]
     start = time.monotonic()
+    cpu_before = cpu_of_children()
     with open(log, "w") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
         subprocess.run(cmd, cwd=checkout, env=run_env(run), stdout=fh, stderr=subprocess.STDOUT)
     wall = time.monotonic() - start
     (out / run / f"{name}.wall").write_text(f"{wall:.1f}\n")
+    (out / run / f"{name}.cpu").write_text(f"{cpu_of_children() - cpu_before:.1f}\n")
     return wall
+
+
+def cpu_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def outcomes(xml: Path) -> dict[str, str]:
@@ -122,8 +145,8 @@ def outcomes(xml: Path) -> dict[str, str]:
     return result
 
 
-def read_wall(out: Path, run: str, name: str) -> float | None:
-    path = out / run / f"{name}.wall"
+def read_time(out: Path, run: str, name: str, kind: str = "wall") -> float | None:
+    path = out / run / f"{name}.{kind}"
     return float(path.read_text()) if path.exists() else None
 
 
@@ -141,37 +164,40 @@ def summary(out: Path, names: list[str]) -> str:
         "",
         *(f"- {key}: {value}" for key, value in meta.items()),
         "",
-        "| file | plain p/f/s | preloaded p/f/s | plain wall s | preloaded wall s | ratio |",
-        "|---|---|---|---|---|---|",
+        "p/f/s: passed/failed/skipped (errors count as failed). Wall and CPU seconds per file;",
+        "CPU is pytest's and its reaped children's user+sys time.",
+        "",
+        "| file | plain p/f/s | preloaded p/f/s | wall plain | wall preloaded | wall ratio "
+        "| CPU plain | CPU preloaded | CPU ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     regressions, fixed = [], []
-    totals = {run: 0.0 for run in RUNS}
+    totals = {(kind, run): 0.0 for kind in ("wall", "cpu") for run in RUNS}
     both_done = True
     for name in names:
         res = {run: outcomes(out / run / f"{name}.xml") for run in RUNS}
-        wall = {run: read_wall(out, run, name) for run in RUNS}
-        if None in wall.values():
-            both_done = False
-        else:
+        cells = []
+        for kind in ("wall", "cpu"):
+            t = {run: read_time(out, run, name, kind) for run in RUNS}
+            if None in t.values():
+                both_done = both_done and kind == "cpu"
+                cells += [f"{t[r]:.0f}" if t[r] is not None else "—" for r in RUNS] + ["—"]
+                continue
             for run in RUNS:
-                totals[run] += wall[run]
-        ratio = f"{wall['preloaded'] / wall['plain']:.2f}" if None not in wall.values() else "—"
-        fmt = {run: (f"{wall[run]:.0f}" if wall[run] is not None else "—") for run in RUNS}
-        lines.append(
-            f"| {name} | {counts(res['plain'])} | {counts(res['preloaded'])} "
-            f"| {fmt['plain']} | {fmt['preloaded']} | {ratio} |"
-        )
+                totals[kind, run] += t[run]
+            cells += [f"{t['plain']:.0f}", f"{t['preloaded']:.0f}", ratio(t["preloaded"], t["plain"])]
+        lines.append(f"| {name} | {counts(res['plain'])} | {counts(res['preloaded'])} | " + " | ".join(cells) + " |")
         for test_id, outcome in res["plain"].items():
             other = res["preloaded"].get(test_id)
             if outcome == "passed" and other == "failed":
                 regressions.append(test_id)
             if outcome == "failed" and other == "passed":
                 fixed.append(test_id)
-    if totals["plain"]:
-        ratio = totals["preloaded"] / totals["plain"]
-        lines.append(
-            f"| **total** | | | {totals['plain']:.0f} | {totals['preloaded']:.0f} | {ratio:.2f} |"
-        )
+    cells = []
+    for kind in ("wall", "cpu"):
+        p, q = totals[kind, "plain"], totals[kind, "preloaded"]
+        cells += [f"{p:.0f}", f"{q:.0f}", ratio(q, p)] if p else ["—", "—", "—"]
+    lines.append("| **total** | | | " + " | ".join(cells) + " |")
     if not both_done:
         lines += ["", "(some files have not finished both runs; totals cover the finished ones)"]
     lines += ["", f"## Pass plain, fail preloaded ({len(regressions)})", ""]
@@ -179,6 +205,55 @@ def summary(out: Path, names: list[str]) -> str:
     lines += ["", f"## Fail plain, pass preloaded ({len(fixed)}; flaky tests show up here)", ""]
     lines += [f"- `{t}`" for t in fixed] or ["none"]
     return "\n".join(lines) + "\n"
+
+
+def ratio(preloaded: float, plain: float) -> str:
+    return f"{preloaded / plain:.2f}" if plain else "—"
+
+
+def snapshot(ref: str, out: Path) -> Path:
+    """This repository at ``ref``, laid out like the installed package (see pyproject's
+    package-dir): gpudask/, plugins/ as gpudask/plugins/, gpudask_dask_cli.py."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                            capture_output=True, text=True)
+    if commit.returncode:
+        sys.exit(f"distributed_suite: --gpudask-ref {ref!r} is not a commit of {REPO}")
+    sha = commit.stdout.strip()
+    dest = out / f"gpudask-{sha[:12]}"
+    if not dest.exists():
+        tmp = out / f".gpudask-{sha[:12]}.tmp"
+        tmp.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", sha, "gpudask", "plugins",
+                                  "gpudask_dask_cli.py"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        (tmp / "plugins").rename(tmp / "gpudask" / "plugins")
+        (tmp / "COMMIT").write_text(sha + "\n")
+        tmp.rename(dest)
+    return dest
+
+
+def gpudask_identity(checkout: Path) -> str:
+    """Which gpudask the runs import (as seen from the checkout, with the runs' PYTHONPATH)."""
+    code = ("import gpudask, gpudask.plugins, os; "
+            "print(os.path.dirname(gpudask.__file__), os.path.dirname(gpudask.plugins.__file__), "
+            "gpudask.__version__)")
+    found = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=run_env("plain"),
+                           capture_output=True, text=True)
+    if found.returncode:
+        sys.exit(f"distributed_suite: cannot import gpudask: {found.stderr.strip().splitlines()[-1]}")
+    package, plugins, version = found.stdout.split()
+    root = Path(package).parent
+    if (root / "COMMIT").exists():
+        where = f"snapshot of commit {(root / 'COMMIT').read_text().strip()}"
+    else:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        where = (f"checkout at {head.stdout.strip()}" + (" with uncommitted changes" if dirty else "")
+                 if head.returncode == 0 else "not a git checkout")
+    if Path(plugins).parent != Path(package):
+        where += f"; its plugins from {plugins}"
+    return f"{version} from {package} ({where})"
 
 
 def match_version(checkout: Path, distributed) -> None:
@@ -208,6 +283,8 @@ def main() -> int:
         "--k", action="append", default=[], metavar="NAME=EXPR",
         help="replace the -k expression of one file, e.g. --k test_worker='not gather'",
     )
+    parser.add_argument("--gpudask-ref", metavar="REV",
+                        help="run a snapshot of this repository at REV instead of the installed gpudask")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
 
@@ -226,11 +303,15 @@ def main() -> int:
 
         match_version(checkout, distributed)
         out.mkdir(parents=True, exist_ok=True)
+        if args.gpudask_ref:
+            EXTRA_PATH.append(str(snapshot(args.gpudask_ref, out)))
+        gpudask_before = gpudask_identity(checkout)
         meta = {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "host": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}",
             "python": platform.python_version(),
             "distributed (installed)": distributed.__version__,
+            "gpudask": gpudask_before,
             "checkout": str(checkout),
             "-k": {n: k for n, _, k in files if k},
         }
@@ -240,6 +321,10 @@ def main() -> int:
                 wall = run_file(checkout, out, name, path, k, run)
                 print(f"{name:24} {run:10} {wall:7.1f} s  {counts(outcomes(out / run / f'{name}.xml'))}",
                       flush=True)
+        gpudask_after = gpudask_identity(checkout)
+        if gpudask_after != gpudask_before:
+            meta["WARNING"] = f"gpudask changed during the run; at the end: {gpudask_after}"
+            (out / "meta.json").write_text(json.dumps(meta, indent=1))
     text = summary(out, [n for n, _, _ in files])
     (out / "summary.md").write_text(text)
     print(text)
