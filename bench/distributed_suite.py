@@ -234,14 +234,18 @@ def snapshot(ref: str, out: Path) -> Path:
 
 def gpudask_identity(checkout: Path) -> str:
     """Which gpudask the runs import (as seen from the checkout, with the runs' PYTHONPATH)."""
-    code = ("import gpudask, gpudask.plugins, os; "
-            "print(os.path.dirname(gpudask.__file__), os.path.dirname(gpudask.plugins.__file__), "
-            "gpudask.__version__)")
+    # plugins load through the installed entry points: name any that resolve elsewhere
+    code = ("import gpudask, gpudask.plugins, os, importlib, importlib.metadata as m; "
+            "root, plugins = os.path.dirname(gpudask.__file__), os.path.dirname(gpudask.plugins.__file__); "
+            "elsewhere = [e.name for e in m.entry_points(group='gpudask') if not "
+            "importlib.import_module(e.value.split(':')[0]).__file__.startswith((root + os.sep, plugins + os.sep))]; "
+            "print(root, plugins, gpudask.__version__, "
+            "','.join(elsewhere) or '-')")
     found = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=run_env("plain"),
                            capture_output=True, text=True)
     if found.returncode:
         sys.exit(f"distributed_suite: cannot import gpudask: {found.stderr.strip().splitlines()[-1]}")
-    package, plugins, version = found.stdout.split()
+    package, plugins, version, elsewhere = found.stdout.split()
     root = Path(package).parent
     if (root / "COMMIT").exists():
         where = f"snapshot of commit {(root / 'COMMIT').read_text().strip()}"
@@ -253,6 +257,8 @@ def gpudask_identity(checkout: Path) -> str:
                  if head.returncode == 0 else "not a git checkout")
     if Path(plugins).parent != Path(package):
         where += f"; its plugins from {plugins}"
+    if elsewhere != "-":
+        where += f"; entry-point plugins loaded from outside it: {elsewhere}"
     return f"{version} from {package} ({where})"
 
 
