@@ -117,13 +117,33 @@ def initialize(protocol: str | None = None, nworkers: int | None = None) -> proc
     return process.start("client", protocol=protocol, nworkers=nworkers)
 
 
+_PLAN_ONLY: dict[tuple[str, str], process.Session] = {}
+
+
 def _session_for(role: str) -> process.Session:
     """The session of this process, or a plan-only one when gpudask was imported too late
-    to act at import time (e.g. a scheduler inside a LocalCluster in a client process)."""
+    to act at import time (e.g. a scheduler inside a LocalCluster in a client process).
+
+    Plan-only sessions are kept per role and inputs: a process that starts many servers in
+    turn (a test suite, an adaptive cluster) plans once for each, not once per server."""
     s = process.current()
     if s is not None and s.role == role:
         return s
-    return process.start(role, apply=False)
+    key = (role, _inputs())
+    if key not in _PLAN_ONLY:
+        if len(_PLAN_ONLY) >= 8:  # inputs keep changing (a test suite): forget the oldest
+            del _PLAN_ONLY[next(iter(_PLAN_ONLY))]
+        _PLAN_ONLY[key] = process.start(role, apply=False)
+    return _PLAN_ONLY[key]
+
+
+def _inputs() -> str:
+    """What a plan depends on in this process: the environment and dask's config."""
+    import json
+
+    import dask.config
+
+    return json.dumps([sorted(os.environ.items()), dask.config.config], sort_keys=True, default=repr)
 
 
 def dask_setup(server: Any) -> Any:

@@ -58,8 +58,26 @@ def _key(path: Iterable[Any]) -> str:
     return out
 
 
+# the same facts are read again and again (every worker's published facts, at every check):
+# data that passed the schema once passes again
+_VALID: set[str] = set()
+
+
 def _schema_error(where: str, data: Any) -> FactsError | None:
     """The first schema violation in ``data`` as a one-line FactsError, or None."""
+    try:
+        key = json.dumps(data, sort_keys=True)
+    except (TypeError, ValueError):
+        key = None
+    if key is not None and key in _VALID:
+        return None
+    error = _first_schema_error(where, data)
+    if error is None and key is not None and len(_VALID) < 256:
+        _VALID.add(key)
+    return error
+
+
+def _first_schema_error(where: str, data: Any) -> FactsError | None:
     # a wrong value before a missing key, the outermost first, keys in a stable order
     errors = sorted(_validator().iter_errors(data),
                     key=lambda e: (e.validator == "required", len(e.absolute_path), str(list(e.absolute_path))))
