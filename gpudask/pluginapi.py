@@ -23,6 +23,7 @@ from dask.utils import format_bytes, parse_bytes
 from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_optional_bool, parse_optional_float
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 from gpudask.facts import facts_from_dict
+from gpudask.facts.probe import ucx_unused_variables
 from gpudask.findings import Finding
 from gpudask.hookspecs import hookimpl
 from gpudask.plan import HostPlan, MemoryPlan, PlanContext, ProcessPlan, cpu_ranges
@@ -40,7 +41,7 @@ __all__ = [
     # plans and checks
     "PlanContext", "ProcessPlan", "HostPlan", "MemoryPlan", "Finding", "facts_from_dict",
     # this process
-    "applied_role",
+    "applied_role", "ucx_unused_variables",
     # shared rules
     "parse_ucx_tls", "cpu_ranges", "workers_sharing_gpu", "format_bytes", "parse_bytes",
     # transport helpers (tcp, nvlink, infiniband, rmm)

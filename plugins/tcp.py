@@ -14,7 +14,7 @@ from typing import Any
 
 from gpudask.pluginapi import (AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, ConfigError, Option, choice, decide, hookimpl,
                                mode, mode_why, parse_name_or_list, parse_optional_bool, pick, process_gpu, set_flag,
-                               ucx_supports)
+                               ucx_supports, ucx_unused_variables)
 
 name = "tcp"
 priority = 50
@@ -97,6 +97,7 @@ def gpudask_select_transport(ctx, plan):
                                f"{INTERFACE}={interface.value!r} (from {interface.source}): explicit settings win")
     if not ctx.uses_ucx:
         return
+    _quiet_ucx(ctx, plan)
     if mode(ctx) == UCX_AUTO:
         _ucx_auto(ctx, plan)
         return
@@ -112,6 +113,26 @@ def gpudask_select_transport(ctx, plan):
     else:
         plan.note("no UCX transport tcp", why)
     set_flag(plan, "tcp", on, "tcp in UCX_TLS" if on else "no tcp in UCX_TLS")
+
+
+def _quiet_ucx(ctx: Any, plan: Any) -> None:
+    """UCX warns about every UCX_* variable no component reads -- including those ucxx sets
+    itself when imported (UCX_MEMTYPE_CACHE): every UCX process printed it.  Turn the
+    warning off in gpudask's processes and report the user's own unused variables instead,
+    as UCX judges them."""
+    if "UCX_WARN_UNUSED_ENV_VARS" in ctx.user_env:
+        plan.note("UCX's unused-variable warning left as set",
+                  f"UCX_WARN_UNUSED_ENV_VARS={ctx.user_env['UCX_WARN_UNUSED_ENV_VARS']} is set: explicit settings win")
+        return
+    plan.set_env("UCX_WARN_UNUSED_ENV_VARS", "n",
+                 "UCX warns about variables ucxx itself sets (UCX_MEMTYPE_CACHE) in every UCX process; gpudask "
+                 "reports the user's own unused UCX_* variables instead, when it plans")
+    if plan.role != "scheduler":
+        return  # once per host plan is enough
+    unused = ucx_unused_variables(dict(ctx.user_env))
+    for name, maybe in unused or []:
+        ctx.warn(f"{name}={ctx.user_env[name]} is not a variable UCX uses here"
+                 + (f" (did you mean {maybe}?)" if maybe else "") + ": UCX ignores it")
 
 
 def _ucx_auto(ctx: Any, plan: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 
@@ -461,3 +462,15 @@ def test_info_json_shows_the_decisions_with_their_plugins():
     assert worker["config"]["distributed-ucxx.nvlink"] is True
     assert {"plugin": "infiniband", "decision": "UCX_NET_DEVICES=mlx5_2:1",
             "why": "mlx5_2 shares the PCIe switch 0000:98:00.0 with GPU 5"} in worker["reasons"]
+
+
+def test_ucx_processes_quiet_ucxs_own_warning_and_a_user_setting_wins(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("UCX_")]:
+        monkeypatch.delenv(name)
+    h = plan(HGX)
+    for p in all_plans(h):
+        assert p.env["UCX_WARN_UNUSED_ENV_VARS"] == "n"
+    assert "ucxx itself sets" in why(h.workers[0], "tcp", "UCX_WARN_UNUSED_ENV_VARS=n")
+    assert "UCX_WARN_UNUSED_ENV_VARS" not in plan(HGX, protocol="tcp").workers[0].env
+    monkeypatch.setenv("UCX_WARN_UNUSED_ENV_VARS", "y")
+    assert plan(HGX).workers[0].env.get("UCX_WARN_UNUSED_ENV_VARS") in (None, "y")

@@ -278,3 +278,19 @@ def test_two_workers_sharing_the_gpu_move_data_over_cuda_ipc(cluster, client_ove
     assert all("cuda_ipc" in t.split(",") for t in tls.values()), tls
     assert not any(nanny_contexts.values()), "the nanny process holds a CUDA context"
     assert max(rates) > 30, rates
+
+
+@pytest.mark.process
+def test_ucx_processes_are_quiet_but_a_users_misspelt_variable_is_reported(cluster):
+    """UCX warned in every process about UCX_MEMTYPE_CACHE (set by ucxx itself); a user's own
+    misspelt UCX_* variable is still reported -- by gpudask, with UCX's own suggestion."""
+    env = {k: v for k, v in base_env().items() if not k.startswith("UCX_")}
+    env["UCX_TSL"] = "tcp"
+    cluster.scheduler("--preload", "gpudask", protocol="ucx", env=env)
+    cluster.worker("--protocol", "ucx", "--preload", "gpudask", "--nworkers", "1", env=env)
+    with cluster.client(timeout=60) as client:
+        client.wait_for_workers(1, timeout=90)
+    logs = cluster.log("scheduler") + cluster.log("worker")
+    assert "unused environment variable: UCX_MEMTYPE_CACHE" not in logs
+    assert "UCX_TSL=tcp is not a variable UCX uses here (did you mean UCX_TLS?): UCX ignores it" in \
+        cluster.log("scheduler")

@@ -422,3 +422,39 @@ def probe_facts() -> Facts:
         packages=_probe_packages(),
         origin="probed",
     )
+
+
+# -- UCX's own view of a set of UCX_* variables ---------------------------------------------------
+_UNUSED_CACHE: dict[str, list[tuple[str, str | None]]] = {}
+
+
+def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | None]] | None:
+    """The names among ``variables`` (UCX_* the user exported) that UCX would report as
+    unused, with UCX's own suggestion ("maybe: UCX_TLS?"), or None when UCX is not here.
+
+    Asks UCX itself: ``ucx_info -e -u t`` builds a UCP context with exactly these variables
+    and prints its "unused environment variable" warnings.  gpudask then turns UCX's warning
+    off in the processes it configures (it fires for variables ucxx sets itself) and
+    reports the user's own misspellings in its place."""
+    import subprocess
+
+    names = {k: v for k, v in variables.items() if k.startswith("UCX_") and k != "UCX_WARN_UNUSED_ENV_VARS"}
+    if not names:
+        return []
+    key = json.dumps(sorted(names.items()))
+    if key in _UNUSED_CACHE:
+        return _UNUSED_CACHE[key]
+    for exe, extra_env in _ucx_info_commands():
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")}
+        env.update(extra_env, **names, UCX_WARN_UNUSED_ENV_VARS="y")
+        try:
+            out = subprocess.run([exe, "-e", "-u", "t"], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                 text=True, timeout=UCX_INFO_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        found = re.findall(r"unused environment variable: (UCX_\w+)(?: \(maybe: (UCX_\w+)\?\))?",
+                           out.stdout + out.stderr)
+        result = [(name, maybe or None) for name, maybe in found if name in names]
+        _UNUSED_CACHE[key] = result
+        return result
+    return None
