@@ -286,6 +286,20 @@ class Settings:
     def __getitem__(self, key: str) -> Any:
         return self.get(key).value
 
+    def check_sections(self) -> None:
+        """A section of settings given a single value (``rmm = 5`` in gpudask.toml,
+        ``DASK_GPUDASK__RMM=5``) is refused: every option under it would silently fall back
+        to its default."""
+        for key in self.options:
+            parts = key.split(".")
+            for depth in range(2, len(parts)):
+                section = ".".join(parts[:depth])
+                value = self._raw(section)
+                if value is not _MISSING and value is not None and not isinstance(value, dict):
+                    options = sorted(k[len(section) + 1:] for k in self.options if k.startswith(section + "."))
+                    raise ConfigError(f"{section} = {value!r} (from {self._source(section)}) is not valid: it is a "
+                                      f"section of settings; accepted: its keys {', '.join(options)}")
+
     def validate_all(self) -> list[str]:
         """Parse every option (raising on the first bad one); return unknown-key warnings."""
         for key in self.options:

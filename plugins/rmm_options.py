@@ -67,13 +67,20 @@ def _parse_size(value: Any) -> float | int:
         return 0
     if number <= 1:
         return float(number)
+    if number < 2**20 and not (isinstance(value, str) and text.strip().isdigit() and len(text) > 6):
+        # a bare number is bytes: 2 means two bytes, which is almost certainly not meant
+        raise ValueError(f"{SIZE_FORM} -- {value!r} would be {int(number)} bytes (a bare number is bytes): did "
+                         f"you mean '{value}GB' or {number / 10 ** len(str(int(number))):g} (a fraction)?")
     return int(number)
 
 
 def parse_pool_size(value: Any) -> float | int | bool | None:
     """``None`` = auto (gpudask decides), ``False`` = no pool, else a size."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("auto", "")):
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return None
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("'auto' (or unset), false/'off'/0 (no pool), or " + SIZE_FORM
+                         + " -- an empty value is none of these")
     if value is False or (isinstance(value, str) and value.strip().lower() in _OFF_WORDS):
         return False
     size = _parse_size(value)

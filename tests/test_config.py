@@ -132,3 +132,18 @@ def test_config_command_lists_every_option_with_its_source(tmp_path):
     assert rows["gpudask.plugins.disable"]["value"] == ["nvlink"]
     assert rows["gpudask.plugins.disable"]["source"].startswith("gpudask.toml")
     assert all(r["doc"] for r in rows.values()), "every option carries a description"
+
+
+def test_a_section_given_one_value_is_refused_with_its_keys():
+    from conftest import host, plan_on
+
+    with pytest.raises(ConfigError, match=r"gpudask.rmm = 5 \(from dask config\) is not valid: it is a section of "
+                                          r"settings; accepted: its keys allocator, .*pool-size"):
+        plan_on(host("h200-single.json"), "ucx", **{"gpudask.rmm": 5})
+
+
+def test_an_unknown_protocol_is_refused_with_the_known_ones():
+    from conftest import host, plan_on
+
+    with pytest.raises(ConfigError, match=r"protocol 'foo' is not valid; accepted: .*tcp.*ucx"):
+        plan_on(host("h200-single.json"), "foo")

@@ -349,9 +349,21 @@ def test_pool_larger_than_the_gpu_names_key_value_and_gpu():
     assert "NVIDIA H200" in message and "GPU-b2548dea" in message and "worker 0" in message
 
 
-def test_fraction_above_one_is_bytes_and_too_small_pool_rounds_to_zero():
-    message = error(config={"gpudask.rmm.pool-size": "100"})  # 100 bytes -> 0 after rounding
-    assert "rounds down to 0 bytes" in message
+def test_a_bare_small_number_is_refused_with_the_likely_meaning():
+    message = error(config={"gpudask.rmm.pool-size": "2"})  # 2 bytes: surely meant 2GB or 0.2
+    assert "gpudask.rmm.pool-size = '2'" in message and "would be 2 bytes (a bare number is bytes)" in message
+    assert "did you mean '2GB' or 0.2 (a fraction)?" in message
+    message = error(config={"gpudask.rmm.pool-size": "100000"})  # 100 kB: still no pool anyone means
+    assert "would be 100000 bytes" in message
+
+
+def test_an_empty_pool_size_is_refused():
+    message = error(config={"gpudask.rmm.pool-size": ""})
+    assert "an empty value is none of these" in message
+
+
+def test_a_large_bare_number_is_bytes():
+    assert worker(config={"gpudask.rmm.pool-size": "4000000000"}).memory["initial_pool_size"] == 4 * 10**9
 
 
 def test_maximum_larger_than_the_gpu():

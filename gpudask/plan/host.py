@@ -6,6 +6,7 @@ worker applies: the same inputs give the same plan everywhere.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -37,6 +38,10 @@ def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_pa
     load_dask_config(config_file)
     manager = PluginManager.from_environment(extra_plugins)
     options = manager.config_options()
+    check_protocol(protocol or "tcp")
+    # before the plugins' defaults are merged in: they would replace a section given one value
+    Settings(options, config=copy.deepcopy(dict(user_config if user_config is not None else dask.config.config)),
+             environ=dict(user_env)).check_sections()
     register_defaults(options)
     if user_config is None:
         user_config = dask.config.config
@@ -44,3 +49,18 @@ def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_pa
     warn_unknown(settings.validate_all())
     facts = get_facts(facts_path)
     return build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env, user_config, user_interface)
+
+
+def check_protocol(protocol: str) -> None:
+    """A protocol distributed knows (its own, the ones packages register, and ucx/ucxx, whose
+    package the transport plugins name when it is missing)."""
+    import importlib.metadata
+
+    from distributed.comm.registry import backends
+
+    from gpudask.errors import ConfigError
+
+    known = set(backends) | {ep.name for ep in importlib.metadata.entry_points(group="distributed.comm.backends")}
+    known |= {"ucx", "ucxx"}
+    if protocol not in known:
+        raise ConfigError(f"protocol {protocol!r} is not valid; accepted: {', '.join(sorted(known))}")
