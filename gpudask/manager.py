@@ -130,8 +130,11 @@ class PluginManager:
 
     # -- loading ---------------------------------------------------------------
     @classmethod
-    def from_environment(cls, extra: Iterable[Any] = ()) -> PluginManager:
-        """Load built-ins and entry points, honouring enable/disable lists and autoload."""
+    def from_environment(cls, extra: Iterable[Any] = (), broken: list[PluginError] | None = None) -> PluginManager:
+        """Load built-ins and entry points, honouring enable/disable lists and autoload.
+
+        A plugin that cannot be loaded raises :class:`PluginError`; with ``broken`` (a
+        list), it is recorded there instead and the others load (``gpudask plugins``)."""
         manager = cls()
         core = Settings(CORE_OPTIONS)
         enable = parse_name_list(os.environ["GPUDASK_PLUGINS"]) if os.environ.get("GPUDASK_PLUGINS") \
@@ -159,11 +162,20 @@ class PluginManager:
             try:
                 obj = importlib.import_module(module)
             except Exception as e:  # noqa: BLE001 - any import failure is reported the same way
-                raise PluginError(name, BUILTIN_DISTRIBUTION, "import", e) from e
+                error = PluginError(name, BUILTIN_DISTRIBUTION, "import", e)
+                if broken is None:
+                    raise error from e
+                broken.append(error)
+                continue
             manager.register(obj, name=name, source="builtin", distribution=BUILTIN_DISTRIBUTION)
         if autoload:
             for name, (ep, dist) in sorted(third_party.items()):
-                manager._load_entry_point(name, dist)
+                try:
+                    manager._load_entry_point(name, dist)
+                except PluginError as e:
+                    if broken is None:
+                        raise
+                    broken.append(e)
         for obj in extra:
             name = getattr(obj, "name", None)
             if name and not manager._pm.is_blocked(name):

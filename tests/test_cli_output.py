@@ -128,3 +128,25 @@ def test_piped_info_keeps_whole_lines():
     assert out.returncode == 0, out.stderr
     assert "PTXCOMPILER_CHECK_NUMBA_CODEGEN_PATCH_NEEDED=0" in out.stdout  # not wrapped
     assert len(out.stdout.splitlines()) <= 40
+
+
+@pytest.mark.process
+def test_plugins_lists_a_plugin_that_cannot_be_imported_as_broken_and_exits_1(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    (site / "brokenplug-0.1.dist-info").mkdir(parents=True)
+    (site / "brokenplug-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenplug\n"
+                                                              "Version: 0.1\n")
+    (site / "brokenplug-0.1.dist-info" / "entry_points.txt").write_text("[gpudask]\nbroken = brokenplug\n")
+    (site / "brokenplug.py").write_text("import no_such_module_here\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "plugins", "--json"], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 1
+    listed = {p["name"]: p for p in json.loads(out.stdout)}
+    assert "rmm" in listed and listed["rmm"]["source"] == "builtin"  # the others still listed
+    assert listed["broken"]["source"] == "broken" and "No module named 'no_such_module_here'" in \
+        listed["broken"]["error"]

@@ -72,15 +72,22 @@ def plugins(as_json: bool) -> None:
     from gpudask.manager import PluginManager
 
     load_dask_config()  # gpudask.toml may enable or disable plugins
-    loaded = [p.to_dict() for p in PluginManager.from_environment().plugins]
+    broken: list[Any] = []
+    loaded = [p.to_dict() for p in PluginManager.from_environment(broken=broken).plugins]
+    # a plugin that cannot be imported is listed as broken, with its error; exit 1 then
+    loaded += [{"name": e.plugin, "priority": None, "source": "broken", "distribution": e.distribution,
+                "hooks": [], "error": str(e)} for e in broken]
     if as_json:
         click.echo(json.dumps(loaded, indent=1))
-        return
-    from gpudask.cli.report import table
+    else:
+        from gpudask.cli.report import table
 
-    rows = [[p["name"], p["priority"], p["source"] + (f" ({p['distribution']})" if p["source"] != "builtin" else ""),
-             ", ".join(h.removeprefix("gpudask_") for h in p["hooks"])] for p in loaded]
-    click.echo(table(["plugin", "priority", "source", "hooks"], rows))
+        rows = [[p["name"], "-" if p["priority"] is None else p["priority"],
+                 p["source"] + (f" ({p['distribution']})" if p["source"] != "builtin" else ""),
+                 p.get("error") or ", ".join(h.removeprefix("gpudask_") for h in p["hooks"])] for p in loaded]
+        click.echo(table(["plugin", "priority", "source", "hooks"], rows))
+    if broken:
+        sys.exit(1)
 
 
 @main.command("config")
