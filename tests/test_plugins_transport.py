@@ -474,3 +474,14 @@ def test_ucx_processes_quiet_ucxs_own_warning_and_a_user_setting_wins(monkeypatc
     assert "UCX_WARN_UNUSED_ENV_VARS" not in plan(HGX, protocol="tcp").workers[0].env
     monkeypatch.setenv("UCX_WARN_UNUSED_ENV_VARS", "y")
     assert plan(HGX).workers[0].env.get("UCX_WARN_UNUSED_ENV_VARS") in (None, "y")
+
+
+def test_distributed_ucxx_environment_wins_over_what_gpudask_would_export(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("UCX_")]:
+        monkeypatch.delenv(name)
+    detected = plan(HGX).workers[0].env
+    assert "UCX_NET_DEVICES" in detected and "UCX_MAX_RNDV_RAILS" in detected
+    h = plan(HGX, **{"distributed-ucxx.environment": {"net-devices": "mlx5_1:1", "max-rndv-rails": 2}})
+    w = h.workers[0]
+    assert "UCX_NET_DEVICES" not in w.env and "UCX_MAX_RNDV_RAILS" not in w.env
+    assert "distributed-ucxx.environment sets it to 'mlx5_1:1'" in why(w, "gpudask", "UCX_NET_DEVICES not exported")

@@ -85,6 +85,25 @@ def _explicit_env_wins(ctx: PlanContext, plan: ProcessPlan) -> None:
             planned = plan.env[name]
             plan.env[name] = user
             plan.note(f"{name}={user}", f"set in the environment (explicit settings win; detection chose {planned})")
+            continue
+        # distributed-ucxx.environment.<name> is the user's UCX_<NAME>, given through dask config;
+        # an exported UCX_* beats it (distributed-ucxx prefers the environment), so gpudask
+        # exports none of its own there
+        configured = _ucxx_environment(ctx).get(name)
+        if user is None and configured is not None and name.startswith("UCX_"):
+            planned = plan.env.pop(name)
+            plan.note(f"{name} not exported", f"distributed-ucxx.environment sets it to {configured!r} (explicit "
+                                              f"settings win; detection chose {planned})")
+
+
+def _ucxx_environment(ctx: PlanContext) -> dict[str, str]:
+    """``distributed-ucxx.environment`` of the user's config, as UCX_* names."""
+    import dask.config
+
+    env = dask.config.get("distributed-ucxx.environment", default=None, config=dict(ctx.user_config)) or {}
+    if not isinstance(env, dict):
+        return {}
+    return {"UCX_" + str(k).upper().replace("-", "_"): str(v) for k, v in env.items()}
 
 
 def _explicit_interface_wins(ctx: PlanContext, plan: ProcessPlan) -> None:
