@@ -144,7 +144,9 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 def _scheme(address: str | None) -> str | None:
-    return address.split("://", 1)[0] if address and "://" in address else None
+    from gpudask.checks import scheme
+
+    return scheme(address)
 
 
 # -------------------------------------------------------------------------- handlers

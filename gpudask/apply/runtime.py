@@ -129,9 +129,9 @@ def protocol_from(address: str | None, scheduler_file: str | None) -> str | None
             address = json.loads(pathlib.Path(scheduler_file).read_text()).get("address")
         except (OSError, ValueError):
             address = None
-    if address and "://" in address:
-        return address.split("://", 1)[0]
-    return None
+    from gpudask.checks import scheme
+
+    return scheme(address)
 
 
 # -- which worker of the host am I ---------------------------------------------------

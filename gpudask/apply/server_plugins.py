@@ -69,9 +69,9 @@ _HOW = ("register gpudask.NannyPlugin() and call client.restart(), or start the 
 
 
 def _scheme(address: Any) -> str | None:
-    if isinstance(address, str) and "://" in address:
-        return address.split("://", 1)[0]
-    return None
+    from gpudask.checks import scheme
+
+    return scheme(address)
 
 
 def _plugin_of(plan: Any, decision_prefix: str) -> str | None:
@@ -116,7 +116,9 @@ def compare(plan: Any, ctx: Any, address: str | None = None) -> tuple[list[dict[
                            "run with --preload gpudask (or distributed.worker.multiprocessing-method set) from "
                            "its start", _plugin_of(plan, "multiprocessing_method=")))
     if plan.interface and not ctx.facts.described and address:
-        host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+        from distributed.comm.addressing import get_address_host
+
+        host = get_address_host(address)
         ips = ctx.facts.net_interfaces.get(plan.interface) or []
         if host not in ips:
             needs.append(_item("interface", plan.interface, host,

@@ -27,9 +27,14 @@ PUBLISHED_KEY = "gpudask"  # what a worker's gpudask puts in its startup informa
 _ABSENT = object()
 
 
-def scheme(address: str | None) -> str | None:
-    """``"ucx"`` for ``"ucx://10.0.0.1:8786"``; None for anything without a scheme."""
-    return address.split("://", 1)[0] if isinstance(address, str) and "://" in address else None
+def scheme(address: object) -> str | None:
+    """``"ucx"`` for ``"ucx://10.0.0.1:8786"``; None for anything without a scheme
+    (distributed's own address parser; the one place gpudask reads an address's scheme)."""
+    if not isinstance(address, str) or "://" not in address:
+        return None
+    from distributed.comm.addressing import parse_address
+
+    return parse_address(address)[0]
 
 
 def local_side(facts: Any, role: str, address: str | None, protocol: str | None) -> dict[str, Any]:
