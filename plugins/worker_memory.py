@@ -29,7 +29,7 @@ def _parse(value: object) -> str:
     text = str(value).strip().lower()
     if text in ("auto", "distributed"):
         return text
-    raise ValueError(value)
+    raise ValueError("auto | distributed")
 
 
 @hookimpl

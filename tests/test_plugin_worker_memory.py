@@ -1,0 +1,54 @@
+"""worker-memory: each GPU worker's host memory limit is the host's memory split between its
+workers (distributed's 'auto' gives nthreads/CPUs of it and spilled CuPy arrays to disk: the
+10x dot of dask-cuda's benchmark).  Plans on described hosts, then a live worker."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import base_env, host, plan_on
+
+
+def _reason(plan):
+    return next(r for r in plan.reasons if r.plugin == "worker-memory")
+
+
+@pytest.mark.parametrize("facts, nworkers, share", [("workstation-2gpu-pcie.json", None, 0.5),
+                                                     ("hgx-4gpu-2ib.json", 4, 0.25),
+                                                     ("h200-single.json", 2, 0.5)])
+def test_each_gpu_worker_gets_its_share_of_the_host(facts, nworkers, share):
+    h = plan_on(host(facts), "ucx", nworkers)
+    for w in h.workers:
+        assert w.memory["host_memory_fraction"] == share
+        assert "split it, as dask cuda worker does" in _reason(w).why
+    assert h.scheduler.memory is None or "host_memory_fraction" not in h.scheduler.memory
+
+
+def test_distributed_keeps_distributeds_own_limit_and_a_cpu_host_is_left_alone():
+    w = plan_on(host("workstation-2gpu-pcie.json"), "ucx", **{"gpudask.worker-memory.limit": "distributed"}).workers[0]
+    assert "host_memory_fraction" not in (w.memory or {})
+    assert "distributed's own default limit" in _reason(w).why
+    cpu = plan_on(host("no-gpu.json"), "tcp").workers[0]
+    assert "host_memory_fraction" not in (cpu.memory or {})
+
+
+def test_a_bad_value_is_refused():
+    from gpudask.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"gpudask.worker-memory.limit = 'half' .*accepted: auto \| distributed"):
+        plan_on(host("workstation-2gpu-pcie.json"), "ucx", **{"gpudask.worker-memory.limit": "half"})
+
+
+@pytest.mark.process
+def test_live_workers_run_with_the_split_limit_and_an_explicit_one_wins(cluster):
+    from distributed.system import MEMORY_LIMIT
+
+    env = base_env(GPUDASK_FACTS=host("hgx-4gpu-2ib.json"))
+    cluster.scheduler()
+    cluster.worker("--preload", "gpudask", "--nworkers", "4", "--nthreads", "1", env=env)
+    cluster.worker("--preload", "gpudask", "--nworkers", "1", "--nthreads", "1", "--memory-limit", "3GB",
+                   env=env, label="explicit")
+    with cluster.client() as client:
+        client.wait_for_workers(5, timeout=90)
+        limits = sorted(w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
+    assert limits.count(int(MEMORY_LIMIT * 0.25)) == 4  # distributed's auto would give 1/2 on 2 CPUs
+    assert 3 * 10**9 in limits  # --memory-limit wins
