@@ -33,37 +33,40 @@ from typing import Any
 logger = logging.getLogger("distributed.gpudask.prometheus")
 
 METRIC_PREFIX = "gpudask-"
-_COLLECTOR: WorkerMetricsCollector | None = None
-_SCHEDULER_COLLECTOR: ClusterMetricsCollector | None = None
+# one collector of each kind per process, pointed at the latest server (as distributed's own)
+_COLLECTORS: dict[type, Any] = {}
+
+
+def _point(kind: type, server: Any) -> bool:
+    try:
+        import prometheus_client
+    except ImportError:
+        return False
+    if kind not in _COLLECTORS:
+        _COLLECTORS[kind] = kind()
+        prometheus_client.REGISTRY.register(_COLLECTORS[kind])
+    _COLLECTORS[kind].server = weakref.ref(server)
+    return True
 
 
 def register_worker_collector(worker: Any) -> bool:
     """Export ``worker``'s ``gpudask-*`` metrics on ``/metrics`` (once per process; a
     later call points the collector at the later worker, as distributed's own collector
     does).  Returns False when prometheus_client is not installed."""
-    global _COLLECTOR
-    try:
-        import prometheus_client
-    except ImportError:
-        return False
-    if _COLLECTOR is None:
-        _COLLECTOR = WorkerMetricsCollector()
-        prometheus_client.REGISTRY.register(_COLLECTOR)
-    _COLLECTOR.worker = weakref.ref(worker)
-    return True
+    return _point(WorkerMetricsCollector, worker)
 
 
 class WorkerMetricsCollector:
     """A prometheus_client collector of one worker's ``gpudask-*`` metrics."""
 
     def __init__(self) -> None:
-        self.worker: Any = None  # weakref to the Worker
+        self.server: Any = None  # weakref to the Worker
 
     def describe(self) -> list[Any]:
         return []  # names depend on what plugins report: nothing to declare up front
 
     def collect(self) -> Iterator[Any]:
-        worker = self.worker() if self.worker is not None else None
+        worker = self.server() if self.server is not None else None
         if worker is None:
             return
         prefix = f"{_namespace()}_worker".lstrip("_")
@@ -79,23 +82,14 @@ def register_scheduler_collector(scheduler: Any) -> bool:
     """Export every worker's ``gpudask-*`` metrics, as the scheduler last received them
     (heartbeats), on the scheduler's ``/metrics`` with a ``worker`` label: one scrape
     target for the whole cluster.  Returns False without prometheus_client."""
-    global _SCHEDULER_COLLECTOR
-    try:
-        import prometheus_client
-    except ImportError:
-        return False
-    if _SCHEDULER_COLLECTOR is None:
-        _SCHEDULER_COLLECTOR = ClusterMetricsCollector()
-        prometheus_client.REGISTRY.register(_SCHEDULER_COLLECTOR)
-    _SCHEDULER_COLLECTOR.scheduler = weakref.ref(scheduler)
-    return True
+    return _point(ClusterMetricsCollector, scheduler)
 
 
 class ClusterMetricsCollector:
     """A prometheus_client collector of every worker's ``gpudask-*`` metrics, on the scheduler."""
 
     def __init__(self) -> None:
-        self.scheduler: Any = None  # weakref to the Scheduler
+        self.server: Any = None  # weakref to the Scheduler
 
     def describe(self) -> list[Any]:
         return []
@@ -103,7 +97,7 @@ class ClusterMetricsCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        scheduler = self.scheduler() if self.scheduler is not None else None
+        scheduler = self.server() if self.server is not None else None
         if scheduler is None:
             return
         prefix = f"{_namespace()}_scheduler".lstrip("_")
