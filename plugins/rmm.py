@@ -237,6 +237,13 @@ def _plan_worker(ctx: Any, plan: Any) -> None:
     managed = s.managed or s.allocator == "managed"
     want_pool, by_default, reasons = _want_pool(ctx, s, fast)
     kind = _allocator_kind(s, want_pool, managed)
+    asked = [k for k in ("gpudask.rmm.track-allocations", "gpudask.rmm.log-directory", "gpudask.rmm.libraries")
+             if explicit(ctx, k)]
+    if kind is None and asked:
+        # dask-cuda honours these without a pool too: RMM's default resource, with them
+        kind = "default"
+        reasons.append(f"no pool, but {', '.join(shown(ctx, k) for k in asked)} asked for: RMM's default resource "
+                       "(cudaMalloc) with them, as dask-cuda does without a pool")
     if kind is None:
         plan.note("memory: none", "; ".join(reasons))
         return

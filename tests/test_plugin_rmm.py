@@ -652,3 +652,15 @@ def test_gpu_nanny_holds_no_pool(cluster, tmp_path):
     assert used.get(worker_pid, 0) >= pool  # the worker's pool
     assert used.get(nanny_pid) is None or used[nanny_pid] < pool, used  # no pool in the nanny
 
+
+
+def test_tracking_logging_and_libraries_are_honoured_without_a_pool(tmp_path):
+    w = worker(config={"gpudask.rmm.pool-size": False, "gpudask.rmm.track-allocations": True,
+                       "gpudask.rmm.log-directory": str(tmp_path)})
+    assert w.memory["allocator"] == "default" and w.memory["initial_pool_size"] is None
+    assert w.memory["track_allocations"] is True and w.memory["log_file"].startswith(str(tmp_path))
+    rmm_why = " ".join(r.why for r in w.reasons if r.plugin == "rmm")
+    assert "no pool, but gpudask.rmm.track-allocations" in rmm_why and "as dask-cuda does without a pool" in rmm_why
+    w = worker(config={"gpudask.rmm.pool-size": False, "gpudask.rmm.libraries": ["cupy", "numba"]})
+    assert w.memory["allocator"] == "default" and w.memory["libraries"] == ["cupy", "numba"]
+    assert worker(config={"gpudask.rmm.pool-size": False}).memory is None  # nothing asked for: no RMM setup
