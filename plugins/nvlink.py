@@ -61,7 +61,9 @@ def gpudask_select_transport(ctx, plan):
     copy_on, copy_why, _ = decide(
         ctx, CUDA_COPY, "cuda_copy", copy_ok,
         f"{gpu_why}: UCX moves GPU buffers with cuda_copy" if copy_ok
-        else "this host's UCX has no cuda_copy transport (built without CUDA)", implied_by=(NVLINK,))
+        else "this host's UCX has no cuda_copy transport (built without CUDA)",
+        # as dask-cuda: --enable-tcp-over-ucx (transport.tcp) moves GPU buffers too, with cuda_copy
+        implied_by=(NVLINK, "gpudask.transport.tcp"))
     ipc_detected, ipc_detect_why = _ipc_detection(ctx, plan, gpu)
     ipc_on, ipc_why, _ = decide(ctx, NVLINK, "cuda_ipc", ipc_detected, ipc_detect_why)
 

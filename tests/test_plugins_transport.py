@@ -485,3 +485,12 @@ def test_distributed_ucxx_environment_wins_over_what_gpudask_would_export(monkey
     w = h.workers[0]
     assert "UCX_NET_DEVICES" not in w.env and "UCX_MAX_RNDV_RAILS" not in w.env
     assert "distributed-ucxx.environment sets it to 'mlx5_1:1'" in why(w, "gpudask", "UCX_NET_DEVICES not exported")
+
+
+def test_explicit_tcp_over_ucx_keeps_cuda_copy_for_gpu_processes_as_dask_cuda_does(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("UCX_")]:
+        monkeypatch.delenv(name)
+    h = plan(HGX, **{"gpudask.transport.mode": "explicit", "gpudask.transport.tcp": True})
+    assert tls(h.workers[0]) == "tcp,cuda_copy"  # no cuda_ipc, no rc: only what was named, plus cuda_copy
+    assert "implied by gpudask.transport.tcp=True" in why(h.workers[0], "nvlink", "UCX transport cuda_copy")
+    assert tls(h.scheduler) == "tcp"  # no GPU data in the scheduler
