@@ -54,8 +54,7 @@ def gpudask_config_options():
                "item i mod length).", parse_name_or_list, "null, a name or a list of names"),
         Option(CONNECT_TIMEOUT, None, "Connect timeout of every comm (UCX included), as distributed.comm.timeouts."
                "connect: seconds or a duration such as \"30s\"; null keeps distributed's.", parse_timeout,
-               'a positive number of seconds, a duration such as "30s", or null',
-               legacy=("distributed.comm.ucx.connect-timeout",)),
+               'a positive number of seconds, a duration such as "30s", or null'),
     ]
 
 
@@ -89,7 +88,8 @@ def gpudask_select_transport(ctx, plan):
     if timeout is not None and timeout.value is not None:
         plan.set_config(CONNECT_KEY, f"{timeout.value:g}s",
                         f"{CONNECT_TIMEOUT} (from {timeout.source}): distributed's connect() retries until this "
-                        "timeout for every comm, UCX included (ucxx 0.52 uses no timeout of its own there)")
+                        "timeout for every comm, UCX included (ucxx 0.52 limits each attempt's endpoint creation "
+                        "to a fixed 5 s and ignores UCXPY_CONNECT_TIMEOUT there)")
     interface = ctx.setting(INTERFACE)
     if interface is not None and interface.value is not None and plan.role != "client":
         if plan.role == "worker" or not isinstance(interface.value, list):

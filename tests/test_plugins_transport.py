@@ -379,10 +379,10 @@ def test_ucx_auto_lets_ucx_choose_with_the_context_first():
 def test_connect_timeout_reaches_distributed_comm_timeouts():
     h = plan(HGX, **{"gpudask.transport.connect-timeout": "45s"})
     assert {p.config["distributed.comm.timeouts.connect"] for p in all_plans(h)} == {"45s"}
-    h = plan(HGX, **{"distributed.comm.ucx.connect-timeout": 7})
-    assert h.workers[0].config["distributed.comm.timeouts.connect"] == "7s"
-    assert "legacy key distributed.comm.ucx.connect-timeout" in \
-        why(h.workers[0], "tcp", "distributed.comm.timeouts.connect='7s'")
+    assert "fixed 5 s" in why(h.workers[0], "tcp", "distributed.comm.timeouts.connect='45s'")
+    # no legacy key: distributed.comm.ucx.connect-timeout exists in no schema
+    assert "distributed.comm.timeouts.connect" not in plan(HGX, **{"distributed.comm.ucx.connect-timeout": 7}) \
+        .workers[0].config
     h = plan(HGX)
     assert "distributed.comm.timeouts.connect" not in h.workers[0].config
     with pytest.raises(GpudaskError, match="gpudask.transport.connect-timeout = 'soon'.*accepted: a positive number"):
