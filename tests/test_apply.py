@@ -227,3 +227,22 @@ def test_scheduler_metadata_survives_client_restart(tmp_path):
                          cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.split("RESULT ", 1)[1]) == [True, True]
+
+
+@pytest.mark.process
+def test_gpudask_transport_interface_applies_to_dask_scheduler_too(tmp_path):
+    """Documented for scheduler, nanny and workers; it was applied to workers only."""
+    sf = tmp_path / "s.json"
+    env = base_env(DASK_GPUDASK__TRANSPORT__INTERFACE="lo")
+    proc = subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--port", "0", "--no-dashboard",
+                             "--scheduler-file", str(sf), "--preload", "gpudask"], env=env, cwd=str(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = __import__("time").time() + 60
+        while not sf.exists() and __import__("time").time() < deadline:
+            __import__("time").sleep(0.1)
+        address = json.loads(sf.read_text())["address"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert address.startswith("tcp://127.0.0.1:"), address  # lo, not the machine's own address

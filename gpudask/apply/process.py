@@ -115,7 +115,7 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
         # never replaces the one this process applied
         _SESSION = session
     if apply:
-        _apply(session)
+        _apply(session, cli)
         if role in ("nanny", "client"):
             hostfile.publish(host)  # the worker processes this one starts read their plan there
         if role in ("nanny", "client") and session.plan.multiprocessing_method == "forkserver":
@@ -151,7 +151,7 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
     return session
 
 
-def _apply(session: Session) -> None:
+def _apply(session: Session, cli: runtime.CliArgs | None = None) -> None:
     """Environment, config, CPU binding, then the apply hooks -- once per process."""
     import dask.config
 
@@ -162,8 +162,12 @@ def _apply(session: Session) -> None:
     apply_config(plan)
     if plan.cpu_affinity and session.role == "worker":
         _bind_cpus(plan.cpu_affinity, ctx)
-    if plan.interface and session.role == "worker" and not ctx.facts.described:
-        outcome = runtime.set_listen_interface(plan.interface)
+    if plan.interface and not ctx.facts.described and session.role in ("worker", "scheduler", "nanny"):
+        # a worker of a nanny: its Worker under construction; dask scheduler / dask worker: the
+        # command's own --interface (the nannies, and through them their workers)
+        setter = runtime.set_listen_interface if session.role == "worker" and cli is None \
+            else runtime.set_cli_interface
+        outcome = setter(plan.interface)
         if outcome != "applied":
             logger.info("gpudask: listen interface %s %s", plan.interface, outcome)
     session.manager.context_init(ctx, plan)

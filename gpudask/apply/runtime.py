@@ -123,6 +123,29 @@ def set_listen_interface(interface: str) -> str:
     return "applied"
 
 
+def set_cli_interface(interface: str) -> str:
+    """Make ``dask scheduler`` / ``dask worker`` (its nannies) listen on ``interface``.
+
+    The preload is imported while click parses the command line: options given on the
+    command line are parsed already (a user's ``--host``/``--interface`` wins), the others
+    not yet -- the value becomes the default click gives ``--interface`` (its
+    ``default_map``), or the parameter itself when click has already filled in the default."""
+    found = _click_command()
+    if found is None:
+        return "not applied: not inside dask scheduler / dask worker"
+    _command, ctx = found
+    given = [a.split("=", 1)[0] for a in sys.argv if a.startswith(("--host", "--interface"))]
+    if given:  # on the command line, maybe after --preload (click has not parsed it yet)
+        return f"not applied: {given[0]} given"
+    if ctx.params.get("interface") or ctx.params.get("host"):
+        return f"not applied: --host/--interface given ({ctx.params.get('host') or ctx.params.get('interface')})"
+    if "interface" in ctx.params:
+        ctx.params["interface"] = interface
+    else:
+        ctx.default_map = {**(ctx.default_map or {}), "interface": interface}
+    return "applied"
+
+
 def protocol_from(address: str | None, scheduler_file: str | None) -> str | None:
     if scheduler_file and not address:
         try:
