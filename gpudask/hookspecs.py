@@ -211,6 +211,25 @@ def gpudask_preload(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Wor
 
 
 @hookspec
+def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
+    """Read back, from the live process, what this plugin applied: the proof of effect.
+
+    **When, where:** an apply hook, called once in each scheduler, nanny host and worker
+    process right after ``gpudask_preload``, when gpudask records the process's applied
+    state (``gpudask status``, the scheduler check).  Read only: never change anything.
+
+    :return: ``{key: {"planned": value, "actual": value}}`` for what this plugin decided
+        and can read back (JSON-compatible values), or None.  A key whose two values differ
+        becomes a *mismatch* (process, key, planned, actual, this plugin): an error in the
+        log, a ``not-applied`` error finding of the scheduler check, a row in ``gpudask
+        status``.
+
+    **Combined:** every plugin runs, in priority order; the results are kept per plugin.
+    **Failure:** the process stops with the one line.
+    """
+
+
+@hookspec
 def gpudask_scheduler_check(ctx: PlanContext | None, scheduler_facts: ProcessSide,
                             worker_facts: ProcessSide | None) -> list[Finding] | None:
     """Compare two processes of a cluster and report findings.

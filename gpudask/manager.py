@@ -333,6 +333,10 @@ class PluginManager:
     def preload(self, ctx: PlanContext, plan: ProcessPlan, server: Any) -> None:
         self._call("gpudask_preload", plan, ctx=ctx, server=server)
 
+    def applied_state(self, ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]]:
+        """Each plugin's read-back of what it applied: ``{plugin: {key: {planned, actual}}}``."""
+        return {p.name: r for p, r in self._call("gpudask_applied_state", plan, ctx=ctx) if r}
+
     def scheduler_check(self, ctx: PlanContext | None, scheduler_facts: Mapping[str, Any] | None,
                         worker_facts: Mapping[str, Any] | None) -> list[Finding]:
         """Findings of every plugin; a plugin that raises (or returns something that is

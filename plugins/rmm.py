@@ -389,3 +389,9 @@ def gpudask_setup_memory(ctx, plan):
 def gpudask_preload(ctx, plan, server):
     """Add a ``gpudask-rmm`` worker metric: allocator, initial and current pool size."""
     rmm_setup.add_metric(plan, server)
+
+
+@hookimpl
+def gpudask_applied_state(ctx, plan):
+    """The RMM resource and pool size in place in this worker, read back (proof of effect)."""
+    return rmm_setup.applied_state(ctx, plan)

@@ -172,3 +172,31 @@ def _metric(worker: Any = None) -> dict[str, Any] | None:
         out["pool_size"] = _pool_size(rmm, _MR)
         out["used"] = _allocated(_MR)
     return out
+
+
+_RESOURCE_OF = {"pool": "PoolMemoryResource", "async": "CudaAsyncMemoryResource", "managed": "ManagedMemoryResource",
+                "default": "CudaMemoryResource"}
+
+
+def applied_state(ctx: Any, plan: Any) -> dict[str, dict[str, Any]] | None:
+    """The RMM resource in place in this process, read back, against the plan."""
+    import sys
+
+    memory = plan.memory
+    if plan.role != "worker" or memory is None or memory.get("allocator") is None or ctx.facts.described:
+        return None
+    kind = memory["allocator"]
+    planned = _RESOURCE_OF.get(kind, kind)
+    rmm = sys.modules.get("rmm")
+    if rmm is None:
+        return {"resource": {"planned": planned, "actual": "rmm not imported"}}
+    mr = rmm.mr.get_current_device_resource()
+    chain = [type(m).__name__ for m in _upstreams(mr)]
+    out: dict[str, dict[str, Any]] = {"resource": {"planned": planned,
+                                                   "actual": planned if planned in chain else " -> ".join(chain)}}
+    initial = memory.get("initial_pool_size")
+    if kind == "pool" and initial:
+        size = _pool_size(rmm, mr)
+        # a pool grows from its initial size: in place when it holds at least that much
+        out["pool_size"] = {"planned": initial, "actual": initial if size is not None and size >= initial else size}
+    return out

@@ -246,3 +246,34 @@ def test_gpudask_transport_interface_applies_to_dask_scheduler_too(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     assert address.startswith("tcp://127.0.0.1:"), address  # lo, not the machine's own address
+
+
+READ_BACK = """
+    from gpudask.pluginapi import hookimpl
+
+    name = "readback"
+    priority = 500
+
+    @hookimpl
+    def gpudask_applied_state(ctx, plan):
+        if plan.role == "worker":
+            return {"threads": {"planned": 4, "actual": 2}, "fine": {"planned": 1, "actual": 1}}
+    """
+
+
+@pytest.mark.process
+def test_a_plugins_read_back_becomes_a_not_applied_finding_and_a_status_row(cluster, tmp_path):
+    env = base_env(GPUDASK_FACTS=TWO_GPUS, **_third_party_plugin(tmp_path, READ_BACK, name="readback"))
+    cluster.scheduler("--preload", "gpudask", env=env)
+    cluster.worker("--preload", "gpudask", "--nworkers", "1", env=env)
+    with cluster.client() as client:
+        client.wait_for_workers(1, timeout=60)
+        (w,) = client.scheduler_info(n_workers=-1)["workers"].values()
+    (m,) = w["gpudask"]["mismatches"]
+    assert (m["key"], m["planned"], m["actual"], m["plugin"]) == ("threads", 4, 2, "readback")
+    assert any(f["code"] == "not-applied" and f["severity"] == "error" and "threads is 2, planned 4" in f["message"]
+               for f in w["gpudask-check"]["findings"])
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "status", "--scheduler-file", cluster.scheduler_file],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 1 and "1 mismatch(es)" in out.stdout
+    assert "threads is 2, planned 4 (plugin readback)" in out.stdout

@@ -134,7 +134,7 @@ def not_applied(published: Any) -> list[Finding]:
     (its applied state, read after setup: gpudask.apply.state)."""
     mismatches = published.get("mismatches") if isinstance(published, dict) else None
     out = []
-    for m in mismatches if isinstance(mismatches, list) else []:
+    for m in mismatches if isinstance(mismatches, (list, tuple)) else []:  # msgpack gives tuples
         if not isinstance(m, dict):
             continue
         out.append(Finding(

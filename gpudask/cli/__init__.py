@@ -153,7 +153,7 @@ def status(address: str | None, scheduler_file: str | None, as_json: bool, timeo
     against actual (exit 1 when a plan did not take effect)."""
     from distributed import Client
 
-    from gpudask.checks import scheduler_address
+    from gpudask.checks.client import scheduler_address
     from gpudask.cli.report import table
     from gpudask.cli.status import cluster_status, format_status
 
