@@ -277,3 +277,20 @@ def test_a_plugins_read_back_becomes_a_not_applied_finding_and_a_status_row(clus
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 1 and "1 mismatch(es)" in out.stdout
     assert "threads is 2, planned 4 (plugin readback)" in out.stdout
+
+
+@pytest.mark.process
+def test_a_scheduler_listening_on_several_protocols_starts_with_gpudask(tmp_path):
+    """distributed's test_dask_scheduler.py::test_multiple_protocols, preloaded."""
+    sf = tmp_path / "s.json"
+    proc = subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--protocol=tcp,ws", "--port=0,0",
+                             "--no-dashboard", "--scheduler-file", str(sf), "--preload", "gpudask"], env=base_env(),
+                            cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = __import__("time").time() + 60
+        while not sf.exists() and proc.poll() is None and __import__("time").time() < deadline:
+            __import__("time").sleep(0.1)
+        assert sf.exists(), proc.stderr.read() if proc.poll() is not None else "no scheduler file"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -108,6 +108,9 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
         protocol = protocol or cli.protocol or runtime.protocol_from(cli.scheduler_address, cli.scheduler_file)
         nworkers = nworkers or cli.nworkers
     protocol = (protocol or "tcp").split("://", 1)[0]  # LocalCluster passes protocol="tcp://"
+    # `dask scheduler --protocol tcp,ws` listens on both: plan for UCX when one of them is UCX
+    listeners = [p.strip() for p in protocol.split(",") if p.strip()]
+    protocol = next((p for p in listeners if p in ("ucx", "ucxx")), listeners[0] if listeners else "tcp")
     host = plan_host(protocol, nworkers, user_interface=cli.interface if cli is not None else None)
     session = Session(role, host, host.for_role(role))
     if apply or _SESSION is None or not _SESSION.applied:

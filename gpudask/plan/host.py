@@ -62,5 +62,7 @@ def check_protocol(protocol: str) -> None:
 
     known = set(backends) | {ep.name for ep in importlib.metadata.entry_points(group="distributed.comm.backends")}
     known |= {"ucx", "ucxx"}
-    if protocol not in known:
-        raise ConfigError(f"protocol {protocol!r} is not valid; accepted: {', '.join(sorted(known))}")
+    # a scheduler may listen on several (``dask scheduler --protocol tcp,ws``)
+    if not protocol or any(p.strip() not in known for p in protocol.split(",")):
+        raise ConfigError(f"protocol {protocol!r} is not valid; accepted: {', '.join(sorted(known))}, or several "
+                          "separated by commas")
