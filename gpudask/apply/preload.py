@@ -138,12 +138,21 @@ def _session_for(role: str) -> process.Session:
 
 
 def _inputs() -> str:
-    """What a plan depends on in this process: the environment and dask's config."""
+    """What a plan depends on in this process: gpudask's, UCX's and CUDA's variables and the
+    config sections gpudask and its plugins read (not the rest of dask's config, which test
+    suites and adaptive clusters change all the time)."""
     import json
 
     import dask.config
 
-    return json.dumps([sorted(os.environ.items()), dask.config.config], sort_keys=True, default=repr)
+    env = sorted((k, v) for k, v in os.environ.items()
+                 if k.startswith(("GPUDASK_", "DASK_GPUDASK", "DASK_DISTRIBUTED_UCXX", "UCX_", "CUDA_", "RAPIDS_")))
+    sections = {key: dask.config.get(key, default=None) for key in _PLAN_SECTIONS}
+    return json.dumps([env, sections], sort_keys=True, default=repr)
+
+
+_PLAN_SECTIONS = ("gpudask", "distributed-ucxx", "distributed.comm.ucx", "distributed.comm.timeouts.connect",
+                  "distributed.rmm", "distributed.worker.multiprocessing-method", "array.rechunk")
 
 
 def dask_setup(server: Any) -> Any:
