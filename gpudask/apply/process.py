@@ -138,7 +138,7 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
     host = hostfile.load()
     if host is not None:
         hostfile.restore_user_values(host)  # what the planning parent changed for itself
-    if host is None:
+    else:
         # no planning parent (e.g. LocalCluster(preload=["gpudask"]) without gpudask.initialize()):
         # this process plans for itself, once
         protocol = (locals_.get("protocol") or runtime.protocol_from(locals_.get("scheduler_ip"),
