@@ -3,7 +3,6 @@
 # prints the seconds from start until a client sees both workers (see docs/benchmarks.md).
 # a stock tcp cluster: dask scheduler + dask worker --nworkers 2 (with PRELOAD="--preload gpudask" or not),
 # timed until a client sees 2 workers; then everything is stopped
-. /work/venv/bin/activate
 t0=$(date +%s.%N); d=$(mktemp -d); sf=$d/s.json
 python -m dask scheduler --port 0 --no-dashboard --scheduler-file $sf $PRELOAD >/dev/null 2>&1 &
 s=$!
