@@ -20,7 +20,6 @@ __all__ = ["__version__", "hookimpl", "initialize", "check", "cluster_kwargs", "
 _LAZY = {
     "initialize": ("gpudask.apply.preload", "initialize"),
     "dask_setup": ("gpudask.apply.preload", "dask_setup"),
-    "dask_teardown": ("gpudask.apply.preload", "dask_teardown"),
     "Option": ("gpudask.config", "Option"),
     "GpudaskError": ("gpudask.errors", "GpudaskError"),
     "check": ("gpudask.checks", "check"),
@@ -56,5 +55,5 @@ if _is_dask_server_process():
     from gpudask.apply.preload import on_import as _on_import
 
     _on_import()
-    # distributed looks for dask_setup / dask_teardown on the module it preloaded
-    from gpudask.apply.preload import dask_setup, dask_teardown  # noqa: E402,F401
+    # distributed looks for dask_setup on the module it preloaded
+    from gpudask.apply.preload import dask_setup  # noqa: E402,F401

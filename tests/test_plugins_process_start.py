@@ -174,19 +174,19 @@ def test_gpu_without_nvml_affinity_is_skipped(tmp_path):
 BIND = textwrap.dedent("""
     import os, sys, threading, logging, types
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from gpudask.apply.process import _bind_cpus
+    from gpudask.apply.process import bind_cpus
     ctx = types.SimpleNamespace(facts=types.SimpleNamespace(described=False))
     started, stop = threading.Event(), threading.Event()
     t = threading.Thread(target=lambda: (started.set(), stop.wait()))
     t.start(); started.wait()
     allowed = sorted(os.sched_getaffinity(0))
-    _bind_cpus([allowed[0], 100000], ctx)   # 100000: no such CPU here, dropped by the intersection
+    bind_cpus([allowed[0], 100000], ctx)   # 100000: no such CPU here, dropped by the intersection
     def cpus(tid):
         for line in open(f"/proc/self/task/{tid}/status"):
             if line.startswith("Cpus_allowed_list:"):
                 return line.split()[1]
     print("BOUND", sorted({cpus(tid) for tid in os.listdir("/proc/self/task")}), allowed[0])
-    _bind_cpus([100000], ctx)               # nothing allowed: a warning, not a failure
+    bind_cpus([100000], ctx)               # nothing allowed: a warning, not a failure
     stop.set(); t.join()
 """)
 

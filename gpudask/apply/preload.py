@@ -1,4 +1,4 @@
-"""The preload entry points: import time, ``dask_setup``/``dask_teardown``, and ``initialize``.
+"""The preload entry points: import time, ``dask_setup``, and ``initialize``.
 
 A failure in a server process stops that process with one line naming the plugin, the
 hook and the cause (:func:`fatal`).  distributed would not stop it: it logs a failing
@@ -169,10 +169,6 @@ def dask_setup(server: Any) -> Any:
     except GpudaskError as e:
         fatal(e)  # distributed would log "Failed to start preload" and start the server anyway
     return None
-
-
-def dask_teardown(server: Any) -> None:
-    """distributed calls this when the server closes."""
 
 
 def _setup_worker(s: process.Session, worker: Any) -> None:

@@ -164,7 +164,7 @@ def _apply(session: Session, cli: runtime.CliArgs | None = None) -> None:
     os.environ.update(plan.env)
     apply_config(plan)
     if plan.cpu_affinity and session.role == "worker":
-        _bind_cpus(plan.cpu_affinity, ctx)
+        bind_cpus(plan.cpu_affinity, ctx)
     if plan.interface and not ctx.facts.described and session.role in ("worker", "scheduler", "nanny"):
         # a worker of a nanny: its Worker under construction; dask scheduler / dask worker: the
         # command's own --interface (the nannies, and through them their workers)
@@ -224,10 +224,6 @@ def _start_forkserver() -> None:
 
 
 def bind_cpus(cpus: list[int], ctx: Any) -> None:
-    _bind_cpus(cpus, ctx)
-
-
-def _bind_cpus(cpus: list[int], ctx: Any) -> None:
     if ctx.facts.described:
         return  # the CPUs of a described host are not this machine's
     try:

@@ -209,13 +209,3 @@ def worker_index(owner: str | None = None) -> int:
 
     return claim_worker_slot(os.environ.get(GROUP_ENV) or f"ppid-{os.getppid()}", owner)
 
-
-def int_env(name: str) -> int | None:
-    value = os.environ.get(name)
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not valid; accepted: an integer") from None
-
