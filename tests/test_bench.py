@@ -54,6 +54,10 @@ def test_smoke_run_produces_figures(smoke):
     # stock workers never import gpudask (the bench ships its functions by value)
     assert not any(w["gpudask_loaded"] for w in tcp["transports"].values())
     assert all(w["gpudask_loaded"] for w in gd["transports"].values())
+    # the spill launch needs CuPy on a GPU: on this host it is left out, and the report says so
+    assert report["settings"]["spill_limit"] == 4 * 10**9
+    assert "spill_s" not in gd["figures"] and "no spill figure: it needs CuPy arrays on a GPU" in gd["notes"]
+    assert not any("spill" in n for n in tcp["notes"])  # stock workers have no device limit to spill at
 
 
 @pytest.mark.process
@@ -152,6 +156,31 @@ def test_hand_set_ucx_config():
     cpu = configs.build_spec("ucx-stock", _host(0), _opts(2), "s.json", "d")
     assert "DASK_DISTRIBUTED_UCXX__RMM__POOL_SIZE" not in cpu.workers[0][1]
     assert configs.build_spec("dask-cuda", _host(0), _opts(2), "s.json", "d") == "no GPU visible"
+
+
+def test_the_spill_launch_gives_both_sides_the_same_device_limit():
+    opts = _opts(2)
+    opts.spill_limit = 2 * 10**9
+    gd = configs.build_spec("gpudask", _host(2), opts, "s.json", "d", spill=True)
+    assert [env for _, env in gd.workers] == [{"DASK_GPUDASK__SPILL__DEVICE_MEMORY_LIMIT": "2000000000"}]
+    cuda = configs.build_spec("dask-cuda", _host(2), opts, "s.json", "d", spill=True)
+    argv = cuda.workers[0][0]
+    assert argv[argv.index("--device-memory-limit") + 1] == "2000000000"
+    # the other launches keep each side's own default limit
+    assert "--device-memory-limit" not in configs.build_spec("dask-cuda", _host(2), opts, "s.json", "d").workers[0][0]
+    assert configs.build_spec("gpudask", _host(2), opts, "s.json", "d").workers[0][1] == {}
+    with pytest.raises(ValueError, match="tcp has no device memory limit"):
+        configs.build_spec("tcp", _host(2), opts, "s.json", "d", spill=True)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("value", ["lots", "-1GB", ""])
+def test_a_bad_spill_limit_is_one_line(value):
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "bench", "--spill-limit", value],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"Error: Invalid value for --spill-limit: {value!r}: accepted: a number of bytes or a size such as 4GB" \
+        in out.stderr
 
 
 def test_ratios_and_stats():

@@ -73,3 +73,24 @@ def test_the_same_workload_without_spilling_runs_out_of_memory(cluster):
     text = f"{type(e.value).__name__}: {e.value}"
     print("without spilling:", text[:300])
     assert isinstance(e.value, MemoryError) or "out_of_memory" in text or "OutOfMemory" in text, text
+
+
+@pytest.mark.gpu
+@pytest.mark.process
+@pytest.mark.timeout(420)
+def test_gpudask_bench_measures_the_spill_figure_on_both_sides(tmp_path):
+    """`gpudask bench` has `spill_s` for gpudask and (when installed) dask-cuda, from a launch
+    of its own with the same device limit, and a checked total (a wrong one is no figure)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "bench", "--configs", "gpudask,dask-cuda", "--quick",
+                          "--repeat", "1", "--spill-limit", "2GB", "--json"], capture_output=True, text=True,
+                         timeout=400, cwd=tmp_path, env=base_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    measured = [c for c in json.loads(out.stdout)["configs"] if c["status"] != "skipped"]
+    assert measured and measured[0]["name"] == "gpudask"
+    for c in measured:
+        assert c["figures"]["spill_s"]["runs"][0] > 0, (c["name"], c["notes"])
+        assert c["spill"]["limit_bytes"] == 2 * GB and c["spill"]["working_set_bytes"] >= 2.5 * 2 * GB

@@ -53,7 +53,8 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
         "settings": {"configs": configs, "nworkers": opts.nworkers, "nthreads": opts.nthreads,
                      "repeat": opts.repeat, "quick": opts.quick, "backend": host.backend,
                      "transfer_bytes": list(opts.sizes[0]), "array_side": opts.sizes[1],
-                     "chunk_side": opts.sizes[2], "pool_size": opts.pool_size, "max_seconds": max_seconds,
+                     "chunk_side": opts.sizes[2], "pool_size": opts.pool_size,
+                     "spill_limit": opts.spill_limit, "max_seconds": max_seconds,
                      "profile": opts.profile, "ucx_proto_info": opts.proto_info},
         "configs": [], "notes": []}
     if not host.tokens:
@@ -133,6 +134,9 @@ def _on_signal(signum: int, frame: Any) -> None:
               help="Set UCX_PROTO_INFO=y in ucx configurations and report the transports UCX selected.")
 @click.option("--pool-size", default="1GB", show_default=True,
               help="RMM pool of the hand-set configurations (ucx-stock, dask-cuda); gpudask decides its own.")
+@click.option("--spill-limit", default="4GB", show_default=True,
+              help="Device memory limit of the spill launch (gpudask and dask-cuda, on a GPU): each worker "
+                   "fills 2.5x this with CuPy chunks; 0 = no spill launch.  Bytes, or a size such as 4GB.")
 @click.option("--backend", type=click.Choice(["auto", "cupy", "numpy"]), default="auto", show_default=True,
               help="Array library on the workers (auto: cupy with a GPU, numpy without).")
 @click.option("--launch-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
@@ -146,8 +150,8 @@ def _on_signal(signum: int, frame: Any) -> None:
 @click.option("--show", "show", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Print the table of a previous --json result and exit (runs nothing).")
 def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int, quick: bool, as_json: bool,
-                  max_seconds: float | None, profile: bool, proto_info: bool, pool_size: str, backend: str,
-                  launch_timeout: float, death_timeout: int, log_dir: str | None, table_file: str | None,
+                  max_seconds: float | None, profile: bool, proto_info: bool, pool_size: str,
+                  spill_limit: str, backend: str, launch_timeout: float, death_timeout: int, log_dir: str | None, table_file: str | None,
                   show: str | None) -> None:
     """Benchmark tcp, ucx-stock, gpudask and dask-cuda side by side on real processes.
 
@@ -177,7 +181,8 @@ def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int
     sizes = FULL_SIZES if host.backend == "cupy" and not quick else SMALL_SIZES
     opts = Options(nworkers=nworkers or max(2, len(host.tokens)), nthreads=nthreads, repeat=repeat, quick=quick,
                    pool_size=pool_size, death_timeout=death_timeout, launch_timeout=launch_timeout,
-                   profile=profile, proto_info=proto_info, sizes=sizes, user_env=user_env)
+                   profile=profile, proto_info=proto_info, sizes=sizes, user_env=user_env,
+                   spill_limit=_parse_size(spill_limit, "--spill-limit"))
 
     def echo(msg: str) -> None:
         click.echo(msg, err=True)
@@ -195,6 +200,19 @@ def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int
         with open(table_file, "w") as f:
             f.write(text + "\n")
     click.echo(json.dumps(report, indent=1, default=str) if as_json else text)
+
+
+def _parse_size(value: str, option: str) -> int:
+    from dask.utils import parse_bytes
+
+    try:
+        size = parse_bytes(value) if value.strip() else -1  # parse_bytes("") is 1
+    except (ValueError, TypeError):
+        size = -1
+    if size < 0:
+        raise click.BadParameter(f"{value!r}: accepted: a number of bytes or a size such as 4GB (0: none)",
+                                 param_hint=option)
+    return int(size)
 
 
 def bench_main(args: list[str]) -> None:

@@ -47,6 +47,8 @@ class Options:
     profile: bool
     proto_info: bool
     sizes: tuple[tuple[int, ...], int, int]
+    # device memory limit of the spill launch (bytes; 0 = no spill figure)
+    spill_limit: int = 0
     # the environment the bench was started with, before it changed its own: the clusters get this
     user_env: dict[str, str] | None = None
 
@@ -75,9 +77,20 @@ def _hand_placement(host: Host, n: int, argv: Callable[[int], list[str]]) -> lis
     return [(argv(1), {"CUDA_VISIBLE_DEVICES": _rotate(host.tokens, i % g)}) for i in range(n)]
 
 
-def build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir: str) -> Spec | str:
-    """The commands and environment of one configuration, or why it is skipped."""
+# configurations that spill GPU objects above a device memory limit, and how each is told
+# the limit of the spill launch: gpudask through its config, dask-cuda through its CLI
+SPILLING = ("gpudask", "dask-cuda")
+
+
+def build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir: str,
+               spill: bool = False) -> Spec | str:
+    """The commands and environment of one configuration, or why it is skipped.
+
+    ``spill``: the spill launch, workers started with ``opts.spill_limit`` as their device
+    memory limit (``SPILLING`` configurations only)."""
     n = opts.nworkers
+    if spill and name not in SPILLING:
+        raise ValueError(f"{name} has no device memory limit")
     common = ["--scheduler-file", sched_file, "--nthreads", str(opts.nthreads), "--no-dashboard",
               "--death-timeout", str(opts.death_timeout), "--local-directory", local_dir]
 
@@ -109,8 +122,9 @@ def build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir:
     if name == "gpudask":
         protocol = "ucx" if host.has_ucxx else "tcp"
         notes = [] if host.has_ucxx else ["distributed-ucxx is not installed: protocol tcp"]
+        limit = {"DASK_GPUDASK__SPILL__DEVICE_MEMORY_LIMIT": str(opts.spill_limit)} if spill else {}
         return Spec(name, protocol, scheduler(protocol, "--preload", "gpudask"), {},
-                    [(stock(n, "--preload", "gpudask"), {})], notes)
+                    [(stock(n, "--preload", "gpudask"), limit)], notes)
     if name == "dask-cuda":
         if not host.has_dask_cuda:
             return "dask-cuda is not installed"
@@ -119,8 +133,10 @@ def build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir:
         if not host.has_ucxx:
             return "distributed-ucxx is not installed"
 
+        limit = ("--device-memory-limit", str(opts.spill_limit)) if spill else ()
+
         def cuda(*extra: str) -> list[str]:
-            return dask_command("cuda", "worker", *common, "--rmm-pool-size", opts.pool_size, *extra)
+            return dask_command("cuda", "worker", *common, "--rmm-pool-size", opts.pool_size, *limit, *extra)
 
         g = len(host.tokens)
         notes = []

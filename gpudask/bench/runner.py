@@ -10,7 +10,7 @@ import uuid
 from typing import Any, Callable
 
 from gpudask.bench.cluster import Cluster
-from gpudask.bench.configs import Host, Options, Spec, build_spec
+from gpudask.bench.configs import SPILLING, Host, Options, Spec, build_spec
 from gpudask.bench.measures import gpu_memory, profile_launch, proto_info, summarize_profiles
 from gpudask.bench.report import HIGHER, LOWER, argv_text, brief, figure, finish, size_label
 from gpudask.bench import workers as remote  # functions sent to the workers
@@ -114,6 +114,11 @@ class Runner:
                 self.echo(f"[{self.spec.name}] teardown {time.perf_counter() - t_stop:.1f} s")
             if last:
                 break
+        if self.spec.name in SPILLING and self.opts.spill_limit and self.launches:
+            if self.host.backend == "cupy":
+                self._spill()
+            else:
+                self.notes.append("no spill figure: it needs CuPy arrays on a GPU")
         finish(ready)
         for fig in self.figures.values():
             finish(fig)
@@ -125,12 +130,13 @@ class Runner:
             self.notes.append(f"processes that survived SIGKILL: {self.strays}")
         return self.result
 
-    def _launch(self, i: int) -> Cluster | None:
+    def _launch(self, i: int | str, spill: bool = False) -> Cluster | None:
+        """Launch ``i`` (a number, or ``"spill"`` for the spill launch); None when it failed (noted)."""
         workdir = os.path.join(self.workdir, f"launch-{i}")
         os.makedirs(workdir, exist_ok=True)
         # the scheduler file and local directory are per launch: rebuild the commands
         spec = build_spec(self.spec.name, self.host, self.opts, os.path.join(workdir, "scheduler.json"),
-                          os.path.join(workdir, "local"))
+                          os.path.join(workdir, "local"), spill=spill)
         assert isinstance(spec, Spec)
         cluster = Cluster(spec, self.host, self.opts, workdir)
         timeout = min(self.opts.launch_timeout, max(20.0, self.left()))
@@ -146,12 +152,57 @@ class Runner:
             self.strays += cluster.stop()
             self.keep_logs(cluster, i)
             self.result["status"] = "failed" if i == 0 else "partial"
-            self.notes.append(f"launch {i + 1} failed: {type(e).__name__}: {e}")
+            label = f"launch {i + 1}" if isinstance(i, int) else f"the {i} launch"
+            self.notes.append(f"{label} failed: {type(e).__name__}: {e}")
             self.result["log_tail"] = cluster.log_tail()
-            self.echo(f"[{self.spec.name}] launch {i + 1} failed: {e}\n{cluster.log_tail()}")
+            self.echo(f"[{self.spec.name}] {label} failed: {e}\n{cluster.log_tail()}")
             return None
 
-    def keep_logs(self, cluster: Cluster, i: int) -> None:
+    def _spill(self) -> None:
+        """The spill launch: workers whose device memory limit is ``--spill-limit``, a CuPy
+        working set of 2.5x that limit per worker filled, reduced and checked
+        (:func:`gpudask.bench.spill.spill_figure`), ``--repeat`` times after a warm-up.
+
+        A launch of its own, so the small limit changes none of the other figures."""
+        from gpudask.bench.spill import spill_figure
+
+        limit = self.opts.spill_limit
+        if self.left() < 60:
+            self.notes.append("time box: no spill launch")
+            return
+        cluster = self._launch("spill", spill=True)
+        if cluster is None:
+            return
+        fig = self.figures["spill_s"] = figure(f"spill: 2.5x a {size_label(limit)} device limit", "s", LOWER)
+        details: list[dict[str, Any]] = []
+
+        def once() -> float:
+            details.append(spill_figure(cluster.client, limit))
+            return float(details[-1]["spill_s"])
+
+        try:
+            with cluster.client.as_current():
+                self._loop(fig, once, estimate=30.0)
+        except TimeBox:
+            self.notes.append("time box: no spill run")
+        except Interrupted:
+            raise
+        except Exception as e:  # e.g. CUDA out of memory: the workers did not spill
+            self.result["status"] = "partial"
+            self.notes.append(f"spill failed: {type(e).__name__}: {e}")
+            self.echo(f"[{self.spec.name}] spill failed: {type(e).__name__}: {e}")
+        finally:
+            self.strays += cluster.stop()
+            self.keep_logs(cluster, "spill")
+        peaks = [d["peak_worker_gpu_bytes"] for d in details if d.get("peak_worker_gpu_bytes")]
+        if peaks:
+            peak = self.figures["spill_peak_worker_gpu_MiB"] = figure("spill: peak worker GPU memory", "MiB", LOWER)
+            peak["runs"] = [round(max(peaks) / 2**20)]
+            peak["note"] = f"the largest over {len(peaks)} run(s), NVML per worker process"
+        if details:
+            self.result["spill"] = details[-1]
+
+    def keep_logs(self, cluster: Cluster, i: int | str) -> None:
         if not self.log_dir:
             return
         dest = os.path.join(self.log_dir, self.spec.name, f"launch-{i}")
