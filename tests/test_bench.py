@@ -22,7 +22,7 @@ def smoke(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDASK_")}
     env["TMPDIR"] = str(tmp)
     cmd = [sys.executable, "-m", "gpudask.cli", "bench", "--configs", "tcp,gpudask", "--repeat", "1", "--quick",
-           "--json", "--log-dir", str(tmp / "logs")]
+           "--json", "--profile", "--log-dir", str(tmp / "logs")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=170, cwd=tmp)
     return tmp, proc
 
@@ -54,6 +54,12 @@ def test_smoke_run_produces_figures(smoke):
     # stock workers never import gpudask (the bench ships its functions by value)
     assert not any(w["gpudask_loaded"] for w in tcp["transports"].values())
     assert all(w["gpudask_loaded"] for w in gd["transports"].values())
+    # --profile reads each process's stages from the real logs, gpudask's startup line included
+    stages = gd["profile"]["median_s_after_launch"]
+    # (on a CPU host only the workers' plan decides anything: the other processes log their
+    # startup line at DEBUG, which `dask worker` does not show)
+    assert stages["worker.gpudask"] < stages["worker.listen"], stages
+    assert "worker.gpudask" not in tcp["profile"]["median_s_after_launch"]  # stock workers
     # the spill launch needs CuPy on a GPU: on this host it is left out, and the report says so
     assert report["settings"]["spill_limit"] == 4 * 10**9
     assert "spill_s" not in gd["figures"] and "no spill figure: it needs CuPy arrays on a GPU" in gd["notes"]
@@ -252,13 +258,13 @@ def test_profile_stages_from_logs(tmp_path):
         return f"{stamp[:-3]} - {pid} - {logger} - INFO - {msg}\n"
 
     (tmp_path / "scheduler.log").write_text(
-        line(0.5, 1, "gpudask", "gpudask 0.1.0 (scheduler, protocol ucx): plugins x(1)")
+        line(0.5, 1, "distributed.gpudask", "gpudask 0.1.0 (scheduler, protocol ucx): plugins x(1)")
         + line(0.8, 1, "distributed.scheduler", "  Scheduler at:     ucx://10.0.0.1:1"))
     (tmp_path / "workers-0.log").write_text(
-        line(1.0, 2, "gpudask", "gpudask 0.1.0 (nanny, protocol ucx): plugins x(1)")
+        line(1.0, 2, "distributed.gpudask", "gpudask 0.1.0 (nanny, protocol ucx): plugins x(1)")
         + line(1.5, 2, "distributed.nanny", "        Start Nanny at: 'ucx://10.0.0.1:2'")
         + line(1.6, 2, "distributed.nanny", "        Start Nanny at: 'ucx://10.0.0.1:3'")
-        + line(2.0, 3, "gpudask", "gpudask 0.1.0 (worker 0, protocol ucx): plugins x(1)")
+        + line(2.0, 3, "distributed.gpudask", "gpudask 0.1.0 (worker 0, protocol ucx): plugins x(1)")
         + line(2.2, 3, "distributed.worker", "      Start worker at:      ucx://10.0.0.1:4")
         + line(2.4, 3, "distributed.worker", "        Registered to:      ucx://10.0.0.1:1"))
     prof = measures.profile_launch(_FakeCluster(tmp_path, {1: "scheduler", 2: "nanny", 3: "worker"}, t_launch=t0))

@@ -13,6 +13,9 @@ from typing import Any
 from gpudask.bench.cluster import Cluster
 from gpudask.bench.configs import MiB, Host
 
+# gpudask logs under distributed's logger (gpudask.apply.preload), so `dask worker`'s
+# logging setup applies to its lines; the startup line marks the "gpudask" stage
+GPUDASK_LOGGER = "distributed.gpudask"
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - (?:(\d+) - )?([\w.]+) - (\w+) - (.*)$")
 
 
@@ -145,7 +148,7 @@ def profile_launch(cluster: Cluster) -> dict[str, Any]:
             pid, logger, msg = int(m.group(2)), m.group(3), m.group(5)
             ev = events.setdefault(pid, {})
             stage = None
-            if logger == "gpudask" and re.match(r"gpudask \S+ \(", msg):
+            if logger == GPUDASK_LOGGER and re.match(r"gpudask \S+ \(", msg):
                 stage = "gpudask"
             elif "Scheduler at:" in msg or "Start Nanny at:" in msg or "Start worker at:" in msg:
                 stage = "listen"
