@@ -35,8 +35,9 @@ from typing import Any, Callable
 
 import click
 
-from gpudask.bench import processes
-from gpudask.bench.configs import CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, build_spec, detect_host, versions
+from gpudask.bench import processes, raw_ucxx
+from gpudask.bench.configs import (CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, Spec, build_spec, detect_host,
+                                   versions)
 from gpudask.bench.report import add_ratios, render_table
 from gpudask.bench.runner import Interrupted, Runner, finish
 
@@ -69,8 +70,12 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
         for name in configs:  # skipped configurations take no share of the time box
             workdir = os.path.join(root, name)
             os.makedirs(workdir, exist_ok=True)
-            todo.append((name, workdir, build_spec(name, host, opts, os.path.join(workdir, "scheduler.json"),
-                                                   workdir)))
+            spec: Spec | str | None  # a cluster's commands, why it is skipped, or None: the raw column
+            if name == raw_ucxx.NAME:  # two plain processes, no cluster: its own runner
+                spec = raw_ucxx.skip_reason(host)
+            else:
+                spec = build_spec(name, host, opts, os.path.join(workdir, "scheduler.json"), workdir)
+            todo.append((name, workdir, spec))
         runnable = sum(1 for _, _, spec in todo if not isinstance(spec, str))
         while todo:
             name, workdir, spec = todo.pop(0)
@@ -87,7 +92,13 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
                 continue
             share = left / runnable
             runnable -= 1
-            runner = Runner(spec, host, opts, workdir, time.perf_counter() + share, echo, log_dir)
+            runner: Runner | raw_ucxx.RawRunner
+            if spec is None:
+                # placed like the gpudask workers; compared with them when they ran before it
+                gpudask = next((r for r in results if r["name"] == "gpudask" and r.get("status") != "skipped"), None)
+                runner = raw_ucxx.RawRunner(host, opts, workdir, time.perf_counter() + share, echo, log_dir, gpudask)
+            else:
+                runner = Runner(spec, host, opts, workdir, time.perf_counter() + share, echo, log_dir)
             try:
                 results.append(runner.run())
             except Interrupted:
