@@ -38,7 +38,7 @@ import click
 from gpudask.bench import processes, raw_ucxx
 from gpudask.bench.configs import (CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, Spec, build_spec, detect_host,
                                    versions)
-from gpudask.bench.report import add_ratios, render_table
+from gpudask.bench.report import add_ratios, add_raw_shares, render_table
 from gpudask.bench.runner import Interrupted, Runner, finish
 
 
@@ -116,6 +116,7 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
         processes.stop_all()
         shutil.rmtree(root, ignore_errors=True)
     add_ratios(results)
+    add_raw_shares(results, raw_ucxx.NAME)
     report["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     return report
 

@@ -93,7 +93,7 @@ def placement(host: Host, opts: Options) -> tuple[list[dict[str, Any]], list[str
     # client's) config as it was for the configurations that run after this one
     saved = copy.deepcopy(dask.config.config)
     try:
-        plan = plan_host("ucx", max(2, opts.nworkers), user_env=user)
+        plan = plan_host("ucx", max(2, opts.nworkers), facts_path=user.get("GPUDASK_FACTS"), user_env=user)
     finally:
         dask.config.config.clear()
         dask.config.config.update(saved)
