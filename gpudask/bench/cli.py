@@ -1,4 +1,5 @@
-"""``gpudask bench``: tcp, hand-set UCX, gpudask and dask-cuda side by side, on real processes.
+"""``gpudask bench``: tcp, hand-set UCX, gpudask and dask-cuda side by side, on real processes,
+and raw ucxx between two plain processes (no cluster) as the ceiling of the transfers.
 
 For each configuration the bench starts a real ``dask scheduler`` and real workers as
 separate process groups (``--port 0``, scheduler files), measures, and kills the groups.
@@ -12,6 +13,8 @@ Figures, each the best and the median of ``--repeat`` runs after a warm-up:
 * ``transpose_sum_s``: ``(x + x.T).sum()`` on a persisted square array;
 * ``gpu_mem_outside_workers_MiB``: GPU memory that NVML attributes to the cluster's
   processes other than the workers (scheduler, nanny hosts, helpers);
+* ``raw-ucxx`` has only the transfer figures (:mod:`gpudask.bench.raw_ucxx`); the others'
+  bandwidth figures get ``share_of_raw_median``, their median over raw-ucxx's;
 * per worker, the UCX transports in effect (``ucxx`` config and active transports, and
   with ``--ucx-proto-info`` the transports UCX reported selecting for endpoints).
 
@@ -165,7 +168,9 @@ def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int
 
     Each configuration gets a real `dask scheduler` and N workers as separate processes,
     measured and then killed: ready time, worker-to-worker transfers, (x + x.T).sum(),
-    GPU memory outside the workers, the UCX transports in use.  Progress goes to stderr.
+    GPU memory outside the workers, the UCX transports in use.  raw-ucxx: the same
+    transfers with ucxx alone between two processes placed like gpudask's workers, the
+    transfers' ceiling.  Progress goes to stderr.
     """
     if show:
         with open(show) as f:
