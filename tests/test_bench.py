@@ -326,9 +326,12 @@ def test_proto_info_reads_ucx_tables(tmp_path):
         "[1795963961.871894] [h:200:0]   |  0..inf | rendezvous zero-copy read from remote | cuda_ipc/cuda |\n"
         "[1795963961.871894] [h:201:0]   |  0..8K  | eager short | tcp/eth0 |\n"
         "[1795963961.871894] [h:202:0]   |  0..inf | copy | cuda_copy/cuda |\n"
+        # as UCX 1.21 writes it: the pid padded to 5 characters
+        "[1796044913.049317] [vm:5827 :0]   |       0 | eager short   | tcp/eth0 |\n"
         "2026-11-29 14:45:43,556 - distributed.worker - INFO - tcp/eth0 is not a table line\n")
-    cluster = _FakeCluster(tmp_path, {}, {"ucx://a:1": 200, "ucx://b:2": 201})
-    assert measures.proto_info(cluster) == {"workers": {"ucx://a:1": ["cuda_ipc/cuda"], "ucx://b:2": ["tcp/eth0"]}}
+    cluster = _FakeCluster(tmp_path, {}, {"ucx://a:1": 200, "ucx://b:2": 201, "ucx://c:3": 5827})
+    assert measures.proto_info(cluster.logs(), cluster.worker_pids) == {
+        "workers": {"ucx://a:1": ["cuda_ipc/cuda"], "ucx://b:2": ["tcp/eth0"], "ucx://c:3": ["tcp/eth0"]}}
 
 
 def test_profile_stages_from_logs(tmp_path):
