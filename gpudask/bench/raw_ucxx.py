@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from gpudask.bench import processes
 from gpudask.bench.configs import Host, Options, base_env, has_module
+from gpudask.bench.measures import proto_info
 from gpudask.bench.report import HIGHER, LOWER, brief, figure, finish, size_label
 from gpudask.bench.runner import Interrupted
 
@@ -188,15 +189,19 @@ class RawRunner:
         self.popens.append(processes.spawn(argv_a, a["env"], os.path.join(self.workdir, "peer-a.log"), self.workdir))
         info_a = self._wait_for_file(ready, min(60.0, max(10.0, self.left())), "peer A")
         warmup = 0 if self.opts.quick else 1
-        budget = max(1.0, self.left() - 5.0)  # the peer keeps a margin to report and exit
+        # the peer keeps a margin to report and exit; 10 minutes at most without a time box
+        budget = min(600.0, max(1.0, self.left() - 5.0))
         argv_b = self._argv("fetch", b["cpus"], "--host", a["host"], "--port", str(info_a["port"]),
                             "--repeat", str(self.opts.repeat), "--warmup", str(warmup),
                             "--max-seconds", f"{budget:.1f}", "--out", out)
         self.result["commands"] = {"peers": [" ".join(argv_a[3:]), " ".join(argv_b[3:])]}
         self.popens.append(processes.spawn(argv_b, b["env"], os.path.join(self.workdir, "peer-b.log"), self.workdir))
         info_b = self._wait_for_file(out, budget + 60.0, "peer B")
-        self.result["transports"] = {"peer-a (sends)": info_a,
-                                     "peer-b (receives)": {k: v for k, v in info_b.items() if k != "sizes"}}
+        peers = {"peer-a (sends)": info_a, "peer-b (receives)": {k: v for k, v in info_b.items() if k != "sizes"}}
+        self.result["transports"] = peers
+        if self.opts.proto_info:  # base_env set UCX_PROTO_INFO=y: what UCX chose in each peer
+            logs = [os.path.join(self.workdir, f"peer-{x}.log") for x in "ab"]
+            self.result["proto_info"] = proto_info(logs, {k: int(v["pid"]) for k, v in peers.items()})
         self._figures(info_b)
         for p in self.popens:  # A exits once B said stop, B once it wrote its file
             try:

@@ -43,7 +43,19 @@ def _xp(backend: str) -> Any:
     return numpy
 
 
-def _init_ucxx() -> Any:
+def _init_ucxx(backend: str) -> Any:
+    if backend == "cupy":
+        # the CUDA context exists before UCX starts, on the first visible GPU, as
+        # distributed-ucxx's init_once and ucxx's own send_recv benchmark make it
+        try:
+            from ucxx._cuda_context import ensure_cuda_context
+        except ImportError:  # an older ucxx: the classic idiom, through CuPy
+            import cupy
+
+            cupy.cuda.Device(0).use()
+            cupy.cuda.runtime.free(0)
+        else:
+            ensure_cuda_context(0)
     import ucxx
 
     # distributed-ucxx initialises ucxx in blocking progress mode unless UCXPY_PROGRESS_MODE
@@ -93,7 +105,7 @@ def _sync(xp: Any) -> None:
 async def serve(args: argparse.Namespace) -> None:
     import numpy
 
-    ucxx = _init_ucxx()
+    ucxx = _init_ucxx(args.backend)
     xp = _xp(args.backend)
     # random bytes, so a transport cannot take a shortcut on constant data; the same
     # generator the bench's dask workers use for their arrays
@@ -128,7 +140,7 @@ async def serve(args: argparse.Namespace) -> None:
 async def fetch(args: argparse.Namespace) -> None:
     import numpy
 
-    ucxx = _init_ucxx()
+    ucxx = _init_ucxx(args.backend)
     xp = _xp(args.backend)
     deadline = time.monotonic() + args.max_seconds
     ep = await ucxx.create_endpoint(args.host, args.port)
