@@ -28,7 +28,7 @@ echo "install took $(( $(date +%s) - t0 )) s; bench time box ${budget} s"
 # SIGTERM 30 s after the bench's own time box (the bench then reports what it measured
 # and kills its clusters), SIGKILL 15 s later
 timeout -k 15 $(( budget + 30 )) python3 -m gpudask.cli bench \
-    --configs tcp,ucx-stock,gpudask,dask-cuda --nworkers 2 --json \
+    --configs tcp,ucx-stock,gpudask,dask-cuda,raw-ucxx --nworkers 2 --json \
     --max-seconds "$budget" --profile --ucx-proto-info \
     --log-dir "$OUT/logs" --table-file "$OUT/bench.txt" \
     > "$OUT/bench.json" 2> "$OUT/bench.err"

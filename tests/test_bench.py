@@ -1,5 +1,5 @@
 """`gpudask bench`: a CPU smoke run on real processes (no speed asserted), and the pieces
-that decide what each configuration runs."""
+that decide what each configuration runs.  The raw-ucxx column runs real ucxx over TCP here."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from gpudask.bench.report import size_label
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """One quick run of tcp and gpudask, everything it creates under a private TMPDIR."""
+    """One quick run of tcp, gpudask and raw-ucxx, everything it creates under a private TMPDIR."""
     tmp = tmp_path_factory.mktemp("bench")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDASK_")}
     env["TMPDIR"] = str(tmp)
-    cmd = [sys.executable, "-m", "gpudask.cli", "bench", "--configs", "tcp,gpudask", "--repeat", "1", "--quick",
+    cmd = [sys.executable, "-m", "gpudask.cli", "bench", "--configs", "tcp,gpudask,raw-ucxx", "--repeat", "1", "--quick",
            "--json", "--profile", "--log-dir", str(tmp / "logs")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=170, cwd=tmp)
     return tmp, proc
@@ -34,10 +34,10 @@ def test_smoke_run_produces_figures(smoke):
     report = json.loads(proc.stdout)  # nothing but JSON on stdout (UCX logs go to stderr)
     assert {"date", "machine", "settings", "configs"} <= set(report)
     assert report["machine"]["cpu_count"] >= 1
-    assert [c["name"] for c in report["configs"]] == ["tcp", "gpudask"]
+    assert [c["name"] for c in report["configs"]] == ["tcp", "gpudask", "raw-ucxx"]
     sizes = report["settings"]["transfer_bytes"]
     assert len(sizes) == 3
-    for c in report["configs"]:
+    for c in report["configs"][:2]:
         assert c["status"] == "ok", c.get("notes")
         figs = c["figures"]
         expected = {"ready_s", "transpose_sum_s"} | {f"transfer_{size_label(n)}_{u}" for n in sizes
@@ -49,7 +49,7 @@ def test_smoke_run_produces_figures(smoke):
             assert fig["best"] > 0 and fig["median"] > 0
             assert fig["ratio_median"] is not None and fig["ratio_median"] > 0
         assert len(c["transports"]) == 2  # both workers answered
-    tcp, gd = report["configs"]
+    tcp, gd, _ = report["configs"]
     assert tcp["figures"]["ready_s"]["ratio_median"] == pytest.approx(1.0)
     # stock workers never import gpudask (the bench ships its functions by value)
     assert not any(w["gpudask_loaded"] for w in tcp["transports"].values())
@@ -64,6 +64,56 @@ def test_smoke_run_produces_figures(smoke):
     assert report["settings"]["spill_limit"] == 4 * 10**9
     assert "spill_s" not in gd["figures"] and "no spill figure: it needs CuPy arrays on a GPU" in gd["notes"]
     assert not any("spill" in n for n in tcp["notes"])  # stock workers have no device limit to spill at
+
+
+@pytest.mark.process
+def test_raw_ucxx_column_measures_the_same_transfers(smoke):
+    """Two plain ucxx processes, placed like the gpudask workers of the run, time the same
+    sizes; the cluster-only figures stay empty, with a note."""
+    tmp, proc = smoke
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    raw = report["configs"][2]
+    assert raw["name"] == "raw-ucxx" and raw["status"] == "ok", raw.get("notes")
+    sizes = report["settings"]["transfer_bytes"]
+    expected = {f"transfer_{size_label(n)}_{u}" for n in sizes for u in ("s", "GBps")}
+    assert set(raw["figures"]) == expected
+    for key in expected:
+        fig = raw["figures"][key]
+        assert len(fig["runs"]) == 1 and fig["runs"][0] > 0 and fig["median"] > 0, (key, fig)
+    for n in sizes:  # the bandwidth is the bytes over that same time
+        t, bw = raw["figures"][f"transfer_{size_label(n)}_s"], raw["figures"][f"transfer_{size_label(n)}_GBps"]
+        assert bw["runs"][0] == pytest.approx(n / t["runs"][0] / 1e9)
+    assert any("not measured" in n and "ready" in n for n in raw["notes"])
+    # same UCX_TLS as the gpudask workers (UCX over TCP on this host), read from gpudask's plan
+    assert any("match the gpudask workers of this run" in n for n in raw["notes"]), raw["notes"]
+    assert [p["plan_env"]["UCX_TLS"] for p in raw["placement"]] == ["tcp", "tcp"]
+    peers = raw["transports"]
+    assert [p["ucx_tls"] for p in peers.values()] == ["tcp", "tcp"]
+    assert len({p["pid"] for p in peers.values()}) == 2  # two processes
+    assert (tmp / "logs" / "raw-ucxx" / "peer-b.log").exists()
+    # gpudask's bandwidth as a share of the raw column's, for the issue's 75 % goal
+    gd = report["configs"][1]
+    assert "share_of_raw_median" not in report["configs"][0]["figures"]["transfer_1MB_GBps"]  # tcp
+    share = gd["figures"][f"transfer_{size_label(sizes[-1])}_GBps"]["share_of_raw_median"]
+    assert share == pytest.approx(gd["figures"][f"transfer_{size_label(sizes[-1])}_GBps"]["median"]
+                                  / raw["figures"][f"transfer_{size_label(sizes[-1])}_GBps"]["median"])
+
+
+@pytest.mark.process
+def test_raw_ucxx_is_skipped_with_a_note_without_ucxx(tmp_path):
+    """ucxx made unimportable in the bench process (as if distributed-ucxx were not installed)."""
+    code = ("import sys, runpy; sys.modules['ucxx'] = None\n"
+            "sys.argv = ['gpudask', 'bench', '--configs', 'raw-ucxx', '--quick', '--json']\n"
+            "runpy.run_module('gpudask.cli', run_name='__main__')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDASK_")}
+    env["TMPDIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (raw,) = json.loads(out.stdout)["configs"]
+    assert raw["status"] == "skipped" and raw["figures"] == {}
+    assert raw["notes"] == ["ucxx (distributed-ucxx) is not installed"]
 
 
 @pytest.mark.process
@@ -89,7 +139,8 @@ def test_show_renders_the_table(smoke, tmp_path):
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "bench", "--show", str(path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    for word in ("ready", "transfer 1MB (bandwidth)", "tcp", "gpudask", "UCX transports"):
+    for word in ("ready", "transfer 1MB (bandwidth)", "tcp", "gpudask", "raw-ucxx", "UCX transports",
+                 "as a share of raw-ucxx's"):
         assert word in out.stdout
 
 
@@ -189,6 +240,76 @@ def test_a_bad_spill_limit_is_one_line(value):
         in out.stderr
 
 
+HOSTS = pathlib.Path(__file__).parent / "hosts"
+
+
+def _raw_placement(facts: str, ngpus: int, nworkers: int) -> list[dict]:
+    """raw-ucxx's peers on a described host: gpudask's real plan, no process started."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUDASK_", "UCX_", "CUDA_VISIBLE"))}
+    opts = _opts(nworkers)
+    opts.user_env = {**env, "GPUDASK_FACTS": str(HOSTS / facts)}
+    from gpudask.bench import raw_ucxx
+
+    peers, _ = raw_ucxx.placement(_host(ngpus), opts)
+    return peers
+
+
+def test_raw_ucxx_peers_share_the_gpu_like_the_workers():
+    a, b = _raw_placement("h200-single.json", 1, 2)
+    for peer in (a, b):
+        assert peer["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+        assert set(peer["env"]["UCX_TLS"].split(",")) == {"tcp", "cuda_copy", "cuda_ipc"}
+        assert peer["plan_env"]["UCX_TLS"] == peer["env"]["UCX_TLS"]
+        # what distributed-ucxx itself would pass to ucxx.init in a gpudask worker
+        assert peer["env"]["UCX_SOCKADDR_TLS_PRIORITY"] == "tcp"
+        assert peer["cpus"] is None  # a described host: nothing bound
+
+
+def test_raw_ucxx_peers_get_one_gpu_each_like_the_workers():
+    a, b = _raw_placement("hgx-4gpu-2ib.json", 4, 4)
+    assert a["env"]["CUDA_VISIBLE_DEVICES"].split(",")[0] == "0"
+    assert b["env"]["CUDA_VISIBLE_DEVICES"].split(",")[0] == "1"
+    assert "cuda_ipc" in a["env"]["UCX_TLS"].split(",") and a["env"]["UCX_TLS"] == b["env"]["UCX_TLS"]
+    assert not any(k.startswith("GPUDASK_") for k in a["plan_env"])  # bookkeeping, not placement
+
+
+def test_raw_ucxx_placement_is_compared_with_the_live_gpudask_workers():
+    from gpudask.bench.raw_ucxx import compare_with_gpudask
+
+    peers = [{"env": {"UCX_TLS": "tcp,cuda_copy,cuda_ipc", "CUDA_VISIBLE_DEVICES": "0"}}] * 2
+    live = {"transports": {"ucx://a:1": {"env": {"UCX_TLS": "tcp,cuda_copy,cuda_ipc", "CUDA_VISIBLE_DEVICES": "0"}},
+                           "ucx://a:2": {"env": {"UCX_TLS": "tcp,cuda_copy,cuda_ipc", "CUDA_VISIBLE_DEVICES": "0"}}}}
+    assert "match" in compare_with_gpudask(peers, live)
+    live["transports"]["ucx://a:2"]["env"]["UCX_TLS"] = "tcp"
+    assert "UCX_TLS: gpudask workers tcp, tcp,cuda_copy,cuda_ipc, raw peers tcp,cuda_copy,cuda_ipc" \
+        in compare_with_gpudask(peers, live)
+    assert compare_with_gpudask(peers, None) is None  # gpudask did not run before the raw column
+
+
+def test_bandwidth_as_a_share_of_the_raw_column():
+    gd = {"name": "gpudask", "protocol": "ucx", "figures": {"transfer_1GB_GBps": report.figure("transfer 1GB (bandwidth)", "GB/s",
+                                                                            report.HIGHER),
+                                         "ready_s": report.figure("ready", "s", report.LOWER)}}
+    raw = {"name": "raw-ucxx", "figures": {"transfer_1GB_GBps": report.figure("transfer 1GB (bandwidth)", "GB/s",
+                                                                              report.HIGHER)}}
+    gd["figures"]["transfer_1GB_GBps"]["runs"] = [300.0, 320.0, 310.0]
+    gd["figures"]["ready_s"]["runs"] = [8.0]
+    raw["figures"]["transfer_1GB_GBps"]["runs"] = [400.0, 420.0]
+    for r in (gd, raw):
+        for f in r["figures"].values():
+            report.finish(f)
+    tcp = {"name": "tcp", "protocol": "tcp", "figures": {"transfer_1GB_GBps": dict(gd["figures"]["transfer_1GB_GBps"])}}
+    report.add_raw_shares([tcp, gd, raw])
+    assert "share_of_raw_median" not in tcp["figures"]["transfer_1GB_GBps"]  # another library: no ceiling
+    assert gd["figures"]["transfer_1GB_GBps"]["share_of_raw_median"] == pytest.approx(310.0 / 410.0)
+    assert "share_of_raw_median" not in gd["figures"]["ready_s"]
+    text = report.render_table({"configs": [gd, raw], "date": "d", "notes": [],
+                                "machine": {"hostname": "h", "cpu_count": 1, "gpus": []},
+                                "settings": {"nworkers": 2, "nthreads": 1, "backend": "cupy", "repeat": 3,
+                                             "quick": False}})
+    assert "gpudask: bandwidth median as a share of raw-ucxx's: 1GB 76%" in text
+
+
 def test_ratios_and_stats():
     a = {"name": "a", "figures": {"ready_s": report.figure("ready", "s", report.LOWER)}}
     b = {"name": "b", "figures": {"ready_s": report.figure("ready", "s", report.LOWER),
@@ -243,9 +364,12 @@ def test_proto_info_reads_ucx_tables(tmp_path):
         "[1795963961.871894] [h:200:0]   |  0..inf | rendezvous zero-copy read from remote | cuda_ipc/cuda |\n"
         "[1795963961.871894] [h:201:0]   |  0..8K  | eager short | tcp/eth0 |\n"
         "[1795963961.871894] [h:202:0]   |  0..inf | copy | cuda_copy/cuda |\n"
+        # as UCX 1.21 writes it: the pid padded to 5 characters
+        "[1796044913.049317] [vm:5827 :0]   |       0 | eager short   | tcp/eth0 |\n"
         "2026-11-29 14:45:43,556 - distributed.worker - INFO - tcp/eth0 is not a table line\n")
-    cluster = _FakeCluster(tmp_path, {}, {"ucx://a:1": 200, "ucx://b:2": 201})
-    assert measures.proto_info(cluster) == {"workers": {"ucx://a:1": ["cuda_ipc/cuda"], "ucx://b:2": ["tcp/eth0"]}}
+    cluster = _FakeCluster(tmp_path, {}, {"ucx://a:1": 200, "ucx://b:2": 201, "ucx://c:3": 5827})
+    assert measures.proto_info(cluster.logs(), cluster.worker_pids) == {
+        "workers": {"ucx://a:1": ["cuda_ipc/cuda"], "ucx://b:2": ["tcp/eth0"], "ucx://c:3": ["tcp/eth0"]}}
 
 
 def test_profile_stages_from_logs(tmp_path):

@@ -112,6 +112,16 @@ def test_table_wraps_long_cells_in_the_widest_column_without_losing_text():
     assert table(["a"], [["x" * 200]], width=None) == "a\n" + "-" * 200 + "\n" + "x" * 200
 
 
+def test_table_with_a_column_narrower_than_the_minimum_still_wraps():
+    """A 4-character column next to a long one, in too narrow a terminal (gpudask bench's
+    "unit" column): the long cell wraps, nothing is lost, no KeyError."""
+    from gpudask.cli.report import table
+
+    text = table(["figure", "unit", "a"], [["transfer 1MB (end to end)", "s", "0.1 / 0.2 " * 8]], width=60)
+    assert max(len(line) for line in text.splitlines()) <= 60
+    assert text.count("0.1 / 0.2") == 8
+
+
 def test_table_without_a_terminal_keeps_whole_lines(monkeypatch):
     from gpudask.cli import report
 

@@ -3,6 +3,8 @@
 * :mod:`~gpudask.bench.cli` -- the command, the time box, the run over configurations;
 * :mod:`~gpudask.bench.configs` -- what each configuration (tcp, ucx-stock, gpudask,
   dask-cuda) starts, on which host;
+* :mod:`~gpudask.bench.raw_ucxx` -- the raw-ucxx column: two plain ucxx processes placed like
+  gpudask's workers (:mod:`~gpudask.bench.ucxx_peer`), the transfers' ceiling;
 * :mod:`~gpudask.bench.processes` -- real ``dask scheduler`` / ``dask worker`` processes:
   start, wait, stop (also the tests' ``cluster`` fixture);
 * :mod:`~gpudask.bench.cluster` -- one launch of a configuration;

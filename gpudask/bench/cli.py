@@ -1,4 +1,5 @@
-"""``gpudask bench``: tcp, hand-set UCX, gpudask and dask-cuda side by side, on real processes.
+"""``gpudask bench``: tcp, hand-set UCX, gpudask and dask-cuda side by side, on real processes,
+and raw ucxx between two plain processes (no cluster) as the ceiling of the transfers.
 
 For each configuration the bench starts a real ``dask scheduler`` and real workers as
 separate process groups (``--port 0``, scheduler files), measures, and kills the groups.
@@ -12,6 +13,8 @@ Figures, each the best and the median of ``--repeat`` runs after a warm-up:
 * ``transpose_sum_s``: ``(x + x.T).sum()`` on a persisted square array;
 * ``gpu_mem_outside_workers_MiB``: GPU memory that NVML attributes to the cluster's
   processes other than the workers (scheduler, nanny hosts, helpers);
+* ``raw-ucxx`` has only the transfer figures (:mod:`gpudask.bench.raw_ucxx`); the others'
+  bandwidth figures get ``share_of_raw_median``, their median over raw-ucxx's;
 * per worker, the UCX transports in effect (``ucxx`` config and active transports, and
   with ``--ucx-proto-info`` the transports UCX reported selecting for endpoints).
 
@@ -35,9 +38,10 @@ from typing import Any, Callable
 
 import click
 
-from gpudask.bench import processes
-from gpudask.bench.configs import CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, build_spec, detect_host, versions
-from gpudask.bench.report import add_ratios, render_table
+from gpudask.bench import processes, raw_ucxx
+from gpudask.bench.configs import (CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, Spec, build_spec, detect_host,
+                                   versions)
+from gpudask.bench.report import add_ratios, add_raw_shares, render_table
 from gpudask.bench.runner import Interrupted, Runner, finish
 
 
@@ -70,8 +74,12 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
         for name in configs:  # skipped configurations take no share of the time box
             workdir = os.path.join(root, name)
             os.makedirs(workdir, exist_ok=True)
-            todo.append((name, workdir, build_spec(name, host, opts, os.path.join(workdir, "scheduler.json"),
-                                                   workdir)))
+            spec: Spec | str | None  # a cluster's commands, why it is skipped, or None: the raw column
+            if name == raw_ucxx.NAME:  # two plain processes, no cluster: its own runner
+                spec = raw_ucxx.skip_reason(host)
+            else:
+                spec = build_spec(name, host, opts, os.path.join(workdir, "scheduler.json"), workdir)
+            todo.append((name, workdir, spec))
         runnable = sum(1 for _, _, spec in todo if not isinstance(spec, str))
         while todo:
             name, workdir, spec = todo.pop(0)
@@ -88,7 +96,13 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
                 continue
             share = left / runnable
             runnable -= 1
-            runner = Runner(spec, host, opts, workdir, time.perf_counter() + share, echo, log_dir)
+            runner: Runner | raw_ucxx.RawRunner
+            if spec is None:
+                # placed like the gpudask workers; compared with them when they ran before it
+                gpudask = next((r for r in results if r["name"] == "gpudask" and r.get("status") != "skipped"), None)
+                runner = raw_ucxx.RawRunner(host, opts, workdir, time.perf_counter() + share, echo, log_dir, gpudask)
+            else:
+                runner = Runner(spec, host, opts, workdir, time.perf_counter() + share, echo, log_dir)
             try:
                 results.append(runner.run())
             except Interrupted:
@@ -106,6 +120,7 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
         processes.stop_all()
         shutil.rmtree(root, ignore_errors=True)
     add_ratios(results)
+    add_raw_shares(results, raw_ucxx.NAME)
     report["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     return report
 
@@ -157,7 +172,9 @@ def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int
 
     Each configuration gets a real `dask scheduler` and N workers as separate processes,
     measured and then killed: ready time, worker-to-worker transfers, (x + x.T).sum(),
-    GPU memory outside the workers, the UCX transports in use.  Progress goes to stderr.
+    GPU memory outside the workers, the UCX transports in use.  raw-ucxx: the same
+    transfers with ucxx alone between two processes placed like gpudask's workers, the
+    transfers' ceiling.  Progress goes to stderr.
     """
     if show:
         with open(show) as f:

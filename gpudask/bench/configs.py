@@ -10,7 +10,9 @@ import click
 
 from gpudask.bench.processes import dask_command
 
-CONFIGS = ("tcp", "ucx-stock", "gpudask", "dask-cuda")
+# raw-ucxx is not a cluster: two plain ucxx processes (gpudask.bench.raw_ucxx), the
+# transfers' ceiling; last, so that it can compare its placement with gpudask's workers
+CONFIGS = ("tcp", "ucx-stock", "gpudask", "dask-cuda", "raw-ucxx")
 MiB = 2**20
 
 # sizes: (transfer sizes in bytes, square array side, chunk side)

@@ -90,13 +90,15 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
 
 _TL = re.compile(r"\b(tcp|cuda_ipc|cuda_copy|gdr_copy|rc_mlx5|rc_verbs|dc_mlx5|ud_mlx5|ud_verbs|rc|dc|ud|posix|"
                  r"sysv|cma|knem|xpmem|self)/([\w:.\-]+)")
-_UCX_PREFIX = re.compile(r"\[\d+\.\d+\]\s+\[[^:\]]+:(\d+):")
+# UCX pads the pid to a fixed width: "[host:5827 :0]" as well as "[host:200123:0]"
+_UCX_PREFIX = re.compile(r"\[\d+\.\d+\]\s+\[[^:\]]+:(\d+)\s*:")
 
 
-def proto_info(cluster: Cluster) -> dict[str, Any]:
-    """Transports UCX reported choosing (UCX_PROTO_INFO=y), per worker process."""
+def proto_info(logs: list[str], pids: dict[str, int]) -> dict[str, Any]:
+    """Transports UCX reported choosing (UCX_PROTO_INFO=y) in ``logs``, per process of
+    ``pids`` (a cluster's workers by address, or the raw column's peers)."""
     by_pid: dict[int, set[str]] = {}
-    for path in cluster.logs():
+    for path in logs:
         try:
             with open(path, errors="replace") as f:
                 for line in f:  # "[time] [host:pid:thread]   | 0..inf | zero-copy | cuda_ipc/cuda |"
@@ -107,7 +109,7 @@ def proto_info(cluster: Cluster) -> dict[str, Any]:
         except OSError:
             continue
     out = {}
-    for addr, pid in cluster.worker_pids.items():
+    for addr, pid in pids.items():
         out[addr] = sorted(by_pid.get(pid, set()))
     if not any(out.values()):
         return {"note": "no UCX_PROTO_INFO lines found in the logs", "workers": out}

@@ -70,6 +70,23 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
                 fig[f"ratio_{stat}"] = (v / b) if (v is not None and b) else None
 
 
+def add_raw_shares(results: list[dict[str, Any]], raw_name: str = "raw-ucxx") -> None:
+    """``share_of_raw_median`` on each bandwidth figure of a ucx configuration: its median over
+    the raw column's median for the same size, how close it comes to what ucxx alone
+    reaches (issue 14's goal: at least 0.75 for gpudask at 1 GB over NVLink).  A tcp
+    configuration moves bytes with another library, which ucxx's figure does not bound."""
+    raw = next((r for r in results if r.get("name") == raw_name and r.get("figures")), None)
+    if raw is None:
+        return
+    for r in results:
+        if r is raw or r.get("protocol") != "ucx":
+            continue
+        for key, fig in (r.get("figures") or {}).items():
+            ref = raw["figures"].get(key)
+            if key.endswith("_GBps") and ref and ref.get("median") and fig.get("median") is not None:
+                fig["share_of_raw_median"] = fig["median"] / ref["median"]
+
+
 def _transport_summary(r: dict[str, Any]) -> str:
     info = r.get("transports") or {}
     if not info:
@@ -137,6 +154,10 @@ def render_table(report: dict[str, Any]) -> str:
         for key, fig in (r.get("figures") or {}).items():
             if fig.get("note"):
                 notes.append(f"{r['name']}: {fig['label']}: {fig['note']}")
+        shares = [f"{fig['label'].split()[1]} {fig['share_of_raw_median']:.0%}"
+                  for fig in (r.get("figures") or {}).values() if fig.get("share_of_raw_median") is not None]
+        if shares:
+            notes.append(f"{r['name']}: bandwidth median as a share of raw-ucxx's: " + ", ".join(shares))
         mem = (r.get("gpu_memory") or {}).get("after_workloads")
         if mem and mem.get("processes"):
             parts = [f"{p['role']} {p['pid']} {num(p['MiB'])} MiB" for p in mem["processes"]]

@@ -242,7 +242,7 @@ class Runner:
                 self.echo(f"[{self.spec.name}] {label} failed: {type(e).__name__}: {e}")
         mem_end = gpu_memory(cluster, self.host)
         if self.opts.proto_info:
-            self.result["proto_info"] = proto_info(cluster)
+            self.result["proto_info"] = proto_info(cluster.logs(), cluster.worker_pids)
         mems = [m for m in (mem_ready, mem_end) if m is not None]
         if mems:
             fig = self.figures["gpu_mem_outside_workers_MiB"] = figure("GPU memory outside workers", "MiB", LOWER)

@@ -53,7 +53,8 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
     if budget is None or sum(natural) <= budget:
         return natural
     # lines[i][w][r]: how many lines cell (r, i) takes in a column w wide
-    lines = [{w: [len(_wrap_cell(row[i], w)) for row in cells] for w in range(_MIN_COLUMN, n + 1)}
+    # a column narrower than _MIN_COLUMN by nature (a "unit" column) keeps its width: count it too
+    lines = [{w: [len(_wrap_cell(row[i], w)) for row in cells] for w in range(min(_MIN_COLUMN, n), n + 1)}
              for i, n in enumerate(natural)]
 
     def height(widths: list[int]) -> int:

@@ -1,0 +1,265 @@
+"""The ``raw-ucxx`` column: ucxx send/recv between two plain processes, the ceiling of the
+worker-to-worker transfer figures (issue 14: "at least 75% of the raw limit").
+
+Two processes run :mod:`gpudask.bench.ucxx_peer` (no dask, no gpudask), placed like the
+first two gpudask workers of the same run: each gets the environment gpudask's plan gives
+that worker (``UCX_TLS``, ``CUDA_VISIBLE_DEVICES``, ...), its CPUs, the UCX options
+distributed-ucxx would derive from that worker's dask config, and the address of that
+worker's interface.  Peer A serves one buffer per transfer size; peer B fetches each
+``--repeat`` times (after a warm-up, unless ``--quick``) and times every fetch.
+
+Figures: ``transfer_<size>_s`` and ``transfer_<size>_GBps`` (nbytes / that time) for the
+sizes the other columns use.  A raw column has no cluster, so no ready time, no
+(x + x.T).sum() and no GPU memory outside workers: those cells stay empty, with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Any, Callable
+
+from gpudask.bench import processes
+from gpudask.bench.configs import Host, Options, base_env, has_module
+from gpudask.bench.measures import proto_info
+from gpudask.bench.report import HIGHER, LOWER, brief, figure, finish, size_label
+from gpudask.bench.runner import Interrupted
+
+NAME = "raw-ucxx"
+# run by path through runpy: ``python .../ucxx_peer.py`` would put gpudask/bench/ first on
+# sys.path, where cli.py, report.py, workers.py... could shadow other packages' modules
+_RUN_PEER = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
+_NOT_MEASURED = ("ready, (x + x.T).sum() and GPU memory outside workers are not measured: "
+                 "no cluster, two plain ucxx processes")
+
+
+def skip_reason(host: Host) -> str | None:
+    """Why the column cannot run here, or None."""
+    if not has_module("ucxx"):
+        return "ucxx (distributed-ucxx) is not installed"
+    return None
+
+
+def _interface_ip(interface: str) -> str | None:
+    import socket
+
+    import psutil
+
+    for addr in psutil.net_if_addrs().get(interface, []):
+        if addr.family == socket.AF_INET:
+            return str(addr.address)
+    return None
+
+
+def _ucxx_options(config: dict[str, Any], env: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """The ``UCX_*`` variables distributed-ucxx would pass to ``ucxx.init`` in a worker with
+    this dask config (``SOCKADDR_TLS_PRIORITY``, ``distributed-ucxx.environment``, ...),
+    less those ``env`` already sets (the environment wins there too).  Returns them and
+    why they could not be derived (None when they could)."""
+    try:
+        import dask.config
+        from distributed_ucxx.ucxx import _prepare_ucx_config  # its own translation, not a copy of it
+    except ImportError as e:
+        return {}, f"distributed-ucxx's UCX options not derived ({e})"
+    try:
+        with dask.config.set(config):
+            options, environment = _prepare_ucx_config()
+    except Exception as e:  # a private function: report rather than fail the column
+        return {}, f"distributed-ucxx's UCX options not derived ({type(e).__name__}: {e})"
+    out = {f"UCX_{k}": str(v) for k, v in options.items()}
+    out.update({k: str(v) for k, v in environment.items() if k not in out})
+    return {k: v for k, v in out.items() if k not in env}, None
+
+
+def placement(host: Host, opts: Options) -> tuple[list[dict[str, Any]], list[str]]:
+    """Where the two peers go: gpudask's plan for workers 0 and 1 of this host (protocol
+    ucx, ``--nworkers`` workers), computed from the environment the gpudask column's
+    processes get.  Each peer: ``env`` (the base environment with the plan's variables),
+    ``plan_env`` (what the plan and distributed-ucxx add), ``cpus``, ``host`` (the address
+    to connect to, peer A's only).  Also notes."""
+    from distributed.utils import get_ip
+
+    from gpudask.plan.host import plan_host
+    from gpudask.plan.planner import INTERNAL_ENV_PREFIX
+
+    import copy
+
+    import dask.config
+
+    user = base_env(host, opts, "ucx")
+    # planning merges gpudask's defaults into dask.config: keep this process's (the bench
+    # client's) config as it was for the configurations that run after this one
+    saved = copy.deepcopy(dask.config.config)
+    try:
+        plan = plan_host("ucx", max(2, opts.nworkers), facts_path=user.get("GPUDASK_FACTS"), user_env=user)
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(saved)
+    notes: list[str] = []
+    peers = []
+    for wp in plan.workers[:2]:
+        added = {k: v for k, v in wp.env.items() if not k.startswith(INTERNAL_ENV_PREFIX)}
+        env = {**user, **added}
+        extra, why = _ucxx_options(dict(wp.config), env)
+        if why and why not in notes:
+            notes.append(why)
+        added.update(extra)
+        env.update(extra)
+        # the plan binds CPUs and picks an interface only on a real host (not a described one)
+        real = not plan.facts.described
+        cpus = wp.cpu_affinity if real else None
+        ip = _interface_ip(wp.interface) if (real and wp.interface) else None
+        peers.append({"worker": wp.index, "env": env, "plan_env": added, "cpus": cpus,
+                      "interface": wp.interface, "host": ip or get_ip()})
+    return peers, notes
+
+
+def compare_with_gpudask(peers: list[dict[str, Any]], gpudask: dict[str, Any] | None) -> str | None:
+    """A note when the gpudask workers of this run had another UCX_TLS or
+    CUDA_VISIBLE_DEVICES than the plan the peers got (None when they match or gpudask did
+    not run before this column)."""
+    live = (gpudask or {}).get("transports") or {}
+    if not live:
+        return None
+    diffs = []
+    for name in ("UCX_TLS", "CUDA_VISIBLE_DEVICES"):
+        theirs = sorted({str((w.get("env") or {}).get(name)) for w in live.values()})
+        ours = sorted({str(p["env"].get(name)) for p in peers})
+        if theirs != ours:
+            diffs.append(f"{name}: gpudask workers {', '.join(theirs)}, raw peers {', '.join(ours)}")
+    if diffs:
+        return "placement differs from the gpudask workers of this run: " + "; ".join(diffs)
+    return "UCX_TLS and CUDA_VISIBLE_DEVICES match the gpudask workers of this run"
+
+
+class RawRunner:
+    """Runs the two peers once, within the column's share of the time box."""
+
+    def __init__(self, host: Host, opts: Options, workdir: str, deadline: float, echo: Callable[[str], None],
+                 log_dir: str | None = None, gpudask: dict[str, Any] | None = None):
+        self.host, self.opts, self.workdir, self.deadline = host, opts, workdir, deadline
+        self.echo, self.log_dir, self.gpudask = echo, log_dir, gpudask
+        self.figures: dict[str, dict[str, Any]] = {}
+        self.notes: list[str] = []
+        self.result: dict[str, Any] = {"name": NAME, "protocol": "ucx", "status": "ok"}
+        self.popens: list[Any] = []
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def _argv(self, role: str, cpus: list[int] | None, *extra: str) -> list[str]:
+        from gpudask.bench import ucxx_peer
+
+        argv = [sys.executable, "-c", _RUN_PEER, str(ucxx_peer.__file__), role,
+                "--sizes", ",".join(str(n) for n in self.opts.sizes[0]), "--backend", self.host.backend, *extra]
+        return argv + (["--cpus", ",".join(map(str, cpus))] if cpus else [])
+
+    def run(self) -> dict[str, Any]:
+        try:
+            self._run()
+        except Interrupted:
+            raise
+        except Exception as e:
+            self.result["status"] = "failed" if not any(f["runs"] for f in self.figures.values()) else "partial"
+            self.notes.append(f"{type(e).__name__}: {e}")
+            self.echo(f"[{NAME}] failed: {type(e).__name__}: {e}")
+        finally:
+            self._stop()
+        for fig in self.figures.values():
+            finish(fig)
+        self.notes.append(_NOT_MEASURED)
+        self.result.update({"figures": self.figures, "notes": self.notes})
+        return self.result
+
+    def _run(self) -> None:
+        peers, notes = placement(self.host, self.opts)
+        self.notes += notes
+        match = compare_with_gpudask(peers, self.gpudask)
+        if match:
+            self.notes.append(match)
+        a, b = peers
+        self.result["placement"] = [{k: p[k] for k in ("worker", "plan_env", "cpus", "interface", "host")}
+                                    for p in peers]
+        ready = os.path.join(self.workdir, "peer-a.json")
+        out = os.path.join(self.workdir, "peer-b.json")
+        argv_a = self._argv("serve", a["cpus"], "--ready-file", ready)
+        self.popens.append(processes.spawn(argv_a, a["env"], os.path.join(self.workdir, "peer-a.log"), self.workdir))
+        info_a = self._wait_for_file(ready, min(60.0, max(10.0, self.left())), "peer A")
+        warmup = 0 if self.opts.quick else 1
+        # the peer keeps a margin to report and exit; 10 minutes at most without a time box
+        budget = min(600.0, max(1.0, self.left() - 5.0))
+        argv_b = self._argv("fetch", b["cpus"], "--host", a["host"], "--port", str(info_a["port"]),
+                            "--repeat", str(self.opts.repeat), "--warmup", str(warmup),
+                            "--max-seconds", f"{budget:.1f}", "--out", out)
+        self.result["commands"] = {"peers": [" ".join(argv_a[3:]), " ".join(argv_b[3:])]}
+        self.popens.append(processes.spawn(argv_b, b["env"], os.path.join(self.workdir, "peer-b.log"), self.workdir))
+        info_b = self._wait_for_file(out, budget + 60.0, "peer B")
+        peers = {"peer-a (sends)": info_a, "peer-b (receives)": {k: v for k, v in info_b.items() if k != "sizes"}}
+        self.result["transports"] = peers
+        if self.opts.proto_info:  # base_env set UCX_PROTO_INFO=y: what UCX chose in each peer
+            logs = [os.path.join(self.workdir, f"peer-{x}.log") for x in "ab"]
+            self.result["proto_info"] = proto_info(logs, {k: int(v["pid"]) for k, v in peers.items()})
+        self._figures(info_b)
+        for p in self.popens:  # A exits once B said stop, B once it wrote its file
+            try:
+                p.wait(timeout=10)
+            except Exception:
+                self.notes.append(f"peer {p.pid} did not exit by itself")
+
+    def _wait_for_file(self, path: str, timeout: float, who: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            for p in self.popens:
+                if p.poll() is not None and p.returncode != 0:
+                    raise RuntimeError(f"a peer exited with {p.returncode}: {self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{who} wrote nothing after {timeout:.0f} s: {self._log_tail()}")
+            time.sleep(0.05)
+        with open(path) as f:
+            data: dict[str, Any] = json.load(f)
+        return data
+
+    def _figures(self, info: dict[str, Any]) -> None:
+        for row in info["sizes"]:
+            label = size_label(row["nbytes"])
+            t_fig = self.figures[f"transfer_{label}_s"] = figure(f"transfer {label} (end to end)", "s", LOWER)
+            bw_fig = self.figures[f"transfer_{label}_GBps"] = figure(f"transfer {label} (bandwidth)", "GB/s", HIGHER)
+            t_fig["runs"], t_fig["warmup"] = list(row["runs"]), list(row["warmup"])
+            bw_fig["runs"] = [row["nbytes"] / t / 1e9 for t in row["runs"]]
+            bw_fig["warmup"] = [row["nbytes"] / t / 1e9 for t in row["warmup"]]
+            t_fig["note"] = row.get("note")
+            if row.get("verified") is False:
+                # bytes that did not arrive intact make the figure meaningless: keep it, say so
+                self.result["status"] = "partial"
+                self.notes.append(f"transfer {label}: the received bytes do not match the sender's checksum")
+            self.echo(f"[{NAME}] transfer {label}: {brief(t_fig, 's')}, {brief(bw_fig, 'GB/s')}")
+        missing = [size_label(n) for n in self.opts.sizes[0]
+                   if f"transfer_{size_label(n)}_s" not in self.figures]
+        if missing:
+            self.notes.append("time box: skipped transfer " + ", ".join(missing))
+
+    def _log_tail(self, lines: int = 8) -> str:
+        out = []
+        for name in ("peer-a.log", "peer-b.log"):
+            try:
+                with open(os.path.join(self.workdir, name), errors="replace") as f:
+                    out.append(f"{name}: " + " | ".join(f.read().splitlines()[-lines:]))
+            except OSError:
+                continue
+        return "; ".join(out)
+
+    def _stop(self) -> None:
+        if self.popens:
+            survivors = processes.stop(self.popens, grace=1.0)
+            if survivors:
+                self.notes.append(f"processes that survived SIGKILL: {survivors}")
+        if self.log_dir:
+            dest = os.path.join(self.log_dir, NAME)
+            os.makedirs(dest, exist_ok=True)
+            for name in ("peer-a.log", "peer-b.log"):
+                path = os.path.join(self.workdir, name)
+                if os.path.exists(path):
+                    shutil.copy(path, dest)
