@@ -131,6 +131,10 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# read once, before the tests' own environment clean-up hides every GPUDASK_* variable
+KEEP_LOGS = os.environ.get("GPUDASK_TEST_LOGS")
+
+
 class Cluster(ProcessCluster):
     """Real `dask scheduler` / `dask worker` processes on 127.0.0.1, logs and scheduler file
     in ``tmp_path``: the process helper `gpudask bench` uses, with the tests' environment
@@ -146,9 +150,23 @@ class Cluster(ProcessCluster):
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, request):
     c = Cluster(tmp_path)
     try:
         yield c
     finally:
         c.stop()
+        _keep_logs(c, request.node.name)
+
+
+def _keep_logs(c: Cluster, test: str) -> None:
+    """With ``GPUDASK_TEST_LOGS=DIR`` (the GPU machine's runs), every process log of the test's
+    cluster is kept in DIR/<test>/: a failure there is diagnosed from the whole log, not
+    from the tail that fits in the assertion message."""
+    if not KEEP_LOGS:
+        return
+    dest = pathlib.Path(KEEP_LOGS) / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in test)
+    dest.mkdir(parents=True, exist_ok=True)
+    for label, path in c.logs.items():
+        if path.exists():
+            (dest / f"{label}.log").write_bytes(path.read_bytes())
