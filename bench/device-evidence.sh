@@ -4,7 +4,7 @@
 # figure included) with what time is left.  Not yet run: the device budget of the session
 # that wrote it was spent (see the closing note of 2026-11-30).
 #
-# Here, once:        ../shared/device/wheels.sh nvtx      (dask-cuda's benchmark needs nvtx)
+# Here, once:        ../shared/device/wheels.sh nvtx pytest-timeout   (nvtx: dask-cuda's benchmark)
 # Then, per kind:    run(command="bash bench/device-evidence.sh", carry=[".whl"], kind=...)
 # Back in $OUT:      gpu-tests.txt  logs.tgz (every test cluster's process logs)
 #                    bench.json  bench.txt  bench.err  nvidia-smi.txt

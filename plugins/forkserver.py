@@ -1,4 +1,4 @@
-"""The forkserver start method for worker processes when InfiniBand is used.
+"""The forkserver start method for worker processes: on GPU hosts, and always with InfiniBand.
 
 A process that has opened an InfiniBand device through UCX must not ``fork()``:
 the child shares the parent's registered (pinned) memory copy-on-write, which can
@@ -6,6 +6,13 @@ corrupt data.  With ``--protocol ucx`` the nanny process opens UCX before it sta
 workers, so on an InfiniBand host the workers are started by a fork server that
 gpudask starts at import time, before UCX exists in the nanny (the core calls
 ``multiprocessing.forkserver.ensure_running()``).
+
+On any GPU host the fork server is also the faster start: a spawned worker starts an
+interpreter and imports distributed before it can listen; a forked one finds distributed
+imported (the server preloads it) -- measured in docs/process-start.md.  The server is a
+fresh interpreter that never imports CUDA libraries, so workers start as clean as spawned
+ones, and they still apply their own plan (GPU, environment) at their first ``import
+gpudask``.
 
 Opt-in diagnostics (``gpudask.forkserver.diagnose-fork``) set ``UCX_IB_FORK_INIT=n``
 so UCX warns at every ``fork()`` issued after it opened an InfiniBand device, and make
@@ -34,8 +41,9 @@ logger = logging.getLogger("distributed.gpudask")
 @hookimpl
 def gpudask_config_options():
     return [
-        Option(ENABLED, None, "Start worker processes with the forkserver method: null = when UCX uses an active "
-               "InfiniBand port, true = always, false = never.", parse_optional_bool, "true, false or null (auto)"),
+        Option(ENABLED, None, "Start worker processes with the forkserver method: null = on a host with a GPU or when "
+               "UCX uses an active InfiniBand port, true = always, false = never.", parse_optional_bool,
+               "true, false or null (auto)"),
         Option(DIAGNOSE, False, "Diagnose fork() after UCX opened InfiniBand: UCX_IB_FORK_INIT=n makes UCX warn at "
                "such a fork and gpudask names the process and the Python code that forked.", parse_bool,
                "true or false"),
@@ -53,16 +61,23 @@ def _decide(ctx) -> tuple[bool, str]:
             return False, (f"{ENABLED}=false (from {setting.source}) although UCX uses InfiniBand "
                            f"({', '.join(ib)}): processes forked after UCX opened it are not fork-safe")
         return False, f"{ENABLED}=false (from {setting.source})"
-    if not (ib and ctx.uses_ucx):
-        why = "no active InfiniBand port" if not ib else f"protocol {ctx.protocol} does not use UCX"
+    infiniband = bool(ib and ctx.uses_ucx)
+    if not infiniband and not ctx.gpus:
+        why = "no GPU visible and " + ("no active InfiniBand port" if not ib else
+                                       f"protocol {ctx.protocol} does not use UCX")
         return False, f"{why}: worker processes start as distributed's config says"
     user_method = ctx.user_dask_config(METHOD_KEY)
     if user_method and user_method != "forkserver":
-        ctx.warn(f"{METHOD_KEY}={user_method!r} set by the user while UCX uses InfiniBand ({', '.join(ib)}): "
-                 f"a fork after UCX opened InfiniBand can corrupt registered memory; gpudask would use forkserver")
+        if infiniband:
+            ctx.warn(f"{METHOD_KEY}={user_method!r} set by the user while UCX uses InfiniBand ({', '.join(ib)}): a "
+                     f"fork after UCX opened InfiniBand can corrupt registered memory; gpudask would use forkserver")
         return False, f"{METHOD_KEY}={user_method!r} set by the user (explicit settings win)"
-    return True, (f"UCX over InfiniBand ({', '.join(ib)}): worker processes come from a fork server started "
-                  "before UCX opens InfiniBand here (a fork after that is not fork-safe)")
+    if infiniband:
+        return True, (f"UCX over InfiniBand ({', '.join(ib)}): worker processes come from a fork server started "
+                      "before UCX opens InfiniBand here (a fork after that is not fork-safe)")
+    return True, ("GPU workers start sooner: each is forked from a server that has already imported distributed, "
+                  "instead of starting an interpreter and importing it (see docs/process-start.md); the server "
+                  "never touches CUDA, so its children are as clean as spawned ones")
 
 
 @hookimpl
