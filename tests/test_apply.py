@@ -296,3 +296,28 @@ def test_a_scheduler_listening_on_several_protocols_starts_with_gpudask(tmp_path
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.process
+def test_a_worker_started_before_the_scheduler_file_exists_plans_for_the_schedulers_protocol(cluster):
+    """The usual job script starts `dask scheduler --scheduler-file F` and `dask worker
+    --scheduler-file F` together: distributed waits for F and takes the scheduler's protocol,
+    and so must the plan (it planned tcp for a ucx scheduler when F came late)."""
+    import time
+
+    cli = cluster.worker("--preload", "gpudask", "--nworkers", "2", "--nthreads", "1",
+                         env=base_env(GPUDASK_FACTS=TWO_GPUS, UCX_TLS="tcp"))
+    deadline = time.time() + 60
+    while "Import preload module: gpudask" not in cluster.log("worker"):
+        assert cli.poll() is None and time.time() < deadline, cluster.log("worker")
+        time.sleep(0.1)
+    assert not os.path.exists(cluster.scheduler_file)  # gpudask is imported before the file exists
+    cluster.scheduler(protocol="ucx", env=base_env(UCX_TLS="tcp"))
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=90)
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        live = client.run(lambda: os.environ.get("UCX_WARN_UNUSED_ENV_VARS"))
+    assert all(address.startswith("ucx://") for address in workers)
+    assert all(w["gpudask"]["plan"]["ucx_transports"] for w in workers.values())  # planned for UCX
+    assert set(live.values()) == {"n"}  # and applied: gpudask's UCX-only setting is in each worker
+    assert "(nanny, protocol ucx)" in cluster.log("worker")

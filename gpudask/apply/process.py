@@ -105,7 +105,7 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
     """Plan for this host and apply this process's part (``role``: scheduler, nanny, client)."""
     global _SESSION
     if cli is not None:
-        protocol = protocol or cli.protocol or runtime.protocol_from(cli.scheduler_address, cli.scheduler_file)
+        protocol = protocol or cli.scheduler_protocol()
         nworkers = nworkers or cli.nworkers
     protocol = (protocol or "tcp").split("://", 1)[0]  # LocalCluster passes protocol="tcp://"
     # `dask scheduler --protocol tcp,ws` listens on both: plan for UCX when one of them is UCX

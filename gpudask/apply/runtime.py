@@ -37,6 +37,21 @@ class CliArgs:
     scheduler_address: str | None = None
     scheduler_file: str | None = None
     interface: str | None = None
+    death_timeout: float | None = None  # seconds; None: wait for the scheduler without end
+
+    def scheduler_protocol(self) -> str | None:
+        """The protocol of the scheduler this command serves or joins, if it can be known.
+
+        ``dask worker --scheduler-file F`` started beside the scheduler (the usual job
+        script) may find F not written yet: distributed waits for it (up to
+        ``--death-timeout``) and then takes the scheduler's protocol, so gpudask waits the
+        same way rather than plan for tcp.  ``dask scheduler --scheduler-file F`` writes F:
+        an old F says nothing about the new scheduler."""
+        if self.protocol:
+            return self.protocol
+        if self.command != "worker":
+            return None
+        return protocol_from(self.scheduler_address, self.scheduler_file, wait=True, timeout=self.death_timeout)
 
 
 def cli_args(command: str, ctx: Any) -> CliArgs:
@@ -60,7 +75,17 @@ def cli_args(command: str, ctx: Any) -> CliArgs:
         nworkers = None  # "auto": decided by distributed from the CPU count
     return CliArgs(command, nanny=bool(params.get("nanny", True)), nworkers=nworkers,
                    protocol=params.get("protocol") or None, scheduler_address=params.get("scheduler") or None,
-                   scheduler_file=params.get("scheduler_file") or None, interface=params.get("interface") or None)
+                   scheduler_file=params.get("scheduler_file") or None, interface=params.get("interface") or None,
+                   death_timeout=_seconds(params.get("death_timeout")))
+
+
+def _seconds(value: Any) -> float | None:
+    from dask.utils import parse_timedelta
+
+    try:
+        return None if value in (None, "") else float(parse_timedelta(value, default="seconds"))
+    except (TypeError, ValueError, KeyError):
+        return None  # distributed rejects it itself
 
 
 def _click_command() -> tuple[str, Any] | None:
@@ -146,11 +171,20 @@ def set_cli_interface(interface: str) -> str:
     return "applied"
 
 
-def protocol_from(address: str | None, scheduler_file: str | None) -> str | None:
+def protocol_from(address: str | None, scheduler_file: str | None, wait: bool = False,
+                  timeout: float | None = None) -> str | None:
+    """The scheme of ``address``, or of the address in ``scheduler_file``.  With ``wait``, a
+    file not written yet is waited for as distributed's own ``json_load_robust`` does
+    (``timeout`` seconds; None: no end, distributed's default)."""
     if scheduler_file and not address:
         try:
-            address = json.loads(pathlib.Path(scheduler_file).read_text()).get("address")
-        except (OSError, ValueError):
+            if wait:
+                from distributed.utils import json_load_robust
+
+                address = json_load_robust(scheduler_file, timeout=timeout).get("address")
+            else:
+                address = json.loads(pathlib.Path(scheduler_file).read_text()).get("address")
+        except (OSError, ValueError, TimeoutError):
             address = None
     from gpudask.checks import scheme
 
