@@ -211,18 +211,37 @@ def test_forkserver_with_ucx_over_infiniband():
     assert "UCX_IB_FORK_INIT" not in h.workers[0].env  # diagnostics are opt-in
 
 
-def test_no_forkserver_without_ucx_or_without_active_infiniband(tmp_path):
-    h = plan(HGX, "tcp", nworkers=1)
+def test_forkserver_on_gpu_hosts_for_a_faster_start_whatever_the_protocol():
+    for facts, protocol in ((HGX, "tcp"), (host("workstation-2gpu-pcie.json"), "ucx"), (host("h200-single.json"), "tcp")):
+        h = plan(facts, protocol, nworkers=2)
+        assert h.nanny.multiprocessing_method == h.client.multiprocessing_method == "forkserver"
+        assert [w.multiprocessing_method for w in h.workers] == ["forkserver"] * 2
+        assert all(w.env["PTXCOMPILER_CHECK_NUMBA_CODEGEN_PATCH_NEEDED"] == "0" for w in h.workers)
+        why = reasons(h.nanny, "forkserver")[0][1]
+        assert "already imported distributed" in why and "InfiniBand" not in why
+    # a start method the user chose wins, without a warning where no InfiniBand is involved
+    # (spawn is distributed's default, indistinguishable from no choice: the way back to spawn
+    # is gpudask.forkserver.enabled=false)
+    h = plan(host("h200-single.json"), "tcp", nworkers=1, **{"distributed.worker.multiprocessing-method": "fork"})
+    assert h.nanny.multiprocessing_method is None and not h.warnings
+    assert "set by the user (explicit settings win)" in reasons(h.nanny, "forkserver")[0][1]
+    h = plan(host("h200-single.json"), "tcp", nworkers=1, **{"gpudask.forkserver.enabled": False})
+    assert h.nanny.multiprocessing_method is None and h.workers[0].multiprocessing_method is None
+
+
+def test_no_forkserver_without_a_gpu_unless_ucx_uses_active_infiniband(tmp_path):
+    h = plan(host("no-gpu.json"), "tcp", nworkers=1)
     assert h.nanny.multiprocessing_method is None and h.workers[0].multiprocessing_method is None
     assert "PTXCOMPILER_CHECK_NUMBA_CODEGEN_PATCH_NEEDED" not in h.workers[0].env
-    assert reasons(h.nanny, "forkserver")[0][0] == "forkserver not used"
-    assert plan(host("workstation-2gpu-pcie.json"), "ucx").nanny.multiprocessing_method is None
+    assert reasons(h.nanny, "forkserver")[0] == ("forkserver not used", "no GPU visible and no active InfiniBand "
+                                                 "port: worker processes start as distributed's config says")
     # one DOWN InfiniBand port, one RoCE port and one ACTIVE InfiniBand port: the last one counts
-    roce = host("ib-down-and-roce.json")
-    assert plan(roce, "ucx").nanny.multiprocessing_method == "forkserver"
-    with open(roce) as f:
+    roce = described(tmp_path, "ib-down-and-roce.json", gpus=[])
+    h = plan(roce, "ucx")
+    assert h.nanny.multiprocessing_method == "forkserver" and "mlx5_2:1" in reasons(h.nanny, "forkserver")[0][1]
+    with open(host("ib-down-and-roce.json")) as f:
         ports = [d for d in json.load(f)["ib_devices"] if d["name"] != "mlx5_2"]
-    h = plan(described(tmp_path, "ib-down-and-roce.json", ib_devices=ports), "ucx")
+    h = plan(described(tmp_path, "ib-down-and-roce.json", gpus=[], ib_devices=ports), "ucx")
     assert h.nanny.multiprocessing_method is None
     assert "no active InfiniBand port" in reasons(h.nanny, "forkserver")[0][1]
 

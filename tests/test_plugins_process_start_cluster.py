@@ -56,6 +56,14 @@ def assert_matches_plan(state: dict[str, dict], planned: list[dict]) -> None:
     assert len({w["cvd"] for w in state.values()}) == len(state)  # every worker its own GPU
 
 
+def assert_forked_by_the_fork_server_of(cli_pid: int, workers) -> None:
+    """Each worker's parent is a fork server, the child of the `dask worker` process."""
+    for w in workers:
+        parent = psutil.Process(w["pid"]).parent()
+        assert "forkserver" in " ".join(parent.cmdline()), parent.cmdline()
+        assert parent.ppid() == cli_pid
+
+
 def wait_for_new_pids(client, old: dict[str, dict], n: int, timeout: float = 60) -> dict[str, dict]:
     deadline = time.time() + timeout
     while True:
@@ -82,8 +90,8 @@ def test_preload_gives_each_worker_its_gpu_through_restarts_and_kills(cluster, f
         client.wait_for_workers(nworkers, timeout=60)
         first = worker_state(client)
         assert_matches_plan(first, planned)
-        # without InfiniBand: spawn, the worker's parent is the `dask worker` process itself
-        assert {psutil.Process(w["pid"]).ppid() for w in first.values()} == {cli.pid}
+        # a GPU host: every worker is forked by the fork server the `dask worker` process started
+        assert_forked_by_the_fork_server_of(cli.pid, first.values())
         if not cycle:
             return
 
@@ -91,6 +99,7 @@ def test_preload_gives_each_worker_its_gpu_through_restarts_and_kills(cluster, f
         restarted = wait_for_new_pids(client, first, nworkers)
         assert_matches_plan(restarted, planned)
         assert {k: w["cvd"] for k, w in restarted.items()} == {k: w["cvd"] for k, w in first.items()}
+        assert_forked_by_the_fork_server_of(cli.pid, restarted.values())
 
         victim = sorted(restarted)[1]
         os.kill(restarted[victim]["pid"], signal.SIGKILL)  # the nanny starts a new process
@@ -148,10 +157,7 @@ def test_workers_come_from_a_fork_server_with_ucx_over_infiniband(cluster):
     assert all(addr.startswith("ucx://") for addr in real)
     assert sorted(cvd for _, cvd, _ in real.values()) == ["0,1,2,3", "1,2,3,0"]
     assert {ptx for _, _, ptx in real.values()} == {"0"}
-    for pid, _, _ in real.values():
-        parent = psutil.Process(pid).parent()
-        assert "forkserver" in " ".join(parent.cmdline()), parent.cmdline()
-        assert parent.ppid() == cli.pid  # the fork server is the `dask worker` process's child
+    assert_forked_by_the_fork_server_of(cli.pid, [{"pid": pid} for pid, _, _ in real.values()])
 
 
 # -- GPU (device machine only) ------------------------------------------------------------

@@ -1,0 +1,66 @@
+"""Ready time of `dask scheduler` + `dask worker --nworkers N --preload gpudask` with the
+workers forked by a fork server or spawned, interleaved run by run (docs/benchmarks.md).
+
+    GPUDASK_FACTS=tests/hosts/h200-single.json python bench/start-method.py [PAIRS] [NWORKERS] [PROTOCOL]
+
+Ready: from launching the scheduler (the workers start right after it) until a client sees
+N workers.  The only difference between the two sides is gpudask.forkserver.enabled.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def ready_seconds(forkserver: bool, nworkers: int, protocol: str) -> float:
+    env = {**os.environ, "DASK_GPUDASK__FORKSERVER__ENABLED": str(forkserver).lower(),
+           "UCX_WARN_UNUSED_ENV_VARS": "n"}
+    with tempfile.TemporaryDirectory() as d:
+        sf = os.path.join(d, "s.json")
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--port", "0", "--no-dashboard",
+                                   "--protocol", protocol, "--scheduler-file", sf, "--preload", "gpudask"],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True),
+                 subprocess.Popen([sys.executable, "-m", "dask", "worker", "--scheduler-file", sf, "--nworkers",
+                                   str(nworkers), "--nthreads", "1", "--no-dashboard", "--preload", "gpudask",
+                                   "--death-timeout", "30"], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)]
+        try:
+            from distributed import Client
+
+            while not os.path.exists(sf):
+                time.sleep(0.02)
+            with Client(scheduler_file=sf, timeout=60) as client:
+                client.wait_for_workers(nworkers, timeout=120)
+                return time.perf_counter() - t0
+        finally:
+            for p in procs:
+                try:
+                    os.killpg(p.pid, 9)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+
+
+if __name__ == "__main__":
+    pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    protocol = sys.argv[3] if len(sys.argv) > 3 else "tcp"
+    if protocol == "ucx":
+        os.environ.setdefault("UCX_TLS", "tcp")  # this process is the client
+    ready_seconds(True, n, protocol)  # warm-up: file caches
+    fork, spawn = [], []
+    for _ in range(pairs):
+        fork.append(ready_seconds(True, n, protocol))
+        spawn.append(ready_seconds(False, n, protocol))
+    ratios = [a / b for a, b in zip(fork, spawn)]
+    print(f"{protocol}, {n} workers, {pairs} pairs, facts {os.environ.get('GPUDASK_FACTS', 'probed')}")
+    print(f"fork server  median {statistics.median(fork):.2f} s  runs {' '.join(f'{x:.2f}' for x in fork)}")
+    print(f"spawn        median {statistics.median(spawn):.2f} s  runs {' '.join(f'{x:.2f}' for x in spawn)}")
+    print(f"ratio        median {statistics.median(ratios):.2f}")
