@@ -1,0 +1,268 @@
+#!/usr/bin/env python
+"""Scheduler CPU per joining worker, with and without gpudask (issue 14's scale figure).
+
+    python bench/scheduler-scale.py [--workers 32,64,128,256] [--repeat 3] [--hosts 4]
+        [--facts tests/hosts/dgx-8gpu-nvswitch-4ib.json] [--json OUT] [--profile DIR]
+    python bench/scheduler-scale.py --compare-real     # hosted workers publish what real ones do
+
+Each trial starts a real ``python -m dask scheduler --host 127.0.0.1 --port 0
+--no-dashboard`` (``plain``), or the same with ``--preload gpudask`` (``gpudask``), then
+joins N real ``distributed.Worker`` objects (tcp, loopback, 1 thread each, no nanny) and
+reads the scheduler process's CPU time (user + sys, ``/proc/PID/stat``) at three moments:
+
+  startup   from the scheduler's launch until every worker host process is ready to join
+            (the scheduler's imports, its gpudask planning, and idle ticks meanwhile);
+  joins     from "go" until every worker has registered;
+  total     startup + joins: the figure issue 14 bounds (at most 1.1x plain at 256).
+
+Nothing is subtracted: both parts are printed.  A worker's registration returns only after
+the scheduler ran its ``add_worker`` plugins, gpudask's check among them, so "registered"
+means "checked"; after the reading, a client verifies that every worker of a gpudask trial
+carries the check's result (``scheduler_info()["workers"][addr]["gpudask-check"]``) and
+none of a plain trial does.  Trials of the two modes alternate (which one goes first
+alternates too); the table gives medians over ``--repeat`` rounds.
+
+Why workers share processes, and why that is faithful.  256 worker processes do not fit
+this 2-core, 24 GiB machine, so ``--hosts`` Python processes each run N/hosts Workers in
+one event loop.  Each process plays ``dask worker --nworkers 8 --preload gpudask`` on
+nodes of the described host (GPUDASK_FACTS, an 8-GPU DGX by default): it plans the node
+once as the nanny host does (``process.start("nanny")``, which writes the host plan and
+exports $GPUDASK_HOST_PLAN), then for each worker runs what ``import gpudask`` runs first
+thing in a nanny's worker process (``process.start_worker``: take worker i's plan from
+the host plan, apply it) and starts ``Worker(preload=["gpudask"])``, whose ``dask_setup``
+records the applied state and puts the published plan into the worker's startup
+information -- before the next worker's plan is applied.  So each worker registers with
+its own index, plan, applied state and GPU resource, as a real one does.
+
+The index comes from $GPUDASK_WORKER_INDEX (i mod 8), not from the slot lock: a process
+holds one slot (``runtime._held_slot``) because a real worker process is one worker;
+claiming again in the same process drops the previous descriptor, which frees its lock,
+so in-process claims would alternate 0, 1, 0, 1 instead of counting up.  Workers run
+without nannies in both modes, and with distributed's worker profiler off (256 sampling
+threads would starve the 2 cores; the profiler sends nothing to the scheduler unasked).
+``--compare-real`` checks the claim: it joins two real ``dask worker --nworkers 2
+--preload gpudask`` workers and two hosted ones to one scheduler and compares what the
+scheduler holds for them (``WorkerState.extra``, resources, the check's result).
+
+``--profile DIR`` runs each gpudask-mode scheduler under cProfile (stopped with SIGTERM so
+the profile is written) and saves ``DIR/sched-gpudask-N-r.prof``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_FACTS = os.path.join(HERE, "..", "tests", "hosts", "dgx-8gpu-nvswitch-4ib.json")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + sys CPU of one process (its children are not the scheduler's)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15 of stat)
+
+
+# ----------------------------------------------------------------- worker host process
+async def host_workers(address: str, mode: str, first: int, count: int, per_node: int) -> None:
+    from distributed import Worker
+
+    if mode == "gpudask":
+        from gpudask.apply import process
+
+        # the `dask worker --nworkers <per_node> --preload gpudask` process of a node:
+        # plans once, writes the host plan its worker processes read
+        process.start("nanny", protocol="tcp", nworkers=per_node)
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
+    workers = []
+    for i in range(first, first + count):
+        if mode == "gpudask":
+            os.environ["GPUDASK_WORKER_INDEX"] = str(i % per_node)
+            process.start_worker({})  # what the first `import gpudask` runs in a nanny's worker
+        w = Worker(address, nthreads=1, host="127.0.0.1", dashboard=False, name=f"node{i // per_node}-{i % per_node}",
+                   preload=["gpudask"] if mode == "gpudask" else [])
+        await w  # listen, dask_setup (the published plan is fixed here), register: checked
+        workers.append(w)
+    print(f"joined {len(workers)}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes stdin
+    os._exit(0)  # closing hundreds of workers one by one only costs time
+
+
+# ----------------------------------------------------------------- one trial
+def _spawn(argv: list[str], log: str, env: dict[str, str], **kw) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=kw.pop("stdout", open(log, "w")), stderr=open(log, "a"), env=env,
+                            start_new_session=True, text=True, **kw)
+
+
+def _wait_file(path: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.monotonic() > end:
+            raise RuntimeError(f"scheduler did not start (exit {proc.poll()}); see its log")
+        time.sleep(0.02)
+
+
+def _stop(procs: list[subprocess.Popen], graceful: subprocess.Popen | None = None) -> None:
+    if graceful is not None:  # the profiled scheduler: SIGTERM, so cProfile writes its file
+        graceful.send_signal(signal.SIGTERM)
+        try:
+            graceful.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def trial(mode: str, n: int, args: argparse.Namespace, tag: str) -> dict:
+    d = tempfile.mkdtemp(prefix=f"sched-scale-{mode}-{n}-")
+    sf = os.path.join(d, "scheduler.json")
+    env = {**os.environ, "GPUDASK_FACTS": os.path.abspath(args.facts), "PYTHONUNBUFFERED": "1",
+           # 256 sampling threads would starve 2 cores; nothing of it reaches the scheduler unasked
+           "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+           "DASK_TEMPORARY_DIRECTORY": d}  # the workers' scratch folders go with the trial's folder
+    env.pop("GPUDASK_WORKER_INDEX", None)
+    py = [sys.executable]
+    if mode == "gpudask" and args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        py += ["-m", "cProfile", "-o", os.path.join(args.profile, f"sched-{mode}-{n}-{tag}.prof")]
+    argv = py + ["-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                 "--scheduler-file", sf] + (["--preload", "gpudask"] if mode == "gpudask" else [])
+    t0 = time.monotonic()
+    sched = _spawn(argv, os.path.join(d, "scheduler.log"), env)
+    hosts: list[subprocess.Popen] = []
+    try:
+        _wait_file(sf, sched)
+        address = json.load(open(sf))["address"]
+        shares = [n // args.hosts + (k < n % args.hosts) for k in range(args.hosts)]
+        first = 0
+        for k, count in enumerate(shares):
+            if count:
+                hosts.append(_spawn([sys.executable, __file__, "--host", address, "--mode", mode, "--first",
+                                     str(first), "--count", str(count), "--per-node", str(args.per_node)],
+                                    os.path.join(d, f"host-{k}.log"), env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE))
+            first += count
+        for h in hosts:
+            assert h.stdout is not None and h.stdout.readline().strip() == "ready", "host failed; see its log"
+        cpu_ready, t_ready = cpu_seconds(sched.pid), time.monotonic()
+        for h in hosts:
+            assert h.stdin is not None
+            h.stdin.write("go\n")
+            h.stdin.flush()
+        joined = sum(int(h.stdout.readline().split()[1]) for h in hosts if h.stdout is not None)
+        cpu_joined, t_joined = cpu_seconds(sched.pid), time.monotonic()
+        seen = verify(sf)
+    finally:
+        _stop(hosts + [sched], graceful=sched if mode == "gpudask" and args.profile else None)
+    ok = joined == n and seen["workers"] == n and seen["checked"] == (n if mode == "gpudask" else 0)
+    if not ok:
+        raise RuntimeError(f"{mode} N={n}: joined {joined}, scheduler sees {seen} (logs in {d})")
+    shutil.rmtree(d, ignore_errors=True)  # kept when the trial fails
+    return {"mode": mode, "n": n, "cpu_startup_s": cpu_ready, "cpu_joins_s": cpu_joined - cpu_ready,
+            "cpu_total_s": cpu_joined, "wall_joins_s": t_joined - t_ready, "wall_total_s": t_joined - t0,
+            "checked": seen["checked"], "check_status": seen["status"]}
+
+
+def _scheduler_view(dask_scheduler=None) -> dict:
+    workers = dask_scheduler.workers.values()
+    checks = [ws.extra["gpudask-check"] for ws in workers if "gpudask-check" in ws.extra]
+    status: dict[str, int] = {}
+    for c in checks:
+        status[c["status"]] = status.get(c["status"], 0) + 1
+    return {"workers": len(workers), "checked": len(checks), "status": status}
+
+
+def verify(sf: str) -> dict:
+    """After the reading: what the scheduler holds (a client costs scheduler CPU too)."""
+    from distributed import Client
+
+    with Client(scheduler_file=sf, timeout=60) as c:
+        return c.run_on_scheduler(_scheduler_view)
+
+
+# ----------------------------------------------------------------- report
+def table(results: list[dict], sizes: list[int]) -> tuple[str, list[dict]]:
+    rows = []
+    for n in sizes:
+        med = {m: {k: statistics.median(r[k] for r in results if r["mode"] == m and r["n"] == n)
+                   for k in ("cpu_startup_s", "cpu_joins_s", "cpu_total_s", "wall_total_s")}
+               for m in ("plain", "gpudask")}
+        rows.append({"n": n, **{f"{m}_{k}": v for m in med for k, v in med[m].items()},
+                     "ratio_total": med["gpudask"]["cpu_total_s"] / med["plain"]["cpu_total_s"],
+                     "ratio_joins": med["gpudask"]["cpu_joins_s"] / med["plain"]["cpu_joins_s"],
+                     "plain_joins_ms_per_worker": 1000 * med["plain"]["cpu_joins_s"] / n,
+                     "gpudask_joins_ms_per_worker": 1000 * med["gpudask"]["cpu_joins_s"] / n})
+    head = (f"{'N':>4}  {'plain CPU s':>11}  {'gpudask CPU s':>13}  {'ratio':>5}  {'startup p/g s':>13}  "
+            f"{'joins p/g s':>11}  {'joins ratio':>11}  {'ms/worker p/g':>13}  {'wall p/g s':>11}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['n']:>4}  {r['plain_cpu_total_s']:>11.2f}  {r['gpudask_cpu_total_s']:>13.2f}  "
+                     f"{r['ratio_total']:>5.2f}  {r['plain_cpu_startup_s']:>6.2f}/{r['gpudask_cpu_startup_s']:<6.2f}  "
+                     f"{r['plain_cpu_joins_s']:>5.2f}/{r['gpudask_cpu_joins_s']:<5.2f}  {r['ratio_joins']:>11.2f}  "
+                     f"{r['plain_joins_ms_per_worker']:>6.1f}/{r['gpudask_joins_ms_per_worker']:<6.1f}  "
+                     f"{r['plain_wall_total_s']:>5.1f}/{r['gpudask_wall_total_s']:<5.1f}")
+    for a, b in zip(rows, rows[1:]):
+        dn = b["n"] - a["n"]
+        lines.append(f"increment {a['n']}->{b['n']}: plain {1000 * (b['plain_cpu_total_s'] - a['plain_cpu_total_s']) / dn:.2f}"
+                     f" ms/worker, gpudask {1000 * (b['gpudask_cpu_total_s'] - a['gpudask_cpu_total_s']) / dn:.2f}"
+                     " ms/worker (scheduler CPU, total)")
+    return "\n".join(lines), rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workers", default="32,64,128,256")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--hosts", type=int, default=4, help="worker host processes per trial")
+    ap.add_argument("--per-node", type=int, default=8, help="workers per described node (its GPUs)")
+    ap.add_argument("--facts", default=DEFAULT_FACTS)
+    ap.add_argument("--json")
+    ap.add_argument("--profile", help="cProfile each gpudask scheduler into this folder")
+    ap.add_argument("--compare-real", action="store_true")
+    ap.add_argument("--host", help=argparse.SUPPRESS)  # internal: run as a worker host process
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.host:
+        asyncio.run(host_workers(args.host, args.mode, args.first, args.count, args.per_node))
+        return
+    if args.compare_real:
+        from compare_real import compare_real  # bench/compare_real.py
+
+        sys.exit(compare_real(args, _spawn, _wait_file, _stop))
+    sizes = [int(s) for s in args.workers.split(",")]
+    results = []
+    for r in range(args.repeat):
+        for n in sizes:
+            modes = ("plain", "gpudask") if (r + sizes.index(n)) % 2 == 0 else ("gpudask", "plain")
+            for mode in modes:
+                res = trial(mode, n, args, str(r))
+                print(f"round {r} N={n} {mode}: CPU {res['cpu_total_s']:.2f} s (startup {res['cpu_startup_s']:.2f}, "
+                      f"joins {res['cpu_joins_s']:.2f}), wall {res['wall_total_s']:.1f} s, check {res['check_status']}",
+                      file=sys.stderr, flush=True)
+                results.append(res)
+    text, rows = table(results, sizes)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"argv": sys.argv, "facts": args.facts, "hosts": args.hosts, "cpus": os.cpu_count(),
+                       "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows, "trials": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
