@@ -15,6 +15,10 @@ reads the scheduler process's CPU time (user + sys, ``/proc/PID/stat``) at three
   joins     from "go" until every worker has registered;
   total     startup + joins: the figure issue 14 bounds (at most 1.1x plain at 256).
 
+One warm-up trial per mode comes first and is not counted.  The processes run with
+bytecode cached (PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE removed), as with an
+installed gpudask; see trial().
+
 Nothing is subtracted: both parts are printed.  A worker's registration returns only after
 the scheduler ran its ``add_worker`` plugins, gpudask's check among them, so "registered"
 means "checked"; after the reading, a client verifies that every worker of a gpudask trial
@@ -27,12 +31,14 @@ this 2-core, 24 GiB machine, so ``--hosts`` Python processes each run N/hosts Wo
 one event loop.  Each process plays ``dask worker --nworkers 8 --preload gpudask`` on
 nodes of the described host (GPUDASK_FACTS, an 8-GPU DGX by default): it plans the node
 once as the nanny host does (``process.start("nanny")``, which writes the host plan and
-exports $GPUDASK_HOST_PLAN), then for each worker runs what ``import gpudask`` runs first
+exports $GPUDASK_HOST_PLAN), and runs, for each worker, what ``import gpudask`` runs first
 thing in a nanny's worker process (``process.start_worker``: take worker i's plan from
-the host plan, apply it) and starts ``Worker(preload=["gpudask"])``, whose ``dask_setup``
-records the applied state and puts the published plan into the worker's startup
-information -- before the next worker's plan is applied.  So each worker registers with
-its own index, plan, applied state and GPU resource, as a real one does.
+the host plan, apply it), keeping the sessions.  On "go", for each worker in turn, it puts
+that worker's applied plan back in place (``process._apply``) and its session current,
+and starts ``Worker(preload=["gpudask"])``, whose ``dask_setup`` records the applied state
+and puts the published plan into the worker's startup information -- before the next
+worker's plan is applied.  So each worker registers with its own index, plan, applied
+state and GPU resource, as a real one does.
 
 The index comes from $GPUDASK_WORKER_INDEX (i mod 8), not from the slot lock: a process
 holds one slot (``runtime._held_slot``) because a real worker process is one worker;
@@ -44,8 +50,8 @@ threads would starve the 2 cores; the profiler sends nothing to the scheduler un
 --preload gpudask`` workers and two hosted ones to one scheduler and compares what the
 scheduler holds for them (``WorkerState.extra``, resources, the check's result).
 
-``--profile DIR`` runs each gpudask-mode scheduler under cProfile (stopped with SIGTERM so
-the profile is written) and saves ``DIR/sched-gpudask-N-r.prof``.
+``--profile DIR`` runs each scheduler under cProfile (stopped with SIGTERM so
+the profile is written) and saves ``DIR/sched-MODE-N-ROUND.prof``.
 """
 
 from __future__ import annotations
@@ -78,23 +84,42 @@ def cpu_seconds(pid: int) -> float:
 async def host_workers(address: str, mode: str, first: int, count: int, per_node: int) -> None:
     from distributed import Worker
 
+    sessions = []
     if mode == "gpudask":
         from gpudask.apply import process
 
         # the `dask worker --nworkers <per_node> --preload gpudask` process of a node:
         # plans once, writes the host plan its worker processes read
         process.start("nanny", protocol="tcp", nworkers=per_node)
+        for i in range(first, first + count):
+            # what the first `import gpudask` runs in a nanny's worker process: worker i's
+            # plan from the host plan, applied.  Done before "go": each real worker process
+            # does it at once, in parallel; here it would serialise ~30 ms per worker into
+            # the measured window (the scheduler idling meanwhile, its heartbeats going on)
+            os.environ["GPUDASK_WORKER_INDEX"] = str(i % per_node)
+            sessions.append(process.start_worker({}))
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
     workers = []
-    for i in range(first, first + count):
-        if mode == "gpudask":
-            os.environ["GPUDASK_WORKER_INDEX"] = str(i % per_node)
-            process.start_worker({})  # what the first `import gpudask` runs in a nanny's worker
+    profile = os.environ.get("SCHEDULER_SCALE_PROFILE_HOST")  # a file: where this host's joins go (by hand)
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    for k, i in enumerate(range(first, first + count)):
+        if sessions:
+            # worker i's applied plan back in place (environment, config), and its session the
+            # process's: its dask_setup records this state and publishes this plan
+            process._apply(sessions[k])
+            process._SESSION = sessions[k]
         w = Worker(address, nthreads=1, host="127.0.0.1", dashboard=False, name=f"node{i // per_node}-{i % per_node}",
                    preload=["gpudask"] if mode == "gpudask" else [])
         await w  # listen, dask_setup (the published plan is fixed here), register: checked
         workers.append(w)
+    if profile:
+        profiler.disable()
+        profiler.dump_stats(profile)
     print(f"joined {len(workers)}", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes stdin
     os._exit(0)  # closing hundreds of workers one by one only costs time
@@ -135,8 +160,13 @@ def trial(mode: str, n: int, args: argparse.Namespace, tag: str) -> dict:
            "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
            "DASK_TEMPORARY_DIRECTORY": d}  # the workers' scratch folders go with the trial's folder
     env.pop("GPUDASK_WORKER_INDEX", None)
+    # Bytecode as an installed package has it: with PYTHONDONTWRITEBYTECODE (set on this VM)
+    # an editable checkout recompiles gpudask's modules at every start, which a pip-installed
+    # gpudask never does.  The warm-up round fills this cache for both modes.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = args.pycache
     py = [sys.executable]
-    if mode == "gpudask" and args.profile:
+    if args.profile:
         os.makedirs(args.profile, exist_ok=True)
         py += ["-m", "cProfile", "-o", os.path.join(args.profile, f"sched-{mode}-{n}-{tag}.prof")]
     argv = py + ["-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
@@ -167,7 +197,7 @@ def trial(mode: str, n: int, args: argparse.Namespace, tag: str) -> dict:
         cpu_joined, t_joined = cpu_seconds(sched.pid), time.monotonic()
         seen = verify(sf)
     finally:
-        _stop(hosts + [sched], graceful=sched if mode == "gpudask" and args.profile else None)
+        _stop(hosts + [sched], graceful=sched if args.profile else None)
     ok = joined == n and seen["workers"] == n and seen["checked"] == (n if mode == "gpudask" else 0)
     if not ok:
         raise RuntimeError(f"{mode} N={n}: joined {joined}, scheduler sees {seen} (logs in {d})")
@@ -231,7 +261,9 @@ def main() -> None:
     ap.add_argument("--per-node", type=int, default=8, help="workers per described node (its GPUs)")
     ap.add_argument("--facts", default=DEFAULT_FACTS)
     ap.add_argument("--json")
-    ap.add_argument("--profile", help="cProfile each gpudask scheduler into this folder")
+    ap.add_argument("--pycache", default=os.path.join(tempfile.gettempdir(), "gpudask-bench-pycache"),
+                    help="bytecode cache of the bench's processes (PYTHONPYCACHEPREFIX)")
+    ap.add_argument("--profile", help="cProfile each scheduler into this folder")
     ap.add_argument("--compare-real", action="store_true")
     ap.add_argument("--host", help=argparse.SUPPRESS)  # internal: run as a worker host process
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -246,6 +278,8 @@ def main() -> None:
 
         sys.exit(compare_real(args, _spawn, _wait_file, _stop))
     sizes = [int(s) for s in args.workers.split(",")]
+    for mode in ("plain", "gpudask"):  # warm-up, not counted: bytecode cache, page cache
+        trial(mode, sizes[0], args, "warmup")
     results = []
     for r in range(args.repeat):
         for n in sizes:

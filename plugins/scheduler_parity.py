@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudask.pluginapi import Finding, Option, facts_from_dict, hookimpl, parse_name_list
+from gpudask.pluginapi import Finding, Option, facts_from_dict, fingerprint, hookimpl, parse_name_list
 
 name = "scheduler-parity"
 priority = 200
@@ -70,11 +70,28 @@ def _visible_gpus(side: dict) -> list[dict]:
     """The GPUs CUDA shows the process (``cuda_visible_devices`` applied)."""
     facts = _facts(side)
     try:
-        gpus = facts_from_dict(facts, "probed").visible_gpus()
+        indices = _visible_indices(facts)
         by_index = {g.get("index"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
-        return [by_index.get(g.index, {"index": g.index}) for g in gpus]
+        return [by_index.get(i, {"index": i}) for i in indices]
     except Exception:  # noqa: BLE001 - malformed facts: fall back to the list as it is
         return [g for g in facts.get("gpus") or [] if isinstance(g, dict)]
+
+
+# visible GPU indices by the facts' fingerprint: the scheduler's side comes with every
+# joining worker, and the workers of a host publish the same facts (read them once)
+_VISIBLE: dict[bytes, list[int]] = {}
+
+
+def _visible_indices(facts: dict) -> list[int]:
+    key = fingerprint(facts)
+    if key is not None and key in _VISIBLE:
+        return _VISIBLE[key]
+    indices = [g.index for g in facts_from_dict(facts, "probed").visible_gpus()]
+    if key is not None:
+        if len(_VISIBLE) >= 64:
+            del _VISIBLE[next(iter(_VISIBLE))]
+        _VISIBLE[key] = indices
+    return indices
 
 
 def _gpu_names(gpus: list[dict]) -> str:
