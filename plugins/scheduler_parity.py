@@ -77,20 +77,31 @@ def _visible_gpus(side: dict) -> list[dict]:
         return [g for g in facts.get("gpus") or [] if isinstance(g, dict)]
 
 
-# visible GPU indices by the facts' fingerprint: the scheduler's side comes with every
-# joining worker, and the workers of a host publish the same facts (read them once)
-_VISIBLE: dict[bytes, list[int]] = {}
+# Visible GPU indices, read once per facts: the check hands this hook the scheduler's same
+# side with every joining worker, and the workers that published the same facts the same
+# dict (ProcessSide.facts is read-only).  By object first (a reference is held, so an id is
+# not reused), else by fingerprint (equal data); at most 64 of each, the oldest forgotten.
+_BY_OBJECT: dict[int, tuple[dict, list[int]]] = {}
+_BY_KEY: dict[bytes, list[int]] = {}
+
+
+def _remember(cache: dict, key: Any, value: Any) -> None:
+    if len(cache) >= 64:
+        del cache[next(iter(cache))]
+    cache[key] = value
 
 
 def _visible_indices(facts: dict) -> list[int]:
+    held = _BY_OBJECT.get(id(facts))
+    if held is not None and held[0] is facts:
+        return held[1]
     key = fingerprint(facts)
-    if key is not None and key in _VISIBLE:
-        return _VISIBLE[key]
-    indices = [g.index for g in facts_from_dict(facts, "probed").visible_gpus()]
-    if key is not None:
-        if len(_VISIBLE) >= 64:
-            del _VISIBLE[next(iter(_VISIBLE))]
-        _VISIBLE[key] = indices
+    indices = _BY_KEY.get(key) if key is not None else None
+    if indices is None:
+        indices = [g.index for g in facts_from_dict(facts, "probed").visible_gpus()]
+        if key is not None:
+            _remember(_BY_KEY, key, indices)
+    _remember(_BY_OBJECT, id(facts), (facts, indices))
     return indices
 
 
