@@ -5,19 +5,17 @@
         [--facts tests/hosts/dgx-8gpu-nvswitch-4ib.json] [--json OUT] [--profile DIR]
     python bench/scheduler-scale.py --compare-real     # hosted workers publish what real ones do
 
-Each trial starts a real ``python -m dask scheduler --host 127.0.0.1 --port 0
---no-dashboard`` (``plain``), or the same with ``--preload gpudask`` (``gpudask``), then
-joins N real ``distributed.Worker`` objects (tcp, loopback, 1 thread each, no nanny) and
-reads the scheduler process's CPU time (user + sys, ``/proc/PID/stat``) at three moments:
+Each trial first starts the worker host processes (below) and waits until they are ready
+to join, then launches a real ``python -m dask scheduler --host 127.0.0.1 --port 0
+--no-dashboard`` (``plain``), or the same with ``--preload gpudask`` (``gpudask``), and
+joins N real ``distributed.Worker`` objects to it (tcp, loopback, 1 thread each, no
+nanny).  It reads the scheduler process's CPU time (user + sys, ``/proc/PID/stat``):
 
-  startup   from the scheduler's launch until every worker host process is ready to join
-            (the scheduler's imports, its gpudask planning, and idle ticks meanwhile);
-  joins     from "go" until every worker has registered;
-  total     startup + joins: the figure issue 14 bounds (at most 1.1x plain at 256).
-
-One warm-up trial per mode comes first and is not counted.  The processes run with
-bytecode cached (PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE removed), as with an
-installed gpudask; see trial().
+  startup   from launch until the scheduler has written its file and gone idle (imports,
+            gpudask's planning and ``dask_setup``);
+  joins     from then until every worker has registered;
+  total     startup + joins, from launch: the figure issue 14 bounds (at most 1.1x plain
+            at 256 workers).
 
 Nothing is subtracted: both parts are printed.  A worker's registration returns only after
 the scheduler ran its ``add_worker`` plugins, gpudask's check among them, so "registered"
@@ -81,7 +79,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 # ----------------------------------------------------------------- worker host process
-async def host_workers(address: str, mode: str, first: int, count: int, per_node: int) -> None:
+async def host_workers(mode: str, first: int, count: int, per_node: int) -> None:
     from distributed import Worker
 
     sessions = []
@@ -99,7 +97,9 @@ async def host_workers(address: str, mode: str, first: int, count: int, per_node
             os.environ["GPUDASK_WORKER_INDEX"] = str(i % per_node)
             sessions.append(process.start_worker({}))
     print("ready", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
+    # "go ADDRESS": the scheduler is launched only once every host is ready, so that its
+    # measured time holds no wait for the bench's own preparations
+    address = (await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)).split()[1]
     workers = []
     profile = os.environ.get("SCHEDULER_SCALE_PROFILE_HOST")  # a file: where this host's joins go (by hand)
     if profile:
@@ -152,9 +152,7 @@ def _stop(procs: list[subprocess.Popen], graceful: subprocess.Popen | None = Non
         p.wait()
 
 
-def trial(mode: str, n: int, args: argparse.Namespace, tag: str) -> dict:
-    d = tempfile.mkdtemp(prefix=f"sched-scale-{mode}-{n}-")
-    sf = os.path.join(d, "scheduler.json")
+def bench_env(args: argparse.Namespace, d: str) -> dict[str, str]:
     env = {**os.environ, "GPUDASK_FACTS": os.path.abspath(args.facts), "PYTHONUNBUFFERED": "1",
            # 256 sampling threads would starve 2 cores; nothing of it reaches the scheduler unasked
            "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
@@ -165,45 +163,74 @@ def trial(mode: str, n: int, args: argparse.Namespace, tag: str) -> dict:
     # gpudask never does.  The warm-up round fills this cache for both modes.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = args.pycache
-    py = [sys.executable]
+    return env
+
+
+def start_hosts(mode: str, n: int, per_node: int, nhosts: int, d: str, env: dict[str, str]) -> list[subprocess.Popen]:
+    """Worker host processes, each ready to join its share of the n workers."""
+    hosts, first = [], 0
+    for k in range(nhosts):
+        count = n // nhosts + (k < n % nhosts)
+        if count:
+            hosts.append(_spawn([sys.executable, __file__, "--host", "--mode", mode, "--first", str(first), "--count",
+                                 str(count), "--per-node", str(per_node)], os.path.join(d, f"host-{k}.log"), env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+        first += count
+    for h in hosts:
+        assert h.stdout is not None and h.stdout.readline().strip() == "ready", f"a host failed; see {d}"
+    return hosts
+
+
+def join(hosts: list[subprocess.Popen], address: str) -> int:
+    for h in hosts:
+        assert h.stdin is not None
+        h.stdin.write(f"go {address}\n")
+        h.stdin.flush()
+    return sum(int(h.stdout.readline().split()[1]) for h in hosts if h.stdout is not None)
+
+
+def scheduler_argv(mode: str, sf: str, profile: str | None) -> list[str]:
+    py = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
+    return py + ["-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                 "--scheduler-file", sf] + (["--preload", "gpudask"] if mode == "gpudask" else [])
+
+
+def settled(pid: int, step: float = 0.2) -> float:
+    """The process's CPU seconds once it is idle (less than a tick in ``step``): started."""
+    before = cpu_seconds(pid)
+    while True:
+        time.sleep(step)
+        now = cpu_seconds(pid)
+        if now - before < 1.5 / TICK:
+            return now
+        before = now
+
+
+def trial(mode: str, n: int, args: argparse.Namespace, tag: str) -> dict:
+    d = tempfile.mkdtemp(prefix=f"sched-scale-{mode}-{n}-")
+    sf = os.path.join(d, "scheduler.json")
+    env = bench_env(args, d)
+    profile = None
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
-        py += ["-m", "cProfile", "-o", os.path.join(args.profile, f"sched-{mode}-{n}-{tag}.prof")]
-    argv = py + ["-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                 "--scheduler-file", sf] + (["--preload", "gpudask"] if mode == "gpudask" else [])
+        profile = os.path.join(args.profile, f"sched-{mode}-{n}-{tag}.prof")
+    hosts = start_hosts(mode, n, args.per_node, args.hosts, d, env)
     t0 = time.monotonic()
-    sched = _spawn(argv, os.path.join(d, "scheduler.log"), env)
-    hosts: list[subprocess.Popen] = []
+    sched = _spawn(scheduler_argv(mode, sf, profile), os.path.join(d, "scheduler.log"), env)
     try:
         _wait_file(sf, sched)
-        address = json.load(open(sf))["address"]
-        shares = [n // args.hosts + (k < n % args.hosts) for k in range(args.hosts)]
-        first = 0
-        for k, count in enumerate(shares):
-            if count:
-                hosts.append(_spawn([sys.executable, __file__, "--host", address, "--mode", mode, "--first",
-                                     str(first), "--count", str(count), "--per-node", str(args.per_node)],
-                                    os.path.join(d, f"host-{k}.log"), env, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE))
-            first += count
-        for h in hosts:
-            assert h.stdout is not None and h.stdout.readline().strip() == "ready", "host failed; see its log"
-        cpu_ready, t_ready = cpu_seconds(sched.pid), time.monotonic()
-        for h in hosts:
-            assert h.stdin is not None
-            h.stdin.write("go\n")
-            h.stdin.flush()
-        joined = sum(int(h.stdout.readline().split()[1]) for h in hosts if h.stdout is not None)
+        cpu_started, t_started = settled(sched.pid), time.monotonic()
+        joined = join(hosts, json.load(open(sf))["address"])
         cpu_joined, t_joined = cpu_seconds(sched.pid), time.monotonic()
         seen = verify(sf)
     finally:
-        _stop(hosts + [sched], graceful=sched if args.profile else None)
+        _stop(hosts + [sched], graceful=sched if profile else None)
     ok = joined == n and seen["workers"] == n and seen["checked"] == (n if mode == "gpudask" else 0)
     if not ok:
         raise RuntimeError(f"{mode} N={n}: joined {joined}, scheduler sees {seen} (logs in {d})")
     shutil.rmtree(d, ignore_errors=True)  # kept when the trial fails
-    return {"mode": mode, "n": n, "cpu_startup_s": cpu_ready, "cpu_joins_s": cpu_joined - cpu_ready,
-            "cpu_total_s": cpu_joined, "wall_joins_s": t_joined - t_ready, "wall_total_s": t_joined - t0,
+    return {"mode": mode, "n": n, "cpu_startup_s": cpu_started, "cpu_joins_s": cpu_joined - cpu_started,
+            "cpu_total_s": cpu_joined, "wall_joins_s": t_joined - t_started, "wall_total_s": t_joined - t0,
             "checked": seen["checked"], "check_status": seen["status"]}
 
 
@@ -265,13 +292,13 @@ def main() -> None:
                     help="bytecode cache of the bench's processes (PYTHONPYCACHEPREFIX)")
     ap.add_argument("--profile", help="cProfile each scheduler into this folder")
     ap.add_argument("--compare-real", action="store_true")
-    ap.add_argument("--host", help=argparse.SUPPRESS)  # internal: run as a worker host process
+    ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)  # internal: a worker host process
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.host:
-        asyncio.run(host_workers(args.host, args.mode, args.first, args.count, args.per_node))
+        asyncio.run(host_workers(args.mode, args.first, args.count, args.per_node))
         return
     if args.compare_real:
         from compare_real import compare_real  # bench/compare_real.py
