@@ -3,7 +3,7 @@
 
     python bench/scheduler-scale.py [--workers 32,64,128,256] [--repeat 3] [--hosts 4]
         [--facts tests/hosts/dgx-8gpu-nvswitch-4ib.json] [--json OUT] [--profile DIR]
-    python bench/scheduler-scale.py --compare-real     # hosted workers publish what real ones do
+    python bench/scheduler-scale-compare.py            # hosted workers look like real ones
 
 Each trial first starts the worker host processes (below) and waits until they are ready
 to join, then launches a real ``python -m dask scheduler --host 127.0.0.1 --port 0
@@ -44,9 +44,9 @@ claiming again in the same process drops the previous descriptor, which frees it
 so in-process claims would alternate 0, 1, 0, 1 instead of counting up.  Workers run
 without nannies in both modes, and with distributed's worker profiler off (256 sampling
 threads would starve the 2 cores; the profiler sends nothing to the scheduler unasked).
-``--compare-real`` checks the claim: it joins two real ``dask worker --nworkers 2
---preload gpudask`` workers and two hosted ones to one scheduler and compares what the
-scheduler holds for them (``WorkerState.extra``, resources, the check's result).
+``bench/scheduler-scale-compare.py`` checks the claim: it joins two real ``dask worker
+--nworkers 2 --preload gpudask`` workers and two hosted ones to one scheduler and compares
+what the scheduler holds for them (``WorkerState.extra``, resources, the check's result).
 
 ``--profile DIR`` runs each scheduler under cProfile (stopped with SIGTERM so
 the profile is written) and saves ``DIR/sched-MODE-N-ROUND.prof``.
@@ -273,10 +273,10 @@ def table(results: list[dict], sizes: list[int]) -> tuple[str, list[dict]]:
                      f"{r['plain_joins_ms_per_worker']:>6.1f}/{r['gpudask_joins_ms_per_worker']:<6.1f}  "
                      f"{r['plain_wall_total_s']:>5.1f}/{r['gpudask_wall_total_s']:<5.1f}")
     for a, b in zip(rows, rows[1:]):
-        dn = b["n"] - a["n"]
-        lines.append(f"increment {a['n']}->{b['n']}: plain {1000 * (b['plain_cpu_total_s'] - a['plain_cpu_total_s']) / dn:.2f}"
-                     f" ms/worker, gpudask {1000 * (b['gpudask_cpu_total_s'] - a['gpudask_cpu_total_s']) / dn:.2f}"
-                     " ms/worker (scheduler CPU, total)")
+        step = {m: 1000 * (b[f"{m}_cpu_total_s"] - a[f"{m}_cpu_total_s"]) / (b["n"] - a["n"])
+                for m in ("plain", "gpudask")}
+        lines.append(f"increment {a['n']}->{b['n']}: plain {step['plain']:.2f} ms/worker, "
+                     f"gpudask {step['gpudask']:.2f} ms/worker (scheduler CPU, total)")
     return "\n".join(lines), rows
 
 
@@ -291,7 +291,6 @@ def main() -> None:
     ap.add_argument("--pycache", default=os.path.join(tempfile.gettempdir(), "gpudask-bench-pycache"),
                     help="bytecode cache of the bench's processes (PYTHONPYCACHEPREFIX)")
     ap.add_argument("--profile", help="cProfile each scheduler into this folder")
-    ap.add_argument("--compare-real", action="store_true")
     ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)  # internal: a worker host process
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, help=argparse.SUPPRESS)
@@ -300,10 +299,6 @@ def main() -> None:
     if args.host:
         asyncio.run(host_workers(args.mode, args.first, args.count, args.per_node))
         return
-    if args.compare_real:
-        from compare_real import compare_real  # bench/compare_real.py
-
-        sys.exit(compare_real(args, _spawn, _wait_file, _stop))
     sizes = [int(s) for s in args.workers.split(",")]
     for mode in ("plain", "gpudask"):  # warm-up, not counted: bytecode cache, page cache
         trial(mode, sizes[0], args, "warmup")
