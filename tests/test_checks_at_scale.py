@@ -34,20 +34,19 @@ def over_the_wire(value):
     return loads(dumps({"extra": value}))["extra"]
 
 
-@pytest.fixture(scope="module")
-def scheduler():
-    import os
+@pytest.fixture
+def scheduler(monkeypatch):
+    """The scheduler's side of an 8-GPU node (plan_here registers the plugins' defaults in
+    the global dask config: put it back afterwards, as test_checks.py does)."""
+    import dask.config
 
-    old = os.environ.get("GPUDASK_FACTS")
-    os.environ["GPUDASK_FACTS"] = host(DGX)
-    try:
-        manager, ctx, facts = plan_here("tcp")
-    finally:
-        if old is None:
-            del os.environ["GPUDASK_FACTS"]
-        else:
-            os.environ["GPUDASK_FACTS"] = old
-    return manager, ctx, local_side(facts, "scheduler", "tcp://127.0.0.1:8786", "tcp")
+    config, defaults = copy.deepcopy(dask.config.config), list(dask.config.defaults)
+    monkeypatch.setenv("GPUDASK_FACTS", host(DGX))
+    manager, ctx, facts = plan_here("tcp")
+    yield manager, ctx, local_side(facts, "scheduler", "tcp://127.0.0.1:8786", "tcp")
+    dask.config.config.clear()
+    dask.config.config.update(config)
+    dask.config.defaults[:] = defaults
 
 
 # ----------------------------------------------------------------------------- fingerprint
