@@ -56,6 +56,7 @@ def side_from_published(published: Any, role: str, address: str | None) -> dict[
         raise ValueError(f"expected an object, got {type(published).__name__}")
     if "facts" not in published:
         raise ValueError("no 'facts' in it")
+    facts = _valid_facts(published["facts"], role)  # first: its reason is the one to read
     try:
         data = json_safe({key: published.get(key) for key in ("version", "protocol", "facts_origin")})
     except MalformedData as e:
@@ -63,8 +64,8 @@ def side_from_published(published: Any, role: str, address: str | None) -> dict[
     for key in ("version", "protocol", "facts_origin"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ValueError(f"{key!r} must be a string, got {type(data[key]).__name__}")
-    return {"role": role, "address": address, "facts": _valid_facts(published["facts"], role),
-            "protocol": data.get("protocol"), "gpudask": data.get("version"), "facts_origin": data.get("facts_origin")}
+    return {"role": role, "address": address, "facts": facts, "protocol": data.get("protocol"),
+            "gpudask": data.get("version"), "facts_origin": data.get("facts_origin")}
 
 
 # Facts already validated, by fingerprint: the workers of a host (of a cluster, often)
