@@ -35,7 +35,7 @@ the host plan, apply it), keeping the sessions.  On "go", for each worker in tur
 that worker's applied plan back in place (``process._apply``) and its session current,
 and starts ``Worker(preload=["gpudask"])``, whose ``dask_setup`` records the applied state
 and puts the published plan into the worker's startup information -- before the next
-worker's plan is applied.  So each worker registers with its own index, plan, applied
+worker's plan is applied (registrations then go on at once, as a cluster's nodes join).  So each worker registers with its own index, plan, applied
 state and GPU resource, as a real one does.
 
 The index comes from $GPUDASK_WORKER_INDEX (i mod 8), not from the slot lock: a process
@@ -107,6 +107,7 @@ async def host_workers(mode: str, first: int, count: int, per_node: int) -> None
 
         profiler = cProfile.Profile()
         profiler.enable()
+    joining = []
     for k, i in enumerate(range(first, first + count)):
         if sessions:
             # worker i's applied plan back in place (environment, config), and its session the
@@ -115,8 +116,17 @@ async def host_workers(mode: str, first: int, count: int, per_node: int) -> None
             process._SESSION = sessions[k]
         w = Worker(address, nthreads=1, host="127.0.0.1", dashboard=False, name=f"node{i // per_node}-{i % per_node}",
                    preload=["gpudask"] if mode == "gpudask" else [])
-        await w  # listen, dask_setup (the published plan is fixed here), register: checked
+        task = asyncio.ensure_future(w.start())  # listen, dask_setup, register (checked on return)
+        # Registrations go on at once, as a cluster's nodes join.  The next worker starts
+        # once this one listens and (gpudask) its dask_setup has published its plan, the last
+        # thing it does, so the next plan can go in place; plain workers wait for the same
+        # point, so both modes join alike (the window's length decides how many heartbeats
+        # of the workers already there fall into it)
+        while not task.done() and not (w.listeners and (not sessions or "gpudask" in w.startup_information)):
+            await asyncio.sleep(0.001)
+        joining.append(task)
         workers.append(w)
+    await asyncio.gather(*joining)
     if profile:
         profiler.disable()
         profiler.dump_stats(profile)
