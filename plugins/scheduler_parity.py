@@ -67,21 +67,27 @@ def _facts(side: Any) -> dict:
 
 
 def _visible_gpus(side: dict) -> list[dict]:
-    """The GPUs CUDA shows the process (``cuda_visible_devices`` applied)."""
+    """The GPUs CUDA shows the process (``cuda_visible_devices`` applied); the list is shared
+    by the checks of the same facts: read it, do not change it."""
     facts = _facts(side)
+    held = _BY_OBJECT.get(id(facts))
+    if held is not None and held[0] is facts:
+        return held[1]
     try:
         indices = _visible_indices(facts)
-        by_index = {g.get("index"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
-        return [by_index.get(i, {"index": i}) for i in indices]
     except Exception:  # noqa: BLE001 - malformed facts: fall back to the list as it is
         return [g for g in facts.get("gpus") or [] if isinstance(g, dict)]
+    by_index = {g.get("index"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
+    gpus = [by_index.get(i, {"index": i}) for i in indices]
+    _remember(_BY_OBJECT, id(facts), (facts, gpus))
+    return gpus
 
 
-# Visible GPU indices, read once per facts: the check hands this hook the scheduler's same
-# side with every joining worker, and the workers that published the same facts the same
-# dict (ProcessSide.facts is read-only).  By object first (a reference is held, so an id is
-# not reused), else by fingerprint (equal data); at most 64 of each, the oldest forgotten.
-_BY_OBJECT: dict[int, tuple[dict, list[int]]] = {}
+# Visible GPUs, read once per facts: the check hands this hook the scheduler's same side with
+# every joining worker, and the workers that published the same facts the same dict
+# (ProcessSide.facts is read-only).  By object first (a reference is held, so an id is not
+# reused), else the indices by fingerprint (equal data); at most 64 of each, oldest forgotten.
+_BY_OBJECT: dict[int, tuple[dict, list[dict]]] = {}
 _BY_KEY: dict[bytes, list[int]] = {}
 
 
@@ -92,16 +98,12 @@ def _remember(cache: dict, key: Any, value: Any) -> None:
 
 
 def _visible_indices(facts: dict) -> list[int]:
-    held = _BY_OBJECT.get(id(facts))
-    if held is not None and held[0] is facts:
-        return held[1]
     key = fingerprint(facts)
     indices = _BY_KEY.get(key) if key is not None else None
     if indices is None:
         indices = [g.index for g in facts_from_dict(facts, "probed").visible_gpus()]
         if key is not None:
             _remember(_BY_KEY, key, indices)
-    _remember(_BY_OBJECT, id(facts), (facts, indices))
     return indices
 
 
