@@ -13,7 +13,8 @@ else in ``gpudask`` may move.  Nothing in gpudask's core imports this module.
 * shared rules: :func:`parse_ucx_tls` (the one UCX_TLS parser), :func:`cpu_ranges`,
   :func:`workers_sharing_gpu`, the transport helpers of :mod:`gpudask.transport`;
   :func:`format_bytes` / :func:`parse_bytes` (dask's);
-* facts of another process: :func:`facts_from_dict` (validates published facts).
+* facts of another process: :func:`facts_from_dict` (validates published facts),
+  :func:`fingerprint` (an exact key for plain data, to read the same facts once).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_op
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 from gpudask.facts import facts_from_dict
 from gpudask.facts.probe import ucx_unused_variables
-from gpudask.findings import Finding
+from gpudask.findings import Finding, fingerprint
 from gpudask.hookspecs import hookimpl
 from gpudask.plan import HostPlan, MemoryPlan, PlanContext, ProcessPlan, cpu_ranges
 from gpudask.transport import (AUTO, EXPLICIT, GPU_ROLES, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why,
@@ -39,7 +40,7 @@ __all__ = [
     # errors
     "GpudaskError", "ConfigError", "PluginError",
     # plans and checks
-    "PlanContext", "ProcessPlan", "HostPlan", "MemoryPlan", "Finding", "facts_from_dict",
+    "PlanContext", "ProcessPlan", "HostPlan", "MemoryPlan", "Finding", "facts_from_dict", "fingerprint",
     # this process
     "applied_role", "ucx_unused_variables",
     # shared rules

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudask.pluginapi import Finding, Option, facts_from_dict, hookimpl, parse_name_list
+from gpudask.pluginapi import Finding, Option, facts_from_dict, fingerprint, hookimpl, parse_name_list
 
 name = "scheduler-parity"
 priority = 200
@@ -67,14 +67,44 @@ def _facts(side: Any) -> dict:
 
 
 def _visible_gpus(side: dict) -> list[dict]:
-    """The GPUs CUDA shows the process (``cuda_visible_devices`` applied)."""
+    """The GPUs CUDA shows the process (``cuda_visible_devices`` applied); the list is shared
+    by the checks of the same facts: read it, do not change it."""
     facts = _facts(side)
+    held = _BY_OBJECT.get(id(facts))
+    if held is not None and held[0] is facts:
+        return held[1]
     try:
-        gpus = facts_from_dict(facts, "probed").visible_gpus()
-        by_index = {g.get("index"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
-        return [by_index.get(g.index, {"index": g.index}) for g in gpus]
+        indices = _visible_indices(facts)
     except Exception:  # noqa: BLE001 - malformed facts: fall back to the list as it is
         return [g for g in facts.get("gpus") or [] if isinstance(g, dict)]
+    by_index = {g.get("index"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
+    gpus = [by_index.get(i, {"index": i}) for i in indices]
+    _remember(_BY_OBJECT, id(facts), (facts, gpus))
+    return gpus
+
+
+# Visible GPUs, read once per facts: the check hands this hook the scheduler's same side with
+# every joining worker, and the workers that published the same facts the same dict
+# (ProcessSide.facts is read-only).  By object first (a reference is held, so an id is not
+# reused), else the indices by fingerprint (equal data); at most 64 of each, oldest forgotten.
+_BY_OBJECT: dict[int, tuple[dict, list[dict]]] = {}
+_BY_KEY: dict[bytes, list[int]] = {}
+
+
+def _remember(cache: dict, key: Any, value: Any) -> None:
+    if len(cache) >= 64:
+        del cache[next(iter(cache))]
+    cache[key] = value
+
+
+def _visible_indices(facts: dict) -> list[int]:
+    key = fingerprint(facts)
+    indices = _BY_KEY.get(key) if key is not None else None
+    if indices is None:
+        indices = [g.index for g in facts_from_dict(facts, "probed").visible_gpus()]
+        if key is not None:
+            _remember(_BY_KEY, key, indices)
+    return indices
 
 
 def _gpu_names(gpus: list[dict]) -> str:

@@ -81,6 +81,7 @@ class SchedulerCheck(SchedulerPlugin):
         self.results: dict[str, dict[str, Any]] = {}
         self.sides: dict[str, dict[str, Any] | None] = {}
         self.refused: dict[str, dict[str, Any]] = {}
+        self.says_ok = False
         self._started = False
         self.asked_for = False
 
@@ -98,6 +99,8 @@ class SchedulerCheck(SchedulerPlugin):
         """Compare with these: the scheduler's plugin manager, plan context and side."""
         self.scheduler, self.manager, self.ctx, self.side = scheduler, manager, ctx, side
         self.action = read_action(ctx, self.action_override)
+        # a CPU host over tcp: nothing of gpudask's to say at INFO (read once, not per worker)
+        self.says_ok = bool(ctx.gpus or ctx.uses_ucx)
 
     async def _prepare(self, scheduler: Any) -> None:
         if self.manager is not None:
@@ -166,8 +169,7 @@ class SchedulerCheck(SchedulerPlugin):
             level = {"error": logging.ERROR, "warning": logging.WARNING}.get(f.severity, logging.INFO)
             logger.log(level, "gpudask check: %s", f.line())
         if not findings:
-            # a CPU host over tcp: nothing of gpudask's to say at INFO
-            level = logging.INFO if (self.ctx.gpus or self.ctx.uses_ucx) else logging.DEBUG
+            level = logging.INFO if self.says_ok else logging.DEBUG
             logger.log(level, "gpudask check: worker %s matches the scheduler", address)
         self.scheduler.log_event(EVENT_TOPIC, {"action": "scheduler-check", "worker": address, "status": status,
                                                "policy": self.action, "findings": result["findings"]})

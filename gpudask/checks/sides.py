@@ -13,7 +13,7 @@ from typing import Any
 
 from gpudask._version import __version__
 from gpudask.errors import FactsError, GpudaskError
-from gpudask.findings import SEVERITIES, Finding, MalformedData, json_safe
+from gpudask.findings import SEVERITIES, Finding, MalformedData, fingerprint, json_safe
 
 ACTIONS = ("warn", "error", "refuse")
 ACTION_KEY = "gpudask.scheduler-check.action"
@@ -47,27 +47,55 @@ def side_from_published(published: Any, role: str, address: str | None) -> dict[
     """Validate what a process published under ``"gpudask"`` and return the hook's view
     of it: ``{"role", "address", "facts", "protocol", "gpudask", "facts_origin"}``.
 
+    Only what the check reads is validated: the facts and three strings (the plan and
+    applied state that come with them are for ``gpudask status``, which reads them itself).
+
     :raises ValueError: with a one-line reason when the data is malformed.
     """
+    if not isinstance(published, dict):
+        raise ValueError(f"expected an object, got {type(published).__name__}")
+    if "facts" not in published:
+        raise ValueError("no 'facts' in it")
+    facts = _valid_facts(published["facts"], role)  # first: its reason is the one to read
+    try:
+        data = json_safe({key: published.get(key) for key in ("version", "protocol", "facts_origin")})
+    except MalformedData as e:
+        raise ValueError(f"not JSON-compatible data ({e})") from None
+    for key in ("version", "protocol", "facts_origin"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ValueError(f"{key!r} must be a string, got {type(data[key]).__name__}")
+    return {"role": role, "address": address, "facts": facts, "protocol": data.get("protocol"),
+            "gpudask": data.get("version"), "facts_origin": data.get("facts_origin")}
+
+
+# Facts already validated, by fingerprint: the workers of a host (of a cluster, often)
+# publish the same facts, and validating them (JSON check, schema, cross checks, a
+# normalising round trip) was most of the scheduler's cost per joining worker.  The dict
+# is shared by the sides that published those facts (ProcessSide.facts is read-only).
+_VALID_FACTS: dict[bytes, dict[str, Any]] = {}
+_VALID_FACTS_MAX = 64  # distinct hosts' facts kept; the oldest is forgotten first
+
+
+def _valid_facts(published: Any, role: str) -> dict[str, Any]:
     from gpudask.facts import facts_from_dict
 
+    key = fingerprint(published)
+    known = _VALID_FACTS.get(key) if key is not None else None
+    if known is not None:
+        return known
     try:
         data = json_safe(published)
     except MalformedData as e:
         raise ValueError(f"not JSON-compatible data ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"expected an object, got {type(data).__name__}")
-    if "facts" not in data:
-        raise ValueError("no 'facts' in it")
     try:
-        facts = facts_from_dict(data["facts"], f"facts of the {role}")
+        facts = facts_from_dict(data, f"facts of the {role}").to_dict()
     except FactsError as e:
         raise ValueError(str(e)) from None
-    for key in ("version", "protocol", "facts_origin"):
-        if data.get(key) is not None and not isinstance(data[key], str):
-            raise ValueError(f"{key!r} must be a string, got {type(data[key]).__name__}")
-    return {"role": role, "address": address, "facts": facts.to_dict(), "protocol": data.get("protocol"),
-            "gpudask": data.get("version"), "facts_origin": data.get("facts_origin")}
+    if key is not None:
+        if len(_VALID_FACTS) >= _VALID_FACTS_MAX:
+            del _VALID_FACTS[next(iter(_VALID_FACTS))]
+        _VALID_FACTS[key] = facts
+    return facts
 
 
 def run_hooks(manager: Any, ctx: Any, reference: dict[str, Any], other: dict[str, Any] | None,
