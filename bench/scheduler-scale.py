@@ -262,6 +262,16 @@ def verify(sf: str) -> dict:
 
 
 # ----------------------------------------------------------------- report
+def _ratio(a: float, b: float) -> float | None:
+    """None when the plain side read 0 s: CPU time is counted in clock ticks (10 ms), and a
+    few joining workers can cost less than one."""
+    return a / b if b > 0 else None
+
+
+def _fmt(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}"
+
+
 def table(results: list[dict], sizes: list[int]) -> tuple[str, list[dict]]:
     rows = []
     for n in sizes:
@@ -269,8 +279,8 @@ def table(results: list[dict], sizes: list[int]) -> tuple[str, list[dict]]:
                    for k in ("cpu_startup_s", "cpu_joins_s", "cpu_total_s", "wall_total_s")}
                for m in ("plain", "gpudask")}
         rows.append({"n": n, **{f"{m}_{k}": v for m in med for k, v in med[m].items()},
-                     "ratio_total": med["gpudask"]["cpu_total_s"] / med["plain"]["cpu_total_s"],
-                     "ratio_joins": med["gpudask"]["cpu_joins_s"] / med["plain"]["cpu_joins_s"],
+                     "ratio_total": _ratio(med["gpudask"]["cpu_total_s"], med["plain"]["cpu_total_s"]),
+                     "ratio_joins": _ratio(med["gpudask"]["cpu_joins_s"], med["plain"]["cpu_joins_s"]),
                      "plain_joins_ms_per_worker": 1000 * med["plain"]["cpu_joins_s"] / n,
                      "gpudask_joins_ms_per_worker": 1000 * med["gpudask"]["cpu_joins_s"] / n})
     head = (f"{'N':>4}  {'plain CPU s':>11}  {'gpudask CPU s':>13}  {'ratio':>5}  {'startup p/g s':>13}  "
@@ -278,8 +288,8 @@ def table(results: list[dict], sizes: list[int]) -> tuple[str, list[dict]]:
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['n']:>4}  {r['plain_cpu_total_s']:>11.2f}  {r['gpudask_cpu_total_s']:>13.2f}  "
-                     f"{r['ratio_total']:>5.2f}  {r['plain_cpu_startup_s']:>6.2f}/{r['gpudask_cpu_startup_s']:<6.2f}  "
-                     f"{r['plain_cpu_joins_s']:>5.2f}/{r['gpudask_cpu_joins_s']:<5.2f}  {r['ratio_joins']:>11.2f}  "
+                     f"{_fmt(r['ratio_total']):>5}  {r['plain_cpu_startup_s']:>6.2f}/{r['gpudask_cpu_startup_s']:<6.2f}  "
+                     f"{r['plain_cpu_joins_s']:>5.2f}/{r['gpudask_cpu_joins_s']:<5.2f}  {_fmt(r['ratio_joins']):>11}  "
                      f"{r['plain_joins_ms_per_worker']:>6.1f}/{r['gpudask_joins_ms_per_worker']:<6.1f}  "
                      f"{r['plain_wall_total_s']:>5.1f}/{r['gpudask_wall_total_s']:<5.1f}")
     for a, b in zip(rows, rows[1:]):
