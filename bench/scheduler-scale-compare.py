@@ -20,7 +20,6 @@ import json
 import os
 import runpy
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -65,23 +64,25 @@ def main() -> int:
     d = tempfile.mkdtemp(prefix="sched-scale-compare-")
     sf = os.path.join(d, "scheduler.json")
     env = scale["bench_env"](args, d)
-    sched = scale["_spawn"](scale["scheduler_argv"]("gpudask", sf, None), os.path.join(d, "scheduler.log"), env)
+    from gpudask.bench import processes
+
+    sched = processes.spawn(scale["scheduler_argv"]("gpudask", sf, None), env, os.path.join(d, "scheduler.log"), d)
     procs = [sched]
     try:
-        scale["_wait_file"](sf, sched)
-        procs.append(scale["_spawn"]([sys.executable, "-m", "dask", "worker", "--scheduler-file", sf, "--nworkers",
-                                      "2", "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard", "--preload",
-                                      "gpudask"], os.path.join(d, "real.log"), env))
+        address = processes.wait_for_scheduler_file(sf, [sched], timeout=60)
+        procs.append(processes.spawn(processes.dask_command(
+            "worker", "--scheduler-file", sf, "--nworkers", "2", "--nthreads", "1", "--host", "127.0.0.1",
+            "--no-dashboard", "--preload", "gpudask"), env, os.path.join(d, "real.log"), d))
         hosts = scale["start_hosts"]("gpudask", 2, 2, 1, d, env)
         procs += hosts
-        assert scale["join"](hosts, json.load(open(sf))["address"]) == 2
+        assert scale["join"](hosts, address) == 2
         from distributed import Client
 
         with Client(scheduler_file=sf, timeout=60) as c:
             c.wait_for_workers(4, timeout=120)
             held = c.run_on_scheduler(_held)
     finally:
-        scale["_stop"](procs)
+        processes.stop(procs)
     by_kind: dict[str, dict[int, dict]] = {"real": {}, "hosted": {}}
     for address, h in held.items():
         kind = "real" if h["nanny"] else "hosted"

@@ -59,7 +59,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -136,30 +135,11 @@ async def host_workers(mode: str, first: int, count: int, per_node: int) -> None
 
 
 # ----------------------------------------------------------------- one trial
-def _spawn(argv: list[str], log: str, env: dict[str, str], **kw) -> subprocess.Popen:
-    return subprocess.Popen(argv, stdout=kw.pop("stdout", open(log, "w")), stderr=open(log, "a"), env=env,
-                            start_new_session=True, text=True, **kw)
-
-
-def _wait_file(path: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if proc.poll() is not None or time.monotonic() > end:
-            raise RuntimeError(f"scheduler did not start (exit {proc.poll()}); see its log")
-        time.sleep(0.02)
-
-
-def _stop(procs: list[subprocess.Popen], graceful: subprocess.Popen | None = None) -> None:
-    if graceful is not None:  # the profiled scheduler: SIGTERM, so cProfile writes its file
-        graceful.send_signal(signal.SIGTERM)
-        try:
-            graceful.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+def _spawn_host(argv: list[str], log: str, env: dict[str, str]) -> subprocess.Popen:
+    """A worker host: its own process group, like gpudask.bench.processes.spawn, but with
+    pipes (the bench tells it when to join and reads how many joined)."""
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "w"), env=env,
+                            start_new_session=True, text=True)
 
 
 def bench_env(args: argparse.Namespace, d: str) -> dict[str, str]:
@@ -182,9 +162,9 @@ def start_hosts(mode: str, n: int, per_node: int, nhosts: int, d: str, env: dict
     for k in range(nhosts):
         count = n // nhosts + (k < n % nhosts)
         if count:
-            hosts.append(_spawn([sys.executable, __file__, "--host", "--mode", mode, "--first", str(first), "--count",
-                                 str(count), "--per-node", str(per_node)], os.path.join(d, f"host-{k}.log"), env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+            hosts.append(_spawn_host([sys.executable, __file__, "--host", "--mode", mode, "--first", str(first),
+                                      "--count", str(count), "--per-node", str(per_node)],
+                                     os.path.join(d, f"host-{k}.log"), env))
         first += count
     for h in hosts:
         assert h.stdout is not None and h.stdout.readline().strip() == "ready", f"a host failed; see {d}"
@@ -226,15 +206,18 @@ def trial(mode: str, n: int, args: argparse.Namespace, tag: str) -> dict:
         profile = os.path.join(args.profile, f"sched-{mode}-{n}-{tag}.prof")
     hosts = start_hosts(mode, n, args.per_node, args.hosts, d, env)
     t0 = time.monotonic()
-    sched = _spawn(scheduler_argv(mode, sf, profile), os.path.join(d, "scheduler.log"), env)
+    from gpudask.bench import processes  # here: a host process imports gpudask in its own order
+
+    sched = processes.spawn(scheduler_argv(mode, sf, profile), env, os.path.join(d, "scheduler.log"), d)
     try:
-        _wait_file(sf, sched)
+        address = processes.wait_for_scheduler_file(sf, [sched], timeout=60)
         cpu_started, t_started = settled(sched.pid), time.monotonic()
-        joined = join(hosts, json.load(open(sf))["address"])
+        joined = join(hosts, address)
         cpu_joined, t_joined = cpu_seconds(sched.pid), time.monotonic()
         seen = verify(sf)
     finally:
-        _stop(hosts + [sched], graceful=sched if profile else None)
+        # SIGTERM first (a profiled scheduler writes its file then), SIGKILL what is left
+        processes.stop(hosts + [sched], grace=30.0 if profile else 1.0)
     ok = joined == n and seen["workers"] == n and seen["checked"] == (n if mode == "gpudask" else 0)
     if not ok:
         raise RuntimeError(f"{mode} N={n}: joined {joined}, scheduler sees {seen} (logs in {d})")

@@ -11,41 +11,32 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 
 def ready_seconds(forkserver: bool, nworkers: int, protocol: str) -> float:
+    from distributed import Client
+
+    from gpudask.bench.processes import dask_command, spawn, stop, wait_for_scheduler_file
+
     env = {**os.environ, "DASK_GPUDASK__FORKSERVER__ENABLED": str(forkserver).lower(),
            "UCX_WARN_UNUSED_ENV_VARS": "n"}
     with tempfile.TemporaryDirectory() as d:
-        sf = os.path.join(d, "s.json")
+        sf, log, cwd = os.path.join(d, "s.json"), os.path.join(d, "cluster.log"), os.getcwd()  # cwd: relative facts
         t0 = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--port", "0", "--no-dashboard",
-                                   "--protocol", protocol, "--scheduler-file", sf, "--preload", "gpudask"],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True),
-                 subprocess.Popen([sys.executable, "-m", "dask", "worker", "--scheduler-file", sf, "--nworkers",
-                                   str(nworkers), "--nthreads", "1", "--no-dashboard", "--preload", "gpudask",
-                                   "--death-timeout", "30"], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)]
+        procs = [spawn(dask_command("scheduler", "--port", "0", "--no-dashboard", "--protocol", protocol,
+                                    "--scheduler-file", sf, "--preload", "gpudask"), env, log, cwd),
+                 spawn(dask_command("worker", "--scheduler-file", sf, "--nworkers", str(nworkers), "--nthreads", "1",
+                                    "--no-dashboard", "--preload", "gpudask", "--death-timeout", "30"), env, log, cwd)]
         try:
-            from distributed import Client
-
-            while not os.path.exists(sf):
-                time.sleep(0.02)
+            wait_for_scheduler_file(sf, procs, timeout=60)
             with Client(scheduler_file=sf, timeout=60) as client:
                 client.wait_for_workers(nworkers, timeout=120)
                 return time.perf_counter() - t0
         finally:
-            for p in procs:
-                try:
-                    os.killpg(p.pid, 9)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+            stop(procs)
 
 
 if __name__ == "__main__":
