@@ -76,7 +76,7 @@ def test_raw_ucxx_column_measures_the_same_transfers(smoke):
     raw = report["configs"][2]
     assert raw["name"] == "raw-ucxx" and raw["status"] == "ok", raw.get("notes")
     sizes = report["settings"]["transfer_bytes"]
-    expected = {f"transfer_{size_label(n)}_{u}" for n in sizes for u in ("s", "GBps")}
+    expected = {f"{what}_{size_label(n)}_{u}" for what in ("transfer", "pull") for n in sizes for u in ("s", "GBps")}
     assert set(raw["figures"]) == expected
     for key in expected:
         fig = raw["figures"][key]
@@ -98,6 +98,14 @@ def test_raw_ucxx_column_measures_the_same_transfers(smoke):
     share = gd["figures"][f"transfer_{size_label(sizes[-1])}_GBps"]["share_of_raw_median"]
     assert share == pytest.approx(gd["figures"][f"transfer_{size_label(sizes[-1])}_GBps"]["median"]
                                   / raw["figures"][f"transfer_{size_label(sizes[-1])}_GBps"]["median"])
+    # the in-worker pull: measured in both cluster columns, its share of raw on the ucx one
+    for n in sizes:
+        pull = gd["figures"][f"pull_{size_label(n)}_s"]
+        assert len(pull["runs"]) >= 5 and pull["median"] > 0, pull
+        assert report["configs"][0]["figures"][f"pull_{size_label(n)}_s"]["median"] > 0  # tcp
+    pulled = gd["figures"][f"pull_{size_label(sizes[-1])}_GBps"]
+    assert pulled["share_of_raw_median"] == pytest.approx(
+        pulled["median"] / raw["figures"][f"pull_{size_label(sizes[-1])}_GBps"]["median"])
 
 
 @pytest.mark.process

@@ -43,6 +43,29 @@ def to_float(x):
     return float(x)
 
 
+async def pull_times(addr, key, reps, backend, dask_worker=None):
+    """Seconds of each of ``reps`` pulls of ``key`` from worker ``addr`` into this worker, with
+    distributed's own ``get_data_from_worker`` as ``gather_dep`` calls it: no scheduling, no
+    task, the transfer and its request/reply only (GPU work synchronised before the clock stops)."""
+    import time
+
+    from distributed.worker import get_data_from_worker
+
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        r = await get_data_from_worker(dask_worker.rpc, [key], addr, who=dask_worker.address)
+        if backend == "cupy":
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()
+        out.append(time.perf_counter() - t)
+        if r.get("status") != "OK" or key not in r.get("data", {}):
+            raise RuntimeError(f"pull of {key} from {addr}: {r.get('status')}")
+        del r
+    return out
+
+
 def incoming(key, dask_worker=None):
     """This worker's transfer_incoming_log entries that brought ``key``."""
     out = []
