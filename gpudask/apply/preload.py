@@ -47,8 +47,8 @@ def on_import() -> None:
 
 def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
     """``dask worker`` on a host whose GPU count differs from the workers it starts."""
-    if cli is None or cli.command != "worker" or not cli.nanny:
-        return []
+    if cli is None or cli.command != "worker" or not cli.nanny or cli.nworkers == 0:
+        return []  # 0: distributed refuses the --nworkers given and says so itself
     gpus = len(s.ctx.gpus)
     started = cli.nworkers or 1
     if not gpus or started == gpus:
