@@ -58,3 +58,24 @@ def test_a_negative_nworkers_distributed_refuses_gets_no_gpudask_warning(cluster
     log = cluster.log("worker")
     assert "at least one process" in log, log[-2000:]  # distributed's own refusal
     assert "stay idle" not in log and "worker(s) on a host" not in log, log[-2000:]
+
+
+TWO_GPUS = host("workstation-2gpu-pcie.json")
+
+
+@pytest.mark.process
+def test_a_second_dask_worker_command_on_the_host_says_once_that_its_workers_share_gpus(cluster):
+    """Each `dask worker` command numbers its workers from 0: the second one's worker lands
+    on the first one's GPU, and gpudask says so once, in that command's log."""
+    env = base_env(GPUDASK_FACTS=TWO_GPUS)
+    cluster.scheduler(env=env)
+    first = cluster.worker("--preload", "gpudask", "--nworkers", "1", env=env, label="first")
+    with cluster.client(timeout=60) as client:
+        client.wait_for_workers(1, timeout=120)
+        cluster.worker("--preload", "gpudask", "--nworkers", "1", env=env, label="second")
+        client.wait_for_workers(2, timeout=120)
+    log = cluster.log("second")
+    line = (f"another dask worker command on this host (pid {first.pid}) already runs workers on GPU(s) 0: "
+            "this command's 1 worker(s) share them")
+    assert log.count(line) == 1, log[-3000:]
+    assert "--nworkers 2" in log and "another dask worker" not in cluster.log("first")
