@@ -335,7 +335,17 @@ class PluginManager:
 
     def applied_state(self, ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]]:
         """Each plugin's read-back of what it applied: ``{plugin: {key: {planned, actual}}}``."""
-        return {p.name: r for p, r in self._call("gpudask_applied_state", plan, ctx=ctx) if r}
+        out = {}
+        for plugin, result in self._call("gpudask_applied_state", plan, ctx=ctx):
+            if not result:
+                continue
+            problem = _applied_state_problem(result)
+            if problem is not None:
+                raise PluginError(plugin.name, plugin.distribution, "gpudask_applied_state",
+                                  f"returned {problem}; expected None or a dict "
+                                  "{key: {'planned': value, 'actual': value}}")
+            out[plugin.name] = result
+        return out
 
     def scheduler_check(self, ctx: PlanContext | None, scheduler_facts: Mapping[str, Any] | None,
                         worker_facts: Mapping[str, Any] | None) -> list[Finding]:
@@ -358,6 +368,20 @@ class PluginManager:
                 finding.plugin = finding.plugin or plugin.name
                 findings.append(finding)
         return findings
+
+
+def _applied_state_problem(result: Any) -> str | None:
+    """What is wrong with a ``gpudask_applied_state`` result, or None."""
+    if not isinstance(result, Mapping):
+        return f"a {type(result).__name__}"
+    for key, pair in result.items():
+        if not isinstance(key, str):
+            return f"a {type(key).__name__} key {key!r:.60}"
+        if not isinstance(pair, Mapping):
+            return f"{type(pair).__name__} for key {key!r:.60}"
+        if "planned" not in pair or "actual" not in pair:
+            return f"{sorted(map(str, pair))!r:.80} for key {key!r:.60}"
+    return None
 
 
 def forget_memory_setup() -> None:

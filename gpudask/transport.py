@@ -75,6 +75,46 @@ def ucxx_creates_cuda_context(tls: str | None) -> bool:
     return any("cuda" in n for n in names) and not any(n.startswith("^cuda") for n in names)
 
 
+# Every name UCX_TLS accepts whatever the host (UCX's aliases and transport names, UCX
+# 1.12-1.18 docs and ``ucx_info -c``): a name not here must be one this host's UCX lists
+# (facts.ucx_transports) to be accepted.
+UCX_TLS_NAMES = frozenset({
+    "all", "sm", "shm", "mm", "posix", "sysv", "xpmem", "cma", "knem", "self", "tcp",
+    "ib", "rc", "rc_v", "rc_verbs", "rc_x", "rc_mlx5", "ud", "ud_v", "ud_verbs", "ud_x", "ud_mlx5",
+    "dc", "dc_x", "dc_mlx5", "srd", "ugni", "ugni_rdma", "ugni_udt", "ugni_smsg",
+    "cuda", "cuda_copy", "cuda_ipc", "gdr_copy", "rocm", "rocm_copy", "rocm_ipc", "rocm_gdr",
+    "ze_copy", "ze_ipc", "ze_gdr", "sockcm", "rdmacm", "cuda_ipc_cache",
+})
+
+
+def check_user_tls(value: str | None, host_transports: list[str] | None) -> None:
+    """Refuse, in one line, a UCX_TLS that UCX cannot start with: set but empty (UCX then
+    has no transport: ``UCXXNoElemError``), or naming transports neither UCX's aliases nor
+    this host's UCX (``host_transports``, when known) have.
+
+    :raises ConfigError:
+    """
+    from gpudask.errors import ConfigError
+
+    if value is None:
+        return
+    if not value.strip():
+        raise ConfigError("UCX_TLS is set but empty: UCX then has no transport and ucx:// cannot start "
+                          "(UCXXNoElemError); accepted: unset it (gpudask chooses) or a comma-separated list of "
+                          "transports, e.g. UCX_TLS=tcp")
+    known = set(UCX_TLS_NAMES) | {t.lower() for t in host_transports or []}
+    names = parse_ucx_tls(value)
+    if names and names[0].startswith("^"):
+        names[0] = names[0][1:]
+    bad = [n for n in names if n.split(":", 1)[0].rstrip("\\") not in known]
+    if bad:
+        offered = (f"this host's UCX offers {', '.join(sorted(host_transports))}; "
+                   if host_transports else "")
+        raise ConfigError(f"UCX_TLS={value!r:.200} names unknown transport(s) {', '.join(repr(b) for b in bad)}; "
+                          f"accepted: {offered}UCX's names {', '.join(sorted(UCX_TLS_NAMES))}, comma-separated "
+                          "(a leading ^ excludes)")
+
+
 def user_tls(ctx: PlanContext) -> str | None:
     """UCX_TLS as the user exported it (None when unset)."""
     return ctx.user_env.get("UCX_TLS") or None

@@ -33,6 +33,7 @@ from distributed.http.utils import RequestHandler
 from gpudask.checks import EXTRA_KEY as CHECK_EXTRA_KEY
 from gpudask.checks import PLUGIN_NAME as CHECK_PLUGIN_NAME
 from gpudask.checks import PUBLISHED_KEY
+from gpudask.checks.published import bound, bound_published
 from gpudask.apply.dashboard_page import render
 
 MODULE = "gpudask.apply.dashboard"  # the entry for distributed.scheduler.http.routes
@@ -64,23 +65,23 @@ def cluster_state(scheduler: Any) -> dict[str, Any]:
     return {
         "time": time.time(),
         "scheduler": {"address": scheduler.address, "protocol": _scheme(scheduler.address)},
-        "check": {"installed": bool(report), "action": report.get("action"), "status": report.get("status"),
-                  "problem": report.get("problem"), "refused": sorted(report.get("refused") or {})},
+        "check": bound({"installed": bool(report), "action": report.get("action"), "status": report.get("status"),
+                        "problem": report.get("problem"), "refused": sorted(report.get("refused") or {})}),
         "bokeh": _bokeh_app(scheduler) is not None,
         "workers": workers,
-        "findings": findings,
+        "findings": [bound(f) for f in findings],
     }
 
 
 def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None) -> dict[str, Any]:
     """One worker's row, from what its gpudask published (``WorkerState.extra``) and its
     heartbeat metrics (``WorkerState.metrics``)."""
-    published = _dict(ws.extra.get(PUBLISHED_KEY))
+    published = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
     plan = _dict(published.get("plan"))
-    facts = _dict(published.get("facts"))
-    applied = published.get("applied", ws.extra.get("applied"))
+    facts = _dict(bound(published.get("facts")))
+    applied = bound(published.get("applied", ws.extra.get("applied")))
     env = _dict(plan.get("env"))
-    return {
+    row = {
         "address": address,
         "name": str(ws.name),
         "host": ws.host,
@@ -98,6 +99,9 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None) -> 
         "check": {"status": (check_result or {}).get("status"),
                   "findings": list((check_result or {}).get("findings") or [])},
     }
+    # what a worker published is bounded (gpudask.checks.published): one worker's row
+    # never floods or breaks the page, and it is always valid JSON
+    return bound(row)  # type: ignore[no-any-return]
 
 
 def _gpu(plan: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +160,8 @@ class StateHandler(RequestHandler):
     def get(self) -> None:
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        self.write(json.dumps(cluster_state(self.server), default=str))
+        # allow_nan=False: NaN/Infinity are not JSON and would blank the page (bound() replaced them)
+        self.write(json.dumps(cluster_state(self.server), default=str, allow_nan=False))
 
 
 class PageHandler(RequestHandler):

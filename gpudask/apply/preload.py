@@ -41,14 +41,14 @@ def on_import() -> None:
     assert s is not None
     level = logging.INFO if hostfile.decided_anything(s.host) else logging.DEBUG
     logger.log(level, process.startup_line(s))
-    for warning in s.host.warnings + _worker_count_warnings(s, cli):
+    for warning in s.host.warnings + _worker_count_warnings(s, cli) + _other_commands_warnings(s, cli):
         logger.warning("gpudask: %s", warning)
 
 
 def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
     """``dask worker`` on a host whose GPU count differs from the workers it starts."""
-    if cli is None or cli.command != "worker" or not cli.nanny:
-        return []
+    if cli is None or cli.command != "worker" or not cli.nanny or cli.nworkers == 0:
+        return []  # 0: distributed refuses the --nworkers given and says so itself
     gpus = len(s.ctx.gpus)
     started = cli.nworkers or 1
     if not gpus or started == gpus:
@@ -57,6 +57,44 @@ def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> l
         return [f"dask worker starts {started} worker(s) on a host with {gpus} visible GPU(s): "
                 f"{gpus - started} GPU(s) stay idle; pass --nworkers {gpus} for one worker per GPU"]
     return []  # more workers than GPUs: the plan already warns (GPUs shared round-robin)
+
+
+def _other_commands_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
+    """Several ``dask worker`` commands on one host each number their workers from 0, so
+    their workers share the GPUs from the first one on: say so once, naming the GPUs
+    shared and the other commands (their host plans in the state directory)."""
+    if cli is None or cli.command != "worker" or not cli.nanny or not s.ctx.gpus:
+        return []
+    import json
+
+    mine = {w.gpu for w in s.host.workers if w.gpu}
+    others: dict[int, set[str]] = {}
+    try:
+        entries = list(hostfile.state_dir().glob("plan-*.json"))
+    except OSError:
+        return []
+    for path in entries:
+        pid = path.stem[len("plan-"):]
+        if not pid.isdigit() or int(pid) == os.getpid() or not hostfile._alive(int(pid)):
+            continue
+        try:
+            data = json.loads(path.read_text())
+            if data["facts"]["hostname"] != s.host.facts.hostname:
+                continue
+            gpus = {w.get("gpu") for w in data["workers"] if isinstance(w, dict) and w.get("gpu")}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        shared = gpus & mine
+        if shared:
+            others[int(pid)] = shared
+    if not others:
+        return []
+    shared = sorted(set().union(*others.values()))
+    indices = sorted(w.gpu_index for w in s.host.workers if w.gpu in shared and w.gpu_index is not None)
+    return [f"another dask worker command on this host (pid {', '.join(map(str, sorted(others)))}) already "
+            f"runs workers on GPU(s) {', '.join(map(str, indices)) or ', '.join(shared)}: this command's "
+            f"{len(s.host.workers)} worker(s) share them (each command numbers its workers from 0); start one "
+            f"dask worker with --nworkers {len(s.ctx.gpus)}, or give each command its own CUDA_VISIBLE_DEVICES"]
 
 
 def _worker_running() -> bool:

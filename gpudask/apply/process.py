@@ -106,7 +106,7 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
     global _SESSION
     if cli is not None:
         protocol = protocol or cli.scheduler_protocol()
-        nworkers = nworkers or cli.nworkers
+        nworkers = nworkers or cli.nworkers or None  # 0: distributed refuses it and starts nothing
     protocol = (protocol or "tcp").split("://", 1)[0]  # LocalCluster passes protocol="tcp://"
     # `dask scheduler --protocol tcp,ws` listens on both: plan for UCX when one of them is UCX
     listeners = [p.strip() for p in protocol.split(",") if p.strip()]

@@ -32,7 +32,7 @@ WORKER_PROCESS_NAME = "Dask Worker process (from Nanny)"
 class CliArgs:
     command: str  # "scheduler" | "worker"
     nanny: bool = True
-    nworkers: int | None = None
+    nworkers: int | None = None  # resolved as distributed does (resolve_nworkers); 0: distributed refuses it
     protocol: str | None = None
     scheduler_address: str | None = None
     scheduler_file: str | None = None
@@ -68,15 +68,34 @@ def cli_args(command: str, ctx: Any) -> CliArgs:
         params = ctx.command.make_context(ctx.info_name, list(argv), resilient_parsing=True).params
     except Exception:  # noqa: BLE001 - an unparsable command line: distributed reports it itself
         params = dict(ctx.params)
-    nworkers = params.get("n_workers") or params.get("nworkers") or params.get("nprocs")
-    try:
-        nworkers = int(nworkers) if nworkers not in (None, "auto") else None
-    except (TypeError, ValueError):
-        nworkers = None  # "auto": decided by distributed from the CPU count
+    nworkers = resolve_nworkers(params.get("n_workers") or params.get("nworkers") or params.get("nprocs"))
     return CliArgs(command, nanny=bool(params.get("nanny", True)), nworkers=nworkers,
                    protocol=params.get("protocol") or None, scheduler_address=params.get("scheduler") or None,
                    scheduler_file=params.get("scheduler_file") or None, interface=params.get("interface") or None,
                    death_timeout=_seconds(params.get("death_timeout")))
+
+
+def resolve_nworkers(value: Any) -> int | None:
+    """``dask worker --nworkers`` as distributed resolves it (``distributed.cli.dask_worker``):
+    ``auto`` -> ``nprocesses_nthreads()``'s process count, a negative n -> CPU_COUNT + 1 + n
+    (this machine's CPU count, as distributed uses, even on a described host).  None when
+    not given (or not a number: click refuses it); 0 when distributed refuses the value
+    itself (fewer than one worker: it then starts nothing)."""
+    if value in (None, ""):
+        return None
+    if value == "auto":
+        from distributed.deploy.utils import nprocesses_nthreads
+
+        return int(nprocesses_nthreads()[0])
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None
+    if n < 0:
+        from dask.system import CPU_COUNT
+
+        n = CPU_COUNT + 1 + n
+    return max(n, 0)
 
 
 def _seconds(value: Any) -> float | None:

@@ -121,8 +121,12 @@ def record(session: Any, server: Any = None) -> list[dict[str, Any]]:
 
     session.state = read(session)
     session.mismatches = compare(session, session.state)
+    from gpudask.checks.published import MAX_MISMATCHES, shown
+
     log = logging.getLogger("distributed.gpudask")
-    for m in session.mismatches:
-        log.error("gpudask: %s: %s is %r, planned %r (plugin %s): the plan did not take effect",
-                  m["process"], m["key"], m["actual"], m["planned"], m["plugin"] or "gpudask")
+    for m in session.mismatches[:MAX_MISMATCHES]:
+        log.error("gpudask: %s: %s is %s, planned %s (plugin %s): the plan did not take effect",
+                  m["process"], m["key"], shown(m["actual"]), shown(m["planned"]), m["plugin"] or "gpudask")
+    if len(session.mismatches) > MAX_MISMATCHES:
+        log.error("gpudask: ... and %d more planned value(s) not in effect", len(session.mismatches) - MAX_MISMATCHES)
     return session.mismatches

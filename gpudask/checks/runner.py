@@ -26,8 +26,10 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from gpudask.checks.published import bound_published
 from gpudask.checks.sides import (ACTION_KEY, ACTIONS, CLIENT_WARN_TOPIC, EVENT_TOPIC, EXTRA_KEY, HANDLER,
-                                  PLUGIN_NAME, describe, evaluate_worker, local_side, read_action, scheme, summary)
+                                  PLUGIN_NAME, PUBLISHED_KEY, describe, evaluate_worker, local_side, read_action,
+                                  scheme, summary)
 from gpudask.errors import GpudaskError
 from gpudask.findings import Finding, worst
 
@@ -157,6 +159,9 @@ class SchedulerCheck(SchedulerPlugin):
         ws = self.scheduler.workers.get(address) if self.scheduler is not None else None
         if ws is None or self.manager is None or self.side is None:
             return []
+        if not self.dry and isinstance(ws.extra, dict) and PUBLISHED_KEY in ws.extra:
+            # everything that reads it later (/gpudask, gpudask status) gets it bounded
+            ws.extra[PUBLISHED_KEY] = bound_published(ws.extra[PUBLISHED_KEY])
         findings, side = evaluate_worker(self.manager, self.ctx, self.side, address, ws.extra)
         status = worst(findings)
         result = {"status": status, "gpudask": side is not None, "findings": [f.to_dict() for f in findings]}

@@ -159,17 +159,27 @@ def evaluate_worker(manager: Any, ctx: Any, scheduler_side: dict[str, Any], addr
 
 def not_applied(published: Any) -> list[Finding]:
     """An error finding for every planned value the worker's live process does not have
-    (its applied state, read after setup: gpudask.apply.state)."""
-    mismatches = published.get("mismatches") if isinstance(published, dict) else None
+    (its applied state, read after setup: gpudask.apply.state); at most
+    ``published.MAX_MISMATCHES`` of them, the rest counted in one more finding."""
+    from gpudask.checks import published as bounds
+
+    first, more, malformed = bounds.mismatches(published)
     out = []
-    for m in mismatches if isinstance(mismatches, (list, tuple)) else []:  # msgpack gives tuples
-        if not isinstance(m, dict):
-            continue
+    for m in first:
         out.append(Finding(
             "error", "not-applied",
-            f"{m.get('process')}: {m.get('key')} is {m.get('actual')!r}, planned {m.get('planned')!r}: the plan "
+            f"{bounds.truncate(str(m.get('process')), 100)}: {bounds.truncate(str(m.get('key')), 200)} is "
+            f"{bounds.shown(m.get('actual'))}, planned {bounds.shown(m.get('planned'))}: the plan "
             "did not take effect (something changed it after gpudask, or could not apply it)",
-            plugin=str(m.get("plugin") or "gpudask")))
+            plugin=bounds.truncate(str(m.get("plugin") or "gpudask"), 100)))
+    if more:
+        out.append(Finding("error", "not-applied",
+                           f"... and {more} more planned value(s) not in effect (only the first "
+                           f"{bounds.MAX_MISMATCHES} are listed)", plugin="gpudask", details={"more": more}))
+    if malformed:
+        out.append(Finding("warning", "malformed-facts",
+                           f"the worker published {malformed} mismatch item(s) that are not objects; they are ignored",
+                           plugin="gpudask", details={"malformed": malformed}))
     return out
 
 

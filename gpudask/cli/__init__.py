@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from gpudask.errors import GpudaskError
+from gpudask.errors import ConfigError, GpudaskError
 
 
 class _CleanErrors(click.Group):
@@ -50,7 +50,13 @@ def info(facts: str | None, config_file: str | None, protocol: str, nworkers: in
     """Print what gpudask would do on this host (or the described one), starting nothing: a summary;
     --reasons for every decision and why, --json for the whole plan."""
     from gpudask.apply.process import plan_host
+    from gpudask.plan.host import check_protocol
 
+    check_protocol(protocol)
+    if "," in protocol:
+        # `dask scheduler --protocol tcp,ws` listens on several; a worker connects through one
+        raise ConfigError(f"--protocol {protocol!r}: gpudask info plans for the one protocol the workers connect "
+                          "through; accepted: one of them (e.g. --protocol ucx)")
     host = plan_host(protocol, nworkers, facts_path=facts, config_file=config_file, user_interface=interface)
     if as_json:
         click.echo(json.dumps(host.to_dict(), indent=1))

@@ -36,6 +36,10 @@ def build_plan(facts: Facts, settings: Settings, manager: PluginManager, protoco
     ctx = PlanContext(facts, settings, protocol, nworkers, dict(user_env or {}), dict(user_config or {}),
                       user_interface=user_interface, manager=manager)
     _note_visible_devices(ctx)
+    if ctx.uses_ucx:
+        from gpudask.transport import check_user_tls
+
+        check_user_tls(ctx.user_env.get("UCX_TLS"), facts.ucx_transports)
     manager.validate(ctx)
     plans = [ProcessPlan("scheduler"), ProcessPlan("nanny"), ProcessPlan("client")]
     plans += [ProcessPlan("worker", index=i) for i in range(nworkers)]

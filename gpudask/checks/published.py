@@ -1,0 +1,143 @@
+"""Bounds on what a worker publishes: its plan, applied state and mismatches.
+
+A worker's gpudask puts its facts, plan, applied state and mismatches in its startup
+information (``WorkerState.extra["gpudask"]``).  The facts are validated against the
+schema (:func:`gpudask.checks.sides.side_from_published`) and refused whole when
+malformed; the rest is shown (``/gpudask``, ``gpudask status``) and turned into findings
+(the check's ``not-applied`` errors), so it is *bounded* instead, never refused:
+
+* at most :data:`MAX_ITEMS` items in a list or dict and :data:`MAX_TOTAL` values in all,
+  nested at most :data:`MAX_DEPTH` deep: what is left out is counted in a marker
+  (``"... and 99000 more items"``);
+* strings longer than :data:`MAX_STR` characters end in a marker naming the length;
+* non-finite numbers (``NaN``, ``Infinity``) become the strings ``"nan"``, ``"inf"``,
+  ``"-inf"`` (JSON has no such numbers: ``/gpudask/json`` must stay valid JSON);
+* any other type becomes its (bounded) ``repr``;
+* at most :data:`MAX_MISMATCHES` mismatches become findings; the others are counted in
+  one more finding.
+
+Nothing here raises on odd data, and a bounded value passes through again unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gpudask.findings import _MAX_DEPTH, _MAX_ITEMS, _MAX_STR
+
+MAX_STR = _MAX_STR  # characters of one string (the limit facts have)
+MAX_DEPTH = _MAX_DEPTH  # nesting (the limit facts have)
+MAX_TOTAL = _MAX_ITEMS  # values in one published field (the limit facts have)
+MAX_ITEMS = 1000  # items of one list or dict
+MAX_MISMATCHES = 50  # mismatches reported one by one; the rest in one finding
+MAX_SHOWN = 200  # characters of a value quoted in a log line or a finding's message
+BOUNDED_FIELDS = ("plan", "applied", "mismatches", "memory", "plugins")
+BOUNDED_MARK = "bounded"  # set in a published dict once its fields were bounded
+
+
+def bound(value: Any, *, limit_total: int = MAX_TOTAL) -> Any:
+    """A JSON-compatible copy of ``value`` within the limits above (never raises)."""
+    return _bound(value, 0, [limit_total])
+
+
+def _bound(value: Any, depth: int, budget: list[int]) -> Any:
+    budget[0] -= 1
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return truncate(value, MAX_STR)
+    if isinstance(value, (list, tuple, dict)):
+        if depth >= MAX_DEPTH:
+            return f"<nested deeper than {MAX_DEPTH} levels: left out>"
+        if budget[0] < 0:
+            return f"<left out: over the {MAX_TOTAL}-value limit>"
+    if isinstance(value, (list, tuple)):
+        out: list[Any] = []
+        for i, item in enumerate(value):
+            if i >= MAX_ITEMS or budget[0] < 0:
+                out.append(f"... and {len(value) - i} more items")
+                break
+            out.append(_bound(item, depth + 1, budget))
+        return out
+    if isinstance(value, dict):
+        result: dict[str, Any] = {}
+        for i, (k, v) in enumerate(value.items()):
+            if i >= MAX_ITEMS or budget[0] < 0:
+                result["..."] = f"and {len(value) - i} more keys"
+                break
+            result[truncate(k if isinstance(k, str) else repr(k), MAX_STR)] = _bound(v, depth + 1, budget)
+        return result
+    try:
+        text = repr(value)
+    except Exception as e:  # noqa: BLE001 - a repr that fails is shown as such
+        text = f"<{type(value).__name__}: repr failed: {type(e).__name__}>"
+    return truncate(text, MAX_STR)
+
+
+def truncate(text: str, limit: int) -> str:
+    """``text``, or its start and a marker naming how many characters were cut: at most
+    ``limit`` characters in all, so a truncated string passes through unchanged."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 40, 0)
+    return f"{text[:keep]}... [{len(text) - keep} more characters]"
+
+
+def shown(value: Any) -> str:
+    """``repr`` of a (published) value for a log line or a message, at most :data:`MAX_SHOWN`
+    characters and a marker."""
+    if isinstance(value, str):
+        return repr(truncate(value, MAX_SHOWN))
+    small = bound(value, limit_total=50)
+    return truncate(repr(small), MAX_SHOWN)
+
+
+def bound_published(published: Any) -> Any:
+    """``published`` (a worker's ``extra["gpudask"]``) with :data:`BOUNDED_FIELDS` bounded;
+    the facts are left as published (they are validated whole, elsewhere).  A non-dict is
+    returned as it is (the check reports it as malformed)."""
+    if not isinstance(published, dict) or published.get(BOUNDED_MARK) is True:
+        return published
+    out = dict(published)
+    for key in BOUNDED_FIELDS:
+        if key in out:
+            out[key] = bound(out[key])
+    for key in ("version", "role", "protocol", "facts_origin"):
+        if key in out and not (out[key] is None or isinstance(out[key], str)):
+            out[key] = shown(out[key])
+        elif isinstance(out.get(key), str):
+            out[key] = truncate(out[key], MAX_SHOWN)
+    out[BOUNDED_MARK] = True
+    return out
+
+
+def mismatches(published: Any) -> tuple[list[dict[str, Any]], int, int]:
+    """``(first, more, malformed)``: the first :data:`MAX_MISMATCHES` well-formed mismatches
+    (dicts of bounded values), how many well-formed ones follow them, and how many items
+    are not mismatches at all (not a dict)."""
+    raw = published.get("mismatches") if isinstance(published, dict) else None
+    if not isinstance(raw, (list, tuple)):  # msgpack gives tuples
+        return [], 0, 0
+    out: list[dict[str, Any]] = []
+    more = malformed = 0
+    for m in raw:
+        if isinstance(m, str) and m.startswith("... and ") and m.endswith(" more items"):
+            more += _count(m)  # a list bounded earlier: what it left out
+        elif not isinstance(m, dict):
+            malformed += 1
+        elif len(out) >= MAX_MISMATCHES:
+            more += 1
+        else:
+            out.append({k: bound(m.get(k), limit_total=MAX_ITEMS)
+                        for k in ("process", "key", "planned", "actual", "plugin")})
+    return out, more, malformed
+
+
+def _count(marker: str) -> int:
+    try:
+        return int(marker.split()[2])
+    except (IndexError, ValueError):
+        return 1
