@@ -79,8 +79,8 @@ def test_numpy_workflows_over_ucx_between_separate_processes(tmp_path):
 
 
 @pytest.mark.process
-def test_a_hanging_client_is_killed_and_the_rest_still_runs(tmp_path):
-    """The runner's watchdog: a workflow that outlives its limit is recorded as a timeout."""
+def test_an_unknown_workflow_is_one_line_naming_the_accepted_ones(tmp_path):
+    """Bad input to the runner: one line, exit 2, before any process starts."""
     proc = subprocess.run([sys.executable, "-m", "tests.workloads.run", "--form", "processes", "--out",
                            str(tmp_path), "--workflows", "nope"], cwd=ROOT, env=base_env(),
                           capture_output=True, text=True, timeout=60)
