@@ -70,7 +70,29 @@ def cluster_state(scheduler: Any) -> dict[str, Any]:
         "bokeh": _bokeh_app(scheduler) is not None,
         "workers": workers,
         "findings": [bound(f) for f in findings],
+        "probe": bound(last_probe(scheduler)),
     }
+
+
+def last_probe(scheduler: Any) -> dict[str, Any] | None:
+    """The report of the last ``gpudask check --probe`` (its ``gpudask-probe`` event), as
+    the page shows it: the paths' values as text."""
+    from gpudask.checks.probe import TOPIC
+
+    try:
+        events = scheduler.get_events(TOPIC)
+    except Exception:  # noqa: BLE001 - an odd scheduler: no probe shown
+        return None
+    if not events:
+        return None
+    when, report = events[-1]
+    report = _dict(report)
+    paths = [{k: None if p.get(k) is None else str(p.get(k)) for k in ("path", "status", "seconds", "error", "fix",
+                                                                      "detail")}
+             for p in report.get("paths") or [] if isinstance(p, dict)]
+    return {"time": when, "status": str(report.get("status")), "array": str(report.get("array")),
+            "protocol": str(report.get("protocol")), "problem": report.get("problem") and str(report["problem"]),
+            "workers": [str(w) for w in report.get("workers") or []], "paths": paths}
 
 
 def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None) -> dict[str, Any]:

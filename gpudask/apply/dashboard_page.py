@@ -50,6 +50,12 @@ _PAGE = """<!DOCTYPE html>
 <thead><tr><th>Severity</th><th>Worker</th><th>Plugin</th><th>Code</th><th>Message</th></tr></thead>
 <tbody></tbody>
 </table>
+<h2>Last probe (<span class="mono">gpudask check --probe</span>)</h2>
+<p id="probe-summary" class="muted"></p>
+<table id="probe">
+<thead><tr><th>Path</th><th>Status</th><th>Seconds</th><th>Detail, or what failed and the fix</th></tr></thead>
+<tbody></tbody>
+</table>
 <p class="muted" id="updated"></p>
 </main>
 <script>
@@ -143,6 +149,16 @@ function findingRow(f) {
   tr.appendChild(el("td", null, f.message));
   return tr;
 }
+function probeRow(p) {
+  const tr = el("tr", "probe-path");
+  tr.appendChild(el("td", "mono", dash(p.path)));
+  const st = el("td"); st.appendChild(badge(p.status === "failed" ? "error" : p.status === "ok" ? "ok" : "none"));
+  st.lastChild.textContent = dash(p.status);
+  tr.appendChild(st);
+  tr.appendChild(el("td", "mono", dash(p.seconds)));
+  tr.appendChild(el("td", null, p.status === "failed" ? dash(p.error) + "; fix: " + dash(p.fix) : dash(p.detail)));
+  return tr;
+}
 function replace(tbody, rows, emptyText, span) {
   tbody.replaceChildren(...rows);
   if (rows.length) return;
@@ -164,6 +180,14 @@ function draw(state) {
   replace(document.querySelector("#findings tbody"), (state.findings || []).map(findingRow),
           check.installed ? "no findings: every worker matches the scheduler"
                           : "the scheduler check is not installed", 5);
+  const probe = state.probe;
+  document.getElementById("probe-summary").textContent = probe
+    ? "status " + dash(probe.status) + " \u00b7 " + dash(probe.array) + " over " + dash(probe.protocol)
+      + " \u00b7 workers " + (probe.workers || []).join(", ") + " \u00b7 at "
+      + new Date(probe.time * 1000).toLocaleString() + (probe.problem ? " \u00b7 " + probe.problem : "")
+    : "";
+  replace(document.querySelector("#probe tbody"), probe ? (probe.paths || []).map(probeRow) : [],
+          probe ? "no path probed" : "no probe yet: run gpudask check --probe", 4);
 }
 async function refresh() {
   try {

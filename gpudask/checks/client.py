@@ -169,13 +169,18 @@ def _probe(address: str, timeout: float) -> None:
 
 
 def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float,
-              echo: Callable[..., Any], table: Callable[[list[str], list[list[Any]]], str]) -> int:
+              echo: Callable[..., Any], table: Callable[[list[str], list[list[Any]]], str],
+              probe: bool = False, path_timeout: float = 10.0, workers: str | None = None) -> int:
     """``gpudask check``: 0 when no error-level finding, 1 when there is one, 2 when the
-    scheduler cannot be reached."""
+    scheduler cannot be reached.  With ``probe``: data through every path instead
+    (:mod:`gpudask.checks.probe`), 0 when every path works, 1 when one does not."""
     from distributed import Client
 
     try:
         target = scheduler_address(address, scheduler_file)
+        chosen = _probe_workers(workers) if probe else None
+        if probe and not (path_timeout > 0):
+            raise GpudaskError(f"--path-timeout {path_timeout:g}: accepted: a number of seconds > 0")
     except GpudaskError as e:
         echo(f"gpudask: error: {e}", err=True)
         return 2
@@ -188,9 +193,28 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
     except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
         echo(f"gpudask: error: cannot connect to the scheduler {target}: {e}", err=True)
         return 2
+    if probe:
+        from gpudask.checks.probe import format_probe, run_probe
+
+        try:
+            result = run_probe(client, path_timeout, chosen)
+        finally:
+            client.close(timeout=path_timeout)
+        echo(json.dumps(result, indent=1, default=str) if as_json else format_probe(result))
+        return 0 if result["status"] == "ok" else 1
     try:
         report = run_check(client)
     finally:
         client.close()
     echo(json.dumps(report, indent=1, default=str) if as_json else format_report(report, table))
     return 1 if report["status"] == "error" else 0
+
+
+def _probe_workers(value: str | None) -> list[str] | None:
+    """``--workers SOURCE,DESTINATION`` of ``--probe``."""
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not 1 <= len(items) <= 2:
+        raise GpudaskError(f"--workers {value!r}: accepted: SOURCE or SOURCE,DESTINATION (worker addresses)")
+    return items

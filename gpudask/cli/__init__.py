@@ -141,12 +141,22 @@ def demo(nworkers: int | None, protocol: str, as_json: bool) -> None:
 @click.option("--scheduler-file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the scheduler.")
-def check(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float) -> None:
-    """Compare the scheduler, its workers and this client (exit 1 on an error finding)."""
+@click.option("--probe", is_flag=True,
+              help="Send a small array (CuPy with GPU workers) through every path: client -> worker, worker -> "
+                   "worker, worker -> client via the scheduler and direct; one line per path (exit 1 on a failure).")
+@click.option("--path-timeout", default=10.0, show_default=True, help="With --probe: seconds for each path.")
+@click.option("--workers", default=None, metavar="SOURCE[,DESTINATION]",
+              help="With --probe: the workers to probe (default: the first two by address).")
+def check(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float, probe: bool,
+          path_timeout: float, workers: str | None) -> None:
+    """Compare the scheduler, its workers and this client (exit 1 on an error finding);
+    --probe: move data through every path instead."""
     from gpudask.checks import check_cli
     from gpudask.cli.report import table
 
-    sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo, table))
+    if workers is not None and not probe:
+        raise GpudaskError("--workers goes with --probe")
+    sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo, table, probe, path_timeout, workers))
 
 
 @main.command()

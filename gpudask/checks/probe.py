@@ -1,0 +1,277 @@
+"""``gpudask check --probe``: a functional check of a running cluster.
+
+A small array (CuPy when the workers have a GPU, NumPy otherwise) travels each path data
+takes in a dask cluster, each path with its own time limit:
+
+* ``client -> worker``: a ``submit`` argument (it travels in the task graph, through the
+  scheduler);
+* ``worker -> worker``: a task pinned to one worker whose input lives on another;
+* ``worker -> client via scheduler``: ``gather(direct=False)``, the scheduler fetching on
+  the client's behalf (distributed's default for a client outside the workers' network);
+* ``worker -> client direct``: ``gather(direct=True)``.
+
+Each path gives ``ok`` with its time, or what failed and the fix.  The report is also
+sent to the scheduler as a ``gpudask-probe`` event (``client.get_events("gpudask-probe")``),
+which the ``/gpudask`` page shows.  Nothing here imports CuPy unless the workers use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+TOPIC = "gpudask-probe"  # the scheduler's event topic holding the probes' reports
+PATHS = ("client -> worker", "worker -> worker", "worker -> client via scheduler", "worker -> client direct")
+SIZE = 1 << 16  # int64 elements: 512 KiB, over distributed's small-message sizes
+
+
+# ----------------------------------------------------------------- run in workers / scheduler
+def _worker_array_module() -> str:
+    """``cupy`` when CuPy imports and sees a GPU in this process, else ``numpy``."""
+    try:
+        import cupy
+
+        return "cupy" if cupy.cuda.runtime.getDeviceCount() > 0 else "numpy"
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no GPU: NumPy
+        return "numpy"
+
+
+def _make(n: int, module: str) -> Any:
+    import importlib
+
+    return importlib.import_module(module).arange(n, dtype="int64")
+
+
+def _receive(x: Any, module: str) -> tuple[int, str]:
+    import importlib
+
+    x = importlib.import_module(module).asarray(x)
+    return int(x.sum()), type(x).__module__.partition(".")[0]
+
+
+def _sum_plus_one(x: Any) -> tuple[int, str]:
+    return int((x + 1).sum()), type(x).__module__.partition(".")[0]
+
+
+def _scheduler_gpus() -> int:
+    """GPUs the scheduler process can use (NVML; creates no CUDA context)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return 0
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            n = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return min(n, len([v for v in visible.split(",") if v.strip()])) if visible else n
+
+
+# ------------------------------------------------------------------------ the probe
+def _host(a: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
+        return "no answer"
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}"[:300] if text else type(e).__name__
+
+
+class _Prober:
+    def __init__(self, client: Any, timeout: float):
+        self.client = client
+        self.timeout = timeout
+
+    def within(self, make: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Await ``make()`` on the client's loop, for at most ``timeout`` seconds."""
+        limit = self.timeout if timeout is None else timeout
+
+        async def run() -> Any:
+            return await asyncio.wait_for(make(), limit)
+
+        return self.client.sync(run)
+
+    def result(self, future: Any) -> Any:
+        return future.result(timeout=self.timeout)
+
+
+def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = None) -> dict[str, Any]:
+    """Probe every path; the report (``report["status"]``: ``ok`` or ``failed``).
+
+    :param timeout: seconds for each path.
+    :param workers: ``[source, destination]``; default: the first two workers by address.
+    """
+    from distributed.comm.addressing import parse_address
+
+    p = _Prober(client, timeout)
+    info = client.scheduler_info()
+    address = client.scheduler.address
+    protocol = parse_address(address)[0]
+    known = sorted(info.get("workers") or {})
+    report: dict[str, Any] = {"time": time.time(), "scheduler": address, "protocol": protocol,
+                              "timeout": timeout, "workers": [], "array": None, "paths": [], "status": "failed"}
+
+    def path(name: str, status: str, seconds: float | None = None, error: str | None = None,
+             fix: str | None = None, detail: str | None = None) -> None:
+        report["paths"].append({"path": name, "status": status, "seconds": None if seconds is None else
+                                round(seconds, 4), "error": error, "fix": fix, "detail": detail})
+
+    if workers:
+        missing = [w for w in workers if w not in known]
+        if missing:
+            report["problem"] = (f"not a worker of this scheduler: {', '.join(missing)}; its workers: "
+                                 f"{', '.join(known) or 'none'}")
+            return report
+        chosen = list(workers)[:2]
+    else:
+        chosen = known[:2]
+    if not chosen:
+        report["problem"] = "no workers connected: start workers, then probe again"
+        return report
+    report["workers"] = chosen
+    a = chosen[0]
+    b = chosen[1] if len(chosen) > 1 else None
+    try:
+        # the scheduler calls each worker at its address: one it cannot reach answers an error
+        modules = p.within(lambda: client._run(_worker_array_module, workers=chosen, on_error="return"))
+        scheduler_gpus = p.within(lambda: client._run_on_scheduler(_scheduler_gpus))
+    except Exception as e:  # noqa: BLE001
+        report["problem"] = f"the workers (or the scheduler) did not run a function: {_one_line(e)}"
+        return report
+    report["notes"] = [f"the scheduler could not call {w}: {_one_line(m)}" for w, m in sorted(modules.items())
+                       if isinstance(m, BaseException)]
+    answers = [m for m in modules.values() if isinstance(m, str)]
+    module = "cupy" if answers and all(m == "cupy" for m in answers) else "numpy"
+    report["array"] = module
+    report["scheduler_gpus"] = scheduler_gpus
+    relay_gpu_less = protocol.startswith("ucx") and module == "cupy" and not scheduler_gpus
+    why_relay = ("the scheduler sees no GPU, the workers have one and the protocol is UCX: GPU data relayed "
+                 "through the scheduler cannot be received there")
+    fix_relay = ("give the scheduler a GPU (CUDA_VISIBLE_DEVICES on the scheduler), or send data directly: "
+                 "distributed.client.direct-to-workers: true")
+
+    # the data of the paths from the workers, made on the source worker: no client data involved
+    try:
+        source = client.submit(_make, SIZE, module, workers=[a], allow_other_workers=False, pure=False)
+        from distributed.client import _wait
+
+        p.within(lambda: _wait([source]))  # waits for the task only: the data stays on the worker
+        if source.status != "finished":
+            raise RuntimeError(f"the task on {a} ended {source.status}: {source.exception(timeout=timeout)!r}")
+    except Exception as e:  # noqa: BLE001
+        report["problem"] = f"worker {a} did not run a task within {timeout:g} s: {_one_line(e)}"
+        return report
+    expected = SIZE * (SIZE - 1) // 2
+
+    # client -> worker: a submit argument, in the graph through the scheduler
+    try:
+        import importlib
+
+        client_module = module
+        try:
+            data = importlib.import_module(module).arange(SIZE, dtype="int64")
+        except Exception:  # noqa: BLE001 - the workers have CuPy, this client cannot make CuPy arrays
+            import numpy
+
+            client_module, data = "numpy", numpy.arange(SIZE, dtype="int64")
+        start = time.perf_counter()
+        got = p.result(client.submit(_receive, data, module, workers=[a], allow_other_workers=False, pure=False))
+        seconds = time.perf_counter() - start
+        if got[0] != expected:
+            path(PATHS[0], "failed", seconds, f"wrong value {got[0]}, expected {expected}",
+                 "see the worker's log; the data was corrupted on the way")
+        else:
+            path(PATHS[0], "ok", seconds, detail=f"{client_module} from the client"
+                 + (" (this client has no CuPy / GPU)" if client_module != module else ""))
+    except Exception as e:  # noqa: BLE001
+        if relay_gpu_less and client_module == "cupy":
+            path(PATHS[0], "failed", None, f"{_one_line(e)}: {why_relay}", fix_relay)
+        else:
+            path(PATHS[0], "failed", None, f"{_one_line(e)} within {timeout:g} s",
+                 "the argument travels in the task graph through the scheduler: look in the scheduler's log for "
+                 "'Error during deserialization'; the scheduler needs the client's packages")
+
+    # worker -> worker
+    if b is None:
+        path(PATHS[1], "skipped", detail="one worker: no other worker to fetch from")
+    else:
+        try:
+            start = time.perf_counter()
+            got = p.result(client.submit(_sum_plus_one, source, workers=[b], allow_other_workers=False, pure=False))
+            seconds = time.perf_counter() - start
+            want = expected + SIZE
+            if got[0] != want:
+                path(PATHS[1], "failed", seconds, f"wrong value {got[0]}, expected {want}",
+                     "see the workers' logs; the data was corrupted on the way")
+            else:
+                path(PATHS[1], "ok", seconds, detail=f"{b} fetched from {a}")
+        except Exception as e:  # noqa: BLE001
+            path(PATHS[1], "failed", None, f"{b} could not get data from {a}: {_one_line(e)} within {timeout:g} s",
+                 f"the workers must reach each other at their addresses ({a}): check --interface / "
+                 f"--contact-address, firewalls and UCX_TLS; see the workers' logs")
+
+    # worker -> client, through the scheduler and directly
+    for name, direct in ((PATHS[2], False), (PATHS[3], True)):
+        try:
+            start = time.perf_counter()
+            (got,) = p.within(lambda d=direct: client._gather([source], direct=d))
+            seconds = time.perf_counter() - start
+            total = int(_host(got).sum())
+            if total != expected:
+                path(name, "failed", seconds, f"wrong value {total}, expected {expected}",
+                     "the data was corrupted on the way")
+            else:
+                path(name, "ok", seconds, detail=f"{type(got).__module__.partition('.')[0]} from {a}")
+        except Exception as e:  # noqa: BLE001
+            if not direct and relay_gpu_less:
+                path(name, "failed", None, f"{_one_line(e)} within {timeout:g} s: {why_relay}", fix_relay)
+            elif not direct:
+                path(name, "failed", None, f"{_one_line(e)} within {timeout:g} s",
+                     f"the scheduler fetches from {a} on the client's behalf: it must reach the workers' "
+                     "addresses; see the scheduler's log ('Couldn't gather keys')")
+            else:
+                path(name, "failed", None, f"this client could not fetch from {a}: {_one_line(e)} within "
+                     f"{timeout:g} s", f"this client must reach {a} (another network? --contact-address?); "
+                     "results still come through the scheduler when distributed.client.direct-to-workers "
+                     "is not true")
+    source.release()
+    report["status"] = "ok" if all(x["status"] in ("ok", "skipped") for x in report["paths"]) else "failed"
+    try:
+        client.log_event(TOPIC, report)  # the /gpudask page shows the last one
+        report["stored"] = True
+    except Exception as e:  # noqa: BLE001 - a probe result is still a result
+        report["stored"] = False
+        report["store_error"] = _one_line(e)
+    return report
+
+
+def format_probe(report: dict[str, Any]) -> str:
+    """One line per path: ``ok`` with its time, or what failed and the fix."""
+    head = (f"probe of {report.get('scheduler')} ({report.get('protocol')}): {report.get('array') or '?'} arrays, "
+            f"workers {', '.join(report.get('workers') or []) or 'none'}, {report.get('timeout'):g} s per path")
+    lines = [head]
+    if report.get("problem"):
+        lines.append(f"failed: {report['problem']}")
+    lines += [f"note: {n}" for n in report.get("notes") or []]
+    width = max(len(p) for p in PATHS)
+    for p in report.get("paths") or []:
+        if p["status"] == "ok":
+            lines.append(f"{p['path']:<{width}}  ok      {p['seconds'] * 1000:8.1f} ms  {p.get('detail') or ''}"
+                         .rstrip())
+        elif p["status"] == "skipped":
+            lines.append(f"{p['path']:<{width}}  skipped  {p.get('detail') or ''}".rstrip())
+        else:
+            lines.append(f"{p['path']:<{width}}  FAILED  {p.get('error')}; fix: {p.get('fix')}")
+    lines.append(f"probe: {report.get('status')}")
+    return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""A user's client script against a running cluster; it does not import gpudask.
+
+    python tests/workloads/client.py --scheduler-file FILE --array numpy|cupy --workflows a,b,... --timeout S
+
+One JSON line per workflow on stdout (see workflows.run); the last line says whether
+gpudask was imported in this process (it must not be, unless a workflow that registers
+gpudask's plugins ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from distributed import Client
+
+import workflows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--scheduler-file", required=True)
+    p.add_argument("--array", default="numpy")
+    p.add_argument("--workflows", required=True)
+    p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--nworkers", type=int, default=2)
+    a = p.parse_args()
+    xp = workflows.array_module(a.array)
+    emit = workflows.emitter()
+    with Client(scheduler_file=a.scheduler_file, timeout=a.timeout) as client:
+        client.wait_for_workers(a.nworkers, timeout=a.timeout)
+        bad = workflows.run(client, xp, a.workflows.split(","), a.timeout, emit)
+    emit({"event": "end", "gpudask_imported": "gpudask" in sys.modules})
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
