@@ -121,11 +121,13 @@ def config_cmd(as_json: bool) -> None:
               help="Workers (default: one per GPU, 2 without a GPU).")
 @click.option("--protocol", default="tcp", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def demo(nworkers: int | None, protocol: str, as_json: bool) -> None:
+@click.option("--keep", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="Seconds the cluster stays up after the computation (to look at its pages).")
+def demo(nworkers: int | None, protocol: str, as_json: bool, keep: float) -> None:
     """Start a local cluster of stock workers with gpudask preloaded, compute, report."""
     from gpudask.cli.demo import run_demo
 
-    report = run_demo(nworkers=nworkers, protocol=protocol, echo=None if as_json else click.echo)
+    report = run_demo(nworkers=nworkers, protocol=protocol, echo=None if as_json else click.echo, keep=keep)
     if as_json:
         click.echo(json.dumps(report, indent=1, default=str))
 
