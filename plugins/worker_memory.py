@@ -10,6 +10,12 @@ Measured on two H200s (docs/device-runs/2026-11-30-dc-local-cupy-x2.md): with th
 3 s on dask-cuda's, its arrays read back from disk before every transfer.
 
 An explicit ``--memory-limit`` (any value but distributed's ``auto`` one) wins.
+
+The worker also tells its nanny (distributed's ``run`` handler): the nanny restarts its
+worker above ``distributed.worker.memory.terminate`` (95 %) of the nanny's *own* limit,
+which stays ``auto`` otherwise -- on a 16-CPU H200 host with ``--nthreads 1``, 1/16 of the
+host for a worker allowed all of it, so the nanny killed it every few seconds once the
+host copies of spilled GPU objects (and pinned buffers, which count in RSS) passed 7.5 GiB.
 """
 
 from __future__ import annotations
@@ -78,6 +84,46 @@ def gpudask_preload(ctx, plan, server):
         data.n = int(limit * target)
     logger.info("gpudask: worker %s: host memory limit %s (1/%d of the host's), not distributed's auto %s",
                 plan.index, _fmt(limit), round(1 / share), _fmt(auto))
+    _tell_nanny(server, limit, auto)
+
+
+def _set_nanny_limit(limit: int, auto: int, dask_worker: object = None) -> bool:
+    """Run in the nanny (distributed's ``run`` handler): its memory monitor restarts the
+    worker above ``distributed.worker.memory.terminate`` of the nanny's *own* limit, which
+    ``dask worker`` set to the ``auto`` one; a worker allowed more than that would be
+    killed before it ever spills (host copies of spilled GPU objects, pinned buffers)."""
+    manager = getattr(dask_worker, "memory_manager", None)
+    if manager is None or getattr(manager, "memory_limit", None) != auto:
+        return False  # --memory-limit given to the nanny: it wins
+    manager.memory_limit = limit
+    return True
+
+
+def _tell_nanny(server: object, limit: int, auto: int) -> None:
+    nanny = getattr(server, "nanny", None)
+    if not nanny:
+        return
+    import asyncio
+
+    from distributed.protocol import pickle
+
+    async def tell() -> None:
+        try:
+            await server.rpc(nanny).run(function=pickle.dumps(_set_nanny_limit),  # type: ignore[attr-defined]
+                                        args=pickle.dumps((limit, auto)))
+        except Exception as e:  # noqa: BLE001 - a nanny that cannot be told keeps its own limit: say so
+            logger.warning("gpudask: worker-memory: the nanny %s keeps its own host memory limit %s (%s: %s); "
+                           "it restarts the worker above %s", nanny, _fmt(auto), type(e).__name__, e, _fmt(auto))
+
+    try:
+        task = asyncio.get_running_loop().create_task(tell())
+    except RuntimeError:  # no running loop (not in a server): nothing to tell
+        return
+    _PENDING.add(task)  # the loop keeps only a weak reference to a task
+    task.add_done_callback(_PENDING.discard)
+
+
+_PENDING: set = set()
 
 
 def _fmt(n: int | None) -> str:

@@ -48,3 +48,21 @@ def test_demo_uses_free_ports_when_8786_and_8787_are_taken():
     assert report["workers"] == 1 and report["backend"] in ("NumPy", "CuPy")
     assert not report["scheduler"].endswith(":8786") and ":8787/" not in report["dashboard"]
     assert "already in use" not in out.stderr and "8787" not in out.stderr, out.stderr
+
+
+@pytest.mark.process
+def test_demo_prints_its_pages_while_the_cluster_runs_and_says_when_it_has_closed():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "DASK_", "GPUDASK_"))}
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "demo", "--nworkers", "1"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    closed = next(i for i, line in enumerate(lines) if line.startswith("cluster closed"))
+    urls = [i for i, line in enumerate(lines) if "http://" in line]
+    assert urls and max(urls) < closed  # no address of a cluster already gone
+    assert any(lines[i].strip().split()[0].endswith("/gpudask") for i in urls)
+    report = json.loads(subprocess.run([sys.executable, "-m", "gpudask.cli", "demo", "--nworkers", "1", "--json"],
+                                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240).stdout)
+    assert report["gpudask_page"].endswith("/gpudask") and report["gpudask_page_status"] == 200
+    if not report["bokeh"]:
+        assert "needs bokeh, not installed here: pip install bokeh" in out.stdout

@@ -32,6 +32,86 @@ from gpudask.errors import ConfigError
 
 PRELOAD = "gpudask"
 
+# dask-cuda's LocalCUDACluster arguments -> the gpudask setting each one is.  This is
+# migration knowledge about another project's API (the same table as
+# docs/migrating-from-dask-cuda.md), not planning: nothing here decides anything.  The core
+# still learns no plugin's settings from it -- each key is looked up in the settings
+# registry the loaded plugins contribute (`gpudask config`), and an argument whose
+# setting no loaded plugin provides (a plugin disabled) is refused in one line naming it.
+# (argument, setting, how the value becomes the setting's; None: the value as given)
+_DASK_CUDA_SETTINGS: tuple[tuple[str, str, Any], ...] = (
+    ("rmm_pool_size", "gpudask.rmm.pool-size", None),
+    ("rmm_maximum_pool_size", "gpudask.rmm.maximum-pool-size", None),
+    ("rmm_managed_memory", "gpudask.rmm.managed-memory", bool),
+    ("rmm_async", "gpudask.rmm.allocator", lambda v: "async" if v else None),
+    ("rmm_allocator_external_lib_list", "gpudask.rmm.libraries",
+     lambda v: [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v),
+    ("rmm_release_threshold", "gpudask.rmm.release-threshold", None),
+    ("rmm_log_directory", "gpudask.rmm.log-directory", None),
+    ("rmm_track_allocations", "gpudask.rmm.track-allocations", bool),
+    ("device_memory_limit", "gpudask.spill.device-memory-limit", lambda v: None if v == "default" else v),
+    ("enable_cudf_spill", "gpudask.spill.cudf", bool),
+    ("cudf_spill_stats", "gpudask.spill.cudf-stats", None),
+    ("log_spilling", "gpudask.spill.log", bool),
+    ("enable_tcp_over_ucx", "gpudask.transport.tcp", None),
+    ("enable_infiniband", "gpudask.transport.infiniband", None),
+    ("enable_nvlink", "gpudask.transport.nvlink", None),
+    ("enable_rdmacm", "gpudask.transport.rdmacm", None),
+)
+# LocalCUDACluster arguments gpudask has no equivalent for: what to use instead
+_DASK_CUDA_REFUSED = {
+    "CUDA_VISIBLE_DEVICES": "set the CUDA_VISIBLE_DEVICES environment variable of this process before creating the "
+                            "cluster (gpudask reads it when it plans)",
+    "jit_unspill": "gpudask has no JIT-unspill proxy objects; spilling is gpudask.spill.device-memory-limit",
+    "shared_filesystem": "it only serves dask-cuda's JIT unspilling, which gpudask does not have; leave it out",
+}
+
+
+def _dask_cuda_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take LocalCUDACluster's arguments out of ``kwargs``: ``{setting: value}`` for those
+    that map to a gpudask setting (None values, dask-cuda's "not given", are dropped).
+
+    :raises ConfigError: one line for an argument gpudask has no equivalent for, or whose
+        setting no loaded plugin provides.
+    """
+    for name, instead in _DASK_CUDA_REFUSED.items():
+        if name in kwargs and kwargs[name] is not None and not (name == "jit_unspill" and kwargs[name] is False):
+            raise ConfigError(f"{name}={kwargs[name]!r} (a dask-cuda LocalCUDACluster argument) is not supported by "
+                              f"LocalGPUCluster; instead: {instead}")
+        kwargs.pop(name, None)
+    given = [(arg, key, convert) for arg, key, convert in _DASK_CUDA_SETTINGS if arg in kwargs]
+    if not given:
+        return {}
+    from gpudask.config import load_dask_config, register_defaults
+    from gpudask.manager import PluginManager
+
+    load_dask_config()
+    options = PluginManager.from_environment().config_options()
+    register_defaults(options)  # so that leaving this cluster's settings puts the defaults back
+    known = {opt.key for opt in options}
+    settings: dict[str, Any] = {}
+    for arg, key, convert in given:
+        value = kwargs.pop(arg)
+        if key not in known:
+            raise ConfigError(f"{arg}={value!r} sets {key}, which no loaded gpudask plugin provides (is its plugin "
+                              f"disabled? `gpudask plugins` lists them); accepted: enable the plugin or leave {arg} out")
+        value = value if convert is None or value is None else convert(value)
+        if value is not None:
+            settings[key] = value
+    return settings
+
+
+def _nested(settings: dict[str, Any]) -> dict[str, Any]:
+    """{"a.b.c": v} -> {"a": {"b": {"c": v}}} (the form of a Nanny's ``config``)."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        *parents, last = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return out
+
 
 def _client_session(protocol: str, n_workers: int | None) -> Any:
     """The client's gpudask session for ``protocol`` (applied in this process)."""
@@ -88,6 +168,8 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
     if worker_class is not None and not _is_nanny(worker_class):
         raise ConfigError(f"worker_class={worker_class!r} is not valid with gpudask; accepted: a Nanny subclass "
                           "(each worker needs its own process to get its own GPU and environment)")
+    if worker_class is None:
+        _check_arguments(kwargs)
     out = dict(kwargs)
     out.update(n_workers=n, protocol=name, processes=True)
     if threads_per_worker is not None:
@@ -100,6 +182,24 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
     scheduler_kwargs["preload"] = _merged_preload(scheduler_kwargs.get("preload"))
     out["scheduler_kwargs"] = scheduler_kwargs
     return out
+
+
+def _check_arguments(kwargs: dict[str, Any]) -> None:
+    """Refuse, before anything starts, an argument that neither ``LocalCluster`` nor the
+    ``Nanny`` and ``Worker`` it hands its other arguments to accept (distributed would fail
+    inside the worker process, with two tracebacks)."""
+    import inspect
+
+    from distributed import Nanny, Worker
+
+    accepted = {name for f in (LocalCluster.__init__, Nanny.__init__, Worker.__init__)
+                for name, p in inspect.signature(f).parameters.items()
+                if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: not an argument of LocalCluster, Nanny or Worker; accepted: theirs, "
+                          f"and in LocalGPUCluster dask-cuda's LocalCUDACluster arguments ("
+                          f"{', '.join(a for a, _, _ in _DASK_CUDA_SETTINGS)}, pre_import)")
 
 
 def _is_nanny(cls: Any) -> bool:
@@ -127,11 +227,39 @@ class LocalGPUCluster(LocalCluster):
     to start with its GPU, the ``GPU=1`` resource, UCX settings, CPU affinity, the memory
     pool.  ``scale(n)`` adds workers with the lowest free names and worker numbers.
 
-    Parameters are those of :func:`cluster_kwargs` (and so of ``LocalCluster``).
+    Parameters are those of :func:`cluster_kwargs` (and so of ``LocalCluster``), and
+    dask-cuda's ``LocalCUDACluster`` arguments: each becomes its gpudask setting for this
+    cluster (``rmm_pool_size="1GB"`` is ``gpudask.rmm.pool-size: 1GB``; the table is in
+    the migration guide), ``pre_import`` is added to ``preload``; one gpudask has no
+    equivalent for is refused in one line naming what to use instead.
     """
 
     def __init__(self, n_workers: int | None = None, protocol: str | None = None,
                  threads_per_worker: int | None = None, **kwargs: Any):
+        import dask.config
+
+        settings = _dask_cuda_arguments(kwargs)
+        pre_import = kwargs.pop("pre_import", None)
+        if pre_import:
+            items = pre_import.split(",") if isinstance(pre_import, str) else list(pre_import)
+            kwargs["preload"] = _merged_preload(kwargs.get("preload")) + [i.strip() for i in items if i.strip()]
+        if settings:
+            # the plan (made in this process) and every worker process see the settings;
+            # the user's own dask config outside this cluster is left as it was
+            kwargs["config"] = dask.config.merge(_nested(settings), kwargs.get("config") or {})
+        try:
+            with dask.config.set(settings):
+                self._gpudask_init(n_workers, protocol, threads_per_worker, kwargs)
+        except ConfigError as e:
+            # name the argument the user typed, not only the setting it became
+            given = next((f"{arg}={v!r}" for arg, key, _ in _DASK_CUDA_SETTINGS for k, v in settings.items()
+                          if k == key and key in str(e)), None)
+            if given is None:
+                raise
+            raise ConfigError(f"{given}: {e}") from None
+
+    def _gpudask_init(self, n_workers: int | None, protocol: str | None, threads_per_worker: int | None,
+                      kwargs: dict[str, Any]) -> None:
         kw = cluster_kwargs(n_workers, protocol, threads_per_worker, **kwargs)
         n = kw.pop("n_workers")
         self._gpudask_nworkers = n

@@ -127,18 +127,41 @@ def config_cmd(as_json: bool) -> None:
               help="Workers (default: one per GPU, 2 without a GPU).")
 @click.option("--protocol", default="tcp", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def demo(nworkers: int | None, protocol: str, as_json: bool) -> None:
+@click.option("--keep", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="Seconds the cluster stays up after the computation (to look at its pages).")
+def demo(nworkers: int | None, protocol: str, as_json: bool, keep: float) -> None:
     """Start a local cluster of stock workers with gpudask preloaded, compute, report."""
     from gpudask.cli.demo import run_demo
 
-    report = run_demo(nworkers=nworkers, protocol=protocol, echo=None if as_json else click.echo)
+    report = run_demo(nworkers=nworkers, protocol=protocol, echo=None if as_json else click.echo, keep=keep)
     if as_json:
         click.echo(json.dumps(report, indent=1, default=str))
 
 
+def _scheduler_options(command: Any) -> Any:
+    """The scheduler to talk to, the same way for every command that needs one: ADDRESS,
+    ``--address ADDRESS`` or ``--scheduler-file FILE``."""
+    command = click.option("--scheduler-file", default=None, type=click.Path(dir_okay=False),
+                           help="A dask scheduler file (what `dask scheduler --scheduler-file` wrote).")(command)
+    command = click.option("--address", "address_option", default=None, metavar="ADDRESS",
+                           help="The scheduler's address (the same as the ADDRESS argument).")(command)
+    return click.argument("address", required=False)(command)
+
+
+def _one_scheduler(address: str | None, address_option: str | None, scheduler_file: str | None) -> str | None:
+    """The address given, or None for the scheduler file; two different ones are refused."""
+    if address and address_option and address != address_option:
+        raise GpudaskError(f"two scheduler addresses given ({address!r} and --address {address_option!r}); "
+                           "accepted: one of ADDRESS, --address ADDRESS, --scheduler-file FILE")
+    address = address or address_option
+    if address and scheduler_file:
+        raise GpudaskError(f"both an address ({address!r}) and --scheduler-file given; "
+                           "accepted: one of ADDRESS, --address ADDRESS, --scheduler-file FILE")
+    return address
+
+
 @main.command()
-@click.argument("address", required=False)
-@click.option("--scheduler-file", type=click.Path(exists=True, dir_okay=False))
+@_scheduler_options
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the scheduler.")
 @click.option("--probe", is_flag=True,
@@ -147,40 +170,46 @@ def demo(nworkers: int | None, protocol: str, as_json: bool) -> None:
 @click.option("--path-timeout", default=10.0, show_default=True, help="With --probe: seconds for each path.")
 @click.option("--workers", default=None, metavar="SOURCE[,DESTINATION]",
               help="With --probe: the workers to probe (default: the first two by address).")
-def check(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float, probe: bool,
-          path_timeout: float, workers: str | None) -> None:
+def check(address: str | None, address_option: str | None, scheduler_file: str | None, as_json: bool,
+          timeout: float, probe: bool, path_timeout: float, workers: str | None) -> None:
     """Compare the scheduler, its workers and this client (exit 1 on an error finding);
-    --probe: move data through every path instead."""
+    --probe: move data through every path instead.  The scheduler: ADDRESS, --address ADDRESS
+    or --scheduler-file FILE."""
     from gpudask.checks import check_cli
     from gpudask.cli.report import table
 
     if workers is not None and not probe:
         raise GpudaskError("--workers goes with --probe")
+    address = _one_scheduler(address, address_option, scheduler_file)
     sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo, table, probe, path_timeout, workers))
 
 
 @main.command()
-@click.option("--address", default=None, help="The scheduler's address.")
-@click.option("--scheduler-file", default=None, type=click.Path(dir_okay=False), help="A dask scheduler file.")
+@_scheduler_options
 @click.option("--json", "as_json", is_flag=True, help="Every worker's planned and actual state as JSON.")
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the scheduler.")
-def status(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float) -> None:
+def status(address: str | None, address_option: str | None, scheduler_file: str | None, as_json: bool,
+           timeout: float) -> None:
     """The running cluster, one row per worker: GPU, transports, pool, CPUs, start method, planned
-    against actual (exit 1 when a plan did not take effect)."""
+    against actual (exit 1 when a plan did not take effect or a worker published a malformed
+    field).  The scheduler: ADDRESS, --address ADDRESS or --scheduler-file FILE."""
     from distributed import Client
 
-    from gpudask.checks.client import scheduler_address
+    from gpudask.checks.client import _probe, scheduler_address
+    from gpudask.checks.sides import scheme
     from gpudask.cli.report import table
     from gpudask.cli.status import cluster_status, format_status
 
-    target = scheduler_address(address, scheduler_file)
+    target = scheduler_address(_one_scheduler(address, address_option, scheduler_file), scheduler_file)
     try:
-        with Client(target, timeout=timeout) as client:
+        if scheme(target) in (None, "tcp"):
+            _probe(target, timeout)  # fails within the timeout, not inside Client()
+        with Client(target, timeout=timeout, set_as_default=False) as client:
             result = cluster_status(client)
     except OSError as e:
         raise GpudaskError(f"cannot reach the scheduler at {target} within {timeout:g} s: {e}") from None
     click.echo(json.dumps(result, indent=1, default=str) if as_json else format_status(result, table))
-    sys.exit(1 if result["mismatches"] else 0)
+    sys.exit(1 if result["mismatches"] or result["problems"] else 0)
 
 
 class _Commands(click.Group):

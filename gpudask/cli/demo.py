@@ -20,8 +20,32 @@ def _gpu_array_module() -> Any:
     return cupy
 
 
+def _pages(dashboard_link: str | None) -> tuple[str | None, str | None]:
+    """(bokeh dashboard, the /gpudask page): both on the scheduler's HTTP server."""
+    if not dashboard_link:
+        return None, None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(dashboard_link)
+    return dashboard_link, f"{parts.scheme}://{parts.netloc}/gpudask"
+
+
+def _answers(url: str) -> int | None:
+    """The HTTP status of ``url`` (None when it does not answer)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return None
+
+
 def run_demo(nworkers: int | None = None, protocol: str = "tcp",
-             echo: Callable[[str], None] | None = print) -> dict[str, Any]:
+             echo: Callable[[str], None] | None = print, keep: float = 0) -> dict[str, Any]:
     say = echo or (lambda _line: None)
     import gpudask
     from gpudask.cli.report import table
@@ -46,7 +70,19 @@ def run_demo(nworkers: int | None = None, protocol: str = "tcp",
     with LocalCluster(**kwargs) as cluster, Client(cluster) as client:
         client.wait_for_workers(n, timeout=120)
         ready = time.perf_counter() - started
-        scheduler, dashboard = cluster.scheduler_address, cluster.dashboard_link
+        scheduler = cluster.scheduler_address
+        dashboard, page = _pages(cluster.dashboard_link)
+        page_status = _answers(page) if page else None
+        import importlib.util
+
+        has_bokeh = importlib.util.find_spec("bokeh") is not None
+        say(f"\nscheduler {scheduler}, running now:")
+        if page:
+            say(f"  {page}  gpudask's page: every worker's GPU, plan and what took effect"
+                + ("" if page_status == 200 else f" (it did not answer: {page_status})"))
+        if dashboard:
+            say(f"  {dashboard}  dask's dashboard" + ("" if has_bokeh else
+                                                     " -- needs bokeh, not installed here: pip install bokeh"))
         xp = _gpu_array_module()
         shape, chunks = (4000, 4000), 1000
         x = da.random.random(shape, chunks=chunks)
@@ -59,9 +95,12 @@ def run_demo(nworkers: int | None = None, protocol: str = "tcp",
         workers = client.scheduler_info(n_workers=-1)["workers"]
         published = sorted((w.get("gpudask") or {} for w in workers.values()),
                            key=lambda p: (p.get("plan") or {}).get("index") or 0)
+        if keep > 0:
+            say(f"  (the cluster stays up {keep:g} s: --keep)")
+            time.sleep(keep)
 
     backend = "CuPy" if xp is not None else "NumPy"
-    say(f"\nscheduler {scheduler}, dashboard {dashboard} (free ports, closed again now)")
+    say("cluster closed (its pages with it; `gpudask demo --keep 60` keeps it up a minute to look)")
     say(f"{n} stock dask worker(s) with gpudask ready in {ready:.1f} s; "
         f"(x + x.T).sum() and a rechunk of a {shape[0]}x{shape[1]} {backend} array in {compute:.2f} s "
         f"(sum {total:.1f}, {rechunked:.1f})\n")
@@ -77,5 +116,6 @@ def run_demo(nworkers: int | None = None, protocol: str = "tcp",
                     - {r[1] for r in rows})
     if silent:
         say(f"plugins with nothing to decide on this host: {', '.join(silent)}")
-    return {"workers": n, "scheduler": scheduler, "dashboard": dashboard, "backend": backend, "ready_s": ready, "compute_s": compute, "sum": total,
-            "published": published}
+    return {"workers": n, "scheduler": scheduler, "dashboard": dashboard, "gpudask_page": page,
+            "gpudask_page_status": page_status, "bokeh": has_bokeh, "backend": backend, "ready_s": ready,
+            "compute_s": compute, "sum": total, "published": published}

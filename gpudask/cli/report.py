@@ -243,21 +243,27 @@ def plan_summary(host: HostPlan, interface: str | None = None, width: int | None
     return "\n".join(out)
 
 
-def plan_table(host: HostPlan, interface: str | None = None) -> str:
-    """Everything: the worker table, then every process's settings and every decision with its reason."""
+def plan_table(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
+    """Everything: the worker table, then every process's settings and every decision with
+    its reason, wrapped to the terminal (the command lines stay whole: they are copied)."""
+    if width == -1:
+        width = terminal_width()
     rows = []
     for w in host.workers:
         rows.append([w.index, *(value(w) for _, value, _ in _WORKER_COLUMNS)])
-    out = ["\n".join(_header(host)), "", table(["worker", *(n for n, _, _ in _WORKER_COLUMNS)], rows)]
+    out = [wrap_text("\n".join(_header(host)), width), "",
+           table(["worker", *(n for n, _, _ in _WORKER_COLUMNS)], rows, width)]
     for plan in [host.scheduler, host.nanny, host.client, *host.workers]:
         title = plan.role + (f" {plan.index}" if plan.index is not None else "")
         extra = {**plan.env, **{k: repr(v) for k, v in plan.config.items()}}
-        out.append(f"\n{title}:" + ("  " + " ".join(f"{k}={v}" for k, v in extra.items()) if extra else ""))
+        out.append("")
+        out.append(wrap_text(f"{title}:" + ("  " + " ".join(f"{k}={v}" for k, v in extra.items()) if extra else ""),
+                             width, indent="    "))
         for r in plan.reasons:
-            out.append(f"  [{r.plugin}] {r.decision} -- {r.why}")
+            out.append(wrap_text(f"  [{r.plugin}] {r.decision} -- {r.why}", width, indent="      "))
         if not plan.reasons:
             out.append("  (no decisions)")
     out += ["", "Start it:", *("  " + line for line in worker_command(host, interface))]
     for warning in host.warnings:
-        out.append(f"\nwarning: {warning}")
+        out.append("\n" + wrap_text(f"warning: {warning}", width))
     return "\n".join(out)

@@ -4,71 +4,186 @@ Every worker with gpudask publishes its plan and its *applied state* -- read fro
 process after setup (:mod:`gpudask.apply.state`) -- in its startup information, which the
 scheduler keeps in ``WorkerState.extra``.  This reads it through a client and puts the two
 side by side; a difference is a *mismatch* (the plan did not take effect).
+
+What a worker published is data from another process: every string is printed escaped
+(a terminal escape sequence in a worker's field is shown as ``\\x1b``, never sent to the
+terminal), long values are cut, and a field of the wrong shape becomes one ``warning:``
+line naming the worker and the field, never a traceback.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from gpudask.plan import cpu_ranges
 
-def _ranges(cpus: list[int] | None) -> str:
+_MAX_CELL = 120  # characters of one published value shown in a cell or a mismatch line
+
+LEGEND = ("planned -> actual; '!': a mismatch (the plan did not take effect, see the error lines); "
+          "'not set': gpudask leaves it as it is (what the process has in brackets)")
+
+
+def escaped(value: Any, limit: int = _MAX_CELL) -> str:
+    """``value`` as printable text: control and other non-printable characters escaped
+    (``\\x1b``, ``\\n``), cut to ``limit`` characters."""
+    text = value if isinstance(value, str) else str(value)
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit + 1])
+    return out[:limit - 1] + "…" if len(text) > limit or len(out) > limit else out
+
+
+def _ranges(cpus: Any) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'; a list that is not of CPU numbers raises ValueError."""
     if not cpus:
         return "-"
-    out: list[list[int]] = []
-    for c in sorted(cpus):
-        if out and out[-1][1] == c - 1:
-            out[-1][1] = c
-        else:
-            out.append([c, c])
-    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in out)
+    if not isinstance(cpus, (list, tuple)) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
+                                                      for c in cpus):
+        raise ValueError("not a list of CPU numbers")
+    return cpu_ranges(sorted(set(cpus)))
 
 
 def _gib(n: Any) -> str:
-    return f"{n / 2**30:.1f} GiB" if isinstance(n, (int, float)) else "-"
+    if isinstance(n, (int, float)) and not isinstance(n, bool) and n == n:
+        return f"{n / 2**30:.1f} GiB"
+    return escaped(n)
 
 
-def worker_row(address: str, info: dict[str, Any]) -> dict[str, Any]:
-    """One worker: planned and actual, from what it published (``{}`` when it runs no gpudask)."""
-    published = info.get("gpudask") or {}
-    plan = published.get("plan") or {}
-    applied = published.get("applied") or {}
-    memory = plan.get("memory") or {}
-    live_memory = (applied.get("plugins") or {})
-    ucx = applied.get("ucx") or {}
-    context = applied.get("cuda_context") or {}
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def _mapping(source: Mapping[str, Any], key: str, where: str, problems: list[str]) -> dict[str, Any]:
+    value = source.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        problems.append(f"{where}{key} is a {_kind(value)}, not a mapping: ignored")
+        return {}
+    return dict(value)
+
+
+def _mismatches(published: Mapping[str, Any], problems: list[str]) -> list[dict[str, Any]]:
+    raw = published.get("mismatches")
+    if raw is None:
+        return []
+    if not isinstance(raw, (list, tuple)):  # msgpack hands lists over as tuples
+        problems.append(f"mismatches is a {_kind(raw)}, not a list: ignored")
+        return []
+    out = []
+    for n, m in enumerate(raw):
+        if not isinstance(m, Mapping) or not isinstance(m.get("key"), str):
+            problems.append(f"mismatches[{n}] is not a mapping with a string 'key': ignored")
+            continue
+        out.append({"process": m.get("process"), "key": m["key"], "planned": m.get("planned"),
+                    "actual": m.get("actual"), "plugin": m.get("plugin")})
+    return out
+
+
+def _pool(plan: Mapping[str, Any], published: Mapping[str, Any], applied: Mapping[str, Any]) -> dict[str, Any]:
+    """The memory pool, planned (``plan.memory``) and actual: what the plugin that set up
+    memory read back (``applied.plugins.<plugin>.pool_size``), else its setup report
+    (``memory.<plugin>``: the pool size it built, or why it built none).  Plugins are
+    found by what they publish, never by name."""
+    memory = plan.get("memory") if isinstance(plan.get("memory"), Mapping) else {}
+    out: dict[str, Any] = {"planned": memory.get("initial_pool_size"), "actual": None, "note": None}
+    for items in (applied.get("plugins") or {}).values() if isinstance(applied.get("plugins"), Mapping) else ():
+        pair = items.get("pool_size") if isinstance(items, Mapping) else None
+        if isinstance(pair, Mapping):
+            out["actual"] = pair.get("actual")
+            return out
+    reports = published.get("memory") if isinstance(published.get("memory"), Mapping) else {}
+    for report in reports.values():
+        if not isinstance(report, Mapping) or "initial_pool_size" not in report:
+            continue
+        if report.get("pool_size") is not None:
+            out["actual"] = report["pool_size"]
+        elif report.get("applied") is False and out["planned"] is not None:
+            out["note"] = report.get("skipped") or report.get("why") or "not built"
+        return out
+    return out
+
+
+def worker_row(address: str, info: Any) -> dict[str, Any]:
+    """One worker: planned and actual, from what it published (``{}`` when it runs no
+    gpudask); ``problems`` lists each published field of the wrong shape."""
+    problems: list[str] = []
+    published: Any = info.get("gpudask") if isinstance(info, Mapping) else None
+    if published is not None and not isinstance(published, Mapping):
+        problems.append(f"gpudask is a {_kind(published)}, not a mapping: ignored")
+        published = {}
+    published = dict(published or {})
+    plan = _mapping(published, "plan", "", problems)
+    applied = _mapping(published, "applied", "", problems)
+    ucx = _mapping(applied, "ucx", "applied.", problems)
+    context = _mapping(applied, "cuda_context", "applied.", problems)
+    env = _mapping(applied, "env", "applied.", problems)
+    plan_env = _mapping(plan, "env", "plan.", problems)
+    _mapping(plan, "memory", "plan.", problems)
+    cpus = {"planned": plan.get("cpu_affinity"), "actual": applied.get("cpu_affinity")}
+    for side, value in list(cpus.items()):
+        try:
+            _ranges(value)
+        except ValueError as e:
+            problems.append(f"{'plan' if side == 'planned' else 'applied'}.cpu_affinity {escaped(repr(value), 40)} is {e}: "
+                            "ignored")
+            cpus[side] = None
+    index = plan.get("index")
+    if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
+        problems.append(f"plan.index is a {_kind(index)}, not an integer: ignored")
+        index = None
     return {
         "worker": address,
-        "index": plan.get("index"),
+        "index": index,
         "gpudask": bool(published),
         "gpu": {"planned": plan.get("gpu"), "actual": context.get("uuid") if context.get("exists") else None},
-        "cuda_visible_devices": {"planned": plan.get("cuda_visible_devices"),
-                                 "actual": (applied.get("env") or {}).get("CUDA_VISIBLE_DEVICES")},
-        "transports": {"planned": (plan.get("env") or {}).get("UCX_TLS"), "actual": ucx.get("TLS")},
-        "pool": {"planned": memory.get("initial_pool_size"),
-                 "actual": (published.get("memory") or {}).get("pool_size")},
-        "plugins_state": live_memory,
-        "cpu_affinity": {"planned": plan.get("cpu_affinity"), "actual": applied.get("cpu_affinity")},
+        "cuda_visible_devices": {"planned": plan.get("cuda_visible_devices"), "actual": env.get("CUDA_VISIBLE_DEVICES")},
+        "transports": {"planned": plan_env.get("UCX_TLS"), "actual": ucx.get("TLS")},
+        "pool": _pool(plan, published, applied),
+        "plugins_state": applied.get("plugins") if isinstance(applied.get("plugins"), Mapping) else {},
+        "cpu_affinity": cpus,
         "start_method": {"planned": plan.get("multiprocessing_method"),
                          "actual": applied.get("multiprocessing_method")},
-        "mismatches": published.get("mismatches") or [],
+        "mismatches": _mismatches(published, problems),
+        "problems": problems,
     }
 
 
 def cluster_status(client: Any) -> dict[str, Any]:
-    """Every worker's row, and the scheduler's own mismatches when it runs gpudask."""
+    """Every worker's row, the number of mismatches and of malformed published fields."""
     info = client.scheduler_info(n_workers=-1)
-    rows = [worker_row(a, w) for a, w in sorted(info["workers"].items())]
+    rows = [worker_row(str(a), w) for a, w in sorted(info["workers"].items())]
     return {"scheduler": info.get("address"), "workers": rows,
-            "mismatches": sum(len(r["mismatches"]) for r in rows)}
+            "mismatches": sum(len(r["mismatches"]) for r in rows),
+            "problems": sum(len(r["problems"]) for r in rows)}
 
 
-def _pair(d: dict[str, Any], show: Any = str) -> str:
+# the mismatch keys (gpudask.apply.state.compare) each column shows
+_COLUMN_KEYS = {"gpu": ("cuda_context",), "cuda_visible_devices": ("CUDA_VISIBLE_DEVICES",),
+                "transports": ("ucx TLS", "UCX_TLS"), "pool": ("pool_size",), "cpu_affinity": ("cpu_affinity",),
+                "start_method": ("multiprocessing_method",)}
+
+
+def _pair(row: dict[str, Any], column: str, show: Any = escaped) -> str:
+    d = row[column]
     planned, actual = d.get("planned"), d.get("actual")
-    if planned is None and actual is None:
-        return "-"
+    mismatch = any(m["key"] in _COLUMN_KEYS[column] for m in row["mismatches"])
+    if planned is None:
+        return "-" if actual is None else f"not set ({show(actual)})"
+    if d.get("note"):
+        return f"{show(planned)} (not in place: {escaped(d['note'], 60)})"
     if actual is None or planned == actual:
         return show(planned)
-    return f"{show(planned)} -> {show(actual)}!"
+    return f"{show(planned)} -> {show(actual)}" + ("!" if mismatch else "")
+
+
+def _gpu(row: dict[str, Any]) -> str:
+    gpu = row["gpu"]
+    planned, actual = gpu.get("planned"), gpu.get("actual")
+    shown = escaped(planned, 12) if planned else "-"
+    if actual is None or actual == planned:
+        return shown
+    mismatch = any(m["key"] == "cuda_context" for m in row["mismatches"])
+    return f"{shown} -> {escaped(actual, 12)}" + ("!" if mismatch else "")
 
 
 def format_status(status: dict[str, Any], table: Any) -> str:
@@ -76,18 +191,24 @@ def format_status(status: dict[str, Any], table: Any) -> str:
                "start", "ok"]
     rows = []
     for r in status["workers"]:
+        name = escaped(r["worker"])
         if not r["gpudask"]:
-            rows.append([r["worker"], "-", "no gpudask in this worker", "", "", "", "", "", "?"])
+            rows.append([name, "-", "no gpudask in this worker", "", "", "", "", "", "?"])
             continue
-        gpu = r["gpu"]
-        shown_gpu = (gpu["planned"] or "-")[:12] + ("" if gpu["actual"] in (None, gpu["planned"])
-                                                     else f" -> {gpu['actual'][:12]}!")
-        rows.append([r["worker"], r["index"], shown_gpu, _pair(r["cuda_visible_devices"]), _pair(r["transports"]),
-                     _pair(r["pool"], _gib), _pair(r["cpu_affinity"], _ranges), _pair(r["start_method"]),
-                     "yes" if not r["mismatches"] else f"{len(r['mismatches'])} mismatch(es)"])
-    lines = [f"scheduler {status['scheduler']}: {len(status['workers'])} worker(s)", table(headers, rows)]
+        cells = [_gpu(r), _pair(r, "cuda_visible_devices"), _pair(r, "transports"), _pair(r, "pool", _gib),
+                 _pair(r, "cpu_affinity", _ranges), _pair(r, "start_method")]
+        ok = (f"{len(r['mismatches'])} mismatch(es)" if r["mismatches"]
+              else f"{len(r['problems'])} malformed" if r["problems"] else "yes")
+        rows.append([name, "-" if r["index"] is None else r["index"], *cells, ok])
+    from gpudask.cli.report import wrap_text
+
+    lines = [f"scheduler {escaped(status['scheduler'])}: {len(status['workers'])} worker(s)", table(headers, rows),
+             wrap_text(LEGEND)]
     for r in status["workers"]:
         for m in r["mismatches"]:
-            lines.append(f"error: {r['worker']} ({m['process']}): {m['key']} is {m['actual']!r}, planned "
-                         f"{m['planned']!r} (plugin {m['plugin'] or 'gpudask'})")
+            lines.append(f"error: {escaped(r['worker'])} ({escaped(m['process'])}): {escaped(m['key'])} is "
+                         f"{escaped(repr(m['actual']))}, planned {escaped(repr(m['planned']))} "
+                         f"(plugin {escaped(m['plugin'] or 'gpudask')})")
+        for p in r["problems"]:
+            lines.append(f"warning: {escaped(r['worker'])} published a malformed field: {escaped(p, 200)}")
     return "\n".join(lines)

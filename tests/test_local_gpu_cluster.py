@@ -1,0 +1,84 @@
+"""``LocalGPUCluster`` takes what a ``LocalCUDACluster`` user types: each dask-cuda argument
+becomes its gpudask setting, or is refused in one line naming what to use instead."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import base_env, host
+
+import gpudask
+from gpudask.errors import ConfigError
+
+TWO_GPUS = host("workstation-2gpu-pcie.json")
+
+SCRIPT = """
+import json
+
+import dask
+
+if __name__ == "__main__":
+    import gpudask
+    from distributed import Client
+
+    keys = ("gpudask.rmm.pool-size", "gpudask.spill.device-memory-limit", "gpudask.spill.log",
+            "gpudask.transport.tcp", "gpudask.rmm.allocator")
+    with gpudask.LocalGPUCluster(n_workers=1, rmm_pool_size="1GB", device_memory_limit="2GB", rmm_async=False,
+                                 rmm_managed_memory=False, enable_tcp_over_ucx=True, log_spilling=True,
+                                 jit_unspill=False, pre_import="json", dashboard_address=":0") as cluster, \\
+            Client(cluster) as client:
+        (w,) = client.scheduler_info(n_workers=-1)["workers"].values()
+        out = {"memory": w["gpudask"]["plan"]["memory"],
+               "worker_config": list(client.run(lambda: [dask.config.get(k, None) for k in keys]).values())[0],
+               "preloads": list(client.run(lambda dask_worker: [p.name for p in dask_worker.preloads]).values())[0],
+               "client_config": [dask.config.get(k, None) for k in keys]}
+    print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.process
+def test_local_gpu_cluster_takes_local_cuda_cluster_arguments_as_gpudask_settings(tmp_path):
+    script = tmp_path / "cuda_args.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                         env=base_env(GPUDASK_FACTS=TWO_GPUS), cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout.split("RESULT ", 1)[1])
+    assert result["memory"]["allocator"] == "pool" and result["memory"]["initial_pool_size"] == 10**9
+    assert result["memory"]["device_memory_limit"] == 2 * 10**9
+    # the worker process runs with the settings (rmm_async=False: dask-cuda's default, nothing set) ...
+    assert result["worker_config"] == ["1GB", "2GB", True, True, None]
+    assert result["preloads"] == ["gpudask", "json"]  # pre_import, after gpudask
+    # ... and the client's own dask config is left as it was
+    assert result["client_config"] == [None, None, False, None, None]
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"jit_unspill": True}, "jit_unspill=True (a dask-cuda LocalCUDACluster argument) is not supported by "
+                            "LocalGPUCluster; instead: gpudask has no JIT-unspill proxy objects; spilling is "
+                            "gpudask.spill.device-memory-limit"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, "instead: set the CUDA_VISIBLE_DEVICES environment variable of this process"),
+    ({"shared_filesystem": True}, "shared_filesystem=True"),
+    ({"rmm_pool_size": "lots"}, "rmm_pool_size='lots': gpudask.rmm.pool-size = 'lots' (from dask config) is not "
+                                "valid; accepted: a size"),
+    ({"device_memory_limit": "1 parsec"}, "device_memory_limit='1 parsec': gpudask.spill.device-memory-limit"),
+    ({"rmm_pol_size": "1GB"}, "rmm_pol_size: not an argument of LocalCluster, Nanny or Worker; accepted: theirs, "
+                              "and in LocalGPUCluster dask-cuda's LocalCUDACluster arguments (rmm_pool_size,"),
+])
+def test_local_gpu_cluster_refuses_what_has_no_gpudask_equivalent_in_one_line_before_starting(monkeypatch, kwargs,
+                                                                                              says):
+    monkeypatch.setenv("GPUDASK_FACTS", TWO_GPUS)
+    with pytest.raises(ConfigError) as e:
+        gpudask.LocalGPUCluster(n_workers=0, dashboard_address=":0", **kwargs)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_argument_whose_plugin_is_disabled_is_refused_naming_the_setting(monkeypatch):
+    monkeypatch.setenv("GPUDASK_FACTS", TWO_GPUS)
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "rmm")
+    with pytest.raises(ConfigError, match=r"rmm_pool_size='1GB' sets gpudask.rmm.pool-size, which no loaded gpudask "
+                                          r"plugin provides"):
+        gpudask.LocalGPUCluster(n_workers=0, rmm_pool_size="1GB")
