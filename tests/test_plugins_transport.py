@@ -373,7 +373,7 @@ def test_ucx_tls_in_the_environment_wins(monkeypatch):
                             "create-cuda-context": True}
     assert "UCX_TLS=tcp,cuda_copy set in the environment leaves out cuda_ipc (explicit settings win; detection: GPU 0" \
         in why(h.workers[0], "nvlink", "no UCX transport cuda_ipc")
-    assert "set in the environment: explicit settings win" in why(h.workers[0], "gpudask", "UCX_TLS=tcp,cuda_copy")
+    assert "set by you in the environment: explicit settings win" in why(h.workers[0], "gpudask", "UCX_TLS=tcp,cuda_copy")
     assert tls(h.nanny) == "tcp,cuda_copy"  # the environment is the user's: it wins in the nanny too, with a warning
     assert any("distributed-ucxx creates a CUDA context in the nanny process" in w for w in h.warnings)
 
