@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 MODE = "gpudask.transport.mode"
 INTERFACE = "gpudask.transport.interface"
 AUTO, EXPLICIT, UCX_AUTO = "auto", "explicit", "ucx-auto"
-# processes that move GPU data; the nanny host and the scheduler never do
-GPU_ROLES = ("worker", "client")
+# processes that move GPU data: workers, a client, and the scheduler, which relays every
+# result a client gathers through it and every GPU argument of submit (distributed's default
+# distributed.client.direct-to-workers: null); the nanny host never does
+GPU_ROLES = ("worker", "client", "scheduler")
 
 # What each UCX_TLS name (ucx_info -c / UCX docs) lets UCX use, in the transports gpudask
 # reasons about: "rc" stands for InfiniBand whatever the verbs flavour (rc or dc).
@@ -140,6 +142,9 @@ def process_gpu(ctx: PlanContext, plan: ProcessPlan) -> tuple[GPU | None, str]:
     first = gpus[0]
     if plan.role == "client":
         return first, f"the client uses the first visible GPU, {first.index}"
+    if plan.role == "scheduler":
+        return first, (f"the scheduler relays GPU results and arguments between clients and workers (received "
+                       f"into device buffers over UCX) on device 0 of its visible GPUs, GPU {first.index}")
     return first, (f"worker {plan.index} has no GPU of its own (gpu-pinning not loaded): CUDA device 0 is "
                    f"GPU {first.index}")
 

@@ -9,11 +9,14 @@ it sits on the wrong GPU (usually GPU 0), holds memory there, and UCX is set up 
 In every process gpudask runs in (worker, nanny host, scheduler, and a client through
 ``gpudask.initialize()``) this plugin looks for an existing context through NVML --
 which never creates one -- and says which device, which process, the likely cause and
-the fix (``gpudask.context.on-existing``: warn or error).  In workers it sets
-``RAPIDS_NO_INITIALIZE=1`` and, when UCX will need a context (cuda transports in
-``UCX_TLS`` or ``create-cuda-context``), creates it on the worker's own GPU before UCX
-does, with cuda.core (what ucxx uses), and checks the device UUID.  Nothing here runs
-on a described host (``GPUDASK_FACTS``): its GPUs are not this machine's.
+the fix (``gpudask.context.on-existing``: warn or error).  In workers and the scheduler
+it sets ``RAPIDS_NO_INITIALIZE=1`` and, when UCX will need a context (cuda transports in
+``UCX_TLS`` or ``create-cuda-context``), creates it on the process's own GPU before UCX
+does (a worker's pinned GPU; the scheduler's device 0 of its visible GPUs: it relays GPU
+frames), with cuda.core (what ucxx uses), and checks the device UUID.  A scheduler or
+nanny host whose plan has a context (UCX needs one there) is not reported for having
+it.  Nothing here runs on a described host (``GPUDASK_FACTS``): its GPUs are not this
+machine's.
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ def gpudask_plan_process(ctx, plan):
         return
     what = {"worker": "the worker's context is made on its own GPU, by gpudask or UCX",
             "nanny": "the process hosting the nannies must hold no CUDA context",
-            "scheduler": "the scheduler must hold no CUDA context"}[plan.role]
+            "scheduler": "the scheduler's context is made on its own GPU (device 0 of its visible GPUs) by "
+                         "gpudask when UCX relays GPU frames, and nowhere else" if ctx.uses_ucx
+                         else "the scheduler must hold no CUDA context"}[plan.role]
     plan.set_env("RAPIDS_NO_INITIALIZE", "1", f"cudf/rmm create no CUDA context when imported: {what}")
 
 
@@ -68,17 +73,38 @@ def gpudask_plan_memory(ctx, plan):
     """Runs after transport selection: UCX_TLS is known, so is whether UCX needs a context."""
     if plan.role == "client" or not ctx.gpus:
         return
-    if plan.role == "worker" and plan.gpu is not None and ctx.uses_ucx:
-        def config_get(key: str) -> Any:
-            return plan.config.get(key, ctx.user_dask_config(key))
-
-        if ucx_wants_context(plan.env, config_get):
-            plan.note(f"CUDA context on {plan.gpu} before UCX",
-                      "UCX needs one (UCX_TLS names cuda or create-cuda-context is set): created at import on "
-                      "device 0 of CUDA_VISIBLE_DEVICES, its UUID checked")
+    own = own_gpu(ctx, plan)
+    if own is not None and ctx.uses_ucx and planned_context(ctx, plan):
+        plan.note(f"CUDA context on {own[0]} before UCX",
+                  "UCX needs one (UCX_TLS names cuda or create-cuda-context is set): created at import on "
+                  "device 0 of CUDA_VISIBLE_DEVICES, its UUID checked"
+                  + ("; the scheduler holds it to receive relayed GPU frames (about 520 MiB of GPU memory "
+                     "measured on an H200 for the context and UCX; no RMM pool unless asked)"
+                     if plan.role == "scheduler" else ""))
     if ctx.facts.described:
         plan.note("CUDA context check not run here",
                   f"the host is described ({ctx.facts.origin}): nothing touching a device runs")
+
+
+def planned_context(ctx: Any, plan: Any) -> bool:
+    """Does UCX create a CUDA context in this process, by its plan (the user's explicit values included)?"""
+    if not ctx.uses_ucx:
+        return False
+
+    def config_get(key: str) -> Any:
+        return plan.config.get(key, ctx.user_dask_config(key))
+
+    return ucx_wants_context(plan.env if "UCX_TLS" in plan.env else dict(ctx.user_env), config_get)
+
+
+def own_gpu(ctx: Any, plan: Any) -> tuple[str, int] | None:
+    """(UUID, index) of the GPU this process's CUDA context belongs on: a worker's own GPU,
+    the scheduler's device 0 of its visible GPUs; None elsewhere."""
+    if plan.role == "worker" and plan.gpu is not None:
+        return plan.gpu, plan.gpu_index
+    if plan.role == "scheduler" and ctx.gpus:
+        return ctx.gpus[0].uuid, ctx.gpus[0].index
+    return None
 
 
 # -- apply ---------------------------------------------------------------------------
@@ -112,9 +138,14 @@ def _same_device(uuid: str, plan: Any, ctx: Any) -> bool:
             u = u.removeprefix(prefix)
         return u.replace("-", "")
 
-    mine = {norm(plan.gpu)}
-    if plan.gpu_index is not None:
-        mine.add(norm(ctx.facts.gpu_by_index(plan.gpu_index).uuid))
+    own = own_gpu(ctx, plan)
+    if own is None:
+        return False
+    mine = {norm(own[0])}
+    if own[1] is not None:
+        gpu = ctx.facts.gpu_by_index(own[1])
+        mine.add(norm(gpu.uuid))
+        mine.update(norm(str(i.get("uuid"))) for i in (gpu.mig.get("instances") or []) if i.get("uuid"))
     return norm(uuid) in mine
 
 
@@ -161,6 +192,16 @@ def check_existing(ctx: Any, plan: Any, when: str) -> None:
     elif plan.role == "client":
         report(ctx, plan, f"{_where(plan)} already has a CUDA context on {_describe(info)} {when}: UCX in this "
                           "process is set up for that device, and processes forked from here inherit it.")
+    elif plan.role == "scheduler" and planned_context(ctx, plan) and own_gpu(ctx, plan) is not None:
+        if _same_device(_uuid_of(info), plan, ctx):
+            logger.info("gpudask: the scheduler has its CUDA context on its own GPU %s %s (planned: it relays GPU "
+                        "frames over UCX)", _describe(info), when)
+            return
+        report(ctx, plan, f"{_where(plan)} has a CUDA context on {_describe(info)} {when}, not on its own GPU "
+                          f"{own_gpu(ctx, plan)[0]} (device 0 of its visible GPUs).")  # type: ignore[index]
+    elif plan.role == "nanny" and planned_context(ctx, plan):
+        logger.info("gpudask: the dask worker process hosting the nannies has a CUDA context on %s %s: your "
+                    "UCX_TLS / create-cuda-context asks for it (explicit settings win)", _describe(info), when)
     else:
         report(ctx, plan, f"{_where(plan)} has a CUDA context on {_describe(info)} {when}: it holds GPU memory "
                           "that no worker can use (only worker processes should).")
@@ -175,15 +216,17 @@ def gpudask_context_init(ctx, plan):
                      _where(plan), ctx.facts.origin)
         return
     check_existing(ctx, plan, "before gpudask.initialize()" if plan.role == "client" else "at gpudask's import")
-    if plan.role == "worker" and plan.gpu is not None and ctx.uses_ucx:
+    if plan.role in ("worker", "scheduler") and own_gpu(ctx, plan) is not None and ctx.uses_ucx:
         import dask.config
 
         if ucx_wants_context(dict(os.environ), lambda key: dask.config.get(key, default=None)):
+            if plan.role == "scheduler" and applied_role() != "scheduler":
+                return  # a LocalCluster's scheduler in a client's process: the client's context is its own
             create_context(ctx, plan)
 
 
 def create_context(ctx: Any, plan: Any) -> None:
-    """The worker's context on device 0 of its CUDA_VISIBLE_DEVICES (its own GPU), then checked."""
+    """The process's context on device 0 of its CUDA_VISIBLE_DEVICES (its own GPU), then checked."""
     try:
         try:
             from cuda.core import Device
@@ -195,14 +238,15 @@ def create_context(ctx: Any, plan: Any) -> None:
     device = Device(0)
     device.set_current()
     uuid = str(device.uuid)  # CUDA's own view of the device the context is on
+    own_uuid, own_index = own_gpu(ctx, plan) or (None, None)
     if not _same_device(uuid, plan, ctx):
         report(ctx, plan, f"{_where(plan)} created its CUDA context on device 0 of CUDA_VISIBLE_DEVICES="
                           f"{os.environ.get('CUDA_VISIBLE_DEVICES')}, but that device is {uuid}, not its own GPU "
-                          f"{plan.gpu}: CUDA was initialised before gpudask set CUDA_VISIBLE_DEVICES.")
+                          f"{own_uuid}: CUDA was initialised before gpudask set CUDA_VISIBLE_DEVICES.")
         return
-    logger.info("gpudask: worker %s created its CUDA context on GPU %s (%s) before UCX", plan.index,
-                plan.gpu_index, plan.gpu)
-    _quiet_ucxx_about([plan.gpu, uuid])
+    who = f"worker {plan.index}" if plan.role == "worker" else "the scheduler"
+    logger.info("gpudask: %s created its CUDA context on GPU %s (%s) before UCX", who, own_index, own_uuid)
+    _quiet_ucxx_about([str(own_uuid), uuid])
 
 
 class _OwnContextFilter(logging.Filter):

@@ -2,14 +2,18 @@
 
 Per process (docs/transports.md):
 
-* a worker or client with a GPU gets ``cuda_copy`` whenever UCX is used, and
+* a worker, client or scheduler with a GPU gets ``cuda_copy`` whenever UCX is used, and
   ``cuda_ipc`` when its GPU has NVLink peers among the visible GPUs or when other
   workers of the host use the same GPU; ``distributed-ucxx.create-cuda-context`` is
-  then true, so UCX finds the context on the worker's own GPU;
-* the nanny host and the scheduler get no CUDA transport and
-  ``create-cuda-context`` false: UCX initialises there at ``listen()`` and would
-  otherwise create a CUDA context in a process that never touches GPU data;
-* without a visible GPU nothing CUDA is planned ("skipped: no GPU visible").
+  then true, so UCX finds the context on the process's own GPU.  The scheduler is one
+  of them: with distributed's default ``distributed.client.direct-to-workers: null``
+  every result a client gathers and every GPU argument of ``submit`` passes through
+  it, and distributed-ucxx receives each GPU frame into an ``rmm.DeviceBuffer``;
+* the nanny host gets no CUDA transport and ``create-cuda-context`` false: UCX
+  initialises there at ``listen()`` and would otherwise create a CUDA context in a
+  process that never touches GPU data;
+* without a visible GPU nothing CUDA is planned ("skipped: no GPU visible");
+* a ``create-cuda-context`` the user set is the plan's value ("set by you").
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ priority = 60
 NVLINK = "gpudask.transport.nvlink"
 CUDA_COPY = "gpudask.transport.cuda-copy"
 CONTEXT_FLAG = "create-cuda-context"
+# distributed-ucxx's key and its older name (distributed.comm.ucx.*)
+CONTEXT_KEYS = ("distributed-ucxx.create-cuda-context", "distributed.comm.ucx.create-cuda-context")
 
 
 @hookimpl
@@ -44,6 +50,10 @@ def gpudask_select_transport(ctx, plan):
     gpu, gpu_why = process_gpu(ctx, plan)
     if gpu is None and plan.role in ("worker", "client") and not ctx.gpus:
         plan.note("skipped", "no GPU visible")
+    if gpu is None and plan.role == "scheduler" and not ctx.gpus and ctx.uses_ucx:
+        plan.note("skipped", "no GPU visible: GPU results and CuPy/cuDF arguments cannot pass through this "
+                             "scheduler over UCX; clients must gather direct from the workers (see "
+                             "docs/scheduler-check.md, A scheduler without a GPU)")
     if not ctx.uses_ucx:
         if gpu is not None and plan.role == "worker":
             plan.note("no UCX", f"protocol {ctx.protocol}: GPU buffers travel through host memory over TCP; "
@@ -53,8 +63,8 @@ def gpudask_select_transport(ctx, plan):
         _no_cuda(ctx, plan, gpu_why)
         return
     if mode(ctx) == UCX_AUTO:
-        set_flag(plan, CONTEXT_FLAG, True, f"{mode_why(ctx)}: the CUDA context on GPU {gpu.index} exists "
-                                                "before UCX initialises, so UCX sees the GPU and chooses for it")
+        context_flag(ctx, plan, True, f"{mode_why(ctx)}: the CUDA context on GPU {gpu.index} exists "
+                                      "before UCX initialises, so UCX sees the GPU and chooses for it")
         return
 
     copy_ok = ucx_supports(ctx.facts, "cuda_copy") is not False
@@ -67,6 +77,10 @@ def gpudask_select_transport(ctx, plan):
     ipc_detected, ipc_detect_why = _ipc_detection(ctx, plan, gpu)
     ipc_on, ipc_why, _ = decide(ctx, NVLINK, "cuda_ipc", ipc_detected, ipc_detect_why)
 
+    if plan.role == "scheduler" and not copy_on and not ipc_on:
+        ctx.warn(f"the scheduler has GPU {gpu.index} but no CUDA transport ({copy_why}): GPU results a client "
+                 "gathers through it and CuPy/cuDF arguments of submit cannot pass; gather direct "
+                 "(Client(direct_to_workers=True)) or let the scheduler use cuda_copy")
     for transport, on, why in (("cuda_copy", copy_on, copy_why), ("cuda_ipc", ipc_on, ipc_why)):
         if on:
             plan.add_ucx_transport(transport, why)
@@ -75,9 +89,36 @@ def gpudask_select_transport(ctx, plan):
     set_flag(plan, "cuda-copy", copy_on, "cuda_copy in UCX_TLS" if copy_on else "no cuda_copy in UCX_TLS")
     set_flag(plan, "nvlink", ipc_on, "cuda_ipc in UCX_TLS" if ipc_on else "no cuda_ipc in UCX_TLS")
     if copy_on or ipc_on:
-        set_flag(plan, CONTEXT_FLAG, True,
-                 f"UCX_TLS names CUDA transports: the CUDA context on GPU {gpu.index} is created before UCX "
-                 "initialises, so UCX finds it (and never on another GPU)")
+        context_flag(ctx, plan, True,
+                     f"UCX_TLS names CUDA transports: the CUDA context on GPU {gpu.index} is created before UCX "
+                     "initialises, so UCX finds it (and never on another GPU)")
+    elif user_context_flag(ctx) is not None:
+        context_flag(ctx, plan, False, "no CUDA transport")
+
+
+def user_context_flag(ctx: Any) -> tuple[str, bool] | None:
+    """``(key, value)`` of a create-cuda-context the user set (env DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT or
+    config), None when unset."""
+    for key in CONTEXT_KEYS:
+        value = ctx.user_dask_config(key)
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            value = value.strip().lower() == "true"
+        if isinstance(value, bool):
+            return key, value
+    return None
+
+
+def context_flag(ctx: Any, plan: Any, value: bool, why: str) -> None:
+    """distributed-ucxx.create-cuda-context: gpudask's value, or the user's (explicit settings win)."""
+    user = user_context_flag(ctx)
+    if user is None:
+        set_flag(plan, CONTEXT_FLAG, value, why)
+        return
+    key, mine = user
+    what = ("distributed-ucxx creates a CUDA context on device 0 of CUDA_VISIBLE_DEVICES when UCX initialises"
+            if mine else "distributed-ucxx creates no CUDA context unless UCX_TLS names a cuda transport")
+    set_flag(plan, CONTEXT_FLAG, mine, f"{key}={mine} set by you: explicit settings win ({what}; gpudask would "
+                                       f"plan {value}: {why})")
 
 
 def _ipc_detection(ctx: Any, plan: Any, gpu: Any) -> tuple[bool, str]:
@@ -91,9 +132,9 @@ def _ipc_detection(ctx: Any, plan: Any, gpu: Any) -> tuple[bool, str]:
         return True, (f"GPU {gpu.index} has NVLink peer{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))} "
                       "among the visible GPUs")
     sharing = workers_sharing_gpu(ctx, plan)
-    if plan.role == "client" and sharing:
-        return True, (f"the client and worker(s) {', '.join(map(str, sharing))} of this host use GPU {gpu.index} "
-                      "(CUDA IPC between processes on one GPU)")
+    if plan.role in ("client", "scheduler") and sharing:
+        return True, (f"the {plan.role} and worker(s) {', '.join(map(str, sharing))} of this host use GPU "
+                      f"{gpu.index} (CUDA IPC between processes on one GPU)")
     others = [j for j in sharing if j != plan.index]
     if others:
         return True, (f"GPU {gpu.index} is shared by workers {', '.join(map(str, sharing))} of this host "
@@ -107,11 +148,9 @@ def _ipc_detection(ctx: Any, plan: Any, gpu: Any) -> tuple[bool, str]:
 
 
 def _no_cuda(ctx: Any, plan: Any, why: str) -> None:
-    """Scheduler, nanny host, GPU-less processes: UCX without CUDA, and no CUDA context from UCX."""
+    """Nanny host, GPU-less processes: UCX without CUDA, and no CUDA context from UCX."""
     role_why = {"nanny": "the nanny process initialises UCX at listen() and moves no GPU data",
-                "scheduler": "the scheduler initialises UCX at listen() and moves no GPU data (a scheduler-check "
-                             "plugin that needs CUDA here adds cuda_copy for role 'scheduler' in "
-                             "gpudask_select_transport)"}.get(plan.role)
+                "scheduler": "the scheduler sees no GPU, so it cannot receive GPU frames"}.get(plan.role)
     context_why = f"{role_why}: no CUDA context for UCX here" if role_why else f"{why}: no CUDA context for UCX"
     tls = user_tls(ctx)
     if ucxx_creates_cuda_context(tls):
@@ -123,4 +162,8 @@ def _no_cuda(ctx: Any, plan: Any, why: str) -> None:
     if mode(ctx) != UCX_AUTO:
         set_flag(plan, "cuda-copy", False, f"{why}: no CUDA transport{also}")
         set_flag(plan, "nvlink", False, f"{why}: no CUDA transport{also}")
-    set_flag(plan, CONTEXT_FLAG, False, context_why)
+    user = user_context_flag(ctx)
+    if user is not None and user[1]:
+        ctx.warn(f"{user[0]}=True set by you: distributed-ucxx creates a CUDA context in the {plan.role} process "
+                 f"when UCX initialises ({why}; explicit settings win)")
+    context_flag(ctx, plan, False, context_why)

@@ -168,7 +168,7 @@ def gpudask_plan_memory(ctx, plan):
         _reset_ucxx_keys(ctx, plan)
         _plan_worker(ctx, plan)
     elif plan.role == "scheduler":
-        kept = _plan_scheduler(ctx, plan)
+        kept = _plan_scheduler(ctx, plan) or _scheduler_ucxx_pool(ctx, plan)
         _reset_ucxx_keys(ctx, plan, keep=kept)
     else:  # nanny host and client: never a pool
         _reset_ucxx_keys(ctx, plan)
@@ -207,6 +207,49 @@ def _plan_scheduler(ctx: Any, plan: Any) -> tuple[str, ...]:
     plan.set_config("distributed-ucxx.rmm.pool-size", size, why)
     plan.set_memory(MemoryPlan("pool", size, None, target.uuid, {"built_by": "distributed-ucxx"}), why)
     return ("distributed-ucxx.rmm.pool-size",)
+
+
+def _scheduler_ucxx_pool(ctx: Any, plan: Any) -> tuple[str, ...]:
+    """distributed-ucxx's own pool key given to the scheduler (``DASK_DISTRIBUTED__RMM__POOL_SIZE``,
+    ``distributed-ucxx.rmm.pool-size``): honoured where distributed-ucxx can build it, else refused in
+    one line -- never dropped in silence."""
+    import dask.config
+
+    user = {k: v for k in UCXX_POOL_KEYS
+            if (v := dask.config.get(k, default=None, config=dict(ctx.user_config))) is not None}
+    if not user:
+        return ()
+    given = ", ".join(f"{k}={v!r}" for k, v in user.items())
+    problem = None
+    if not ctx.uses_ucx:
+        problem = f"only distributed-ucxx builds this pool, and protocol {ctx.protocol} does not start UCX"
+    elif not ctx.gpus:
+        problem = "the scheduler sees no GPU, so distributed-ucxx could not build it"
+    elif not ctx.facts.packages.get("rmm"):
+        problem = "rmm is not installed on the scheduler (distributed-ucxx would only warn)"
+    size = None
+    if problem is None:
+        from dask.utils import parse_bytes
+
+        try:
+            size = int(parse_bytes(next(iter(user.values()))))
+        except (ValueError, TypeError, KeyError):
+            problem = f"{next(iter(user.values()))!r} is not a size distributed-ucxx reads (e.g. '1GB' or bytes)"
+    if problem is not None:
+        why = (f"{given} given to the scheduler is refused: {problem}; accepted: a UCX scheduler with a GPU and rmm "
+               "(or gpudask.rmm.scheduler-pool-size)")
+        ctx.warn(why)
+        for key in user:
+            plan.set_config(key, None, why)
+        return tuple(user)
+    gpu = ctx.gpus[0]
+    why = (f"{given} set by you: explicit settings win; distributed-ucxx builds this RMM pool of {size} bytes "
+           f"({_gib(int(size or 0))}) on the scheduler's GPU {gpu.index} when UCX starts (init_once, first listen), "
+           "for the GPU frames the scheduler relays")
+    for key, value in user.items():
+        plan.set_config(key, value, why)
+    plan.set_memory(MemoryPlan("pool", size, None, gpu.uuid, {"built_by": "distributed-ucxx"}), why)
+    return UCXX_POOL_KEYS  # distributed-ucxx reads the other key first, then falls back to the one given
 
 
 def _check_fits(ctx: Any, key: str, nbytes: int, target: _Target, who: str, shared: bool = True) -> None:

@@ -11,13 +11,20 @@ This plugin compares two processes' published facts (the scheduler with each wor
 in the scheduler; the client with the scheduler and each worker, in
 :func:`gpudask.check`).  The check runner that calls it is the core's: disabling this
 plugin leaves other plugins' checks running.
+
+On a UCX scheduler that cannot relay GPU frames (no GPU visible, or a UCX_TLS without a
+cuda transport) it also installs :class:`gpudask.plugins.scheduler_parity_relay.RelayGuard`:
+each client is warned once, through distributed's own "warn" event, when GPU workers are
+connected, and a failed gather of GPU results raises one line at once instead of
+distributed's endless retry.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpudask.pluginapi import Finding, Option, facts_from_dict, fingerprint, hookimpl, parse_name_list
+from gpudask.pluginapi import (Finding, Option, applied_role, facts_from_dict, fingerprint, hookimpl, parse_name_list,
+                               tls_enables)
 
 name = "scheduler-parity"
 priority = 200
@@ -254,3 +261,36 @@ def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
     names = list(packages.value) if packages is not None else list(DEFAULT_PACKAGES)
     findings += _package_versions(ref, other, names, F)
     return findings
+
+
+# ------------------------------------------------------------------ the relay guard
+def relay_problem(ctx: Any, plan: Any) -> str | None:
+    """Why this UCX scheduler cannot receive GPU frames, or None when it can (or is not UCX)."""
+    if not ctx.uses_ucx:
+        return None
+    if not ctx.gpus:
+        return "this scheduler sees no GPU"
+    tls = plan.env.get("UCX_TLS")
+    if tls and not tls_enables(tls, "cuda_copy"):
+        return f"this scheduler's UCX_TLS={tls} has no cuda transport"
+    return None
+
+
+def worker_has_gpus(extra: Any) -> bool:
+    """Does the worker's published gpudask facts (``WorkerState.extra["gpudask"]``) show a GPU?"""
+    published = extra.get("gpudask") if isinstance(extra, dict) else None
+    facts = published.get("facts") if isinstance(published, dict) else None
+    return isinstance(facts, dict) and bool(_visible_gpus({"facts": facts}))
+
+
+@hookimpl
+def gpudask_preload(ctx, plan, server):
+    if plan.role != "scheduler" or applied_role() not in ("scheduler", None):
+        return  # a LocalCluster's scheduler lives in the client's process, with the client's GPU
+    problem = relay_problem(ctx, plan)
+    if problem is None:
+        return
+    from gpudask.plugins.scheduler_parity_relay import NAME, RelayGuard
+
+    if NAME not in server.plugins:
+        server.add_plugin(RelayGuard(problem, ctx.protocol, worker_has_gpus), name=NAME, idempotent=True)

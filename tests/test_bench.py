@@ -357,6 +357,7 @@ def test_gpu_memory_counts_what_is_not_a_worker(tmp_path, monkeypatch):
     cluster = _FakeCluster(tmp_path, {10: "scheduler", 11: "nanny", 12: "worker", 13: "worker", 14: "helper"})
     mem = measures.gpu_memory(cluster, _host(1))
     assert mem["outside_workers_MiB"] == 1454.0
+    assert mem["scheduler_MiB"] == 500.0 and mem["nanny_MiB"] == 954.0  # the bench's two rows
     roles = {p["pid"]: p["role"] for p in mem["processes"]}
     assert roles[99] == "not ours" and roles[me] == "bench client"
     assert "not counted" in mem["note"]

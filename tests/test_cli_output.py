@@ -48,7 +48,9 @@ def test_info_summary_shows_workers_changes_and_the_command_lines(cli):
         row = next(line.split() for line in lines if line.startswith(f"{w['index']} "))
         assert row[:3] == [str(w["index"]), str(w["gpu_index"]), w["cuda_visible_devices"]]
         assert w["env"]["UCX_NET_DEVICES"] in row and w["interface"] in row
-    assert "UCX_TLS=rc,tcp " in out and "scheduler, nanny" in out  # the scheduler's own transports
+    # the nanny host's own transports; the scheduler relays GPU frames with the workers' CUDA transports
+    assert "UCX_TLS=rc,tcp " in out and "all but nanny" in out
+    assert plan["scheduler"]["env"]["UCX_TLS"] == "rc,tcp,cuda_copy,cuda_ipc"
     assert "resource GPU=1" in out and "memory pool 39.8 GiB" in out
     # a value equal to stock dask's is not a change: the plan sets the RMM pool keys to None
     assert plan["scheduler"]["config"]["distributed.rmm.pool-size"] is None

@@ -190,13 +190,47 @@ def test_every_plan_unsets_distributed_ucxx_pool_keys(protocol):
     """distributed-ucxx's init_once must build no pool anywhere: not in the nanny (1472 MiB on the
     H200), not twice in a worker; gpudask builds the worker pool itself."""
     host_plan = make(protocol=protocol, config={"distributed.rmm.pool-size": "4GB"})
-    for p in (host_plan.scheduler, host_plan.nanny, host_plan.client, *host_plan.workers):
+    for p in (host_plan.nanny, host_plan.client, *host_plan.workers):
         for key in POOL_KEYS:
             assert key in p.config and p.config[key] is None, (p.role, key)
     assert "nanny would hold one" in reason(host_plan.nanny, "distributed-ucxx.rmm.pool-size=")
     assert host_plan.workers[0].memory["initial_pool_size"] == 4_000_000_000
     assert host_plan.nanny.memory is None and host_plan.client.memory is None
-    assert host_plan.scheduler.memory is None
+    # the scheduler: distributed-ucxx's own key, honoured over UCX (init_once builds it), refused in one line over tcp
+    scheduler = host_plan.scheduler
+    if protocol == "ucx":
+        assert scheduler.config["distributed.rmm.pool-size"] == "4GB"
+        assert "distributed-ucxx.rmm.pool-size" not in scheduler.config  # ucxx falls back to the key given
+        assert "set by you" in reason(scheduler, "distributed.rmm.pool-size=")
+        assert scheduler.memory["initial_pool_size"] == 4_000_000_000
+        assert scheduler.memory["built_by"] == "distributed-ucxx"
+    else:
+        assert scheduler.config["distributed.rmm.pool-size"] is None and scheduler.memory is None
+        refused = reason(scheduler, "distributed.rmm.pool-size=")
+        assert "refused" in refused and "protocol tcp does not start UCX" in refused
+        assert refused in host_plan.warnings and "\n" not in refused
+
+
+@pytest.mark.parametrize("key", POOL_KEYS)
+def test_scheduler_pool_key_from_the_environment_is_honoured(key):
+    """DASK_DISTRIBUTED__RMM__POOL_SIZE (or distributed-ucxx.rmm.pool-size) given to a scheduler: kept in its plan."""
+    env = {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): "2GB"}
+    scheduler = make(env=env).scheduler
+    assert dask.config.get(key, config=nested(scheduler.config)) == "2GB"
+    assert scheduler.memory["initial_pool_size"] == 2_000_000_000
+    assert "init_once" in reason(scheduler, "memory:")
+
+
+def test_scheduler_pool_key_refused_without_a_gpu():
+    host_plan = make("cpu-ib.json", config={"distributed.rmm.pool-size": "2GB"})
+    assert host_plan.scheduler.config["distributed.rmm.pool-size"] is None
+    [line] = [w for w in host_plan.warnings if "refused" in w]
+    assert "the scheduler sees no GPU" in line and "accepted:" in line
+
+
+def test_scheduler_pool_key_that_is_no_size_is_refused_in_one_line():
+    message = error(config={"distributed-ucxx.rmm.pool-size": "lots"})
+    assert "'lots'" in message and "distributed-ucxx.rmm.pool-size" in message and "accepted:" in message
 
 
 def test_tcp_without_legacy_keys_leaves_distributed_config_alone():

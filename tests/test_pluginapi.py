@@ -71,7 +71,8 @@ def test_workers_sharing_gpu_round_robin():
     host = _plan("workstation-2gpu-pcie.json", nworkers=5)
     assert [workers_sharing_gpu(host.ctx, w) for w in host.workers[:2]] == [[0, 2, 4], [1, 3]]
     assert workers_sharing_gpu(host.ctx, host.client) == [0, 2, 4]  # the first visible GPU
-    assert workers_sharing_gpu(host.ctx, host.scheduler) == []
+    assert workers_sharing_gpu(host.ctx, host.scheduler) == [0, 2, 4]  # the scheduler relays on its first GPU
+    assert workers_sharing_gpu(host.ctx, host.nanny) == []
 
 
 def test_unpinned_workers_all_share_device_0_for_nvlink_and_rmm_alike():

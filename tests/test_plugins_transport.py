@@ -209,19 +209,75 @@ def test_interface_is_left_alone_when_the_port_has_no_ip(tmp_path):
 
 
 # -- processes that move no GPU data ----------------------------------------------------
-def test_nanny_and_scheduler_get_no_cuda_transport_and_no_cuda_context():
+def test_nanny_gets_no_cuda_transport_and_no_cuda_context():
     for facts in (HGX, PARTIAL, SINGLE):
-        h = plan(facts)
-        for p in (h.nanny, h.scheduler):
-            assert not any(t.startswith("cuda") for t in tls(p).split(","))
-            assert flags(p)["create-cuda-context"] is False
-            assert flags(p)["cuda-copy"] is False and flags(p)["nvlink"] is False
-            assert "UCX_NET_DEVICES" not in p.env and p.interface is None
+        p = plan(facts).nanny
+        assert not any(t.startswith("cuda") for t in tls(p).split(","))
+        assert flags(p)["create-cuda-context"] is False
+        assert flags(p)["cuda-copy"] is False and flags(p)["nvlink"] is False
+        assert "UCX_NET_DEVICES" not in p.env and p.interface is None
     h = plan(HGX)
-    assert tls(h.nanny) == tls(h.scheduler) == "rc,tcp"
+    assert tls(h.nanny) == "rc,tcp"
     assert "the nanny process initialises UCX at listen()" in \
         why(h.nanny, "nvlink", "distributed-ucxx.create-cuda-context=False")
-    assert "scheduler-check plugin" in why(h.scheduler, "nvlink", "distributed-ucxx.create-cuda-context=False")
+
+
+def test_scheduler_with_a_gpu_relays_cuda_copy_cuda_ipc_and_its_context():
+    """With direct-to-workers null every gathered result and GPU argument of submit passes through the scheduler."""
+    h = plan(HGX)  # NVLink mesh: GPU 0 has peers
+    s = h.scheduler
+    assert tls(s) == "rc,tcp,cuda_copy,cuda_ipc"
+    assert flags(s)["create-cuda-context"] is True and flags(s)["cuda-copy"] is True and flags(s)["nvlink"] is True
+    assert "the scheduler relays GPU results" in why(s, "nvlink", "UCX transport cuda_copy")
+    assert "NVLink peers" in why(s, "nvlink", "UCX transport cuda_ipc")
+    assert "UCX_NET_DEVICES" not in s.env and s.interface is None  # it talks to every worker: every port
+    assert s.env["UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES"] == "cuda"
+    assert s.memory is None  # no RMM pool unless asked
+    assert any(r.plugin == "cuda-context" and "520 MiB" in r.why for r in s.reasons)
+    assert "CUDA_VISIBLE_DEVICES" not in s.env and s.gpu is None  # not pinned: device 0 of what it sees
+    s = plan(SINGLE).scheduler  # one GPU, shared with worker 0 of this host
+    assert tls(s) == "tcp,cuda_copy,cuda_ipc"
+    assert "the scheduler and worker(s) 0 of this host use GPU 0" in why(s, "nvlink", "UCX transport cuda_ipc")
+    s = plan(PCIE, nworkers=1).scheduler  # GPU 0 used by worker 0; no NVLink
+    assert tls(s) == "tcp,cuda_copy,cuda_ipc"
+
+
+def test_scheduler_without_a_gpu_gets_no_cuda_and_says_why():
+    s = plan(CPU_IB).scheduler
+    assert tls(s) == "rc,tcp" and flags(s)["create-cuda-context"] is False
+    assert "cannot pass through this scheduler" in why(s, "nvlink", "skipped")
+    assert "the scheduler sees no GPU" in why(s, "nvlink", "distributed-ucxx.create-cuda-context=False")
+
+
+def test_scheduler_with_a_gpu_over_tcp_plans_no_ucx():
+    s = plan(HGX, "tcp").scheduler
+    assert "UCX_TLS" not in s.env and "distributed-ucxx.create-cuda-context" not in s.config
+
+
+def test_explicit_ucx_tls_for_the_scheduler_wins_and_warns_when_it_cannot_relay(monkeypatch):
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    h = plan(SINGLE)
+    assert tls(h.scheduler) == "tcp" and flags(h.scheduler)["cuda-copy"] is False
+    assert "explicit settings win" in why(h.scheduler, "gpudask", "UCX_TLS=tcp")
+    assert "distributed-ucxx.create-cuda-context" not in h.scheduler.config
+    assert any("the scheduler has GPU 0 but no CUDA transport" in w for w in h.warnings)
+    monkeypatch.setenv("UCX_TLS", "tcp,cuda_copy")
+    h = plan(SINGLE)
+    assert tls(h.scheduler) == "tcp,cuda_copy" and flags(h.scheduler)["create-cuda-context"] is True
+    assert not any("no CUDA transport" in w for w in h.warnings)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_explicit_create_cuda_context_is_the_plan_set_by_you(monkeypatch, value):
+    monkeypatch.setenv("DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT", str(value))
+    dask.config.refresh()
+    h = plan(SINGLE)
+    for p in (h.scheduler, h.nanny, *h.workers):
+        assert flags(p)["create-cuda-context"] is value, p.role
+        assert "set by you" in why(p, "nvlink", f"distributed-ucxx.create-cuda-context={value}")
+    assert any("creates a CUDA context in the nanny" in w for w in h.warnings) is value
+    s = plan(CPU_IB).scheduler  # no GPU: the user's value still wins, and is said
+    assert flags(s)["create-cuda-context"] is value
 
 
 def test_client_with_a_gpu_gets_cuda_transports_and_the_port_of_its_gpu():
@@ -317,7 +373,7 @@ def test_ucx_tls_in_the_environment_wins(monkeypatch):
                             "create-cuda-context": True}
     assert "UCX_TLS=tcp,cuda_copy set in the environment leaves out cuda_ipc (explicit settings win; detection: GPU 0" \
         in why(h.workers[0], "nvlink", "no UCX transport cuda_ipc")
-    assert "set in the environment: explicit settings win" in why(h.workers[0], "gpudask", "UCX_TLS=tcp,cuda_copy")
+    assert "set by you in the environment: explicit settings win" in why(h.workers[0], "gpudask", "UCX_TLS=tcp,cuda_copy")
     assert tls(h.nanny) == "tcp,cuda_copy"  # the environment is the user's: it wins in the nanny too, with a warning
     assert any("distributed-ucxx creates a CUDA context in the nanny process" in w for w in h.warnings)
 
@@ -371,9 +427,11 @@ def test_ucx_auto_lets_ucx_choose_with_the_context_first():
     for w in (*h.workers, h.client):
         assert tls(w) == "all" and flags(w)["create-cuda-context"] is True
         assert "UCX_NET_DEVICES" not in w.env
-    for p in (h.nanny, h.scheduler):
-        assert tls(p) == "^cuda" and flags(p)["create-cuda-context"] is False
+    assert tls(h.nanny) == "^cuda" and flags(h.nanny)["create-cuda-context"] is False
+    assert tls(h.scheduler) == "all" and flags(h.scheduler)["create-cuda-context"] is True  # it relays GPU frames
     assert "gpudask.transport.mode=ucx-auto (from dask config)" in why(h.workers[0], "tcp", "UCX_TLS=all")
+    s = plan(CPU_IB, **{"gpudask.transport.mode": "ucx-auto"}).scheduler
+    assert tls(s) == "^cuda" and flags(s)["create-cuda-context"] is False
 
 
 def test_connect_timeout_reaches_distributed_comm_timeouts():
@@ -493,4 +551,4 @@ def test_explicit_tcp_over_ucx_keeps_cuda_copy_for_gpu_processes_as_dask_cuda_do
     h = plan(HGX, **{"gpudask.transport.mode": "explicit", "gpudask.transport.tcp": True})
     assert tls(h.workers[0]) == "tcp,cuda_copy"  # no cuda_ipc, no rc: only what was named, plus cuda_copy
     assert "implied by gpudask.transport.tcp=True" in why(h.workers[0], "nvlink", "UCX transport cuda_copy")
-    assert tls(h.scheduler) == "tcp"  # no GPU data in the scheduler
+    assert tls(h.scheduler) == "tcp,cuda_copy"  # the scheduler relays GPU frames, as the client

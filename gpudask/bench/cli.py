@@ -11,8 +11,10 @@ Figures, each the best and the median of ``--repeat`` runs after a warm-up:
   array created on worker A; ``transfer_<size>_GBps``: the bandwidth distributed records
   for that transfer in B's ``transfer_incoming_log``;
 * ``transpose_sum_s``: ``(x + x.T).sum()`` on a persisted square array;
-* ``gpu_mem_outside_workers_MiB``: GPU memory that NVML attributes to the cluster's
-  processes other than the workers (scheduler, nanny hosts, helpers);
+* ``gpu_mem_nanny_MiB`` / ``gpu_mem_scheduler_MiB``: GPU memory that NVML attributes to the
+  cluster's processes other than the workers, in two rows: the nanny hosts (and helpers),
+  which should hold none, and the scheduler, which over UCX with a GPU holds the CUDA context
+  it relays GPU frames with;
 * ``raw-ucxx`` has only the transfer figures (:mod:`gpudask.bench.raw_ucxx`); the others'
   bandwidth figures get ``share_of_raw_median``, their median over raw-ucxx's;
 * per worker, the UCX transports in effect (``ucxx`` config and active transports, and

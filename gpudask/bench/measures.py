@@ -64,10 +64,12 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
         return None
     procs = _nvml_processes()
     if procs is None:
-        return {"outside_workers_MiB": None, "processes": [], "note": "NVML process query failed"}
+        return {"outside_workers_MiB": None, "scheduler_MiB": None, "nanny_MiB": None, "processes": [],
+                "note": "NVML process query failed"}
     roles = cluster.roles()
     me = os.getpid()
     rows, outside, foreign = [], 0.0, []
+    by_role = {"scheduler": 0.0, "nanny": 0.0}  # the nanny row: the dask worker process(es) and their helpers
     for p in procs:
         role = roles.get(p["pid"]) or ("bench client" if p["pid"] == me else None)
         rows.append({**p, "role": role or "not ours"})
@@ -75,17 +77,19 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
             foreign.append(p)
         elif role not in ("worker", "bench client") and p["MiB"] is not None:
             outside += p["MiB"]
+            by_role["scheduler" if role == "scheduler" else "nanny"] += p["MiB"]
     note = None
     ours = [r for r in rows if r["role"] not in ("not ours", "bench client")]
     if procs and not ours:
         # NVML reports pids of another PID namespace (containers): attribution impossible
-        return {"outside_workers_MiB": None, "processes": rows,
+        return {"outside_workers_MiB": None, "scheduler_MiB": None, "nanny_MiB": None, "processes": rows,
                 "note": "NVML pids are not this PID namespace's: no attribution"}
     if any(r["role"] == "bench client" for r in rows):
         note = "the bench client holds a CUDA context (not counted)"
     if foreign:
         note = (note + "; " if note else "") + f"{len(foreign)} other process(es) on the GPUs (not counted)"
-    return {"outside_workers_MiB": round(outside, 1), "processes": rows, "note": note}
+    return {"outside_workers_MiB": round(outside, 1), "scheduler_MiB": round(by_role["scheduler"], 1),
+            "nanny_MiB": round(by_role["nanny"], 1), "processes": rows, "note": note}
 
 
 _TL = re.compile(r"\b(tcp|cuda_ipc|cuda_copy|gdr_copy|rc_mlx5|rc_verbs|dc_mlx5|ud_mlx5|ud_verbs|rc|dc|ud|posix|"

@@ -73,7 +73,7 @@ def _compose_ucx_tls(ctx: PlanContext, plan: ProcessPlan) -> None:
     detected = ",".join(plan.ucx_transports)
     if ctx.user_env.get("UCX_TLS"):
         plan.set_env("UCX_TLS", ctx.user_env["UCX_TLS"],
-                     f"set in the environment: explicit settings win (detection chose {detected})")
+                     f"set by you in the environment: explicit settings win (detection chose {detected})")
         return
     contributors = sorted({r.plugin for r in plan.reasons if r.decision.startswith("UCX transport ")})
     plan.set_env("UCX_TLS", detected, f"transports contributed by {', '.join(contributors)}")

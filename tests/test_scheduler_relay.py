@@ -1,0 +1,288 @@
+"""The scheduler relays GPU data (issue 25): its plan, its proof of effect, and a scheduler that cannot.
+
+With distributed's default ``direct-to-workers: null`` every result a client gathers passes
+through the scheduler; over UCX distributed-ucxx receives each GPU frame into device memory.
+A scheduler with a GPU is planned for it; one without warns every client at once, and a
+failed gather of GPU results raises one line instead of looping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import pytest
+from conftest import base_env, host, plan_on, real_gpu_count
+
+from gpudask.apply import state
+from gpudask.plugins import scheduler_parity
+from gpudask.plugins.scheduler_parity_relay import RelayGuard, gpu_type, message
+
+H200 = host("h200-single.json")
+NO_GPU = host("no-gpu-ucx.json")  # a CPU host with distributed-ucxx, no InfiniBand
+
+
+# ------------------------------------------------------------------ proof of effect
+def _session(facts: str, role: str = "scheduler", **config):
+    h = plan_on(facts, "ucx", **config)
+    return types.SimpleNamespace(plan=h.for_role(role), ctx=h.ctx)
+
+
+def _live(session, context):
+    return {"env": dict(session.plan.env), "config": dict(session.plan.config),
+            "multiprocessing_method": session.plan.multiprocessing_method,
+            "cuda_context": context}
+
+
+def test_scheduler_context_on_its_own_gpu_is_the_plan_not_a_mismatch():
+    s = _session(H200)
+    uuid = s.ctx.gpus[0].uuid
+    assert state.compare(s, _live(s, {"exists": True, "uuid": uuid})) == []
+    [missing] = state.compare(s, _live(s, {"exists": False, "uuid": None}))
+    assert missing["key"] == "cuda_context" and missing["planned"] == uuid and missing["plugin"] == "nvlink"
+    [elsewhere] = state.compare(s, _live(s, {"exists": True, "uuid": "GPU-00000000-0000-0000-0000-000000000000"}))
+    assert elsewhere["planned"] == uuid
+
+
+def test_nanny_context_is_still_a_mismatch_and_an_explicit_one_is_not(monkeypatch):
+    s = _session(H200, "nanny")
+    uuid = s.ctx.gpus[0].uuid
+    [m] = state.compare(s, _live(s, {"exists": True, "uuid": uuid}))
+    assert m["planned"] is None and m["plugin"] == "cuda-context"
+    s = _session(H200, "nanny", **{"distributed-ucxx.create-cuda-context": True})  # set by you
+    assert state.compare(s, _live(s, {"exists": True, "uuid": uuid})) == []
+
+
+def test_scheduler_with_explicit_tcp_plans_no_context(monkeypatch):
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    s = _session(H200)
+    assert state.compare(s, _live(s, {"exists": False, "uuid": None})) == []
+    [m] = state.compare(s, _live(s, {"exists": True, "uuid": s.ctx.gpus[0].uuid}))
+    assert m["planned"] is None
+
+
+# ------------------------------------------------------------------ who gets the guard
+@pytest.mark.parametrize("facts, env, expected", [
+    (NO_GPU, {}, "this scheduler sees no GPU"),
+    (H200, {}, None),  # a normal scheduler is untouched
+    (H200, {"UCX_TLS": "tcp"}, "this scheduler's UCX_TLS=tcp has no cuda transport"),
+])
+def test_relay_problem(monkeypatch, facts, env, expected):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    h = plan_on(facts, "ucx")
+    assert scheduler_parity.relay_problem(h.ctx, h.scheduler) == expected
+    assert scheduler_parity.relay_problem(plan_on(facts, "tcp").ctx, h.scheduler) is None
+
+
+def test_gpu_types_and_worker_facts():
+    assert gpu_type("cupy.ndarray") and gpu_type("cudf.core.dataframe.DataFrame") and gpu_type("rmm.DeviceBuffer")
+    assert gpu_type("numba.cuda.cudadrv.devicearray.DeviceNDArray")
+    assert not gpu_type("numpy.ndarray") and not gpu_type("pandas.core.frame.DataFrame") and not gpu_type(None)
+    gpu = json.loads(open(H200).read())
+    assert scheduler_parity.worker_has_gpus({"gpudask": {"facts": gpu}})
+    assert not scheduler_parity.worker_has_gpus({"gpudask": {"facts": json.loads(open(NO_GPU).read())}})
+    assert not scheduler_parity.worker_has_gpus({}) and not scheduler_parity.worker_has_gpus({"gpudask": "junk"})
+    line = message("this scheduler sees no GPU", "ucx", ["ucx://10.0.0.1:1"])
+    assert "\n" not in line and "direct_to_workers=True" in line and "NumPy" in line
+
+
+# ------------------------------------------------------------------ the gather handler
+class _Result:
+    """A task result; its class's module names the library (the scheduler sees ``TaskState.type``)."""
+
+
+def _make(module: str):
+    return type("Result", (_Result,), {"__module__": module})()
+
+
+async def _get_data_fails(comm, keys=None, who=None, serializers=None):
+    # what a GPU-less scheduler meets when a GPU frame arrives: the transfer fails
+    raise RuntimeError("the transfer failed")
+
+
+@pytest.mark.process
+def test_failed_gather_of_gpu_results_raises_one_line_and_others_do_not():
+    """In-process scheduler and worker (tcp); the scheduler's own gather handler is called over rpc, as a
+    client's gather through the scheduler is."""
+    from distributed import Client, Scheduler, Worker, wait
+    from distributed.core import rpc
+
+    async def main():
+        async with Scheduler(dashboard_address=":0", port=0) as s:
+            guard = RelayGuard("this scheduler sees no GPU", "ucx", lambda extra: True)
+            s.add_plugin(guard, name="gpudask-relay")
+            await guard.start(s)
+            async with Worker(s.address, nthreads=1) as w, Client(s.address, asynchronous=True) as c:
+                gpu = c.submit(_make, "cuspatial", pure=False)  # no serializer of distributed registers it
+                host_side = c.submit(_make, "mylib", pure=False)
+                ok = c.submit(sum, [1, 2], pure=False)
+                await wait([gpu, host_side, ok])
+                assert s.tasks[gpu.key].type.startswith("cuspatial.")
+                async with rpc(s.address) as r:
+                    assert (await r.gather(keys=[ok.key]))["status"] == "OK"
+                w.handlers["get_data"] = _get_data_fails  # from now on every transfer from this worker fails
+                async with rpc(s.address) as r:
+                    with pytest.raises(RuntimeError, match="this scheduler sees no GPU.*direct_to_workers=True"):
+                        await r.gather(keys=[gpu.key])
+                    other = await r.gather(keys=[host_side.key])  # distributed's own answer: the client retries
+                    assert other["status"] == "error" and list(other["keys"]) == [host_side.key]
+            await guard.close()
+            assert getattr(s.handlers["gather"], "__gpudask_relay__", None) is None
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------ real processes
+PLAIN_CLIENT = textwrap.dedent("""
+    import sys, time, warnings
+    import numpy as np
+    from distributed import Client
+    assert "gpudask" not in sys.modules
+    seen = []
+    def wait_for_warning(n):
+        deadline = time.time() + 60
+        while len(seen) < n and time.time() < deadline:
+            time.sleep(0.05)
+        return len(seen) >= n
+    warnings.simplefilter("always")  # the same text twice is two warnings here
+    warnings.showwarning = lambda msg, *a, **k: seen.append(str(msg))
+    with Client(scheduler_file=sys.argv[1], timeout=60) as client:   # connects before any worker
+        print("connected", flush=True)
+        client.wait_for_workers(1, timeout=120)
+        assert wait_for_warning(1), "no warning when the GPU worker joined"
+        assert client.submit(np.add, np.arange(3), 1).result(timeout=60).tolist() == [1, 2, 3]  # NumPy works
+    with Client(scheduler_file=sys.argv[1], timeout=60) as client:   # connects with the GPU worker there
+        assert wait_for_warning(2), "no warning at connect"
+    assert "gpudask" not in sys.modules
+    print("WARNINGS", len(seen))
+    for line in seen:
+        print("WARNING", line)
+""")
+
+
+def _ucx_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in base_env().items() if not k.startswith("UCX_") or k == "UCX_WARN_UNUSED_ENV_VARS"}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.process
+def test_gpu_less_scheduler_warns_a_plain_client_once_per_connection(cluster, tmp_path):
+    """A GPU-less UCX scheduler, a worker on a described H200 (UCX over TCP here: this machine has no CUDA),
+    and a client that does not import gpudask: it gets one warning when the GPU worker joins, one at its next
+    connect, each naming cause and fix; NumPy work passes through."""
+    cluster.scheduler("--preload", "gpudask", protocol="ucx", env=_ucx_env(GPUDASK_FACTS=NO_GPU))
+    script = tmp_path / "plain_client.py"
+    script.write_text(PLAIN_CLIENT)
+    client = subprocess.Popen([sys.executable, str(script), str(cluster.scheduler_file)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=_ucx_env(UCX_TLS="tcp"), cwd=str(tmp_path))
+    assert client.stdout is not None
+    assert client.stdout.readline().strip() == "connected"
+    cluster.worker("--protocol", "ucx", "--preload", "gpudask", "--nthreads", "1",
+                   env=_ucx_env(GPUDASK_FACTS=H200, UCX_TLS="tcp", DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT="False"))
+    out, _ = client.communicate(timeout=240)
+    assert client.returncode == 0, out + cluster.log("scheduler")
+    lines = [line for line in out.splitlines() if line.startswith("WARNING ")]
+    assert "WARNINGS 2" in out and len(lines) == 2, out
+    for line in lines:
+        assert "this scheduler sees no GPU, the workers have GPUs" in line and "protocol is ucx" in line
+        assert "direct_to_workers=True" in line and "GPU host" in line
+    assert "told client" in cluster.log("scheduler")
+
+
+@pytest.mark.process
+def test_explicit_scheduler_settings_are_its_plan_and_the_check_agrees(cluster):
+    """UCX_TLS and create-cuda-context given to a scheduler on a described H200: its plan (set by you), no 'did
+    not take effect' line, no not-applied finding, gpudask status clean.  (The RMM pool key is not given here:
+    honoured, distributed-ucxx would build the pool on this machine, which has no GPU; plan tests cover it.)"""
+    env = _ucx_env(GPUDASK_FACTS=H200, UCX_TLS="tcp", DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT="False")
+    cluster.scheduler("--preload", "gpudask", protocol="ucx", env=env)
+    cluster.worker("--protocol", "ucx", "--preload", "gpudask", "--nthreads", "1",
+                   env=_ucx_env(GPUDASK_FACTS=H200, UCX_TLS="tcp", DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT="False"))
+    cli_env = _ucx_env(UCX_TLS="tcp")
+    deadline = time.time() + 180
+    while True:
+        status = subprocess.run([sys.executable, "-m", "gpudask.cli", "status", "--json", "--scheduler-file",
+                                 str(cluster.scheduler_file)], capture_output=True, text=True, env=cli_env, timeout=120)
+        rows = json.loads(status.stdout).get("workers") if status.stdout.strip().startswith("{") else None
+        if rows or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert status.returncode == 0, status.stdout + status.stderr + cluster.log("scheduler")
+    check = subprocess.run([sys.executable, "-m", "gpudask.cli", "check", "--json", "--scheduler-file",
+                            str(cluster.scheduler_file)], capture_output=True, text=True, env=cli_env, timeout=120)
+    assert "not-applied" not in check.stdout, check.stdout
+    log = cluster.log("scheduler")
+    assert "did not take effect" not in log, log
+    # UCX_TLS=tcp on a scheduler with a GPU cannot relay GPU frames: said at planning and to every client
+    assert "the scheduler has GPU 0 but no CUDA transport" in log
+    assert "this scheduler's UCX_TLS=tcp has no cuda transport" in log and "told client" in log
+    info = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--json", "--protocol", "ucx"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    scheduler = json.loads(info.stdout)["scheduler"]
+    assert scheduler["env"]["UCX_TLS"] == "tcp"
+    assert scheduler["config"]["distributed-ucxx.create-cuda-context"] is False
+    assert sum("set by you" in r["why"] for r in scheduler["reasons"]) >= 2
+
+
+# ------------------------------------------------------------------ the GPU machine
+GPU_CLIENT = textwrap.dedent("""
+    import sys, time
+    import cupy, dask.array as da
+    from distributed import Client, wait
+    assert "gpudask" not in sys.modules
+    with Client(scheduler_file=sys.argv[1], timeout=60) as client:
+        client.wait_for_workers(2, timeout=120)
+        z = (da.arange(1000, like=cupy.arange(10)) * 2).persist()
+        wait(z)
+        t0 = time.time()
+        try:
+            out = client.compute(z[:10]).result(timeout=30)
+            print("COMPUTE ok", type(out).__module__, out.tolist(), round(time.time() - t0, 2), flush=True)
+        except Exception as e:
+            print("COMPUTE failed", type(e).__name__, round(time.time() - t0, 2), str(e).splitlines()[0], flush=True)
+        t0 = time.time()
+        try:
+            out = client.submit(lambda a: a * 2, cupy.ones(10)).result(timeout=30)
+            print("SUBMIT ok", out.tolist(), round(time.time() - t0, 2), flush=True)
+        except Exception as e:
+            print("SUBMIT failed", type(e).__name__, round(time.time() - t0, 2), str(e).splitlines()[0], flush=True)
+        out = client.gather(client.compute(z[:10]), direct=True)
+        print("DIRECT ok", out.tolist(), flush=True)
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.process
+@pytest.mark.parametrize("scheduler_gpu", [True, False], ids=["gpu-scheduler", "gpu-less-scheduler"])
+def test_cupy_result_through_the_scheduler(cluster, tmp_path, scheduler_gpu):
+    """On the GPU machine: a plain client computes a CuPy-backed array through a gpudask UCX cluster. With a GPU
+    scheduler it works; with CUDA_VISIBLE_DEVICES="" on the scheduler it fails within 10 s with the one line."""
+    if real_gpu_count() < 1:
+        pytest.skip("needs a GPU")
+    pytest.importorskip("cupy")
+    env = _ucx_env()
+    sched_env = dict(env) if scheduler_gpu else _ucx_env(CUDA_VISIBLE_DEVICES="")
+    cluster.scheduler("--preload", "gpudask", protocol="ucx", env=sched_env)
+    cluster.worker("--protocol", "ucx", "--preload", "gpudask", "--nworkers", "2", "--nthreads", "1", env=env)
+    script = tmp_path / "gpu_client.py"
+    script.write_text(GPU_CLIENT)
+    run = subprocess.run([sys.executable, str(script), str(cluster.scheduler_file)], capture_output=True,
+                         text=True, env=env, timeout=300, cwd=str(tmp_path))
+    out = run.stdout + run.stderr
+    print(out)
+    assert "DIRECT ok [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]" in out, out + cluster.log("scheduler")
+    if scheduler_gpu:
+        assert "COMPUTE ok cupy" in out and "SUBMIT ok" in out, out + cluster.log("scheduler")
+        assert "did not take effect" not in cluster.log("scheduler")
+    else:
+        line = next(x for x in out.splitlines() if x.startswith("COMPUTE"))
+        assert line.startswith("COMPUTE failed RuntimeError"), out + cluster.log("scheduler")
+        assert float(line.split()[3]) < 10 and "this scheduler sees no GPU" in line
+        assert "this scheduler sees no GPU, the workers have GPUs" in out  # the warning at connect
