@@ -21,7 +21,7 @@ rm -rf "$work"; mkdir -p "$work"
     || echo "dask-cuda is not installed: the reference form (dask cuda worker) will be skipped"
   rc=0
   # per-form time boxes: 150 + 120 + 150 s of workflows, each form's runner killed 20 s after its budget
-  for spec in processes:150 local:120 dask-cuda:150; do
+  for spec in ${WORKLOAD_FORMS:-processes:150 local:120 dask-cuda:150}; do
     form=${spec%%:*}; budget=${spec##*:}
     echo "=== form $form (budget ${budget} s)"
     timeout -k 5 $((budget + 20)) python3 -m tests.workloads.run --form "$form" --protocol ucx --array cupy \
