@@ -263,7 +263,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
                 "does not use yet: building it now would allocate on another GPU", _plugin_of(plan, "memory:")))
         else:
             try:
-                s.memory = s.manager.setup_memory(ctx, plan)
+                s.memory = session.setup_memory(s.manager, ctx, plan)
             except GpudaskError as e:  # a running worker is not stopped for it: say so
                 logger.error("gpudask: %s", e)
                 notes.append(f"memory setup failed: {e}")
