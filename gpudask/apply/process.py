@@ -85,7 +85,7 @@ class Session:
 
     def published(self) -> dict[str, Any]:
         """JSON-compatible summary for the worker's startup information / scheduler."""
-        from gpudask import __version__
+        from gpudask._version import __version__
 
         return {"version": __version__, "role": self.role, "protocol": self.host.protocol,
                 "facts": self.host.facts.to_dict(), "facts_origin": self.host.facts.origin,
@@ -267,7 +267,7 @@ def bind_cpus(cpus: list[int], ctx: Any) -> None:
 
 
 def startup_line(session: Session) -> str:
-    from gpudask import __version__
+    from gpudask._version import __version__
 
     plugins = ", ".join(f"{p['name']}({p['priority']})" for p in session.host.plugins)
     where = session.role + (f" {session.plan.index}" if session.plan.index is not None else "")
