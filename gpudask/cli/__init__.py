@@ -173,11 +173,6 @@ def status(address: str | None, scheduler_file: str | None, as_json: bool, timeo
     sys.exit(1 if result["mismatches"] else 0)
 
 
-class _Commands(click.Group):
-    """Commands other packages (and gpudask's own bench, which sits on top of the CLI) add
-    through the ``gpudask.commands`` entry point group, loaded when asked for."""
-
-
 def _entry_point_commands() -> dict[str, Any]:
     import importlib.metadata
 
