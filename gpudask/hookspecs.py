@@ -7,12 +7,14 @@ are registered from :data:`gpudask.manager.BUILTIN_PLUGINS`, third-party ones th
 the ``gpudask`` entry point group; both are called the same way.
 
 Every hook is called by gpudask's plugin manager one implementation at a time, in
-priority order (through pluggy's hook execution, so ``GPUDASK_TRACE_PLUGINS=1`` traces
-it).  None of the hooks is ``firstresult``: each asks every plugin for its part (its
+priority order (``GPUDASK_TRACE_PLUGINS=1`` traces each call through pluggy's tracer).  None of the hooks is ``firstresult``: each asks every plugin for its part (its
 options, its decisions, its findings), and no single plugin's answer ends the call.
 How the results combine is said per hook.  A failure is reported as
 ``gpudask plugin 'x' (from dist) failed in <hook>: <cause>``; what it then does is also
-said per hook.  Hook wrappers (``wrapper=True``) are not supported.
+said per hook.  Hook wrappers (``wrapper=True``, ``hookwrapper=True``) and
+``tryfirst``/``trylast`` are refused at registration (``gpudask plugin 'x' failed in
+registration: <hook> is marked tryfirst=True, which gpudask does not run; ...``): the
+order is the plugin's ``priority``.
 
 *Plan hooks* (``gpudask_config_options``, ``gpudask_validate``,
 ``gpudask_plan_process``, ``gpudask_select_transport``, ``gpudask_plan_memory``) are

@@ -9,6 +9,12 @@ gpudask adds what pluggy has no notion of: the built-ins registered from
 :data:`BUILTIN_PLUGINS`, an explicit integer priority, and a call of one
 implementation at a time in priority order, so that a failure names the plugin, its
 distribution and the hook, and reasons are attributed to the plugin that made them.
+
+Only pluggy's public API is used: the implementations come from
+``HookCaller.get_hookimpls()`` and gpudask calls each one's ``function`` itself, with the
+arguments it names.  What pluggy would order or wrap differently -- hook wrappers
+(``wrapper=True``, ``hookwrapper=True``) and ``tryfirst``/``trylast`` -- is refused at
+registration: gpudask's order is the plugin's ``priority``.
 """
 
 from __future__ import annotations
@@ -60,8 +66,8 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("scheduler-parity", "gpudask.plugins.scheduler_parity"),
 )
 
-# What gpudask_setup_memory returned in this process, by pid (a forked child sets up its own).
-_MEMORY_SETUP: dict[int, dict[str, Any]] = {}
+# pluggy hookimpl options gpudask does not run: they would order or wrap calls around priority
+REFUSED_HOOKIMPL_OPTIONS = ("wrapper", "hookwrapper", "tryfirst", "trylast")
 
 
 @dataclass
@@ -125,7 +131,7 @@ class PluginManager:
         self._pm.add_hookspecs(hookspecs)
         self.loading_dist: str | None = None  # the distribution of the entry point being loaded
         self.plugins: list[LoadedPlugin] = []
-        self._callers: dict[tuple[str, str], Any] = {}
+        self._callers: dict[str, dict[str, pluggy.HookImpl]] = {}
         self.trace = False
 
     # -- loading ---------------------------------------------------------------
@@ -221,12 +227,30 @@ class PluginManager:
         except pluggy.PluginValidationError as e:
             self._pm.unregister(obj)
             raise PluginError(name, distribution, "registration", self._unknown_hook(e)) from e
+        refused = self._refused_option(obj, name)
+        if refused is not None:
+            self._pm.unregister(obj)
+            raise PluginError(name, distribution, "registration", refused)
         hooks = sorted(caller.name for caller in self._pm.get_hookcallers(obj) or [])
         plugin = LoadedPlugin(name, priority, source, distribution, obj, hooks)
         self.plugins.append(plugin)
         self.plugins.sort(key=lambda p: (p.priority, p.name))
         self._callers.clear()
         return plugin
+
+    def _refused_option(self, obj: Any, name: str) -> str | None:
+        """The first of plugin ``name``'s hookimpls marked with an option gpudask does not
+        run, said in one line; None when there is none."""
+        for caller in sorted(self._pm.get_hookcallers(obj) or [], key=lambda c: c.name):
+            for impl in caller.get_hookimpls():
+                if impl.plugin_name != name:
+                    continue
+                marked = [opt for opt in REFUSED_HOOKIMPL_OPTIONS if impl.opts.get(opt)]
+                if marked:
+                    return (f"{caller.name} is marked {', '.join(f'{opt}=True' for opt in marked)}, which gpudask "
+                            f"does not run; accepted: a plain @hookimpl, ordered by the plugin's integer "
+                            f"'priority' ({MIN_PRIORITY}-{MAX_PRIORITY}, lower first)")
+        return None
 
     def _unknown_hook(self, error: pluggy.PluginValidationError) -> str:
         unknown = sorted(n for n, caller in vars(self._pm.hook).items()
@@ -241,40 +265,44 @@ class PluginManager:
 
     # -- tracing ---------------------------------------------------------------
     def enable_tracing(self) -> None:
-        """Log every hook call (pluggy's tracer) and, per plugin, its result and duration."""
+        """Log every hook call (through pluggy's tracer, in the lines of its
+        ``enable_tracing``) and, per plugin, its result and duration."""
         self.trace = True
         self._pm.trace.root.setwriter(_trace_write)
-        self._pm.enable_tracing()
 
     # -- calling ---------------------------------------------------------------
-    def _impls(self, hook_name: str, plugin: LoadedPlugin) -> list[Any]:
-        """``plugin``'s implementation of ``hook_name`` (pluggy's HookImpl), as a list of one."""
-        key = (hook_name, plugin.name)
-        if key not in self._callers:
+    def _impls(self, hook_name: str) -> dict[str, pluggy.HookImpl]:
+        """plugin name -> its implementation of ``hook_name`` (pluggy's public HookImpl)."""
+        if hook_name not in self._callers:
             caller = getattr(self._pm.hook, hook_name)
-            self._callers[key] = [i for i in caller.get_hookimpls() if i.plugin_name == plugin.name]
-        return self._callers[key]  # type: ignore[no-any-return]
+            self._callers[hook_name] = {impl.plugin_name: impl for impl in caller.get_hookimpls()}
+        return self._callers[hook_name]
 
     def _call(self, hook_name: str, plan: ProcessPlan | None = None, isolate: bool = False,
               **kwargs: Any) -> list[tuple[LoadedPlugin, Any]]:
         """Call each implementation in priority order.  With ``isolate`` a failing plugin's
         PluginError is returned as its result instead of stopping the others."""
-        spec = getattr(self._pm.hook, hook_name).spec
-        firstresult = bool(spec.opts.get("firstresult")) if spec is not None else False
         if plan is not None:
             kwargs = dict(kwargs, plan=plan)
+        impls = self._impls(hook_name)
         results = []
         for plugin in self.plugins:
-            if hook_name not in plugin.hooks:
+            impl = impls.get(plugin.name)
+            if impl is None:
                 continue
             if plan is not None:
                 plan.acting_plugin = plugin.name
             start = time.perf_counter()
+            if self.trace:
+                hooktrace = self._pm.trace.root.get("hook")
+                hooktrace.root.indent += 1
+                hooktrace(hook_name, kwargs)
             try:
-                # pluggy's own hook execution (so its tracing and monitoring see the call),
-                # one implementation at a time: plugin objects need not be hashable
-                out: Any = self._pm._hookexec(hook_name, self._impls(hook_name, plugin), kwargs, firstresult)
-                result = out if firstresult else (out[0] if out else None)
+                # an implementation takes any subset of the hook's arguments (pluggy checked
+                # them against the spec at registration)
+                result: Any = impl.function(*[kwargs[arg] for arg in impl.argnames])
+                if self.trace:
+                    hooktrace("finish", hook_name, "-->", [result])
             except Exception as e:  # noqa: BLE001
                 # a plugin's own one-line error keeps its text; anything else its type too
                 error = PluginError(plugin.name, plugin.distribution, hook_name,
@@ -285,6 +313,8 @@ class PluginManager:
             finally:
                 if plan is not None:
                     plan.acting_plugin = "gpudask"
+                if self.trace:
+                    hooktrace.root.indent -= 1
             if self.trace:
                 where = f" role={plan.role} index={plan.index}" if plan is not None else ""
                 # pluggy's "finish" line above carries the result; this one names the plugin
@@ -321,14 +351,10 @@ class PluginManager:
         self._call("gpudask_context_init", plan, ctx=ctx)
 
     def setup_memory(self, ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
-        """``gpudask_setup_memory`` once per process: the first call runs the hooks, every
-        later one (a WorkerPlugin registered on a running worker, a second preload) gets
-        what the first returned.  A pool is never built twice in one process."""
-        kept = _MEMORY_SETUP.get(os.getpid())
-        if kept is None:
-            kept = {p.name: r for p, r in self._call("gpudask_setup_memory", plan, ctx=ctx) if r is not None}
-            _MEMORY_SETUP[os.getpid()] = kept
-        return kept
+        """Each plugin's ``gpudask_setup_memory`` result: ``{plugin: result}``, Nones left out.
+        Runs the hooks at every call: the once-per-process rule is the apply stage's
+        (:func:`gpudask.apply.process.setup_memory`)."""
+        return {p.name: r for p, r in self._call("gpudask_setup_memory", plan, ctx=ctx) if r is not None}
 
     def preload(self, ctx: PlanContext, plan: ProcessPlan, server: Any) -> None:
         self._call("gpudask_preload", plan, ctx=ctx, server=server)
@@ -382,11 +408,6 @@ def _applied_state_problem(result: Any) -> str | None:
         if "planned" not in pair or "actual" not in pair:
             return f"{sorted(map(str, pair))!r:.80} for key {key!r:.60}"
     return None
-
-
-def forget_memory_setup() -> None:
-    """Forget what ``setup_memory`` kept in this process (for tests that set up twice)."""
-    _MEMORY_SETUP.pop(os.getpid(), None)
 
 
 def _trace_write(message: str) -> None:

@@ -360,7 +360,7 @@ def test_compare_sorts_late_config_from_what_needs_a_restart(monkeypatch):
         facts = type("F", (), {"described": True, "net_interfaces": {}})()
 
     with dask.config.set({"array.rechunk.method": "p2p"}):
-        needs, late = distributed_plugins.compare(plan, Ctx())
+        needs, late = distributed_plugins.missing_in_running_process(plan, Ctx())
     assert [(i["what"], i["planned"], i["actual"], i["plugin"]) for i in needs] == [
         ("UCX_TLS", "tcp,cuda_copy", None, "tcp"), ("distributed-ucxx.nvlink", True, None, "tcp")]
     assert late == {"array.rechunk.method": "tasks"}

@@ -195,19 +195,75 @@ def test_plugin_error_survives_pickling():
 
 
 def test_setup_memory_runs_once_per_process_and_keeps_its_result():
-    from gpudask.manager import forget_memory_setup
+    from gpudask.apply.process import forget_memory_setup, setup_memory
 
     calls = []
     m = PluginManager()
     m.register(make_plugin("pool", gpudask_setup_memory=lambda plan: calls.append(plan.index) or {"n": len(calls)}))
     forget_memory_setup()
     try:
-        first = m.setup_memory(None, ProcessPlan("worker", 0))
+        first = setup_memory(m, None, ProcessPlan("worker", 0))
         again = PluginManager()  # another manager of the same process (a re-plan) gets the same answer
         again.register(make_plugin("pool", gpudask_setup_memory=lambda plan: calls.append(9) or {"n": 9}))
         assert first == {"pool": {"n": 1}}
-        assert m.setup_memory(None, ProcessPlan("worker", 0)) is first
-        assert again.setup_memory(None, ProcessPlan("worker", 1)) is first
+        assert setup_memory(m, None, ProcessPlan("worker", 0)) is first
+        assert setup_memory(again, None, ProcessPlan("worker", 1)) is first
         assert calls == [0]
     finally:
         forget_memory_setup()
+    # the manager itself keeps nothing: it runs the hooks at every call
+    assert m.setup_memory(None, ProcessPlan("worker", 2)) == {"pool": {"n": 2}}
+    assert calls == [0, 2]
+
+
+def _wrapping(plan):
+    yield
+
+
+def _plain(plan):
+    return None
+
+
+@pytest.mark.parametrize(("option", "fn"), [("wrapper", _wrapping), ("hookwrapper", _wrapping),
+                                            ("tryfirst", _plain), ("trylast", _plain)])
+def test_hookimpl_options_gpudask_does_not_run_are_refused_in_one_line(option, fn):
+    plugin = types.SimpleNamespace(name="eager", priority=900,
+                                   gpudask_plan_process=hookimpl(**{option: True})(fn))
+    m = PluginManager()
+    with pytest.raises(PluginError) as info:
+        m.register(plugin, distribution="gpudask-eager")
+    text = str(info.value)
+    assert "\n" not in text
+    assert text == (f"gpudask plugin 'eager' (from gpudask-eager) failed in registration: gpudask_plan_process "
+                    f"is marked {option}=True, which gpudask does not run; accepted: a plain @hookimpl, ordered by "
+                    "the plugin's integer 'priority' (0-1000, lower first)")
+    # nothing of the refused plugin stays registered: the same name registers again, plainly
+    assert m.names() == []
+    m.register(make_plugin("eager", 900, gpudask_plan_process=_plain))
+    assert m.names() == ["eager"]
+
+
+def test_priority_order_holds_whatever_the_registration_order():
+    """pluggy alone calls the last registered first; gpudask calls by priority, then name."""
+    calls = []
+    m = PluginManager()
+    for name, prio in [("first", 1), ("last", 900), ("middle", 40), ("also-middle", 40)]:
+        m.register(make_plugin(name, prio, gpudask_validate=lambda ctx, n=name: calls.append(n)))
+    m.validate(None)
+    assert calls == ["first", "also-middle", "middle", "last"]
+    calls.clear()
+    m.plan_process(None, ProcessPlan("worker", 0))  # a hook nobody implements calls nobody
+    assert calls == []
+
+
+def test_only_pluggys_public_api_is_used():
+    """A guard: no pluggy internals (its private attributes, its hook execution)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    private = re.compile(r"\._pm\._|_hookexec|\._hookimpls\b|_multicall|\bpluggy\._")
+    found = [f"{path.relative_to(root)}:{n}: {line.strip()}"
+             for folder in ("gpudask", "plugins") for path in sorted((root / folder).rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    assert found == []

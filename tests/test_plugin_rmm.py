@@ -652,7 +652,7 @@ def test_gpu_second_setup_reports_and_does_not_rebuild(cluster, tmp_path):
 
         s = session.current()
         before = rmm.mr.get_current_device_resource()
-        report = s.manager.setup_memory(s.ctx, s.plan)["rmm"]
+        report = session.setup_memory(s.manager, s.ctx, s.plan)["rmm"]
         return report, s.memory["rmm"], rmm.mr.get_current_device_resource() is before
 
     with _gpu_cluster(cluster, tmp_path, DASK_GPUDASK__RMM__POOL_SIZE="256MiB") as client:

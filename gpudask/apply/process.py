@@ -85,7 +85,7 @@ class Session:
 
     def published(self) -> dict[str, Any]:
         """JSON-compatible summary for the worker's startup information / scheduler."""
-        from gpudask import __version__
+        from gpudask._version import __version__
 
         return {"version": __version__, "role": self.role, "protocol": self.host.protocol,
                 "facts": self.host.facts.to_dict(), "facts_origin": self.host.facts.origin,
@@ -94,6 +94,8 @@ class Session:
 
 
 _SESSION: Session | None = None
+# What gpudask_setup_memory returned in this process, by pid (a forked child sets up its own).
+_MEMORY_SETUP: dict[int, dict[str, Any]] = {}
 
 
 def current() -> Session | None:
@@ -175,8 +177,25 @@ def _apply(session: Session, cli: runtime.CliArgs | None = None) -> None:
             logger.info("gpudask: listen interface %s %s", plan.interface, outcome)
     session.manager.context_init(ctx, plan)
     if session.role == "worker":
-        session.memory = session.manager.setup_memory(ctx, plan)
+        session.memory = setup_memory(session.manager, ctx, plan)
     session.applied = True
+
+
+def setup_memory(manager: Any, ctx: Any, plan: ProcessPlan) -> dict[str, Any]:
+    """``gpudask_setup_memory`` once per process: the first call runs the hooks, every
+    later one (a WorkerPlugin registered on a running worker, a second preload, another
+    manager of a re-plan) gets what the first returned.  A pool is never built twice in
+    one process."""
+    kept = _MEMORY_SETUP.get(os.getpid())
+    if kept is None:
+        kept = manager.setup_memory(ctx, plan)
+        _MEMORY_SETUP[os.getpid()] = kept
+    return kept
+
+
+def forget_memory_setup() -> None:
+    """Forget what :func:`setup_memory` kept in this process (for tests that set up twice)."""
+    _MEMORY_SETUP.pop(os.getpid(), None)
 
 
 def apply_config(plan: ProcessPlan) -> dict[str, Any]:
@@ -248,7 +267,7 @@ def bind_cpus(cpus: list[int], ctx: Any) -> None:
 
 
 def startup_line(session: Session) -> str:
-    from gpudask import __version__
+    from gpudask._version import __version__
 
     plugins = ", ".join(f"{p['name']}({p['priority']})" for p in session.host.plugins)
     where = session.role + (f" {session.plan.index}" if session.plan.index is not None else "")

@@ -41,6 +41,7 @@ from distributed.diagnostics import plugin as _dp
 
 from gpudask.apply import process as session
 from gpudask.apply import runtime
+from gpudask.apply.state import plugin_of
 from gpudask.errors import GpudaskError
 from gpudask.plan.planner import INTERNAL_ENV_PREFIX
 
@@ -74,19 +75,13 @@ def _scheme(address: Any) -> str | None:
     return scheme(address)
 
 
-def _plugin_of(plan: Any, decision_prefix: str) -> str | None:
-    for reason in plan.reasons:
-        if reason.decision.startswith(decision_prefix):
-            return reason.plugin
-    return None
-
-
 def _item(what: str, planned: Any, actual: Any, why: str, plugin: str | None) -> dict[str, Any]:
     return {"what": what, "planned": planned, "actual": actual, "why": why, "plugin": plugin}
 
 
-def compare(plan: Any, ctx: Any, address: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """What of ``plan`` this running process does not have.
+def missing_in_running_process(plan: Any, ctx: Any, address: str | None = None
+                               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """What of ``plan`` this running process (one gpudask was registered on late) does not have.
 
     :return: ``(needs_restart, late_config)``: the items only a new process can apply,
         and the dask config keys that can still be set now (key -> planned value).
@@ -99,13 +94,13 @@ def compare(plan: Any, ctx: Any, address: str | None = None) -> tuple[list[dict[
         actual = os.environ.get(name)
         if actual != value:
             why = next((w for prefix, w in _WHY_ENV.items() if name.startswith(prefix)), _WHY_ENV_OTHER)
-            needs.append(_item(name, value, actual, why, _plugin_of(plan, f"{name}=")))
+            needs.append(_item(name, value, actual, why, plugin_of(plan, f"{name}=")))
     for key, value in plan.config.items():
         actual = dask.config.get(key, default=None)
         if actual == value:
             continue
         if key.startswith(RESTART_CONFIG_PREFIXES):
-            needs.append(_item(key, value, actual, _WHY_CONFIG, _plugin_of(plan, f"{key}=")))
+            needs.append(_item(key, value, actual, _WHY_CONFIG, plugin_of(plan, f"{key}=")))
         else:
             late[key] = value
     method = plan.multiprocessing_method
@@ -114,7 +109,7 @@ def compare(plan: Any, ctx: Any, address: str | None = None) -> tuple[list[dict[
         needs.append(_item("multiprocessing_method", method, actual_method,
                            "worker processes are started by the `dask worker` process (the nanny host): it must "
                            "run with --preload gpudask (or distributed.worker.multiprocessing-method set) from "
-                           "its start", _plugin_of(plan, "multiprocessing_method=")))
+                           "its start", plugin_of(plan, "multiprocessing_method=")))
     if plan.interface and not ctx.facts.described and address:
         from distributed.comm.addressing import get_address_host
 
@@ -123,7 +118,7 @@ def compare(plan: Any, ctx: Any, address: str | None = None) -> tuple[list[dict[
         if host not in ips:
             needs.append(_item("interface", plan.interface, host,
                                "a server listens on its interface from its start: needs a new worker process",
-                               _plugin_of(plan, "interface=")))
+                               plugin_of(plan, "interface=")))
     return needs, late
 
 
@@ -159,7 +154,7 @@ def _context_check(plan: Any, ctx: Any) -> dict[str, Any] | None:
         uuid = uuid.decode()
     if uuid and uuid != plan.gpu:
         return _item("cuda_context", plan.gpu, uuid, "this process already has a CUDA context on another GPU: "
-                     "needs a new worker process", _plugin_of(plan, "CUDA_VISIBLE_DEVICES="))
+                     "needs a new worker process", plugin_of(plan, "CUDA_VISIBLE_DEVICES="))
     return None
 
 
@@ -212,7 +207,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
             s = await asyncio.to_thread(_plan_worker, worker)
         report: dict[str, Any] = {"worker": worker.address, "index": s.plan.index, "preloaded": preloaded,
                                   "applied": [], "needs_restart": [], "notes": []}
-        needs, late = compare(s.plan, s.ctx, worker.address)
+        needs, late = missing_in_running_process(s.plan, s.ctx, worker.address)
         if preloaded:
             report["applied"].append("the whole plan, at import time (--preload gpudask)")
         else:
@@ -260,10 +255,10 @@ class WorkerPlugin(_dp.WorkerPlugin):
         if plan.memory is not None and not ctx.facts.described and not _gpu_matches(plan, ctx):
             needs.append(_item(
                 "memory", plan.memory, None, "the memory setup is for the worker's own GPU, which this process "
-                "does not use yet: building it now would allocate on another GPU", _plugin_of(plan, "memory:")))
+                "does not use yet: building it now would allocate on another GPU", plugin_of(plan, "memory:")))
         else:
             try:
-                s.memory = s.manager.setup_memory(ctx, plan)
+                s.memory = session.setup_memory(s.manager, ctx, plan)
             except GpudaskError as e:  # a running worker is not stopped for it: say so
                 logger.error("gpudask: %s", e)
                 notes.append(f"memory setup failed: {e}")
@@ -384,7 +379,7 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         s = current if preloaded else await asyncio.to_thread(_plan_scheduler, _scheme(scheduler.address))
         report: dict[str, Any] = {"scheduler": scheduler.address, "preloaded": preloaded, "applied": [],
                                   "needs_restart": [], "notes": []}
-        needs, late = compare(s.plan, s.ctx, scheduler.address)
+        needs, late = missing_in_running_process(s.plan, s.ctx, scheduler.address)
         if preloaded:
             report["applied"].append("the whole plan, at import time (--preload gpudask)")
         else:

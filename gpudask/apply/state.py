@@ -21,8 +21,10 @@ def _who(session: Any) -> str:
     return plan.role + (f" {plan.index}" if plan.index is not None else "")
 
 
-def _plugin_of(plan: Any, prefix: str) -> str | None:
-    return next((r.plugin for r in plan.reasons if r.decision.startswith(prefix)), None)
+def plugin_of(plan: Any, decision_prefix: str) -> str | None:
+    """The plugin that made ``plan``'s first decision starting with ``decision_prefix``
+    (``"UCX_TLS="``, ``"memory:"``), or None."""
+    return next((r.plugin for r in plan.reasons if r.decision.startswith(decision_prefix)), None)
 
 
 def read(session: Any) -> dict[str, Any]:
@@ -77,8 +79,8 @@ def _ucx_config() -> dict[str, str] | None:
     return {str(k): str(v) for k, v in dict(config).items()}
 
 
-def compare(session: Any, live: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every planned value the live process does not have."""
+def find_mismatches(session: Any, live: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every planned value the live process (``live``, from :func:`read`) does not have."""
     plan, ctx = session.plan, session.ctx
     who = _who(session)
     out: list[dict[str, Any]] = []
@@ -88,30 +90,30 @@ def compare(session: Any, live: dict[str, Any]) -> list[dict[str, Any]]:
 
     for name, value in plan.env.items():
         if live["env"].get(name) != value:
-            differs(name, value, live["env"].get(name), _plugin_of(plan, f"{name}="))
+            differs(name, value, live["env"].get(name), plugin_of(plan, f"{name}="))
     for key, value in plan.config.items():
         if live["config"].get(key) != value:
-            differs(key, value, live["config"].get(key), _plugin_of(plan, f"{key}="))
+            differs(key, value, live["config"].get(key), plugin_of(plan, f"{key}="))
     if plan.multiprocessing_method and live["multiprocessing_method"] != plan.multiprocessing_method:
         differs("multiprocessing_method", plan.multiprocessing_method, live["multiprocessing_method"],
-                _plugin_of(plan, "multiprocessing_method="))
+                plugin_of(plan, "multiprocessing_method="))
     if plan.cpu_affinity and plan.role == "worker" and not ctx.facts.described and "cpu_affinity" in live:
         wanted = set(plan.cpu_affinity) & set(live["cpu_affinity"]) or set(plan.cpu_affinity)
         if not set(live["cpu_affinity"]) <= wanted:
-            differs("cpu_affinity", plan.cpu_affinity, live["cpu_affinity"], _plugin_of(plan, "cpu_affinity="))
+            differs("cpu_affinity", plan.cpu_affinity, live["cpu_affinity"], plugin_of(plan, "cpu_affinity="))
     context = live.get("cuda_context") or {}
     if plan.gpu and context.get("exists") and context.get("uuid") and context["uuid"] != plan.gpu:
-        differs("cuda_context", plan.gpu, context["uuid"], _plugin_of(plan, "CUDA_VISIBLE_DEVICES="))
+        differs("cuda_context", plan.gpu, context["uuid"], plugin_of(plan, "CUDA_VISIBLE_DEVICES="))
     if plan.role in ("scheduler", "nanny") and "cuda_context" in live and context.get("exists") is not None:
         planned = _planned_context_gpu(plan, ctx)
         actual = context.get("uuid") if context.get("exists") else None
         if (planned is None) != (actual is None) or (planned and actual and not _same_gpu(planned, actual, ctx)):
             differs("cuda_context", planned, actual,
-                    _plugin_of(plan, f"{CONTEXT_KEY}=") if planned else "cuda-context")
+                    plugin_of(plan, f"{CONTEXT_KEY}=") if planned else "cuda-context")
     ucx = live.get("ucx") or {}
     planned_tls = plan.env.get("UCX_TLS")
     if planned_tls and ucx.get("TLS") and ucx["TLS"] != planned_tls:
-        differs("ucx TLS", planned_tls, ucx["TLS"], _plugin_of(plan, "UCX_TLS="))
+        differs("ucx TLS", planned_tls, ucx["TLS"], plugin_of(plan, "UCX_TLS="))
     for plugin, items in (live.get("plugins") or {}).items():
         for key, pair in items.items():
             if pair.get("planned") != pair.get("actual"):
@@ -155,7 +157,7 @@ def record(session: Any, server: Any = None) -> list[dict[str, Any]]:
     import logging
 
     session.state = read(session)
-    session.mismatches = compare(session, session.state)
+    session.mismatches = find_mismatches(session, session.state)
     from gpudask.checks.published import MAX_MISMATCHES, shown
 
     log = logging.getLogger("distributed.gpudask")

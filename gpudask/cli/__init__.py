@@ -212,11 +212,6 @@ def status(address: str | None, address_option: str | None, scheduler_file: str 
     sys.exit(1 if result["mismatches"] or result["problems"] else 0)
 
 
-class _Commands(click.Group):
-    """Commands other packages (and gpudask's own bench, which sits on top of the CLI) add
-    through the ``gpudask.commands`` entry point group, loaded when asked for."""
-
-
 def _entry_point_commands() -> dict[str, Any]:
     import importlib.metadata
 

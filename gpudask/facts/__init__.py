@@ -4,8 +4,10 @@ Facts come from one of three places, chosen by :func:`get_facts`:
 
 * a facts file (``--facts`` / ``$GPUDASK_FACTS``): a *described* host, schema 1,
   validated against ``facts.schema.json`` (:mod:`gpudask.facts.loader`);
-* ``$GPUDASK_PROBED_FACTS``: the JSON of a probe a parent process already made, so
-  nannies and workers do not probe again;
+* ``$GPUDASK_PROBED_FACTS``: facts as JSON, taken as this host's probe (not a
+  described host).  gpudask sets it nowhere -- a nanny's workers get their facts from the
+  host plan (:mod:`gpudask.apply.hostfile`) -- it lets a test hand in what a probe of some
+  host finds;
 * :func:`probe_facts`: NVML, sysfs, ``importlib.metadata`` and ``ucx_info``
   (:mod:`gpudask.facts.probe`).
 
@@ -52,7 +54,7 @@ def get_facts(path: str | os.PathLike[str] | None = None) -> Facts:
     """Facts for this process: ``path`` > $GPUDASK_FACTS > $GPUDASK_PROBED_FACTS > a probe.
 
     Cached per process.  A described file is taken as it is, its
-    ``cuda_visible_devices`` included.  Probed facts (fresh or from the parent's
+    ``cuda_visible_devices`` included.  Probed facts (fresh or handed in through
     $GPUDASK_PROBED_FACTS) take ``cuda_visible_devices`` from this process's
     environment, since a nanny gives each worker its own.
     """
