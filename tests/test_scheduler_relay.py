@@ -42,27 +42,27 @@ def _live(session, context):
 def test_scheduler_context_on_its_own_gpu_is_the_plan_not_a_mismatch():
     s = _session(H200)
     uuid = s.ctx.gpus[0].uuid
-    assert state.compare(s, _live(s, {"exists": True, "uuid": uuid})) == []
-    [missing] = state.compare(s, _live(s, {"exists": False, "uuid": None}))
+    assert state.find_mismatches(s, _live(s, {"exists": True, "uuid": uuid})) == []
+    [missing] = state.find_mismatches(s, _live(s, {"exists": False, "uuid": None}))
     assert missing["key"] == "cuda_context" and missing["planned"] == uuid and missing["plugin"] == "nvlink"
-    [elsewhere] = state.compare(s, _live(s, {"exists": True, "uuid": "GPU-00000000-0000-0000-0000-000000000000"}))
+    [elsewhere] = state.find_mismatches(s, _live(s, {"exists": True, "uuid": "GPU-00000000-0000-0000-0000-000000000000"}))
     assert elsewhere["planned"] == uuid
 
 
 def test_nanny_context_is_still_a_mismatch_and_an_explicit_one_is_not(monkeypatch):
     s = _session(H200, "nanny")
     uuid = s.ctx.gpus[0].uuid
-    [m] = state.compare(s, _live(s, {"exists": True, "uuid": uuid}))
+    [m] = state.find_mismatches(s, _live(s, {"exists": True, "uuid": uuid}))
     assert m["planned"] is None and m["plugin"] == "cuda-context"
     s = _session(H200, "nanny", **{"distributed-ucxx.create-cuda-context": True})  # set by you
-    assert state.compare(s, _live(s, {"exists": True, "uuid": uuid})) == []
+    assert state.find_mismatches(s, _live(s, {"exists": True, "uuid": uuid})) == []
 
 
 def test_scheduler_with_explicit_tcp_plans_no_context(monkeypatch):
     monkeypatch.setenv("UCX_TLS", "tcp")
     s = _session(H200)
-    assert state.compare(s, _live(s, {"exists": False, "uuid": None})) == []
-    [m] = state.compare(s, _live(s, {"exists": True, "uuid": s.ctx.gpus[0].uuid}))
+    assert state.find_mismatches(s, _live(s, {"exists": False, "uuid": None})) == []
+    [m] = state.find_mismatches(s, _live(s, {"exists": True, "uuid": s.ctx.gpus[0].uuid}))
     assert m["planned"] is None
 
 
