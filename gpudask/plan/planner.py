@@ -33,15 +33,16 @@ PLAN_HOOKS = ("gpudask_validate", "gpudask_plan_process", "gpudask_select_transp
 def build_plan(facts: Facts, settings: Settings, manager: PluginManager, protocol: str = "tcp",
                nworkers: int | None = None,
                user_env: Mapping[str, str] | None = None, user_config: Mapping[str, Any] | None = None,
-               user_interface: str | None = None) -> HostPlan:
+               user_interface: str | None = None, planner: str | None = None) -> HostPlan:
     """The plan for every process on the host described by ``facts``.
 
     ``user_interface`` is a ``dask worker --interface`` the user gave: it wins over the
-    interface plugins choose for workers, like every explicit setting."""
+    interface plugins choose for workers, like every explicit setting.  ``planner`` is the
+    role of the process planning (:attr:`PlanContext.planner`)."""
     if nworkers is None:
         nworkers = max(1, len(facts.visible_gpus()))
     ctx = PlanContext(facts, settings, protocol, nworkers, dict(user_env or {}), dict(user_config or {}),
-                      user_interface=user_interface, manager=manager)
+                      user_interface=user_interface, manager=manager, planner=planner)
     _note_visible_devices(ctx)
     # each hook is called once per process of the host (scheduler, nanny, client and each
     # worker: 5 calls for 2 workers), in the planning process only: worker processes read
