@@ -32,7 +32,12 @@ def other_user() -> tuple[int, int]:
         if out.returncode not in (0, 9):  # 9: created meanwhile by a parallel run
             pytest.skip(f"useradd failed: {out.stderr.strip()}")
         entry = pwd.getpwnam(OTHER_USER)
-    return entry.pw_uid, entry.pw_gid
+    user = (entry.pw_uid, entry.pw_gid)
+    try:
+        as_user(user, "pass")
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"cannot run Python as {OTHER_USER}: {e}")
+    return user
 
 
 def as_user(user: tuple[int, int], code: str) -> None:
