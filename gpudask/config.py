@@ -123,11 +123,27 @@ CORE_OPTIONS = [
            "What the scheduler does with scheduler-check findings: warn (log and 'gpudask' event), error (also "
            "warn every client), refuse (also close the offending worker).", choice("warn", "error", "refuse"),
            "warn | error | refuse"),
+    Option("gpudask.scheduler-check.timeout", 5.0,
+           "Seconds the plugins' scheduler checks of one worker may take: they run off the scheduler's event loop; "
+           "past this the check reports a check-timeout finding naming the slow plugin (its result, when it comes, "
+           "replaces it).", lambda v: _positive_seconds(v), "a positive number of seconds or a duration such as \"5s\""),
 ]
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a gpudask.toml / YAML config file larger than this is refused
 _NAMESPACES = ("gpudask", "distributed", "distributed-ucxx", "dask", "array")
+
+
+def _positive_seconds(value: Any) -> float:
+    from dask.utils import parse_timedelta
+
+    try:
+        seconds = None if isinstance(value, bool) else parse_timedelta(value, default="seconds")
+    except (TypeError, ValueError, KeyError, AttributeError):
+        seconds = None
+    if seconds is None or not 0 < float(seconds) < float("inf"):
+        raise ValueError('a positive number of seconds or a duration such as "5s"')
+    return float(seconds)
 
 
 def toml_path() -> pathlib.Path | None:

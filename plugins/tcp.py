@@ -129,6 +129,11 @@ def _quiet_ucx(ctx: Any, plan: Any) -> None:
                  "reports the user's own unused UCX_* variables instead, when it plans")
     if plan.role != "scheduler":
         return  # once per host plan is enough
+    if getattr(ctx, "planner", None) == "worker":
+        # a worker process planning for itself applies only its own part: UCX's view of the
+        # user's variables (a ucx_info run, seconds under load) is for the processes that plan
+        # the host (dask scheduler, the dask worker process, a client, gpudask info)
+        return
     unused = ucx_unused_variables(dict(ctx.user_env))
     for name, maybe in unused or []:
         ctx.warn(f"{name}={ctx.user_env[name]} is not a variable UCX uses here"

@@ -9,6 +9,10 @@ Each worker claims its number in ``$GPUDASK_GROUP`` (:func:`gpudask.apply.runtim
 On a host where gpudask decides nothing (a CPU host over tcp) nothing is written and no
 variable is exported.  Files and slot folders of processes that died are removed by the
 next planning process of the same user.
+
+Everything lives in the user's private state directory (:mod:`gpudask.facts.statedir`):
+created 0700, refused when another user owns it or can write it, files written
+atomically (0600) and read only when they are this user's and nobody else can write them.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import json
 import os
 import pathlib
 import shutil
-import tempfile
 from typing import Any
 
+from gpudask.facts import statedir
 from gpudask.plan import HostPlan, ProcessPlan
 
 PLAN_ENV = "GPUDASK_HOST_PLAN"
@@ -28,7 +32,9 @@ GROUP_ENV = "GPUDASK_GROUP"
 
 
 def state_dir() -> pathlib.Path:
-    return pathlib.Path(tempfile.gettempdir()) / f"gpudask-{os.getuid()}"
+    """This user's private state directory; raises :class:`~gpudask.facts.statedir.StateDirError`
+    (one line: the path, its owner and mode, the fix) when it is not private."""
+    return statedir.state_dir()
 
 
 def publish(host: HostPlan) -> None:
@@ -36,15 +42,12 @@ def publish(host: HostPlan) -> None:
     if not decided_anything(host):
         return
     base = state_dir()
-    base.mkdir(parents=True, exist_ok=True)
     reclaim_stale(base)
     path = base / f"plan-{os.getpid()}.json"
     data = host.to_dict()
     data["user_values"] = _user_values(host)
     data["user_config_values"] = _user_config_values(host)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    tmp.replace(path)
+    statedir.write_atomic(path, json.dumps(data, default=str))
     os.environ[PLAN_ENV] = str(path)
     os.environ.setdefault(GROUP_ENV, f"pid-{os.getpid()}")
     atexit.register(_remove, path, base / os.environ[GROUP_ENV])
@@ -78,10 +81,14 @@ def load() -> HostPlan | None:
     path = os.environ.get(PLAN_ENV)
     if not path:
         return None
+    # never trusted unless it is this user's own file in a directory only this user can write
+    text = statedir.read_private(path, "host plan")
+    if text is None:
+        return None  # the parent is gone, wrote nothing, or the file is not safe: the worker plans for itself
     try:
-        data = json.loads(pathlib.Path(path).read_text())
-    except (OSError, ValueError):
-        return None  # the parent is gone or wrote nothing: the worker plans for itself
+        data = json.loads(text)
+    except ValueError:
+        return None
     return _host_from_dict(data)
 
 
@@ -147,7 +154,10 @@ def reclaim_stale(base: pathlib.Path) -> list[str]:
     """Remove plan files and slot folders whose planning process is gone."""
     removed = []
     for entry in base.iterdir():
-        stem = entry.name.split(".")[0]
+        if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+            stem = entry.name[1:].split(".")[0]  # a write_atomic temporary file left by a killed process
+        else:
+            stem = entry.name.split(".")[0]
         for prefix in ("plan-", "pid-", "ppid-"):
             if stem.startswith(prefix) and stem[len(prefix):].isdigit() and not _alive(int(stem[len(prefix):])):
                 if entry.is_dir():
@@ -168,7 +178,8 @@ def leave_fatal(line: str) -> None:
     path = _fatal_path()
     if path is not None:
         try:
-            with open(path, "a") as f:
+            fd = statedir.open_private(path, os.O_WRONLY | os.O_APPEND)
+            with os.fdopen(fd, "a") as f:
                 f.write(line + "\n")
         except OSError:
             pass
@@ -183,7 +194,8 @@ def report_worker_failures() -> None:
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         path = _fatal_path()
-        lines = path.read_text().splitlines() if path is not None and path.exists() else []
+        text = statedir.read_private(path, "worker failure file") if path is not None else None
+        lines = text.splitlines() if text else []
         if not lines:
             previous(kind, value, tb)
             return

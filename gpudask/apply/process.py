@@ -26,15 +26,17 @@ logger = logging.getLogger("distributed.gpudask")
 
 def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_path: str | None = None,
               config_file: str | None = None, extra_plugins: Iterable[Any] = (),
-              user_interface: str | None = None) -> HostPlan:
+              user_interface: str | None = None, planner: str | None = None) -> HostPlan:
     """:func:`gpudask.plan.plan_host` from the user's view of this process: in a process
-    that applied a plan, the user's values of what gpudask changed (kept by its session)."""
+    that applied a plan, the user's values of what gpudask changed (kept by its session).
+    ``planner``: the role of this process when it plans for itself."""
     from gpudask.config import load_dask_config
     from gpudask.plan.host import plan_host as plan
 
     load_dask_config(config_file)  # gpudask.toml's values are the user's too
     user_env, user_config = _users_view()
-    return plan(protocol, nworkers, facts_path, config_file, extra_plugins, user_interface, user_env, user_config)
+    return plan(protocol, nworkers, facts_path, config_file, extra_plugins, user_interface, user_env, user_config,
+                planner)
 
 
 def _users_view() -> tuple[dict[str, str], dict[str, Any]]:
@@ -113,7 +115,8 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
     # `dask scheduler --protocol tcp,ws` listens on both: plan for UCX when one of them is UCX
     listeners = [p.strip() for p in protocol.split(",") if p.strip()]
     protocol = next((p for p in listeners if p in ("ucx", "ucxx")), listeners[0] if listeners else "tcp")
-    host = plan_host(protocol, nworkers, user_interface=cli.interface if cli is not None else None)
+    host = plan_host(protocol, nworkers, user_interface=cli.interface if cli is not None else None,
+                     planner=role)
     session = Session(role, host, host.for_role(role))
     if apply or _SESSION is None or not _SESSION.applied:
         # a plan-only session (e.g. a LocalCluster's scheduler inside a client process)
@@ -142,14 +145,18 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
         hostfile.restore_user_values(host)  # what the planning parent changed for itself
     else:
         # no planning parent (e.g. LocalCluster(preload=["gpudask"]) without gpudask.initialize()):
-        # this process plans for itself, once
+        # this process plans for itself, once, only what it applies (planner="worker")
+        from gpudask.facts import get_facts
+
         protocol = (locals_.get("protocol") or runtime.protocol_from(locals_.get("scheduler_ip"),
                                                                        locals_.get("scheduler_file")) or "tcp")
-        host = plan_host(protocol.split("://", 1)[0], None, user_interface=locals_.get("interface"))
+        planned = max(1, len(get_facts().visible_gpus()))  # what plan_host plans for by default
+        host = plan_host(protocol.split("://", 1)[0], None if index < planned else index + 1,
+                         user_interface=locals_.get("interface"), planner="worker")
     if index >= host.nworkers:
         # more workers than the parent planned for (scale-up beyond it): this worker's plan is
         # the one for index+1 workers, made here, once (GPUs shared round-robin, with a warning)
-        host = plan_host(host.protocol, index + 1)
+        host = plan_host(host.protocol, index + 1, planner="worker")
     session = Session("worker", host, host.for_role("worker", index))
     _SESSION = session
     _apply(session)

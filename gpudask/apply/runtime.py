@@ -222,27 +222,34 @@ def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -
     process takes the lowest free one -- the number its nanny (``owner``) held before
     first, so a restarted worker keeps its GPU."""
     global _held_slot
-    from gpudask.apply.hostfile import state_dir
+    from gpudask.facts import statedir
 
-    base = state_dir() / group.replace("/", "_")
-    base.mkdir(parents=True, exist_ok=True)
+    # a private folder of the private state directory: nobody else can take or fake a slot
+    base = statedir.subdir(statedir.state_dir(), group)
     order = list(range(limit))
     if owner:
         for mark in base.glob("slot-*.owner"):
-            i = int(mark.name[len("slot-"):-len(".owner")])
-            if i < limit and mark.read_text() == owner:
+            number = mark.name[len("slot-"):-len(".owner")]
+            if not number.isdigit() or int(number) >= limit:
+                continue
+            if statedir.read_private(mark, "worker slot owner file") == owner:
+                i = int(number)
                 order.remove(i)
                 order.insert(0, i)
                 break
     for i in order:
-        f = open(base / f"slot-{i}.lock", "a+")
+        try:
+            fd = statedir.open_private(base / f"slot-{i}.lock", os.O_RDWR)
+        except OSError:
+            continue
+        f = os.fdopen(fd, "a+")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             f.close()
             continue
         if owner:
-            (base / f"slot-{i}.owner").write_text(owner)
+            statedir.write_atomic(base / f"slot-{i}.owner", owner)
         _held_slot = f  # keep the descriptor (and the lock) for the life of the process
         return i
     raise ConfigError(f"no free gpudask worker slot in {base} (more than {limit} workers?)")

@@ -300,7 +300,7 @@ def _plan_worker(worker: Any) -> Any:
     host = hostfile.load()  # the plan this worker's parent made, when it made one
     if host is None:
         protocol = (_scheme(getattr(worker.scheduler, "address", None)) or _scheme(worker.address) or "tcp")
-        host = plan_host(protocol, None)
+        host = plan_host(protocol, None, planner="worker")  # only what this worker applies
     return Session("worker", host, host.for_role("worker", index))
 
 

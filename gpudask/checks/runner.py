@@ -15,12 +15,28 @@ and to the ``gpudask_check`` handler.  ``gpudask.scheduler-check.action`` decide
 else happens: ``warn`` nothing more; ``error`` also warns every connected client (a
 ``"warn"`` event, which distributed's clients turn into a ``UserWarning``); ``refuse``
 also closes the offending worker with the findings as reason.
+
+The plugins' checks never run on the scheduler's event loop: each worker's comparison runs
+in a thread (:data:`THREADS` of them), and the scheduler waits for it at most
+:data:`INLINE_WAIT_S` inside ``add_worker`` (so that a normal check, a few milliseconds, is
+done when the worker's registration is) -- not at all once a check was slow.  A check
+still running after ``gpudask.scheduler-check.timeout`` seconds is reported as a
+``check-timeout`` warning naming the plugin it is in; its findings replace that one when
+it ends, with a ``slow-check`` warning saying how long it took.  Python cannot stop a
+thread, so a plugin that never returns keeps its thread: the scheduler, worker
+registration and the other checks go on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import itertools
 import logging
+import queue
+import sys
+import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,6 +50,73 @@ from gpudask.errors import GpudaskError
 from gpudask.findings import Finding, worst
 
 logger = logging.getLogger("distributed.gpudask.check")
+
+TIMEOUT_KEY = "gpudask.scheduler-check.timeout"
+DEFAULT_TIMEOUT_S = 5.0
+INLINE_WAIT_S = 0.5  # the most add_worker waits for a worker's check, on the event loop
+THREADS = 4
+HOOK = "gpudask_scheduler_check"
+# findings about the scheduler's own plugins, never a reason to refuse a worker
+NOT_THE_WORKERS = ("check-timeout", "slow-check")
+
+class _Threads:
+    """A few daemon threads running the checks: unlike concurrent.futures' pool, a plugin
+    that never returns does not keep the scheduler from exiting (no join at exit)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.threads: list[threading.Thread] = []
+        self.idle = 0
+        self.lock = threading.Lock()
+
+    def submit(self, fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.queue.put((future, fn, args))
+        with self.lock:
+            if self.idle == 0 and len(self.threads) < self.size:
+                thread = threading.Thread(target=self._run, name=f"gpudask-check-{len(self.threads)}", daemon=True)
+                self.threads.append(thread)
+                thread.start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                self.idle += 1
+            future, fn, args = self.queue.get()
+            with self.lock:
+                self.idle -= 1
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
+                future.set_exception(e)
+
+
+_THREADS = _Threads(THREADS)
+_JOB_IDS = itertools.count()
+
+
+class _Job:
+    """One worker's check, running in a thread."""
+
+    def __init__(self, address: str, ws: Any):
+        self.id = next(_JOB_IDS)
+        self.address, self.ws = address, ws
+        self.submitted = time.monotonic()
+        self.thread: int | None = None  # the thread running it, once started
+        self.future: concurrent.futures.Future[tuple[list[Finding], dict[str, Any] | None]] | None = None
+        self.recorded = threading.Event()  # a first result (or the timeout finding) is recorded
+
+
+def read_timeout(ctx: Any) -> float:
+    settings: Any = getattr(ctx, "settings", None)
+    try:
+        return float(settings[TIMEOUT_KEY])
+    except (KeyError, TypeError, ValueError, GpudaskError):
+        return DEFAULT_TIMEOUT_S
 
 
 def plan_here(protocol: str | None, extra_plugins: Iterable[Any] = ()) -> tuple[Any, Any, Any]:
@@ -86,6 +169,10 @@ class SchedulerCheck(SchedulerPlugin):
         self.says_ok = False
         self._started = False
         self.asked_for = False
+        self.timeout = DEFAULT_TIMEOUT_S
+        self.slow_seen = False  # a check took longer than the timeout: add_worker no longer waits at all
+        self.jobs: dict[str, _Job] = {}  # the latest check of each worker
+        self._tasks: set[Any] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"action_override": self.action_override, "extra_plugins": self.extra_plugins, "dry": self.dry}
@@ -101,6 +188,7 @@ class SchedulerCheck(SchedulerPlugin):
         """Compare with these: the scheduler's plugin manager, plan context and side."""
         self.scheduler, self.manager, self.ctx, self.side = scheduler, manager, ctx, side
         self.action = read_action(ctx, self.action_override)
+        self.timeout = read_timeout(ctx)
         # a CPU host over tcp: nothing of gpudask's to say at INFO (read once, not per worker)
         self.says_ok = bool(ctx.gpus or ctx.uses_ucx)
 
@@ -139,6 +227,8 @@ class SchedulerCheck(SchedulerPlugin):
                        describe(self.side), self.action)
         for address in list(scheduler.workers):
             self.check_worker(address)
+        if self.dry:
+            await self.settled()
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         if self.manager is None:
@@ -148,27 +238,143 @@ class SchedulerCheck(SchedulerPlugin):
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self.results.pop(worker, None)
         self.sides.pop(worker, None)
+        job = self.jobs.pop(worker, None)
+        if job is not None:
+            job.recorded.set()
 
     async def close(self) -> None:
         if self.scheduler is not None and self.scheduler.handlers.get(HANDLER) == self.handle_report:
             del self.scheduler.handlers[HANDLER]
 
     # -- checking --------------------------------------------------------------------
-    def check_worker(self, address: str) -> list[Finding]:
-        """Compare one connected worker with the scheduler and act on the findings."""
+    def check_worker(self, address: str) -> list[Finding] | None:
+        """Compare one connected worker with the scheduler and act on the findings.
+
+        The comparison runs in a thread; the findings are returned when it ended within
+        :data:`INLINE_WAIT_S`, else None (they are recorded when it ends)."""
         ws = self.scheduler.workers.get(address) if self.scheduler is not None else None
         if ws is None or self.manager is None or self.side is None:
             return []
         if not self.dry and isinstance(ws.extra, dict) and PUBLISHED_KEY in ws.extra:
             # everything that reads it later (/gpudask, gpudask status) gets it bounded
             ws.extra[PUBLISHED_KEY] = bound_published(ws.extra[PUBLISHED_KEY])
-        findings, side = evaluate_worker(self.manager, self.ctx, self.side, address, ws.extra)
+        job = _Job(address, ws)
+        self.jobs[address] = job
+        job.future = _THREADS.submit(self._evaluate, job)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not on an event loop (a test, a thread): wait here, bounded
+            wait = self.timeout
+        else:
+            wait = 0.0 if self.slow_seen else min(INLINE_WAIT_S, self.timeout)
+        if wait > 0 or job.future.done():
+            try:
+                findings, side = job.future.result(timeout=wait)
+            except concurrent.futures.TimeoutError:
+                pass
+            else:
+                return self._record(job, findings, side)
+        try:
+            task = asyncio.ensure_future(self._finish_later(job))
+        except RuntimeError:
+            self._record(job, [self._timeout_finding(job)], None)
+            job.future.add_done_callback(lambda f: self._late(job, f))
+            return None
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return None
+
+    def _evaluate(self, job: _Job) -> tuple[list[Finding], dict[str, Any] | None]:
+        job.thread = threading.get_ident()
+        try:
+            return evaluate_worker(self.manager, self.ctx, self.side or {}, job.address, job.ws.extra)
+        except Exception as e:  # noqa: BLE001 - evaluate_worker never raises; keep it so in a thread too
+            return [Finding("warning", "plugin-failed", f"the check could not finish: {type(e).__name__}: {e}",
+                            plugin="gpudask", subject=job.address, reference="scheduler")], None
+
+    async def _finish_later(self, job: _Job) -> None:
+        assert job.future is not None
+        wrapped = asyncio.wrap_future(job.future)
+        remaining = max(0.0, self.timeout - (time.monotonic() - job.submitted))
+        try:
+            findings, side = await asyncio.wait_for(asyncio.shield(wrapped), remaining)
+        except asyncio.TimeoutError:
+            self.slow_seen = True
+            self._record(job, [self._timeout_finding(job)], None)
+            try:
+                findings, side = await wrapped
+            except Exception:  # noqa: BLE001 - the executor shut down
+                return
+            findings = findings + [self._slow_finding(job)]
+        self._record(job, findings, side)
+
+    def _late(self, job: _Job, future: Any) -> None:
+        try:
+            findings, side = future.result()
+        except Exception:  # noqa: BLE001
+            return
+        self._record(job, findings + [self._slow_finding(job)], side)
+
+    def _running_plugin(self, job: _Job) -> str | None:
+        """The plugin whose ``gpudask_scheduler_check`` the job's thread is in (from its stack)."""
+        frame = sys._current_frames().get(job.thread) if job.thread is not None else None
+        codes = {}
+        for plugin in self.manager.plugins if self.manager is not None else []:
+            if HOOK not in plugin.hooks:
+                continue
+            for impl in self.manager._impls(HOOK, plugin):
+                function = getattr(impl.function, "__func__", impl.function)
+                code = getattr(function, "__code__", None)
+                if code is not None:
+                    codes[code] = plugin.name
+        while frame is not None:
+            if frame.f_code in codes:
+                return codes[frame.f_code]
+            frame = frame.f_back
+        return None
+
+    def _timeout_finding(self, job: _Job) -> Finding:
+        plugin = self._running_plugin(job)
+        if plugin is not None:
+            what = f"plugin {plugin!r}'s {HOOK}"
+        elif job.thread is None:
+            what = f"the check (queued: all {THREADS} check threads are busy with slow checks)"
+        else:
+            what = "the check"
+        return Finding("warning", "check-timeout",
+                       f"{what} did not finish within {self.timeout:g} s ({TIMEOUT_KEY}): the worker was registered "
+                       "without waiting; the check goes on in a thread and its findings replace this one when it ends",
+                       plugin=plugin or "gpudask", subject=job.address, reference="scheduler",
+                       details={"timeout": self.timeout, "hook": HOOK})
+
+    def _slow_finding(self, job: _Job) -> Finding:
+        took = time.monotonic() - job.submitted
+        plugin = getattr(job, "slow_plugin", None)
+        return Finding("warning", "slow-check",
+                       f"the check of this worker took {took:.1f} s, more than {TIMEOUT_KEY} ({self.timeout:g} s)"
+                       + (f", in plugin {plugin!r}'s {HOOK}" if plugin else "")
+                       + "; it ran in a thread, so the scheduler did not wait for it",
+                       plugin=plugin or "gpudask", subject=job.address, reference="scheduler",
+                       details={"seconds": round(took, 3), "timeout": self.timeout, "hook": HOOK})
+
+    def _record(self, job: _Job, findings: list[Finding], side: dict[str, Any] | None) -> list[Finding]:
+        """Record and act on one worker's findings (on the event loop), unless the worker
+        left or was checked again meanwhile."""
+        for f in findings:
+            if f.code == "check-timeout" and f.plugin != "gpudask":
+                job.slow_plugin = f.plugin  # type: ignore[attr-defined]
+        current = self.scheduler.workers.get(job.address) if self.scheduler is not None else None
+        if current is not job.ws or self.jobs.get(job.address) is not job:
+            job.recorded.set()
+            return findings
         status = worst(findings)
         result = {"status": status, "gpudask": side is not None, "findings": [f.to_dict() for f in findings]}
-        self.results[address] = result
-        self.sides[address] = side
+        self.results[job.address] = result
+        self.sides[job.address] = side
+        job.recorded.set()
         if self.dry:
             return findings
+        address, ws = job.address, job.ws
         ws.extra[EXTRA_KEY] = {"status": status, "action": self.action, "findings": result["findings"]}
         for f in findings:
             level = {"error": logging.ERROR, "warning": logging.WARNING}.get(f.severity, logging.INFO)
@@ -183,9 +389,18 @@ class SchedulerCheck(SchedulerPlugin):
             # one warning per worker in every connected client (distributed's default "warn" handler)
             self.scheduler.log_event(CLIENT_WARN_TOPIC, "gpudask scheduler check: "
                                      + "\n".join(f.line() for f in problems))
-        if problems and self.action == "refuse":
-            self._refuse(address, problems)
+        refusing = [f for f in problems if f.code not in NOT_THE_WORKERS]
+        if refusing and self.action == "refuse":
+            self._refuse(address, refusing)
         return findings
+
+    async def settled(self) -> None:
+        """Wait (off the loop) until every worker's latest check has a first result: its
+        findings, or its check-timeout finding."""
+        pending = [job.recorded for job in self.jobs.values() if not job.recorded.is_set()]
+        if pending:
+            deadline = self.timeout + 1.0
+            await asyncio.to_thread(lambda: [e.wait(deadline) for e in pending])
 
     def _refuse(self, address: str, problems: list[Finding]) -> None:
         reason = "gpudask scheduler check refused this worker: " + "; ".join(
@@ -248,4 +463,6 @@ async def report_on_scheduler(dask_scheduler: Any = None) -> dict[str, Any]:
     if not isinstance(plugin, SchedulerCheck):
         plugin = SchedulerCheck(dry=True)
         await plugin.start(dask_scheduler)
+    else:
+        await plugin.settled()
     return plugin.report(sides=True)

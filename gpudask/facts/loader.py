@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import pathlib
+import stat
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +25,10 @@ from gpudask.errors import FactsError
 from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, IBDevice, resolve_visible
 
 SCHEMA_PATH = pathlib.Path(__file__).with_name("facts.schema.json")
+
+# A facts file describes one host in a few kilobytes; anything larger is refused unread
+# (docs/facts.md states the limit).
+MAX_FACTS_BYTES = 16 * 2**20
 
 
 @functools.lru_cache(maxsize=1)
@@ -193,13 +198,44 @@ def facts_from_dict(data: Any, origin: str) -> Facts:
 def load_facts(path: str | os.PathLike[str]) -> Facts:
     """Read a facts file (a described host)."""
     where = os.fspath(path)
-    try:
-        with open(where, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise FactsError(f"{where}: cannot read facts file: {getattr(e, 'strerror', None) or e}") from None
+    text = _read_regular(where)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise FactsError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     return from_dict(data, where, where, described=True)
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+def _read_regular(where: str) -> str:
+    """The text of a regular file of at most MAX_FACTS_BYTES; anything else is one FactsError.
+
+    Opened non-blocking (a FIFO would wait for a writer forever) and checked with fstat
+    before a byte is read (``/dev/zero`` never ends)."""
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise FactsError(f"{where}: cannot read facts file: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a file")
+            raise FactsError(f"{where}: not a regular file ({kind}); a facts file must be a regular JSON file")
+        if st.st_size > MAX_FACTS_BYTES:
+            raise FactsError(f"{where}: {st.st_size} bytes, more than a facts file may hold "
+                             f"({MAX_FACTS_BYTES // 2**20} MiB); a facts file describes one host in a few kilobytes")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FACTS_BYTES + 1)
+    except OSError as e:
+        raise FactsError(f"{where}: cannot read facts file: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FACTS_BYTES:  # it grew while being read
+        raise FactsError(f"{where}: more than a facts file may hold ({MAX_FACTS_BYTES // 2**20} MiB)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FactsError(f"{where}: cannot read facts file: not UTF-8 text ({e.reason} at byte {e.start})") from None

@@ -214,38 +214,36 @@ def _probe_ucx_transports() -> list[str] | None:
 
     if not any(installed(d) for d in _UCX_DISTS):
         return None
-    cache = _ucx_cache_path()
-    if cache is not None:
-        try:
-            cached: list[str] = json.loads(cache.read_text())
-            return cached
-        except (OSError, ValueError):
-            pass
+    found, cached = _cache_read("transports")
+    if found:
+        return None if cached is None else [str(t) for t in cached]
     transports = _run_ucx_info()
-    if cache is not None and transports is not None:
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(transports))
-        except OSError:
-            pass
+    _cache_write("transports", transports)
     return transports
 
 
-def _ucx_cache_path() -> pathlib.Path | None:
-    """Where this boot's `ucx_info -d` answer is kept.
+# A failed ucx_info (missing, crashed, timed out under load) is remembered this long, so that
+# every worker start does not wait for it again; a success for the whole boot.
+UCX_FAILURE_TTL_S = 600.0
 
-    `ucx_info` costs ~0.4 s, paid by every `dask worker` start otherwise.  Its answer
-    changes only with the UCX build or the hardware, so the key is the boot id (new
-    devices mean a reboot or a driver reload) and the UCX library's identity.
+
+def _ucx_cache_path(kind: str, extra: str = "") -> pathlib.Path | None:
+    """Where this boot's `ucx_info` answer of ``kind`` is kept, in the private state directory.
+
+    `ucx_info` costs ~0.4 s (seconds under load), paid by every `dask worker` start otherwise.
+    Its answer changes only with the UCX build or the hardware, so the key is the boot id (new
+    devices mean a reboot or a driver reload), the UCX library's identity and ``extra``.
+    None when there is no boot id or the state directory is not safe to use (said once).
     """
     import hashlib
-    import tempfile
+
+    from gpudask.facts import statedir
 
     try:
         boot_id = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return None
-    ident = [boot_id]
+    ident = [boot_id, extra]
     for exe, _env in _ucx_info_commands():
         try:
             st = os.stat(exe)
@@ -253,7 +251,53 @@ def _ucx_cache_path() -> pathlib.Path | None:
             continue
         ident.append(f"{os.path.realpath(exe)}:{st.st_mtime_ns}:{st.st_size}")
     key = hashlib.sha1("|".join(ident).encode()).hexdigest()[:16]
-    return pathlib.Path(tempfile.gettempdir()) / f"gpudask-{os.getuid()}" / f"ucx-transports-{key}.json"
+    try:
+        base = statedir.state_dir()
+    except statedir.StateDirError as e:
+        if not _UNSAFE_SAID:
+            _UNSAFE_SAID.append(str(e))
+            statedir.logger.warning("gpudask: the ucx_info answer is not cached: %s", e)
+        return None
+    return base / f"ucx-{kind}-{key}.json"
+
+
+_UNSAFE_SAID: list[str] = []
+
+
+def _cache_read(kind: str, extra: str = "") -> tuple[bool, Any]:
+    """``(found, value)`` of a cached ucx_info answer (a failure is ``None``, kept a while)."""
+    import time
+
+    from gpudask.facts import statedir
+
+    path = _ucx_cache_path(kind, extra)
+    text = statedir.read_private(path, "ucx_info cache") if path is not None else None
+    if not text:
+        return False, None
+    try:
+        data = json.loads(text)
+        value, at = data["value"], float(data["at"])
+    except (ValueError, KeyError, TypeError):
+        return False, None
+    if value is None and not 0 <= time.time() - at < UCX_FAILURE_TTL_S:
+        return False, None
+    if value is not None and not (isinstance(value, list) and all(isinstance(v, (str, list)) for v in value)):
+        return False, None
+    return True, value
+
+
+def _cache_write(kind: str, value: Any, extra: str = "") -> None:
+    import time
+
+    from gpudask.facts import statedir
+
+    path = _ucx_cache_path(kind, extra)
+    if path is None:
+        return
+    try:
+        statedir.write_atomic(path, json.dumps({"value": value, "at": time.time()}))
+    except OSError:
+        pass
 
 
 def _run_ucx_info() -> list[str] | None:
@@ -435,15 +479,30 @@ def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | Non
     Asks UCX itself: ``ucx_info -e -u t`` builds a UCP context with exactly these variables
     and prints its "unused environment variable" warnings.  gpudask then turns UCX's warning
     off in the processes it configures (it fires for variables ucxx sets itself) and
-    reports the user's own misspellings in its place."""
-    import subprocess
-
+    reports the user's own misspellings in its place.  The answer, or its failure, is kept
+    per host (the private state directory) like :func:`_probe_ucx_transports`'s."""
     names = {k: v for k, v in variables.items() if k.startswith("UCX_") and k != "UCX_WARN_UNUSED_ENV_VARS"}
     if not names:
         return []
     key = json.dumps(sorted(names.items()))
     if key in _UNUSED_CACHE:
         return _UNUSED_CACHE[key]
+    found, cached = _cache_read("unused", key)
+    if found:
+        result = None if cached is None else [(str(n), str(m) if m else None) for n, m in cached]
+        if result is not None:
+            _UNUSED_CACHE[key] = result
+        return result
+    result = _run_ucx_unused(names)
+    _cache_write("unused", None if result is None else [list(r) for r in result], key)
+    if result is not None:
+        _UNUSED_CACHE[key] = result
+    return result
+
+
+def _run_ucx_unused(names: dict[str, str]) -> list[tuple[str, str | None]] | None:
+    import subprocess
+
     for exe, extra_env in _ucx_info_commands():
         env = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")}
         env.update(extra_env, **names, UCX_WARN_UNUSED_ENV_VARS="y")
@@ -454,7 +513,5 @@ def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | Non
             continue
         found = re.findall(r"unused environment variable: (UCX_\w+)(?: \(maybe: (UCX_\w+)\?\))?",
                            out.stdout + out.stderr)
-        result = [(name, maybe or None) for name, maybe in found if name in names]
-        _UNUSED_CACHE[key] = result
-        return result
+        return [(name, maybe or None) for name, maybe in found if name in names]
     return None

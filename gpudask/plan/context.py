@@ -37,6 +37,10 @@ class PlanContext:
     user_interface: str | None = None  # `dask worker --interface` given by the user
     # the plugin manager the plan was built with (apply hooks of the same process use it)
     manager: Any = field(default=None, repr=False, compare=False)
+    # the role of the process making this plan ("scheduler", "nanny", "client", "worker"), or
+    # None (gpudask info, a check): a worker process planning for itself applies only its own
+    # part, so host-wide work (UCX's view of the user's UCX_* variables) is left to the others
+    planner: str | None = None
 
     def __post_init__(self) -> None:
         # a snapshot: later changes to os.environ / dask.config do not reach the plan

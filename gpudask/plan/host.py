@@ -16,13 +16,14 @@ from gpudask.plan.model import HostPlan
 def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_path: str | None = None,
               config_file: str | None = None, extra_plugins: Iterable[Any] = (),
               user_interface: str | None = None, user_env: Mapping[str, str] | None = None,
-              user_config: Mapping[str, Any] | None = None) -> HostPlan:
+              user_config: Mapping[str, Any] | None = None, planner: str | None = None) -> HostPlan:
     """The plan for every process of this (or the described) host.  No side effects
     beyond loading config into dask.config.
 
     ``user_env`` / ``user_config`` are the environment and dask config as the user set
     them; left out, this process's own.  A process that applied a plan passes the user's
-    values it kept (:func:`gpudask.apply.process.plan_host`).
+    values it kept (:func:`gpudask.apply.process.plan_host`).  ``planner``: the role of the
+    process planning (:attr:`gpudask.plan.PlanContext.planner`).
     """
     import dask.config
 
@@ -48,7 +49,8 @@ def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_pa
     settings = Settings(options, config=dict(user_config), environ=dict(user_env))
     warn_unknown(settings.validate_all())
     facts = get_facts(facts_path)
-    return build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env, user_config, user_interface)
+    return build_plan(facts, settings, manager, protocol or "tcp", nworkers, user_env, user_config, user_interface,
+                      planner)
 
 
 def check_protocol(protocol: str) -> None:

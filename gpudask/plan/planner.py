@@ -8,7 +8,9 @@ and ``--interface`` win over what was detected.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpudask.plan.context import PlanContext
@@ -22,34 +24,76 @@ if TYPE_CHECKING:
 # gpudask's own bookkeeping variables travel to child processes but are not decisions
 INTERNAL_ENV_PREFIX = "GPUDASK_"
 
+# A plan hook call at least this long is warned about (plugin, hook, seconds).  Plan hooks
+# are plain Python calls in the planning process: nothing can stop one that is slow.
+SLOW_PLAN_HOOK_S = 1.0
+PLAN_HOOKS = ("gpudask_validate", "gpudask_plan_process", "gpudask_select_transport", "gpudask_plan_memory")
+
 
 def build_plan(facts: Facts, settings: Settings, manager: PluginManager, protocol: str = "tcp",
                nworkers: int | None = None,
                user_env: Mapping[str, str] | None = None, user_config: Mapping[str, Any] | None = None,
-               user_interface: str | None = None) -> HostPlan:
+               user_interface: str | None = None, planner: str | None = None) -> HostPlan:
     """The plan for every process on the host described by ``facts``.
 
     ``user_interface`` is a ``dask worker --interface`` the user gave: it wins over the
-    interface plugins choose for workers, like every explicit setting."""
+    interface plugins choose for workers, like every explicit setting.  ``planner`` is the
+    role of the process planning (:attr:`PlanContext.planner`)."""
     if nworkers is None:
         nworkers = max(1, len(facts.visible_gpus()))
     ctx = PlanContext(facts, settings, protocol, nworkers, dict(user_env or {}), dict(user_config or {}),
-                      user_interface=user_interface, manager=manager)
+                      user_interface=user_interface, manager=manager, planner=planner)
     _note_visible_devices(ctx)
     if ctx.uses_ucx:
         from gpudask.transport import check_user_tls
 
         check_user_tls(ctx.user_env.get("UCX_TLS"), facts.ucx_transports)
-    manager.validate(ctx)
+    # each hook is called once per process of the host (scheduler, nanny, client and each
+    # worker: 5 calls for 2 workers), in the planning process only: worker processes read
+    # the plan their parent wrote
     plans = [ProcessPlan("scheduler"), ProcessPlan("nanny"), ProcessPlan("client")]
     plans += [ProcessPlan("worker", index=i) for i in range(nworkers)]
-    for step in (manager.plan_process, manager.select_transport, _compose_ucx_tls, manager.plan_memory,
-                 _explicit_env_wins, _explicit_interface_wins):
-        for plan in plans:
-            step(ctx, plan)
+    with _timed_plan_hooks(manager, ctx):
+        manager.validate(ctx)
+        for step in (manager.plan_process, manager.select_transport, _compose_ucx_tls, manager.plan_memory,
+                     _explicit_env_wins, _explicit_interface_wins):
+            for plan in plans:
+                step(ctx, plan)
     scheduler, nanny, client, *workers = plans
     return HostPlan(facts, protocol, nworkers, [p.to_dict() for p in manager.plugins],
                     scheduler, nanny, client, workers, ctx.warnings, ctx)
+
+
+@contextlib.contextmanager
+def _timed_plan_hooks(manager: Any, ctx: PlanContext) -> Iterator[None]:
+    """Time every plugin's plan hook calls (pluggy's hook-call monitoring); a call of
+    :data:`SLOW_PLAN_HOOK_S` or more becomes one warning of the plan per plugin and hook."""
+    pm = getattr(manager, "_pm", None)
+    if pm is None or not hasattr(pm, "add_hookcall_monitoring"):
+        yield
+        return
+    spent: dict[tuple[str, str], list[float]] = {}
+    starts: list[float] = []
+
+    def before(hook_name: str, impls: Any, kwargs: Any) -> None:
+        starts.append(time.perf_counter())
+
+    def after(outcome: Any, hook_name: str, impls: Any, kwargs: Any) -> None:
+        took = time.perf_counter() - starts.pop()
+        if hook_name in PLAN_HOOKS and len(impls) == 1:  # the manager calls one plugin at a time
+            spent.setdefault((impls[0].plugin_name, hook_name), []).append(took)
+
+    undo = pm.add_hookcall_monitoring(before, after)
+    try:
+        yield
+    finally:
+        undo()
+        for (plugin, hook), times in spent.items():
+            if max(times) >= SLOW_PLAN_HOOK_S:
+                ctx.warn(f"plugin {plugin!r} took {sum(times):.1f} s in {hook} ({len(times)} call(s), the longest "
+                         f"{max(times):.1f} s): plan hooks run before every dask scheduler / dask worker / gpudask "
+                         "info starts, once per process of the host, and cannot be stopped; a slow one delays "
+                         "every start")
 
 
 def _note_visible_devices(ctx: PlanContext) -> None:

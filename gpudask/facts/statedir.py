@@ -1,0 +1,177 @@
+"""The per-user state directory: host plans, worker slots, the ucx_info cache.
+
+Only its owner may write it, as ssh and tmux require of theirs:
+
+* ``$XDG_RUNTIME_DIR/gpudask`` when ``$XDG_RUNTIME_DIR`` is set and is a directory of
+  this user that nobody else can write (systemd's ``/run/user/<uid>``), else
+  ``<tempdir>/gpudask-<uid>`` (``$TMPDIR``, else ``/tmp``);
+* created mode 0700; a directory that is a symlink, is not owned by this user, or is
+  group/world-writable is refused with one line (:class:`StateDirError`) naming the
+  path, its owner and mode, and the fix;
+* every file is written atomically (a temporary file in the same directory, mode 0600,
+  then ``os.replace``) and read only when it is a regular file of this user that nobody
+  else can write (:func:`read_private`); anything else is ignored with a warning.
+
+Standard library only: this runs on every worker's start-up path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import stat
+import tempfile
+
+from gpudask.errors import ConfigError
+
+logger = logging.getLogger("distributed.gpudask")
+
+# a state file larger than this is not one gpudask wrote
+MAX_STATE_FILE = 64 * 2**20
+
+
+class StateDirError(ConfigError):
+    """The state directory (or a folder in it) is not safe to use."""
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def unsafe_reason(st: os.stat_result, uid: int | None = None) -> str | None:
+    """Why a directory with this ``lstat`` is not private to ``uid``, or None."""
+    uid = os.getuid() if uid is None else uid
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_uid != uid:
+        return f"it is owned by {_owner(st.st_uid)}, not by you ({_owner(uid)})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "other users can write it"
+    return None
+
+
+def ensure_private(path: pathlib.Path) -> pathlib.Path:
+    """Create ``path`` (mode 0700) or check the one there; raises :class:`StateDirError`."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise StateDirError(f"gpudask state directory {path}: cannot create it: {e.strerror or e}; set TMPDIR to a "
+                            "directory of yours") from None
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise StateDirError(f"gpudask state directory {path}: cannot read it: {e.strerror or e}") from None
+    reason = unsafe_reason(st)
+    if reason is not None:
+        kind = "symlink" if stat.S_ISLNK(st.st_mode) else ("directory" if stat.S_ISDIR(st.st_mode) else "file")
+        raise StateDirError(
+            f"gpudask state directory {path} is refused: {reason} (a {kind} owned by {_owner(st.st_uid)}, mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); it must be a directory only you can write: remove it "
+            f"(rm -rf {path}) and let gpudask create it (mode 0700), or set TMPDIR to a directory of yours")
+    return path
+
+
+def _usable_runtime_dir() -> pathlib.Path | None:
+    value = os.environ.get("XDG_RUNTIME_DIR")
+    if not value or not os.path.isabs(value):
+        return None
+    try:
+        st = os.lstat(value)
+    except OSError:
+        return None
+    if unsafe_reason(st) is not None or not os.access(value, os.W_OK | os.X_OK):
+        return None
+    return pathlib.Path(value) / "gpudask"
+
+
+def location() -> pathlib.Path:
+    """Where the state directory is (nothing created or checked)."""
+    return _usable_runtime_dir() or pathlib.Path(tempfile.gettempdir()) / f"gpudask-{os.getuid()}"
+
+
+def state_dir() -> pathlib.Path:
+    """This user's state directory, created 0700 and checked; raises :class:`StateDirError`."""
+    return ensure_private(location())
+
+
+def subdir(base: pathlib.Path, name: str) -> pathlib.Path:
+    """A private folder ``name`` in ``base`` (created 0700, checked like the state directory)."""
+    return ensure_private(base / name.replace("/", "_"))
+
+
+def write_atomic(path: pathlib.Path, text: str) -> None:
+    """Write ``text`` to ``path``: a 0600 temporary file in the same directory, then os.replace."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_private(path: str | os.PathLike[str], what: str = "gpudask state file") -> str | None:
+    """The text of ``path`` if it is a regular file of this user that only this user can
+    write, in a directory of the same kind; None if it does not exist; None with a warning
+    if it is anything else (it is never trusted)."""
+    path = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        logger.warning("gpudask: ignoring %s %s: cannot open it safely (%s)", what, path, e.strerror or e)
+        return None
+    try:
+        st = os.fstat(fd)
+        problem = None
+        if not stat.S_ISREG(st.st_mode):
+            problem = "not a regular file"
+        elif st.st_uid != os.getuid():
+            problem = f"owned by {_owner(st.st_uid)}, not by you"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            problem = f"other users can write it (mode {stat.S_IMODE(st.st_mode):04o})"
+        elif st.st_size > MAX_STATE_FILE:
+            problem = f"{st.st_size} bytes, more than {MAX_STATE_FILE}"
+        else:
+            try:
+                dir_reason = unsafe_reason(os.lstat(parent))
+            except OSError as e:
+                dir_reason = f"cannot read it ({e.strerror or e})"
+            if dir_reason is not None:
+                problem = f"its directory {parent} is not private: {dir_reason}"
+        if problem is not None:
+            logger.warning("gpudask: ignoring %s %s: %s; it is not trusted", what, path, problem)
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_STATE_FILE + 1)
+    except OSError as e:
+        logger.warning("gpudask: ignoring %s %s: %s", what, path, e.strerror or e)
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        logger.warning("gpudask: ignoring %s %s: not UTF-8 text", what, path)
+        return None
+
+
+def open_private(path: pathlib.Path, flags: int) -> int:
+    """``os.open`` of a state file of this user (created 0600, never through a symlink)."""
+    return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
