@@ -19,6 +19,7 @@ registration: gpudask's order is the plugin's ``priority``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.metadata
@@ -26,7 +27,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,7 @@ class PluginManager:
         self.plugins: list[LoadedPlugin] = []
         self._callers: dict[str, dict[str, pluggy.HookImpl]] = {}
         self.trace = False
+        self._observe: Callable[[str, str, float], None] | None = None
 
     # -- loading ---------------------------------------------------------------
     @classmethod
@@ -278,6 +280,20 @@ class PluginManager:
             self._callers[hook_name] = {impl.plugin_name: impl for impl in caller.get_hookimpls()}
         return self._callers[hook_name]
 
+    def hook_functions(self, hook_name: str) -> dict[str, Callable[..., Any]]:
+        """plugin name -> the function implementing ``hook_name`` (e.g. to tell which
+        plugin a thread is in from its stack)."""
+        return {name: impl.function for name, impl in self._impls(hook_name).items()}
+
+    @contextlib.contextmanager
+    def timing(self, observe: Callable[[str, str, float], None]) -> Iterator[None]:
+        """Within the block, ``observe(plugin, hook, seconds)`` after every implementation call."""
+        previous, self._observe = self._observe, observe
+        try:
+            yield
+        finally:
+            self._observe = previous
+
     def _call(self, hook_name: str, plan: ProcessPlan | None = None, isolate: bool = False,
               **kwargs: Any) -> list[tuple[LoadedPlugin, Any]]:
         """Call each implementation in priority order.  With ``isolate`` a failing plugin's
@@ -315,6 +331,8 @@ class PluginManager:
                     plan.acting_plugin = "gpudask"
                 if self.trace:
                     hooktrace.root.indent -= 1
+                if self._observe is not None:
+                    self._observe(plugin.name, hook_name, time.perf_counter() - start)
             if self.trace:
                 where = f" role={plan.role} index={plan.index}" if plan is not None else ""
                 # pluggy's "finish" line above carries the result; this one names the plugin

@@ -319,14 +319,11 @@ class SchedulerCheck(SchedulerPlugin):
         """The plugin whose ``gpudask_scheduler_check`` the job's thread is in (from its stack)."""
         frame = sys._current_frames().get(job.thread) if job.thread is not None else None
         codes = {}
-        for plugin in self.manager.plugins if self.manager is not None else []:
-            if HOOK not in plugin.hooks:
-                continue
-            for impl in self.manager._impls(HOOK, plugin):
-                function = getattr(impl.function, "__func__", impl.function)
-                code = getattr(function, "__code__", None)
-                if code is not None:
-                    codes[code] = plugin.name
+        functions = self.manager.hook_functions(HOOK) if self.manager is not None else {}
+        for name, function in functions.items():
+            code = getattr(getattr(function, "__func__", function), "__code__", None)
+            if code is not None:
+                codes[code] = name
         while frame is not None:
             if frame.f_code in codes:
                 return codes[frame.f_code]

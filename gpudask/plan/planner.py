@@ -9,7 +9,6 @@ and ``--interface`` win over what was detected.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -66,28 +65,18 @@ def build_plan(facts: Facts, settings: Settings, manager: PluginManager, protoco
 
 @contextlib.contextmanager
 def _timed_plan_hooks(manager: Any, ctx: PlanContext) -> Iterator[None]:
-    """Time every plugin's plan hook calls (pluggy's hook-call monitoring); a call of
+    """Time every plugin's plan hook calls (the manager's ``timing``); a call of
     :data:`SLOW_PLAN_HOOK_S` or more becomes one warning of the plan per plugin and hook."""
-    pm = getattr(manager, "_pm", None)
-    if pm is None or not hasattr(pm, "add_hookcall_monitoring"):
-        yield
-        return
     spent: dict[tuple[str, str], list[float]] = {}
-    starts: list[float] = []
 
-    def before(hook_name: str, impls: Any, kwargs: Any) -> None:
-        starts.append(time.perf_counter())
+    def observe(plugin: str, hook: str, seconds: float) -> None:
+        if hook in PLAN_HOOKS:
+            spent.setdefault((plugin, hook), []).append(seconds)
 
-    def after(outcome: Any, hook_name: str, impls: Any, kwargs: Any) -> None:
-        took = time.perf_counter() - starts.pop()
-        if hook_name in PLAN_HOOKS and len(impls) == 1:  # the manager calls one plugin at a time
-            spent.setdefault((impls[0].plugin_name, hook_name), []).append(took)
-
-    undo = pm.add_hookcall_monitoring(before, after)
     try:
-        yield
+        with manager.timing(observe):
+            yield
     finally:
-        undo()
         for (plugin, hook), times in spent.items():
             if max(times) >= SLOW_PLAN_HOOK_S:
                 ctx.warn(f"plugin {plugin!r} took {sum(times):.1f} s in {hook} ({len(times)} call(s), the longest "
