@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The correctness evidence in one device call (at most 9 minutes): the workload suite in its
 # three forms (gpudask processes, LocalGPUCluster, stock + dask cuda worker; CuPy over UCX),
-# then the GPU tests of the scheduler relay, the probe and the GPU cluster, each in its own
-# time box, junit XML written as they go.
+# then every GPU test (the suite's own all-forms test aside: the suite just ran), each in its
+# own time box, junit XML written as they go.
 # Here, once: ../shared/device/wheels.sh ; then run(command="bash bench/device-correctness.sh", carry=[".whl"])
 # Back in $OUT: run.txt results.jsonl (the suite), gpu-tests.xml gpu-tests.txt, console.txt, logs.tgz
 set -u
@@ -18,8 +18,8 @@ pkill -9 -f "[d]ask (scheduler|worker|cuda)" 2>/dev/null
 left=$(( ${TOTAL_S:-530} - ($(date +%s) - t0) ))
 if [ "$left" -gt 40 ]; then
   timeout -k 10 "$left" python3 -m pytest -m gpu -v -rA --tb=short --timeout 90 -p no:cacheprovider \
-      --junitxml="$OUT/gpu-tests.xml" tests/test_scheduler_relay.py tests/test_probe.py tests/test_gpu_cluster.py \
-      tests/test_checks.py > "$OUT/gpu-tests.txt" 2>&1
+      --junitxml="$OUT/gpu-tests.xml" --deselect tests/test_workloads.py::test_cupy_workflows_agree_across_all_three_forms \
+      tests > "$OUT/gpu-tests.txt" 2>&1
   echo "== GPU tests: exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/console.txt"
   grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$OUT/gpu-tests.txt" | grep "::" | sed 's/ *\[ *[0-9]*%\]//' | sort | uniq | tee -a "$OUT/console.txt"
 fi
