@@ -89,7 +89,11 @@ def test_gpu_types_and_worker_facts():
     assert not scheduler_parity.worker_has_gpus({"gpudask": {"facts": json.loads(open(NO_GPU).read())}})
     assert not scheduler_parity.worker_has_gpus({}) and not scheduler_parity.worker_has_gpus({"gpudask": "junk"})
     line = message("this scheduler sees no GPU", "ucx", ["ucx://10.0.0.1:1"])
-    assert "\n" not in line and "direct_to_workers=True" in line and "NumPy" in line
+    assert "\n" not in line and "direct=True" in line and "NumPy" in line
+    # what works and what does not, said precisely: direct gathers do not save graphs that carry CuPy
+    assert "start the scheduler with a GPU visible" in line and "distributed unpickles task graphs" in line
+    assert "collections with CuPy/cuDF chunks" in line and "direct_to_workers or not" in line
+    assert "gpudask: gathering failed: this scheduler" in message("this scheduler sees no GPU", "ucx", [], "gathering failed")
 
 
 # ------------------------------------------------------------------ the gather handler
@@ -128,7 +132,8 @@ def test_failed_gather_of_gpu_results_raises_one_line_and_others_do_not():
                     assert (await r.gather(keys=[ok.key]))["status"] == "OK"
                 w.handlers["get_data"] = _get_data_fails  # from now on every transfer from this worker fails
                 async with rpc(s.address) as r:
-                    with pytest.raises(RuntimeError, match="this scheduler sees no GPU.*direct_to_workers=True"):
+                    with pytest.raises(RuntimeError, match="gathering GPU results through this scheduler failed: "
+                                                           "this scheduler sees no GPU.*direct=True"):
                         await r.gather(keys=[gpu.key])
                     other = await r.gather(keys=[host_side.key])  # distributed's own answer: the client retries
                     assert other["status"] == "error" and list(other["keys"]) == [host_side.key]
@@ -192,7 +197,7 @@ def test_gpu_less_scheduler_warns_a_plain_client_once_per_connection(cluster, tm
     assert "WARNINGS 2" in out and len(lines) == 2, out
     for line in lines:
         assert "this scheduler sees no GPU, the workers have GPUs" in line and "protocol is ucx" in line
-        assert "direct_to_workers=True" in line and "GPU host" in line
+        assert "direct=True" in line and "start the scheduler with a GPU visible" in line
     assert "told client" in cluster.log("scheduler")
 
 
@@ -229,6 +234,85 @@ def test_explicit_scheduler_settings_are_its_plan_and_the_check_agrees(cluster):
     assert scheduler["env"]["UCX_TLS"] == "tcp"
     assert scheduler["config"]["distributed-ucxx.create-cuda-context"] is False
     assert sum("set by you" in r["why"] for r in scheduler["reasons"]) >= 2
+
+
+# ------------------------------------------------------------------ graphs the scheduler cannot read
+UNREADABLE_CLIENT = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    from distributed import Client
+    assert "gpudask" not in sys.modules
+
+    def _rebuild(value):
+        # stands in for a CuPy array: it unpickles anywhere but where GPUDASK_TEST_UNREADABLE is set
+        if os.environ.get("GPUDASK_TEST_UNREADABLE"):
+            raise RuntimeError("no GPU here to hold this object")
+        return value
+
+    class Unreadable:
+        def __reduce__(self):
+            return _rebuild, (1,)
+
+    def outcome(label, future):
+        t0 = time.time()
+        try:
+            print(label, "ok", future.result(timeout=30), flush=True)
+        except Exception as e:
+            text = " | ".join(str(e).splitlines())
+            print(label, "failed", type(e).__name__, type(e).__module__, round(time.time() - t0, 2), text, flush=True)
+
+    with Client(scheduler_file=sys.argv[1], timeout=60) as client:
+        client.wait_for_workers(1, timeout=120)
+        outcome("SUBMIT", client.submit(lambda a: a, Unreadable()))
+        first = client.submit(lambda a: a, Unreadable(), key="unreadable-first")
+        outcome("FIRST", first)
+        outcome("DEPENDENT", client.submit(lambda a: a + 1, first, key="after-unreadable"))
+        outcome("NUMPY", client.submit(np.add, np.arange(3), 1))
+    assert "gpudask" not in sys.modules
+""")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("gpu_less", [True, False], ids=["gpu-less-scheduler", "scheduler-with-gpu"])
+def test_a_graph_the_scheduler_cannot_read_errs_with_the_line_only_where_it_sees_no_gpu(cluster, tmp_path,
+                                                                                         gpu_less):
+    """A plain client sends a graph holding an object that fails to unpickle on the scheduler process only
+    (as CuPy objects do on a scheduler without a GPU).  On a GPU-less UCX scheduler with a GPU worker every key
+    errs with a builtin RuntimeError carrying gpudask's line and the unpickling error's own; a graph depending
+    on those futures is cancelled with the line as its message; NumPy work passes.  On a scheduler that sees a
+    GPU (a described H200; UCX_TLS=tcp, so the relay guard is there too) distributed's own error is untouched."""
+    unreadable = {"GPUDASK_TEST_UNREADABLE": "1"}
+    if gpu_less:
+        cluster.scheduler("--preload", "gpudask", protocol="ucx", env=_ucx_env(GPUDASK_FACTS=NO_GPU, **unreadable))
+    else:
+        cluster.scheduler("--preload", "gpudask", protocol="ucx",
+                          env=_ucx_env(GPUDASK_FACTS=H200, UCX_TLS="tcp", **unreadable,
+                                       DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT="False"))
+    cluster.worker("--protocol", "ucx", "--preload", "gpudask", "--nthreads", "1",
+                   env=_ucx_env(GPUDASK_FACTS=H200, UCX_TLS="tcp", DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT="False"))
+    script = tmp_path / "unreadable_client.py"
+    script.write_text(UNREADABLE_CLIENT)
+    run = subprocess.run([sys.executable, str(script), str(cluster.scheduler_file)], capture_output=True, text=True,
+                         env=_ucx_env(UCX_TLS="tcp"), timeout=240, cwd=str(tmp_path))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out + cluster.log("scheduler")
+    got = {line.split()[0]: line for line in run.stdout.splitlines() if line.split()[:1] != []}
+    assert got["NUMPY"] == "NUMPY ok [1 2 3]", out
+    for label in ("SUBMIT", "FIRST"):
+        line = got[label]
+        assert line.startswith(f"{label} failed RuntimeError builtins "), out  # a builtin: any client loads it
+        assert float(line.split()[4]) < 10, line
+        if gpu_less:
+            assert "gpudask: this scheduler could not read a task graph (RuntimeError: no GPU here to hold this " \
+                   "object): this scheduler sees no GPU, the workers have GPUs" in line, line
+            assert "start the scheduler with a GPU visible" in line and "Error during deserialization" not in line
+        else:
+            assert "Error during deserialization of the task graph" in line and "gpudask" not in line, line
+    dependent = got["DEPENDENT"]
+    assert dependent.startswith("DEPENDENT failed FutureCancelledError") and "lost dependencies" in dependent, out
+    assert ("an earlier graph of this client could not be read on this scheduler" in dependent) is gpu_less, out
+    log = cluster.log("scheduler")
+    assert ("could not read a task graph" in log) is gpu_less, log
 
 
 # ------------------------------------------------------------------ the GPU machine
