@@ -14,6 +14,10 @@
   to ``"tasks"`` where cuDF is installed.
 
 A value the user set (``dask.config`` / YAML / ``DASK_ARRAY__RECHUNK__METHOD``) always wins.
+
+A client that does not import gpudask keeps dask's default.  On the scheduler this plugin
+installs :class:`gpudask.plugins.dask_defaults_p2p.P2PRechunkWarning`: a client whose graph
+rechunks with P2P while GPU workers are connected gets one warning naming the fix.
 """
 
 from __future__ import annotations
@@ -67,3 +71,14 @@ def _set_unless_user(ctx: Any, plan: Any, key: str, value: str, why: str) -> Non
                                               f"{value!r}: {why}")
         return
     plan.set_config(key, value, why)
+
+
+@hookimpl
+def gpudask_preload(ctx, plan, server):
+    """On the scheduler: tell a client whose graph rechunks with P2P while GPU workers are connected."""
+    if plan.role != "scheduler":
+        return
+    from gpudask.plugins.dask_defaults_p2p import NAME, P2PRechunkWarning
+
+    if NAME not in server.plugins:
+        server.add_plugin(P2PRechunkWarning(), name=NAME, idempotent=True)

@@ -15,8 +15,9 @@ plugin leaves other plugins' checks running.
 On a UCX scheduler that cannot relay GPU frames (no GPU visible, or a UCX_TLS without a
 cuda transport) it also installs :class:`gpudask.plugins.scheduler_parity_relay.RelayGuard`:
 each client is warned once, through distributed's own "warn" event, when GPU workers are
-connected, and a failed gather of GPU results raises one line at once instead of
-distributed's endless retry.
+connected, a failed gather of GPU results raises one line at once instead of
+distributed's endless retry, and (no GPU visible) a task graph that does not deserialise
+there -- CuPy/cuDF objects in it -- errs every key with that line.
 """
 
 from __future__ import annotations
@@ -293,4 +294,6 @@ def gpudask_preload(ctx, plan, server):
     from gpudask.plugins.scheduler_parity_relay import NAME, RelayGuard
 
     if NAME not in server.plugins:
-        server.add_plugin(RelayGuard(problem, ctx.protocol, worker_has_gpus), name=NAME, idempotent=True)
+        # a scheduler without a GPU cannot unpickle GPU objects either: graphs holding them err with the line
+        server.add_plugin(RelayGuard(problem, ctx.protocol, worker_has_gpus, graphs=not ctx.gpus), name=NAME,
+                          idempotent=True)

@@ -19,7 +19,20 @@ until its own timeout.  On such a scheduler only (UCX, no GPU visible, workers w
   GPU object (its task's ``type``: CuPy, cuDF, RMM, Numba CUDA ...) held by a worker with a
   GPU answers with a plain ``RuntimeError`` (builtin: any client unpickles it) carrying the
   one line -- the client raises at once instead of retrying forever.  Other failed
-  gathers (a NumPy result whose worker died) keep distributed's behaviour.
+  gathers (a NumPy result whose worker died) keep distributed's behaviour;
+* on a scheduler that sees no GPU, wraps the ``update-graph`` stream handler: distributed
+  unpickles every task graph on the scheduler (``Scheduler.update_graph``), and a graph
+  holding CuPy/cuDF objects (a CuPy argument, an array made with ``like=cupy``, the meta of
+  a CuPy/cuDF collection) cannot be read without a GPU; distributed then errs every key
+  with "Error during deserialization of the task graph".  The wrapper calls distributed's
+  handler unchanged (the graph is deserialised once, by distributed) and, while it runs,
+  rewrites what it reports: each ``task-erred`` carrying that error carries a plain
+  ``RuntimeError`` with the one line instead (with the unpickling error's own first line),
+  and a later graph of the same client cancelled for ``lost dependencies`` (its
+  dependencies were the futures of the unread graph) carries the line as its message.
+  Graphs that deserialise, and errors after deserialisation, keep distributed's behaviour.
+  ``Scheduler.report`` of this scheduler instance is wrapped for that; a context variable
+  limits the rewrite to the update-graph call of the client's own stream.
 
 Imports only distributed and the plugin API; installed by the scheduler-parity plugin's
 ``gpudask_preload`` hook.
@@ -27,6 +40,8 @@ Imports only distributed and the plugin API; installed by the scheduler-parity p
 
 from __future__ import annotations
 
+import contextvars
+import inspect
 import logging
 from collections.abc import Callable
 from time import time
@@ -50,14 +65,48 @@ def gpu_type(typename: str | None) -> bool:
     return name.split(".", 1)[0] in GPU_TYPE_ROOTS or any(p in name for p in GPU_TYPE_PARTS)
 
 
-def message(cause: str, protocol: str, gpu_workers: list[str]) -> str:
-    """The one line: cause, then the fix, then what keeps working."""
+WORKS = ("NumPy/pandas work, and so do GPU objects created and consumed inside tasks (f = client.submit(make); "
+         "client.submit(use, f).result() returning a NumPy/Python value) and GPU results gathered direct: "
+         "client.gather(futures, direct=True) or Client(..., direct_to_workers=True)")
+FAILS = ("dask.array/dask.dataframe collections with CuPy/cuDF chunks (their meta travels in the graph), CuPy/cuDF "
+         "arguments to submit/scatter through the scheduler and GPU results gathered through it fail, "
+         "direct_to_workers or not")
+DOCS = "(docs: scheduler-check, A scheduler without a GPU)"
+FIX = "Fix: start the scheduler with a GPU visible (a small one will do)"
+
+
+def message(cause: str, protocol: str, gpu_workers: list[str], event: str = "") -> str:
+    """The one line: what failed (``event``, empty for the warning), cause, fix, then what works and what not."""
     shown = ", ".join(gpu_workers[:3]) + (f" and {len(gpu_workers) - 3} more" if len(gpu_workers) > 3 else "")
-    return (f"gpudask: {cause}, the workers have GPUs ({shown}) and the protocol is {protocol}: GPU results "
-            f"(CuPy, cuDF) cannot pass through this scheduler, so gathering them through it fails. Fix: start "
-            f"the scheduler on a GPU host / with a GPU visible, or gather direct from the workers: "
-            f"Client(..., direct_to_workers=True) or client.gather(futures, direct=True). NumPy/pandas data "
-            f"and results gathered direct keep working (docs: scheduler-check, A scheduler without a GPU)")
+    workers = f", the workers have GPUs ({shown})" if gpu_workers else ""
+    return (f"gpudask: {event + ': ' if event else ''}{cause}{workers} and the protocol is {protocol}: "
+            f"distributed unpickles task graphs on the scheduler, so graphs holding CuPy/cuDF objects cannot be "
+            f"read here, and GPU results cannot pass through it. {FIX}. Until then: {WORKS}; {FAILS} {DOCS}")
+
+
+def one_line(e: BaseException | None, limit: int = 200) -> str:
+    """``Type: text`` of an exception on one line, cut at ``limit`` characters."""
+    if e is None:
+        return "cause unknown"
+    text = " ".join(str(e).split())
+    out = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return out if len(out) <= limit else out[:limit - 3] + "..."
+
+
+# distributed's RuntimeError when a graph does not deserialise on the scheduler (update_graph)
+GRAPH_ERROR = "Error during deserialization of the task graph"
+
+
+class _Call:
+    """One update-graph call in flight (a context variable: the stream of one client, no other)."""
+
+    def __init__(self, client: str, keys: Any):
+        self.client = client
+        self.keys = set(keys)
+        self.seen: dict[int, Any] = {}  # id(distributed's Serialize) -> our error_message, or None
+
+
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("gpudask_relay_update_graph", default=None)
 
 
 class RelayGuard(SchedulerPlugin):
@@ -67,13 +116,19 @@ class RelayGuard(SchedulerPlugin):
     :param protocol: the scheduler's protocol (ucx).
     :param has_gpus: ``f(WorkerState.extra) -> bool``: does that worker have a GPU (its
         published gpudask facts).
+    :param graphs: this scheduler sees no GPU, so it cannot unpickle GPU objects: wrap the
+        ``update-graph`` stream handler too (a graph that does not deserialise errs with the line).
     """
 
     name = NAME
     idempotent = True
 
-    def __init__(self, cause: str, protocol: str, has_gpus: Callable[[Any], bool]):
+    def __init__(self, cause: str, protocol: str, has_gpus: Callable[[Any], bool], graphs: bool = False):
         self.cause = cause
+        self.graphs = graphs
+        self._update_graph: Any = None
+        self._report: Any = None
+        self.unreadable: set[str] = set()  # clients that sent a graph this scheduler could not read
         self.protocol = protocol
         self.has_gpus = has_gpus
         self.scheduler: Any = None
@@ -96,6 +151,13 @@ class RelayGuard(SchedulerPlugin):
         if subscribe is not None and getattr(subscribe, "__gpudask_relay__", None) is not self:
             self._subscribe = subscribe
             scheduler.stream_handlers["subscribe-topic"] = self._wrap_subscribe(subscribe)
+        if self.graphs:
+            update = scheduler.stream_handlers.get("update-graph")
+            if update is not None and getattr(update, "__gpudask_relay__", None) is not self:
+                self._update_graph = update
+                scheduler.stream_handlers["update-graph"] = self._wrap_update_graph(update)
+                self._report = scheduler.report  # this instance's only; rewrites only inside update-graph
+                scheduler.report = self._wrap_report(self._report)
         # clients already connected (gpudask registered on a running scheduler) listen to "warn"
         self.listening.update(scheduler.clients)
         for address, ws in list(scheduler.workers.items()):
@@ -112,6 +174,12 @@ class RelayGuard(SchedulerPlugin):
             current = self.scheduler.stream_handlers.get("subscribe-topic")
             if getattr(current, "__gpudask_relay__", None) is self:
                 self.scheduler.stream_handlers["subscribe-topic"] = self._subscribe
+        if self.scheduler is not None and self._update_graph is not None:
+            current = self.scheduler.stream_handlers.get("update-graph")
+            if getattr(current, "__gpudask_relay__", None) is self:
+                self.scheduler.stream_handlers["update-graph"] = self._update_graph
+            if getattr(self.scheduler.report, "__gpudask_relay__", None) is self:
+                self.scheduler.report = self._report
 
     # -- workers and clients -----------------------------------------------------------
     def _see_worker(self, address: str, ws: Any) -> bool:
@@ -135,6 +203,7 @@ class RelayGuard(SchedulerPlugin):
 
     def remove_client(self, scheduler: Any, client: str) -> None:
         self.warned.discard(client)
+        self.unreadable.discard(client)
         self.listening.discard(client)
 
     def subscribed(self, topic: Any, client: Any) -> None:
@@ -201,7 +270,8 @@ class RelayGuard(SchedulerPlugin):
                 return result
             from distributed.core import error_message
 
-            line = message(guard.cause, guard.protocol, list(guard.gpu_workers))
+            line = message(guard.cause, guard.protocol, list(guard.gpu_workers),
+                           "gathering GPU results through this scheduler failed")
             logger.error("%s (gather of %d key(s) failed, e.g. %r)", line, len(failed), failed[0])
             # a builtin exception: a client without gpudask unpickles it and raises it, once
             return error_message(RuntimeError(line), status="uncaught-error")
@@ -209,3 +279,77 @@ class RelayGuard(SchedulerPlugin):
         gather.__gpudask_relay__ = guard  # type: ignore[attr-defined]
         gather.__name__ = "gather"
         return gather
+
+    # -- update-graph ------------------------------------------------------------------
+    def _wrap_update_graph(self, original: Any) -> Any:
+        """distributed's handler runs as it is; only what it reports while it runs is looked at."""
+        guard = self
+
+        async def update_graph(**kwargs: Any) -> Any:
+            token = _CALL.set(_Call(kwargs.get("client"), kwargs.get("keys") or ()))
+            try:
+                result = original(**kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+                return result
+            finally:
+                _CALL.reset(token)
+
+        update_graph.__gpudask_relay__ = guard  # type: ignore[attr-defined]
+        update_graph.__name__ = "update_graph"
+        return update_graph
+
+    def _wrap_report(self, original: Any) -> Any:
+        guard = self
+
+        def report(msg: Any, ts: Any = None, client: Any = None) -> Any:
+            call = _CALL.get()
+            if call is not None and isinstance(msg, dict):
+                msg = guard.rewrite(call, msg)
+            return original(msg, ts=ts, client=client)
+
+        report.__gpudask_relay__ = guard  # type: ignore[attr-defined]
+        return report
+
+    def rewrite(self, call: _Call, msg: dict) -> dict:
+        """A message update-graph reports, with gpudask's line where the graph could not be read here."""
+        op = msg.get("op")
+        if op == "task-erred" and msg.get("key") in call.keys:
+            ours = self._graph_error(call, msg.get("exception"))
+            return msg if ours is None else {**msg, "exception": ours["exception"], "traceback": ours["traceback"]}
+        if (op == "cancelled-keys" and msg.get("reason") == "lost dependencies" and not msg.get("msg")
+                and call.client in self.unreadable):
+            line = message(self.cause, self.protocol, list(self.gpu_workers),
+                           "an earlier graph of this client could not be read on this scheduler, so its futures "
+                           "erred and graphs built on them lose their dependencies")
+            return {**msg, "msg": line}
+        return msg
+
+    def _graph_error(self, call: _Call, exception: Any) -> Any:
+        """Our error message for distributed's "Error during deserialization of the task graph", else None
+        (decided once per call: every key of the graph carries the same exception)."""
+        if id(exception) in call.seen:
+            return call.seen[id(exception)]
+        call.seen[id(exception)] = None
+        if not self.gpu_workers:
+            return None
+        data = getattr(exception, "data", None)  # distributed's Serialize of the pickled exception
+        if not isinstance(data, bytes):
+            return None
+        from distributed.core import error_message
+        from distributed.protocol import pickle
+
+        try:
+            error = pickle.loads(data)  # error_message() checked it loads here
+        except Exception:  # noqa: BLE001 - not ours to explain
+            return None
+        if not (isinstance(error, RuntimeError) and GRAPH_ERROR in str(error)):
+            return None  # the graph was read; it failed later: distributed's own error
+        cause = error.__cause__ or error.__context__
+        line = message(self.cause, self.protocol, list(self.gpu_workers),
+                       f"this scheduler could not read a task graph ({one_line(cause)})")
+        self.unreadable.add(call.client)
+        logger.error("%s (graph of client %s, %d key(s))", line, call.client, len(call.keys))
+        ours = error_message(RuntimeError(line))  # a builtin exception: any client unpickles it
+        call.seen[id(exception)] = ours
+        return ours

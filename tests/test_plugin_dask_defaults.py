@@ -140,3 +140,69 @@ def test_described_gpu_worker_process_gets_the_setting(cluster):
         (value,) = client.run(lambda: __import__("dask").config.get(RECHUNK)).values()
         (nanny_value,) = client.run(lambda: __import__("dask").config.get(RECHUNK), nanny=True).values()
     assert value == "tasks" and nanny_value is None
+
+
+# ------------------------------------------------------------------ a plain client rechunking with P2P
+P2P_CLIENT = """
+import sys, warnings
+import dask, dask.array as da, numpy as np
+from distributed import Client, wait
+assert "gpudask" not in sys.modules
+seen = []
+warnings.simplefilter("always")
+warnings.showwarning = lambda msg, *a, **k: seen.append(str(msg))
+ours = lambda: [w for w in seen if w.startswith("gpudask:")]
+
+def rechunked(client):
+    side = 400
+    x = da.arange(side * side, chunks=side * side // 8, dtype="int64").reshape(side, side)
+    x = x.rechunk((side, side // 8)).persist()
+    wait(x)
+    y = x.rechunk((side // 8, side))   # the method is chosen here, in the client
+    out = client.compute(y).result(timeout=60)  # a warning comes before the result, on the same stream
+    assert (out == np.arange(side * side).reshape(side, side)).all()
+    return y.name.split("-")[1]
+
+with Client(scheduler_file=sys.argv[1], timeout=60) as client:
+    client.wait_for_workers(1, timeout=120)
+    print("PLAIN", rechunked(client), rechunked(client), len(ours()), flush=True)  # two rechunks, one warning
+with dask.config.set({"array.rechunk.method": "tasks"}), Client(scheduler_file=sys.argv[1], timeout=60) as client:
+    before = len(ours())
+    print("TASKS", rechunked(client), len(ours()) - before, flush=True)
+for line in ours():
+    print("WARNING", line)
+assert "gpudask" not in sys.modules
+"""
+
+
+@pytest.mark.process
+def test_a_plain_client_rechunking_with_p2p_is_warned_once_while_gpu_workers_are_connected(cluster, tmp_path):
+    """A scheduler with --preload gpudask, a worker on a described 2-GPU host (tcp), and a client that does not
+    import gpudask: its P2P rechunk of NumPy chunks runs (P2P works on NumPy) and it gets one warning naming the
+    fix, however many P2P rechunks it sends; a client with method tasks gets none."""
+    cluster.scheduler("--preload", "gpudask", env=base_env())
+    cluster.worker("--preload", "gpudask", "--nthreads", "1",
+                   env=base_env(GPUDASK_FACTS=host("workstation-2gpu-pcie.json")))
+    script = tmp_path / "p2p_client.py"
+    script.write_text(P2P_CLIENT)
+    run = subprocess.run([sys.executable, str(script), str(cluster.scheduler_file)], capture_output=True,
+                         text=True, env=base_env(), timeout=240, cwd=str(tmp_path))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out + cluster.log("scheduler")
+    assert "PLAIN p2p p2p 1" in run.stdout and "TASKS merge 0" in run.stdout, out
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith("WARNING ")]
+    assert "P2P rechunk fails on CuPy-backed arrays" in line and "the workers have GPUs (tcp://" in line
+    assert 'dask.config.set({"array.rechunk.method": "tasks"})' in line and "DASK_ARRAY__RECHUNK__METHOD=tasks" in line
+    assert "gpudask.initialize()" in line
+    assert "told client" in cluster.log("scheduler")
+
+
+def test_p2p_rechunk_graphs_are_told_by_their_transfer_keys():
+    from gpudask.plugins.dask_defaults_p2p import p2p_rechunk, worker_has_gpus
+
+    assert p2p_rechunk([("rechunk-transfer-abc", 0, 1), "x"]) and p2p_rechunk(["rechunk-transfer-abc"])
+    assert not p2p_rechunk([("rechunk-merge-abc", 0), ("rechunk-p2p-abc", 0), "shuffle-barrier-abc", (), None])
+    gpu = json.loads(pathlib.Path(host("h200-single.json")).read_text())
+    cpu = json.loads(pathlib.Path(host("no-gpu.json")).read_text())
+    assert worker_has_gpus({"gpudask": {"facts": gpu}}) and not worker_has_gpus({"gpudask": {"facts": cpu}})
+    assert not worker_has_gpus({}) and not worker_has_gpus(None) and not worker_has_gpus({"gpudask": {"facts": 1}})

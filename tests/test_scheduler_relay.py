@@ -89,7 +89,11 @@ def test_gpu_types_and_worker_facts():
     assert not scheduler_parity.worker_has_gpus({"gpudask": {"facts": json.loads(open(NO_GPU).read())}})
     assert not scheduler_parity.worker_has_gpus({}) and not scheduler_parity.worker_has_gpus({"gpudask": "junk"})
     line = message("this scheduler sees no GPU", "ucx", ["ucx://10.0.0.1:1"])
-    assert "\n" not in line and "direct_to_workers=True" in line and "NumPy" in line
+    assert "\n" not in line and "direct=True" in line and "NumPy" in line
+    # what works and what does not, said precisely: direct gathers do not save graphs that carry CuPy
+    assert "start the scheduler with a GPU visible" in line and "distributed unpickles task graphs" in line
+    assert "collections with CuPy/cuDF chunks" in line and "direct_to_workers or not" in line
+    assert "gpudask: gathering failed: this scheduler" in message("this scheduler sees no GPU", "ucx", [], "gathering failed")
 
 
 # ------------------------------------------------------------------ the gather handler
@@ -128,7 +132,8 @@ def test_failed_gather_of_gpu_results_raises_one_line_and_others_do_not():
                     assert (await r.gather(keys=[ok.key]))["status"] == "OK"
                 w.handlers["get_data"] = _get_data_fails  # from now on every transfer from this worker fails
                 async with rpc(s.address) as r:
-                    with pytest.raises(RuntimeError, match="this scheduler sees no GPU.*direct_to_workers=True"):
+                    with pytest.raises(RuntimeError, match="gathering GPU results through this scheduler failed: "
+                                                           "this scheduler sees no GPU.*direct=True"):
                         await r.gather(keys=[gpu.key])
                     other = await r.gather(keys=[host_side.key])  # distributed's own answer: the client retries
                     assert other["status"] == "error" and list(other["keys"]) == [host_side.key]
@@ -192,7 +197,7 @@ def test_gpu_less_scheduler_warns_a_plain_client_once_per_connection(cluster, tm
     assert "WARNINGS 2" in out and len(lines) == 2, out
     for line in lines:
         assert "this scheduler sees no GPU, the workers have GPUs" in line and "protocol is ucx" in line
-        assert "direct_to_workers=True" in line and "GPU host" in line
+        assert "direct=True" in line and "start the scheduler with a GPU visible" in line
     assert "told client" in cluster.log("scheduler")
 
 
@@ -231,39 +236,150 @@ def test_explicit_scheduler_settings_are_its_plan_and_the_check_agrees(cluster):
     assert sum("set by you" in r["why"] for r in scheduler["reasons"]) >= 2
 
 
+# ------------------------------------------------------------------ graphs the scheduler cannot read
+UNREADABLE_CLIENT = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    from distributed import Client
+    assert "gpudask" not in sys.modules
+
+    def _rebuild(value):
+        # stands in for a CuPy array: it unpickles anywhere but where GPUDASK_TEST_UNREADABLE is set
+        if os.environ.get("GPUDASK_TEST_UNREADABLE"):
+            raise RuntimeError("no GPU here to hold this object")
+        return value
+
+    class Unreadable:
+        def __reduce__(self):
+            return _rebuild, (1,)
+
+    def outcome(label, future):
+        t0 = time.time()
+        try:
+            print(label, "ok", future.result(timeout=30), flush=True)
+        except Exception as e:
+            text = " | ".join(str(e).splitlines())
+            print(label, "failed", type(e).__name__, type(e).__module__, round(time.time() - t0, 2), text, flush=True)
+
+    with Client(scheduler_file=sys.argv[1], timeout=60) as client:
+        client.wait_for_workers(1, timeout=120)
+        outcome("SUBMIT", client.submit(lambda a: a, Unreadable()))
+        first = client.submit(lambda a: a, Unreadable(), key="unreadable-first")
+        outcome("FIRST", first)
+        outcome("DEPENDENT", client.submit(lambda a: a + 1, first, key="after-unreadable"))
+        outcome("NUMPY", client.submit(np.add, np.arange(3), 1))
+    assert "gpudask" not in sys.modules
+""")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("gpu_less", [True, False], ids=["gpu-less-scheduler", "scheduler-with-gpu"])
+def test_a_graph_the_scheduler_cannot_read_errs_with_the_line_only_where_it_sees_no_gpu(cluster, tmp_path,
+                                                                                         gpu_less):
+    """A plain client sends a graph holding an object that fails to unpickle on the scheduler process only
+    (as CuPy objects do on a scheduler without a GPU).  On a GPU-less UCX scheduler with a GPU worker every key
+    errs with a builtin RuntimeError carrying gpudask's line and the unpickling error's own; a graph depending
+    on those futures is cancelled with the line as its message; NumPy work passes.  On a scheduler that sees a
+    GPU (a described H200; UCX_TLS=tcp, so the relay guard is there too) distributed's own error is untouched."""
+    unreadable = {"GPUDASK_TEST_UNREADABLE": "1"}
+    if gpu_less:
+        cluster.scheduler("--preload", "gpudask", protocol="ucx", env=_ucx_env(GPUDASK_FACTS=NO_GPU, **unreadable))
+    else:
+        cluster.scheduler("--preload", "gpudask", protocol="ucx",
+                          env=_ucx_env(GPUDASK_FACTS=H200, UCX_TLS="tcp", **unreadable,
+                                       DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT="False"))
+    cluster.worker("--protocol", "ucx", "--preload", "gpudask", "--nthreads", "1",
+                   env=_ucx_env(GPUDASK_FACTS=H200, UCX_TLS="tcp", DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT="False"))
+    script = tmp_path / "unreadable_client.py"
+    script.write_text(UNREADABLE_CLIENT)
+    run = subprocess.run([sys.executable, str(script), str(cluster.scheduler_file)], capture_output=True, text=True,
+                         env=_ucx_env(UCX_TLS="tcp"), timeout=240, cwd=str(tmp_path))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out + cluster.log("scheduler")
+    got = {line.split()[0]: line for line in run.stdout.splitlines() if line.split()[:1] != []}
+    assert got["NUMPY"] == "NUMPY ok [1 2 3]", out
+    for label in ("SUBMIT", "FIRST"):
+        line = got[label]
+        assert line.startswith(f"{label} failed RuntimeError builtins "), out  # a builtin: any client loads it
+        assert float(line.split()[4]) < 10, line
+        if gpu_less:
+            assert "gpudask: this scheduler could not read a task graph (RuntimeError: no GPU here to hold this " \
+                   "object): this scheduler sees no GPU, the workers have GPUs" in line, line
+            assert "start the scheduler with a GPU visible" in line and "Error during deserialization" not in line
+        else:
+            assert "Error during deserialization of the task graph" in line and "gpudask" not in line, line
+    dependent = got["DEPENDENT"]
+    assert dependent.startswith("DEPENDENT failed FutureCancelledError") and "lost dependencies" in dependent, out
+    assert ("an earlier graph of this client could not be read on this scheduler" in dependent) is gpu_less, out
+    log = cluster.log("scheduler")
+    assert ("could not read a task graph" in log) is gpu_less, log
+
+
 # ------------------------------------------------------------------ the GPU machine
 GPU_CLIENT = textwrap.dedent("""
-    import sys, time
+    import sys, time, warnings
     import cupy, dask.array as da
-    from distributed import Client, wait
+    from distributed import Client, futures_of, wait
     assert "gpudask" not in sys.modules
+    seen = []
+    warnings.simplefilter("always")
+    warnings.showwarning = lambda msg, *a, **k: seen.append(str(msg))
+
+    def flat(e):
+        return " | ".join(str(e).splitlines())
+
+    def attempt(label, call):
+        t0 = time.time()
+        try:
+            out = call()
+            print(label, "ok", type(out).__module__, getattr(out, "tolist", lambda: out)(), round(time.time() - t0, 2),
+                  flush=True)
+        except Exception as e:
+            print(label, "failed", type(e).__name__, round(time.time() - t0, 2), flat(e), flush=True)
+
+    def make_cupy():
+        import cupy
+        return cupy.arange(10) * 2
+
+    def cupy_sum(a):
+        return int(a.sum())
+
     with Client(scheduler_file=sys.argv[1], timeout=60) as client:
         client.wait_for_workers(2, timeout=120)
+        ours = lambda: [flat(w) for w in seen if w.startswith("gpudask:")]
+        deadline = time.time() + (30 if sys.argv[2] == "warned" else 0)
+        while not ours() and time.time() < deadline:  # the connect-time warning comes on the client's stream
+            time.sleep(0.05)
+        print("WARNINGS", len(ours()), *ours()[:1], flush=True)
         z = (da.arange(1000, like=cupy.arange(10)) * 2).persist()
-        wait(z)
-        t0 = time.time()
-        try:
-            out = client.compute(z[:10]).result(timeout=30)
-            print("COMPUTE ok", type(out).__module__, out.tolist(), round(time.time() - t0, 2), flush=True)
-        except Exception as e:
-            print("COMPUTE failed", type(e).__name__, round(time.time() - t0, 2), str(e).splitlines()[0], flush=True)
-        t0 = time.time()
-        try:
-            out = client.submit(lambda a: a * 2, cupy.ones(10)).result(timeout=30)
-            print("SUBMIT ok", out.tolist(), round(time.time() - t0, 2), flush=True)
-        except Exception as e:
-            print("SUBMIT failed", type(e).__name__, round(time.time() - t0, 2), str(e).splitlines()[0], flush=True)
-        out = client.gather(client.compute(z[:10]), direct=True)
-        print("DIRECT ok", out.tolist(), flush=True)
+        wait(z, timeout=60)
+        attempt("COMPUTE", lambda: client.compute(z[:10]).result(timeout=30))
+        errors = {type(f.exception()).__name__ + " " + flat(f.exception()) for f in futures_of(z) if f.status == "error"}
+        print("PERSISTED", len(errors), *sorted(errors)[:1], flush=True)
+        attempt("SUBMIT", lambda: client.submit(lambda a: a * 2, cupy.ones(10)).result(timeout=30))
+        f = client.submit(make_cupy)  # no CuPy object in the graph: made and consumed in the workers
+        wait(f, timeout=60)
+        attempt("INSIDE", lambda: client.submit(cupy_sum, f).result(timeout=30))
+        attempt("RESULT", lambda: f.result(timeout=30))
+        attempt("DIRECT", lambda: client.gather(f, direct=True))
+        attempt("DIRECT-COMPUTE", lambda: client.gather(client.compute(z[:10]), direct=True))
 """)
+
+
+def _outcomes(out: str) -> dict[str, str]:
+    return {line.split()[0]: line for line in out.splitlines() if line.split()[:1] and line.split()[0].isupper()}
 
 
 @pytest.mark.gpu
 @pytest.mark.process
 @pytest.mark.parametrize("scheduler_gpu", [True, False], ids=["gpu-scheduler", "gpu-less-scheduler"])
 def test_cupy_result_through_the_scheduler(cluster, tmp_path, scheduler_gpu):
-    """On the GPU machine: a plain client computes a CuPy-backed array through a gpudask UCX cluster. With a GPU
-    scheduler it works; with CUDA_VISIBLE_DEVICES="" on the scheduler it fails within 10 s with the one line."""
+    """On the GPU machine: a plain client computes a CuPy-backed array through a gpudask UCX cluster.  With a GPU
+    scheduler everything works.  With CUDA_VISIBLE_DEVICES="" on the scheduler: the warning at connect; every
+    graph holding CuPy objects (the persist, submit with a CuPy argument) fails within 10 s with gpudask's line
+    (distributed unpickles graphs on the scheduler); a CuPy result made in a task and gathered through the
+    scheduler fails within 10 s with the gather line; the same result gathered direct, and a task consuming it,
+    work."""
     if real_gpu_count() < 1:
         pytest.skip("needs a GPU")
     pytest.importorskip("cupy")
@@ -273,16 +389,37 @@ def test_cupy_result_through_the_scheduler(cluster, tmp_path, scheduler_gpu):
     cluster.worker("--protocol", "ucx", "--preload", "gpudask", "--nworkers", "2", "--nthreads", "1", env=env)
     script = tmp_path / "gpu_client.py"
     script.write_text(GPU_CLIENT)
-    run = subprocess.run([sys.executable, str(script), str(cluster.scheduler_file)], capture_output=True,
+    run = subprocess.run([sys.executable, str(script), str(cluster.scheduler_file),
+                          "none" if scheduler_gpu else "warned"], capture_output=True,
                          text=True, env=env, timeout=300, cwd=str(tmp_path))
     out = run.stdout + run.stderr
     print(out)
-    assert "DIRECT ok [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]" in out, out + cluster.log("scheduler")
+    got = _outcomes(run.stdout)
+    why = out + cluster.log("scheduler")
+    assert run.returncode == 0 and "DIRECT" in got, why
+    assert got["DIRECT"].startswith("DIRECT ok cupy [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]"), why
+    assert got["INSIDE"].startswith("INSIDE ok builtins 90 "), why
     if scheduler_gpu:
-        assert "COMPUTE ok cupy" in out and "SUBMIT ok" in out, out + cluster.log("scheduler")
+        for label in ("COMPUTE", "SUBMIT", "RESULT", "DIRECT-COMPUTE"):
+            assert got[label].startswith(f"{label} ok cupy"), why
+        assert got["WARNINGS"] == "WARNINGS 0" and got["PERSISTED"] == "PERSISTED 0", why
         assert "did not take effect" not in cluster.log("scheduler")
-    else:
-        line = next(x for x in out.splitlines() if x.startswith("COMPUTE"))
-        assert line.startswith("COMPUTE failed RuntimeError"), out + cluster.log("scheduler")
-        assert float(line.split()[3]) < 10 and "this scheduler sees no GPU" in line
-        assert "this scheduler sees no GPU, the workers have GPUs" in out  # the warning at connect
+        return
+    assert got["WARNINGS"].startswith("WARNINGS 1 gpudask: this scheduler sees no GPU, the workers have GPUs"), why
+
+    def failed_fast(label: str, *texts: str) -> None:
+        line = got[label]
+        assert line.startswith(f"{label} failed "), why
+        assert float(line.split()[3]) < 10, line
+        for text in texts:
+            assert text in line, line
+
+    # what the user meets first after persist + wait: the compute of a slice; it names the cause and the fix
+    failed_fast("COMPUTE", "this scheduler sees no GPU", "start the scheduler with a GPU visible")
+    # the persisted futures themselves carry the line of the graph that could not be read
+    assert got["PERSISTED"].startswith("PERSISTED 1 RuntimeError gpudask: this scheduler could not read a task "
+                                       "graph"), why
+    failed_fast("SUBMIT", "RuntimeError", "gpudask: this scheduler could not read a task graph",
+                "start the scheduler with a GPU visible")
+    failed_fast("RESULT", "RuntimeError", "gpudask: gathering GPU results through this scheduler failed")
+    failed_fast("DIRECT-COMPUTE", "this scheduler sees no GPU")  # direct gathers do not save a CuPy graph

@@ -1,0 +1,115 @@
+"""A client that rechunks with P2P while GPU workers are connected is told at once (part of gpu-dask-defaults).
+
+dask picks P2P rechunking for large rechunks whenever a distributed client exists, and the
+method is chosen where the graph is built: the client.  P2P fails on CuPy-backed arrays
+(``distributed/shuffle/_core.py`` reads each shard through ``memoryview``: "Accessing a CuPy
+ndarray on CPU is not allowed", surfacing as "P2P ... failed during barrier phase"), on
+gpudask's workers and on ``dask cuda worker`` alike.  gpu-dask-defaults sets ``tasks`` where
+gpudask runs, so a client that imports gpudask passes; a plain client does not.  The
+scheduler sees the graph the client chose: :class:`P2PRechunkWarning` looks at each graph's
+task keys and, when it holds P2P rechunk transfers (``rechunk-transfer-<token>``, the
+tasks of ``distributed.shuffle._rechunk.partial_rechunk``) while GPU workers are connected,
+sends that client one warning through distributed's own ``"warn"`` event (a plain client
+shows it as a ``UserWarning``).  Once per client.  The graph runs as it is: NumPy-backed
+arrays rechunk fine with P2P, and the scheduler cannot tell a chunk's type before it runs.
+
+Imports only distributed and the plugin API; installed by the gpu-dask-defaults plugin's
+``gpudask_preload`` hook on the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+from time import time
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from gpudask.pluginapi import facts_from_dict
+
+logger = logging.getLogger("distributed.gpudask.dask-defaults")
+
+NAME = "gpudask-p2p-rechunk"
+# the P2P rechunk's transfer tasks (distributed.shuffle._rechunk.partial_rechunk: f"rechunk-transfer-{token}")
+TRANSFER_PREFIX = "rechunk-transfer-"
+
+
+def worker_has_gpus(extra: Any) -> bool:
+    """Does the worker's published gpudask facts (``WorkerState.extra["gpudask"]``) show a GPU it can see?"""
+    published = extra.get("gpudask") if isinstance(extra, dict) else None
+    facts = published.get("facts") if isinstance(published, dict) else None
+    if not isinstance(facts, dict):
+        return False
+    try:
+        return bool(facts_from_dict(facts, "probed").visible_gpus())
+    except Exception:  # noqa: BLE001 - malformed published facts: the scheduler check reports them
+        return False
+
+
+def p2p_rechunk(tasks: Any) -> bool:
+    """Does a graph (its task keys) hold P2P rechunk transfers?"""
+    for key in tasks or ():
+        name = key[0] if isinstance(key, tuple) and key else key
+        if isinstance(name, str) and name.startswith(TRANSFER_PREFIX):
+            return True
+    return False
+
+
+def message(gpu_workers: list[str]) -> str:
+    shown = ", ".join(gpu_workers[:3]) + (f" and {len(gpu_workers) - 3} more" if len(gpu_workers) > 3 else "")
+    return ("gpudask: this client rechunks with P2P (dask's choice for large rechunks with a distributed client) "
+            f"and the workers have GPUs ({shown}): P2P rechunk fails on CuPy-backed arrays (distributed reads "
+            "shards through memoryview: \"P2P ... failed during barrier phase\"). Fix, in the client: "
+            "dask.config.set({\"array.rechunk.method\": \"tasks\"}) (or DASK_ARRAY__RECHUNK__METHOD=tasks), or "
+            "import gpudask / call gpudask.initialize() there. NumPy-backed arrays rechunk fine with P2P")
+
+
+class P2PRechunkWarning(SchedulerPlugin):
+    """Warn a client, once, whose graph rechunks with P2P while GPU workers are connected."""
+
+    name = NAME
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None
+        self.gpu_workers: dict[str, None] = {}
+        self.warned: set[str] = set()
+
+    async def start(self, scheduler: Any) -> None:
+        if self.scheduler is not None:
+            return
+        self.scheduler = scheduler
+        for address, ws in list(scheduler.workers.items()):
+            self._see_worker(address, ws)
+
+    def _see_worker(self, address: str, ws: Any) -> None:
+        if worker_has_gpus(getattr(ws, "extra", None)):
+            self.gpu_workers[address] = None
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        ws = scheduler.workers.get(worker)
+        if ws is not None:
+            self._see_worker(worker, ws)
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        self.gpu_workers.pop(worker, None)
+
+    def remove_client(self, scheduler: Any, client: str) -> None:
+        self.warned.discard(client)
+
+    def update_graph(self, scheduler: Any, *, client: str, keys: Any, tasks: Any, **kwargs: Any) -> None:
+        if not self.gpu_workers or client in self.warned or client == "fire-and-forget":
+            return
+        if not p2p_rechunk(tasks):
+            return
+        comm = scheduler.client_comms.get(client)
+        if comm is None:
+            return  # a worker_client's graph, or a client gone: nobody to tell
+        from distributed.protocol import pickle
+
+        self.warned.add(client)
+        line = message(list(self.gpu_workers))
+        event = {"message": pickle.dumps(line), "category": pickle.dumps(UserWarning)}
+        # the message distributed's Broker sends for topic "warn"; plain clients warn with it
+        comm.send({"op": "event", "topic": "warn", "event": (time(), event)})
+        logger.warning("%s (told client %s)", line, client)
