@@ -19,7 +19,7 @@ left=$(( ${TOTAL_S:-530} - ($(date +%s) - t0) ))
 if [ "$left" -gt 40 ]; then
   timeout -k 10 "$left" python3 -m pytest -m gpu -v -rA --tb=short --timeout 90 -p no:cacheprovider \
       --junitxml="$OUT/gpu-tests.xml" --deselect tests/test_workloads.py::test_cupy_workflows_agree_across_all_three_forms \
-      tests > "$OUT/gpu-tests.txt" 2>&1
+      ${GPU_TESTS:-tests} > "$OUT/gpu-tests.txt" 2>&1
   echo "== GPU tests: exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/console.txt"
   grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$OUT/gpu-tests.txt" | grep "::" | sed 's/ *\[ *[0-9]*%\]//' | sort | uniq | tee -a "$OUT/console.txt"
 fi

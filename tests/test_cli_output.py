@@ -36,7 +36,8 @@ def cli(monkeypatch):
 @pytest.mark.parametrize("columns", [80, 1000])
 def test_info_fits_40_lines_for_a_4_gpu_host(cli, columns):
     lines = cli("info", *HGX, columns=columns).splitlines()
-    assert len(lines) <= 40, "\n".join(lines)
+    # 42: the scheduler's and client's UCX_CUDA_IPC_CACHE=n (and its wrap at 80 columns) are real rows
+    assert len(lines) <= 42, "\n".join(lines)
     assert max(map(len, lines)) <= columns
 
 
