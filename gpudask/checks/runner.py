@@ -55,6 +55,7 @@ TIMEOUT_KEY = "gpudask.scheduler-check.timeout"
 DEFAULT_TIMEOUT_S = 5.0
 INLINE_WAIT_S = 0.5  # the most add_worker waits for a worker's check, on the event loop
 THREADS = 4
+IDLE_S = 1.0  # seconds an idle check thread waits for the next check before it ends
 HOOK = "gpudask_scheduler_check"
 # findings about the scheduler's own plugins, never a reason to refuse a worker
 NOT_THE_WORKERS = ("check-timeout", "slow-check")
@@ -75,7 +76,7 @@ class _Threads:
         self.queue.put((future, fn, args))
         with self.lock:
             if self.idle == 0 and len(self.threads) < self.size:
-                thread = threading.Thread(target=self._run, name=f"gpudask-check-{len(self.threads)}", daemon=True)
+                thread = threading.Thread(target=self._run, name=f"gpudask-check-{next(_THREAD_IDS)}", daemon=True)
                 self.threads.append(thread)
                 thread.start()
         return future
@@ -84,7 +85,17 @@ class _Threads:
         while True:
             with self.lock:
                 self.idle += 1
-            future, fn, args = self.queue.get()
+            try:
+                # an idle thread ends: a scheduler that closed leaves none behind (distributed's
+                # own tests fail on a leaked thread), and the next check starts one again
+                future, fn, args = self.queue.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self.lock:
+                    self.idle -= 1
+                    if not self.queue.empty():  # a check came in meanwhile: submit saw this thread idle
+                        continue
+                    self.threads.remove(threading.current_thread())
+                return
             with self.lock:
                 self.idle -= 1
             if not future.set_running_or_notify_cancel():
@@ -95,6 +106,7 @@ class _Threads:
                 future.set_exception(e)
 
 
+_THREAD_IDS = itertools.count()
 _THREADS = _Threads(THREADS)
 _JOB_IDS = itertools.count()
 

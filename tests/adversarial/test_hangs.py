@@ -203,3 +203,23 @@ def test_dask_worker_calls_a_slow_plan_hook_once_per_process_and_says_so(cluster
     assert warnings, log  # said by the nanny host (and repeated by each worker with the host's warnings)
     assert re.search(r"took \d+\.\d s in gpudask_plan_process \(5 call\(s\), the longest \d+\.\d s\)", warnings[0])
     assert " WARNING " in warnings[0]
+
+
+def test_idle_check_threads_end_and_a_later_check_starts_one_again(monkeypatch):
+    """distributed's own tests fail on a thread left behind by a closed scheduler: the check
+    threads end once idle, and the next check still runs."""
+    import threading
+    import time
+
+    from gpudask.checks import runner
+
+    monkeypatch.setattr(runner, "IDLE_S", 0.05)
+    pool = runner._Threads(2)
+    assert [f.result(timeout=5) for f in [pool.submit(lambda i=i: i * 2) for i in range(5)]] == [0, 2, 4, 6, 8]
+    deadline = time.monotonic() + 5
+    while pool.threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.threads == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpudask-check-") and t.is_alive()
+                and t not in runner._THREADS.threads]
+    assert pool.submit(lambda: "again").result(timeout=5) == "again"
