@@ -124,6 +124,20 @@ def plan_on(facts: str, protocol: str, nworkers: int | None = None, **config):
         return plan_host(protocol, nworkers, facts_path=facts)
 
 
+
+def third_party_plugin(tmp_path: pathlib.Path, body: str, name: str = "bad") -> dict[str, str]:
+    """An installed third-party plugin: a module and its entry point on PYTHONPATH (the
+    environment to pass to the processes that should load it)."""
+    import textwrap
+
+    site = tmp_path / "site"
+    info = site / f"{name}plug-0.1.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}plug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[gpudask]\n{name} = {name}plug\n")
+    (site / f"{name}plug.py").write_text(textwrap.dedent(body))
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUDASK_", "DASK_GPUDASK__"))}
     env.update(PYTHONUNBUFFERED="1", UCX_WARN_UNUSED_ENV_VARS="n", DASK_DISTRIBUTED__WORKER__DAEMON="False")

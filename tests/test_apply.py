@@ -8,23 +8,11 @@ import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 
 import pytest
-from conftest import base_env, host
+from conftest import base_env, host, third_party_plugin as _third_party_plugin
 
 TWO_GPUS = host("workstation-2gpu-pcie.json")
-
-
-def _third_party_plugin(tmp_path: pathlib.Path, body: str, name: str = "bad") -> dict[str, str]:
-    """An installed third-party plugin (a module and its entry point on PYTHONPATH)."""
-    site = tmp_path / "site"
-    (site / f"{name}plug-0.1.dist-info").mkdir(parents=True, exist_ok=True)
-    (site / f"{name}plug-0.1.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}plug\n"
-                                                                  "Version: 0.1\n")
-    (site / f"{name}plug-0.1.dist-info" / "entry_points.txt").write_text(f"[gpudask]\n{name} = {name}plug\n")
-    (site / f"{name}plug.py").write_text(textwrap.dedent(body))
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
 
 
 RAISING = """

@@ -9,8 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import base_env, host
-from test_apply import _third_party_plugin
+from conftest import base_env, host, third_party_plugin as _third_party_plugin
 
 from gpudask.cli.report import table
 from gpudask.cli.status import LEGEND, escaped, format_status, worker_row

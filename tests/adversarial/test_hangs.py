@@ -4,27 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import re
-import textwrap
 import time
 import urllib.request
 
 import pytest
-from conftest import base_env, host
+from conftest import base_env, host, third_party_plugin
 
 TWO_GPUS = host("workstation-2gpu-pcie.json")
-
-
-def third_party_plugin(tmp_path: pathlib.Path, name: str, body: str) -> dict[str, str]:
-    """An installed third-party plugin: a module and its entry point on PYTHONPATH."""
-    site = tmp_path / "site"
-    info = site / f"{name}plug-0.1.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}plug\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[gpudask]\n{name} = {name}plug\n")
-    (site / f"{name}plug.py").write_text(textwrap.dedent(body))
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
 
 
 SLEEPY_CHECK = """
@@ -56,7 +43,7 @@ def _until(predicate, what: str, limit: float = 30.0):
 @pytest.mark.process
 def test_a_slow_scheduler_check_plugin_does_not_freeze_the_scheduler(cluster, tmp_path):
     env = base_env(GPUDASK_FACTS=TWO_GPUS, DASK_GPUDASK__SCHEDULER_CHECK__TIMEOUT="1",
-                   **third_party_plugin(tmp_path, "sleepy", SLEEPY_CHECK))
+                   **third_party_plugin(tmp_path, SLEEPY_CHECK, "sleepy"))
     cluster.scheduler("--preload", "gpudask", "--dashboard", "--dashboard-address", "127.0.0.1:0", env=env)
     cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
     with cluster.client() as client:
@@ -187,7 +174,7 @@ SLOW_PLAN = """
 def test_dask_worker_calls_a_slow_plan_hook_once_per_process_and_says_so(cluster, tmp_path):
     calls = tmp_path / "calls.log"
     env = base_env(GPUDASK_FACTS=TWO_GPUS, SLOWPLAN_LOG=str(calls),
-                   **third_party_plugin(tmp_path, "slowplan", SLOW_PLAN))
+                   **third_party_plugin(tmp_path, SLOW_PLAN, "slowplan"))
     cluster.scheduler(env=base_env())  # a scheduler without gpudask: only the dask worker plans
     proc = cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
     with cluster.client() as client:

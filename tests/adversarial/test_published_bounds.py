@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import pathlib
 import subprocess
 import sys
-import textwrap
 
 import pytest
-from conftest import base_env, host
+from conftest import base_env, host, third_party_plugin
 
 from distributed.scheduler import WorkerState
 
@@ -108,21 +105,11 @@ FLOOD = """
     """
 
 
-def _plugin(tmp_path: pathlib.Path, body: str, name: str) -> dict[str, str]:
-    site = tmp_path / "site"
-    info = site / f"{name}plug-0.1.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}plug\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[gpudask]\n{name} = {name}plug\n")
-    (site / f"{name}plug.py").write_text(textwrap.dedent(body))
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-
-
 @pytest.mark.process
 def test_a_worker_publishing_nan_and_a_flood_keeps_the_page_valid_and_the_log_small(cluster, tmp_path):
     import urllib.request
 
-    env = base_env(GPUDASK_FACTS=TWO_GPUS, FLOOD_N="100000", **_plugin(tmp_path, FLOOD, "flood"))
+    env = base_env(GPUDASK_FACTS=TWO_GPUS, FLOOD_N="100000", **third_party_plugin(tmp_path, FLOOD, "flood"))
     cluster.scheduler("--preload", "gpudask", "--dashboard-address", "127.0.0.1:0", env=env)
     cluster.worker("--preload", "gpudask", "--nworkers", "1", env=env)
     with cluster.client(timeout=60) as client:
@@ -162,7 +149,7 @@ BAD_APPLIED = """
 
 @pytest.mark.process
 def test_a_plugin_whose_applied_state_has_the_wrong_type_stops_the_worker_with_one_line(cluster, tmp_path):
-    env = base_env(GPUDASK_FACTS=TWO_GPUS, **_plugin(tmp_path, BAD_APPLIED, "wrongtype"))
+    env = base_env(GPUDASK_FACTS=TWO_GPUS, **third_party_plugin(tmp_path, BAD_APPLIED, "wrongtype"))
     cluster.scheduler("--preload", "gpudask", env=env)
     proc = cluster.worker("--preload", "gpudask", "--nworkers", "1", env=env)
     assert proc.wait(timeout=120) != 0  # never a worker running half-configured
