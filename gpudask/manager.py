@@ -57,15 +57,22 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("cpu-affinity", "gpudask.plugins.cpu_affinity"),
     ("forkserver", "gpudask.plugins.forkserver"),
     ("cuda-context", "gpudask.plugins.cuda_context"),
-    ("tcp", "gpudask.plugins.tcp"),
-    ("nvlink", "gpudask.plugins.nvlink"),
-    ("infiniband", "gpudask.plugins.infiniband"),
-    ("rmm", "gpudask.plugins.rmm"),
+    ("tcp", "gpudask.plugins.ucx.tcp"),
+    ("nvlink", "gpudask.plugins.ucx.nvlink"),
+    ("infiniband", "gpudask.plugins.ucx.infiniband"),
+    ("rmm", "gpudask.plugins.rmm.plugin"),
     ("worker-memory", "gpudask.plugins.worker_memory"),
-    ("spill", "gpudask.plugins.spill"),
-    ("gpu-dask-defaults", "gpudask.plugins.dask_defaults"),
-    ("scheduler-parity", "gpudask.plugins.scheduler_parity"),
+    ("spill", "gpudask.plugins.spill.plugin"),
+    ("gpu-dask-defaults", "gpudask.plugins.dask_defaults.plugin"),
+    ("scheduler-parity", "gpudask.plugins.scheduler_parity.plugin"),
 )
+
+# The built-ins that cannot be disabled (pytest's ``essential_plugins``): an enable list
+# keeps them and a disable list naming them is refused.  ``tcp`` declares the settings the
+# other transport plugins read (``gpudask.transport.mode``, ``.interface``) and UCX's base
+# transport, without which a ucx:// connection has nothing to connect over.  Every other
+# built-in is a *default* plugin: disabling it removes its behaviour and nothing else.
+ESSENTIAL_PLUGINS: tuple[str, ...] = ("tcp",)
 
 # pluggy hookimpl options gpudask does not run: they would order or wrap calls around priority
 REFUSED_HOOKIMPL_OPTIONS = ("wrapper", "hookwrapper", "tryfirst", "trylast")
@@ -160,7 +167,15 @@ class PluginManager:
                 close = difflib.get_close_matches(name, sorted(known), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"no gpudask plugin named {name!r} (installed: {', '.join(sorted(known))}){hint}")
+        refused = sorted(disable & set(ESSENTIAL_PLUGINS))
+        if refused:
+            optional = sorted(n for n, _ in BUILTIN_PLUGINS if n not in ESSENTIAL_PLUGINS)
+            raise ConfigError(f"gpudask plugin {refused[0]!r} is essential and cannot be disabled (it declares the "
+                              "transport settings the other transport plugins read); accepted in a disable list: "
+                              f"{', '.join(optional)} and third-party plugins")
         for name in sorted(known):
+            if name in ESSENTIAL_PLUGINS:
+                continue
             if name in disable or (enable and name not in enable):
                 manager._pm.set_blocked(name)
 

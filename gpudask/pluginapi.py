@@ -10,9 +10,10 @@ else in ``gpudask`` may move.  Nothing in gpudask's core imports this module.
 * errors: :class:`GpudaskError`, :class:`ConfigError`, :class:`PluginError`;
 * plans: :class:`PlanContext`, :class:`ProcessPlan`, :class:`HostPlan`,
   :class:`MemoryPlan`; the checks: :class:`Finding`;
-* shared rules: :func:`parse_ucx_tls` (the one UCX_TLS parser), :func:`cpu_ranges`,
-  :func:`workers_sharing_gpu`, the transport helpers of :mod:`gpudask.transport`;
-  :func:`format_bytes` / :func:`parse_bytes` (dask's);
+* shared rules: what a ``UCX_TLS`` value means (:func:`parse_ucx_tls`, the one parser,
+  :func:`tls_enables`, :func:`ucxx_creates_cuda_context`, :func:`ucx_supports`), which GPU a
+  process of the plan uses and who shares it (:func:`process_gpu`, :func:`workers_sharing_gpu`),
+  :func:`cpu_ranges`, :func:`format_bytes` / :func:`parse_bytes` (dask's);
 * facts of another process: :func:`facts_from_dict` (validates published facts),
   :func:`fingerprint` (an exact key for plain data, to read the same facts once).
 """
@@ -28,9 +29,8 @@ from gpudask.facts.probe import ucx_unused_variables
 from gpudask.findings import Finding, fingerprint
 from gpudask.hookspecs import hookimpl
 from gpudask.plan import HostPlan, MemoryPlan, PlanContext, ProcessPlan, cpu_ranges
-from gpudask.transport import (AUTO, EXPLICIT, GPU_ROLES, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why,
-                               parse_name_or_list, parse_ucx_tls, pick, process_gpu, set_flag, tls_enables,
-                               ucx_supports, ucxx_creates_cuda_context, user_tls, workers_sharing_gpu)
+from gpudask.plan.gpus import process_gpu, workers_sharing_gpu
+from gpudask.plan.ucx_tls import parse_ucx_tls, tls_enables, ucx_supports, ucxx_creates_cuda_context
 
 __all__ = [
     # hooks
@@ -44,11 +44,8 @@ __all__ = [
     # this process
     "applied_role", "ucx_unused_variables",
     # shared rules
-    "parse_ucx_tls", "cpu_ranges", "workers_sharing_gpu", "format_bytes", "parse_bytes",
-    # transport helpers (tcp, nvlink, infiniband, rmm)
-    "MODE", "INTERFACE", "AUTO", "EXPLICIT", "UCX_AUTO", "GPU_ROLES", "tls_enables", "ucxx_creates_cuda_context",
-    "user_tls", "ucx_supports", "process_gpu", "parse_name_or_list", "pick", "mode", "mode_why", "decide",
-    "set_flag",
+    "parse_ucx_tls", "tls_enables", "ucxx_creates_cuda_context", "ucx_supports", "process_gpu",
+    "workers_sharing_gpu", "cpu_ranges", "format_bytes", "parse_bytes",
 ]
 
 

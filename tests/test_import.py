@@ -24,8 +24,8 @@ FORBIDDEN = ("cupy", "rmm", "ucxx", "distributed_ucxx", "numba", "cudf", "torch"
 ENTRY_POINTS = ["gpudask", "gpudask.cli", "gpudask.facts", "gpudask.bench.cli"]
 # every plugin module (loading the plugins is part of planning); the helpers a plugin
 # imports inside its worker-side hooks only (spill_store) load with distributed, in workers
-ENTRY_POINTS += [f"gpudask.plugins.{p.stem}" for p in sorted((ROOT / "plugins").glob("*.py"))
-                 if p.stem != "__init__" and "\nname = " in p.read_text()]
+ENTRY_POINTS += ["gpudask.plugins." + ".".join(p.relative_to(ROOT / "plugins").with_suffix("").parts)
+                 for p in sorted((ROOT / "plugins").rglob("*.py")) if p.stem != "__init__" and "\nname = " in p.read_text()]
 if (ROOT / "gpudask" / "pluginapi.py").exists():
     ENTRY_POINTS.append("gpudask.pluginapi")
 

@@ -92,6 +92,21 @@ def test_enable_list_keeps_only_the_named_plugins(monkeypatch):
     assert PluginManager.from_environment().names() == ["gpu-pinning", "tcp"]
 
 
+def test_an_essential_plugin_stays_loaded_with_an_enable_list_and_cannot_be_disabled(monkeypatch):
+    from gpudask.manager import ESSENTIAL_PLUGINS
+
+    assert ESSENTIAL_PLUGINS == ("tcp",)
+    monkeypatch.setenv("GPUDASK_PLUGINS", "gpu-pinning")
+    assert PluginManager.from_environment().names() == ["gpu-pinning", "tcp"]
+    monkeypatch.delenv("GPUDASK_PLUGINS")
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "rmm,tcp")
+    with pytest.raises(ConfigError) as info:
+        PluginManager.from_environment()
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("gpudask plugin 'tcp' is essential and cannot be disabled")
+    assert "accepted in a disable list: cpu-affinity, cuda-context" in text and "tcp," not in text
+
+
 def test_unknown_plugin_name_in_lists_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "nvlnk")
     with pytest.raises(ConfigError, match="no gpudask plugin named 'nvlnk'.*did you mean 'nvlink'"):
@@ -181,7 +196,7 @@ def test_a_third_party_plugin_with_a_builtin_name_is_refused_in_one_line(tmp_pat
     text = str(info.value)
     assert "\n" not in text
     assert text.startswith("gpudask plugin 'rmm' (from gpudask-fancy-rmm) failed in registration: ")
-    assert "rmm = fancy_rmm" in text and "built-in plugin 'rmm' (gpudask.plugins.rmm)" in text
+    assert "rmm = fancy_rmm" in text and "built-in plugin 'rmm' (gpudask.plugins.rmm.plugin)" in text
 
 
 def test_plugin_error_survives_pickling():

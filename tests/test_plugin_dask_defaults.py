@@ -15,7 +15,7 @@ from gpudask.config import Settings
 from gpudask.facts import facts_from_dict, load_facts
 from gpudask.manager import PluginManager
 from gpudask.plan import build_plan
-from gpudask.plugins import dask_defaults as plugin
+from gpudask.plugins.dask_defaults import plugin
 
 RECHUNK, SHUFFLE = "array.rechunk.method", "dataframe.shuffle.method"
 
@@ -198,7 +198,7 @@ def test_a_plain_client_rechunking_with_p2p_is_warned_once_while_gpu_workers_are
 
 
 def test_p2p_rechunk_graphs_are_told_by_their_transfer_keys():
-    from gpudask.plugins.dask_defaults_p2p import p2p_rechunk, worker_has_gpus
+    from gpudask.plugins.dask_defaults.p2p import p2p_rechunk, worker_has_gpus
 
     assert p2p_rechunk([("rechunk-transfer-abc", 0, 1), "x"]) and p2p_rechunk(["rechunk-transfer-abc"])
     assert not p2p_rechunk([("rechunk-merge-abc", 0), ("rechunk-p2p-abc", 0), "shuffle-barrier-abc", (), None])

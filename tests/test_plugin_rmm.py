@@ -28,8 +28,8 @@ from gpudask.manager import PluginManager
 from gpudask.plan import ProcessPlan
 from gpudask.plan import build_plan
 from gpudask.plugins import gpu_pinning
-from gpudask.plugins import rmm as rmm_plugin
-from gpudask.plugins import rmm_setup
+from gpudask.plugins.rmm import plugin as rmm_plugin
+from gpudask.plugins.rmm import setup as rmm_setup
 
 H200 = 150754820096  # tests/hosts/h200-single.json
 RTX = 25757220864  # tests/hosts/single-gpu.json

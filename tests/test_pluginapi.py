@@ -115,19 +115,22 @@ def _gpudask_imports(path: pathlib.Path) -> list[tuple[int, str]]:
 def _allowed(name: str, own: str | None) -> bool:
     if name == "gpudask.pluginapi":
         return True
-    # a built-in plugin's modules may import each other (plugins/rmm.py -> gpudask.plugins.rmm_setup)
-    return own is not None and (name == f"gpudask.plugins.{own}" or name.startswith(f"gpudask.plugins.{own}_"))
+    # a built-in plugin folder's modules may import each other (rmm/plugin.py -> gpudask.plugins.rmm.setup)
+    return own is not None and (name == f"gpudask.plugins.{own}" or name.startswith(f"gpudask.plugins.{own}."))
 
 
-PLUGIN_FILES = sorted(p for p in (ROOT / "plugins").glob("*.py") if p.name != "__init__.py")
-PLUGINS = sorted(p.stem for p in PLUGIN_FILES)
+PLUGIN_FILES = sorted(p for p in (ROOT / "plugins").rglob("*.py") if p.name != "__init__.py")
 
 
 def _owner(path: pathlib.Path) -> str | None:
-    """The plugin a file of plugins/ belongs to: rmm for rmm.py, rmm_setup.py, rmm_options.py."""
-    if path.parent.name != "plugins":
+    """What a file of plugins/ may import besides the plugin API: its own folder (rmm for
+    rmm/plugin.py, rmm/setup.py), nothing for a one-module plugin."""
+    if not path.is_relative_to(ROOT / "plugins"):
         return None
-    return min((s for s in PLUGINS if path.stem == s or path.stem.startswith(s + "_")), key=len)
+    folder = path.relative_to(ROOT / "plugins").parts
+    return folder[0] if len(folder) > 1 else None
+
+
 CONTRIB_FILES = sorted(p for p in (ROOT / "contrib").rglob("*.py") if "tests" not in p.parts)
 
 
@@ -144,4 +147,6 @@ def test_the_import_rule_sees_violations(tmp_path):
     names = [n for _, n in _gpudask_imports(bad)]
     assert names == ["gpudask.hookimpl", "gpudask.plan", "gpudask.plugins.tcp", "gpudask.check"]
     assert not any(_allowed(n, "nvlink") for n in names)
-    assert _allowed("gpudask.plugins.rmm_setup", "rmm") and not _allowed("gpudask.plugins.rmm_setup", "tcp")
+    assert _allowed("gpudask.plugins.rmm.setup", "rmm") and not _allowed("gpudask.plugins.rmm.setup", "ucx")
+    assert not _allowed("gpudask.plugins.rmm_setup", "rmm")  # a folder, not a name prefix
+    assert _owner(ROOT / "plugins" / "rmm" / "plugin.py") == "rmm" and _owner(ROOT / "plugins" / "gpu_pinning.py") is None

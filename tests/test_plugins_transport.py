@@ -17,7 +17,7 @@ import pytest
 from conftest import base_env, host, described, plan_on
 
 from gpudask.errors import GpudaskError
-from gpudask.plugins.infiniband import nearest_ports
+from gpudask.plugins.ucx.infiniband import nearest_ports
 from gpudask.pluginapi import tls_enables
 from gpudask.apply.process import plan_host
 

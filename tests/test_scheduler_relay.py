@@ -20,8 +20,8 @@ import pytest
 from conftest import base_env, host, plan_on, real_gpu_count
 
 from gpudask.apply import state
-from gpudask.plugins import scheduler_parity
-from gpudask.plugins.scheduler_parity_relay import RelayGuard, gpu_type, message
+from gpudask.plugins.scheduler_parity import plugin as scheduler_parity
+from gpudask.plugins.scheduler_parity.relay import RelayGuard, gpu_type, message
 
 H200 = host("h200-single.json")
 NO_GPU = host("no-gpu-ucx.json")  # a CPU host with distributed-ucxx, no InfiniBand

@@ -16,7 +16,7 @@ import pytest
 from distributed.protocol import dask_deserialize, dask_serialize
 from distributed.spill import SpillBuffer
 
-from gpudask.plugins.spill_store import DeviceHostStore, HostCopy, device_nbytes, is_device_object
+from gpudask.plugins.spill.store import DeviceHostStore, HostCopy, device_nbytes, is_device_object
 
 CALLS = {"to_host": 0, "to_device": 0}
 

@@ -12,8 +12,8 @@ import pytest
 from conftest import base_env, host, plan_on
 from test_spill_store import FakeDeviceArray, dev
 
-from gpudask.plugins import spill
-from gpudask.plugins.spill_store import DeviceHostStore
+from gpudask.plugins.spill import plugin as spill
+from gpudask.plugins.spill.store import DeviceHostStore
 
 KEY = "gpudask.spill.device-memory-limit"
 MB = 10**6

@@ -26,7 +26,7 @@ STAGE_OF = {
     "_version": "base", "errors": "base", "config": "base", "findings": "base",
     "facts": "facts",
     # the hook contract and the manager that calls it are typed with the plan's types
-    "plan": "plan", "hookspecs": "plan", "manager": "plan", "transport": "plan",
+    "plan": "plan", "hookspecs": "plan", "manager": "plan",
     "checks": "checks",
     "apply": "apply",
     "cli": "cli",

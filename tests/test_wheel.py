@@ -31,8 +31,8 @@ def _is_plugin(path: pathlib.Path) -> bool:
 
 
 def test_every_plugin_module_is_an_entry_point():
-    modules = {f"gpudask.plugins.{p.stem}" for p in (ROOT / "plugins").glob("*.py")
-               if p.stem != "__init__" and _is_plugin(p)}
+    modules = {"gpudask.plugins." + ".".join(p.relative_to(ROOT / "plugins").with_suffix("").parts)
+               for p in (ROOT / "plugins").rglob("*.py") if p.stem != "__init__" and _is_plugin(p)}
     assert modules == set(builtin_entry_points().values())
 
 

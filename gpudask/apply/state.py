@@ -130,7 +130,7 @@ def _planned_context_gpu(plan: Any, ctx: Any) -> str | None:
     distributed-ucxx's own rule (``init_once``): a context on device 0 of
     CUDA_VISIBLE_DEVICES when create-cuda-context is true or UCX_TLS names a cuda
     transport -- as the plan (the user's explicit values included) has them."""
-    from gpudask.transport import ucxx_creates_cuda_context
+    from gpudask.plan.ucx_tls import ucxx_creates_cuda_context
 
     if not ctx.uses_ucx or not ctx.gpus:
         return None

@@ -41,6 +41,10 @@ class PlanContext:
     # None (gpudask info, a check): a worker process planning for itself applies only its own
     # part, so host-wide work (UCX's view of the user's UCX_* variables) is left to the others
     planner: str | None = None
+    # every process's plan, in the planner's order (scheduler, nanny, client, workers): filled
+    # by build_plan, so a hook can read the other processes' decisions of an earlier step
+    # (ProcessPlan; typed Any: gpudask.plan.model refers to this module)
+    plans: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # a snapshot: later changes to os.environ / dask.config do not reach the plan

@@ -44,7 +44,7 @@ def build_plan(facts: Facts, settings: Settings, manager: PluginManager, protoco
                       user_interface=user_interface, manager=manager, planner=planner)
     _note_visible_devices(ctx)
     if ctx.uses_ucx:
-        from gpudask.transport import check_user_tls
+        from gpudask.plan.ucx_tls import check_user_tls
 
         check_user_tls(ctx.user_env.get("UCX_TLS"), facts.ucx_transports)
     # each hook is called once per process of the host (scheduler, nanny, client and each
@@ -52,6 +52,7 @@ def build_plan(facts: Facts, settings: Settings, manager: PluginManager, protoco
     # the plan their parent wrote
     plans = [ProcessPlan("scheduler"), ProcessPlan("nanny"), ProcessPlan("client")]
     plans += [ProcessPlan("worker", index=i) for i in range(nworkers)]
+    ctx.plans.extend(plans)
     with _timed_plan_hooks(manager, ctx):
         manager.validate(ctx)
         for step in (manager.plan_process, manager.select_transport, _compose_ucx_tls, manager.plan_memory,

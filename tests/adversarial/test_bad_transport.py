@@ -10,7 +10,7 @@ import pytest
 from conftest import base_env, host, plan_on
 
 from gpudask.errors import ConfigError
-from gpudask.transport import check_user_tls
+from gpudask.plan.ucx_tls import check_user_tls
 
 TWO_GPUS = host("workstation-2gpu-pcie.json")
 

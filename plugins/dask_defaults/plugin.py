@@ -16,7 +16,7 @@
 A value the user set (``dask.config`` / YAML / ``DASK_ARRAY__RECHUNK__METHOD``) always wins.
 
 A client that does not import gpudask keeps dask's default.  On the scheduler this plugin
-installs :class:`gpudask.plugins.dask_defaults_p2p.P2PRechunkWarning`: a client whose graph
+installs :class:`gpudask.plugins.dask_defaults.p2p.P2PRechunkWarning`: a client whose graph
 rechunks with P2P while GPU workers are connected gets one warning naming the fix.
 """
 
@@ -78,7 +78,7 @@ def gpudask_preload(ctx, plan, server):
     """On the scheduler: tell a client whose graph rechunks with P2P while GPU workers are connected."""
     if plan.role != "scheduler":
         return
-    from gpudask.plugins.dask_defaults_p2p import NAME, P2PRechunkWarning
+    from gpudask.plugins.dask_defaults.p2p import NAME, P2PRechunkWarning
 
     if NAME not in server.plugins:
         server.add_plugin(P2PRechunkWarning(), name=NAME, idempotent=True)

@@ -13,7 +13,7 @@ in the scheduler; the client with the scheduler and each worker, in
 plugin leaves other plugins' checks running.
 
 On a UCX scheduler that cannot relay GPU frames (no GPU visible, or a UCX_TLS without a
-cuda transport) it also installs :class:`gpudask.plugins.scheduler_parity_relay.RelayGuard`:
+cuda transport) it also installs :class:`gpudask.plugins.scheduler_parity.relay.RelayGuard`:
 each client is warned once, through distributed's own "warn" event, when GPU workers are
 connected, a failed gather of GPU results raises one line at once instead of
 distributed's endless retry, and (no GPU visible) a task graph that does not deserialise
@@ -291,7 +291,7 @@ def gpudask_preload(ctx, plan, server):
     problem = relay_problem(ctx, plan)
     if problem is None:
         return
-    from gpudask.plugins.scheduler_parity_relay import NAME, RelayGuard
+    from gpudask.plugins.scheduler_parity.relay import NAME, RelayGuard
 
     if NAME not in server.plugins:
         # a scheduler without a GPU cannot unpickle GPU objects either: graphs holding them err with the line

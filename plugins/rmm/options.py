@@ -1,6 +1,6 @@
 """The rmm plugin's settings: ``gpudask.rmm.*``, their parsers and how messages quote them.
 
-Part of the rmm plugin (:mod:`gpudask.plugins.rmm`); imports only the plugin API.
+Part of the rmm plugin (:mod:`gpudask.plugins.rmm.plugin`); imports only the plugin API.
 """
 
 from __future__ import annotations

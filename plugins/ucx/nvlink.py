@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudask.pluginapi import (UCX_AUTO, Option, decide, hookimpl, mode, mode_why, parse_optional_bool, process_gpu,
-                               set_flag, ucx_supports, ucxx_creates_cuda_context, user_tls, workers_sharing_gpu)
+from gpudask.pluginapi import (Option, hookimpl, parse_optional_bool, process_gpu, ucx_supports,
+                               ucxx_creates_cuda_context, workers_sharing_gpu)
+from gpudask.plugins.ucx.rules import UCX_AUTO, decide, mode, mode_why, set_flag, user_tls
 
 name = "nvlink"
 priority = 60

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudask.pluginapi import (AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, ConfigError, Option, choice, decide, hookimpl,
-                               mode, mode_why, parse_name_or_list, parse_optional_bool, pick, process_gpu, set_flag,
-                               ucx_supports, ucx_unused_variables)
+from gpudask.pluginapi import (ConfigError, Option, choice, hookimpl, parse_optional_bool, process_gpu, ucx_supports,
+                               ucx_unused_variables)
+from gpudask.plugins.ucx.rules import (AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why,
+                                       parse_name_or_list, pick, set_flag)
 
 name = "tcp"
 priority = 50

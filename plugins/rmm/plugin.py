@@ -15,12 +15,13 @@ Nothing here imports rmm, cupy, numba or torch at module level: the plan runs in
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
-from gpudask.pluginapi import (ConfigError, MemoryPlan, hookimpl, process_gpu, tls_enables, workers_sharing_gpu)
-from gpudask.plugins import rmm_setup
-from gpudask.plugins.rmm_options import (ALIGNMENT, DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSettings, explicit,
+from gpudask.pluginapi import ConfigError, MemoryPlan, hookimpl, tls_enables
+from gpudask.plugins.rmm import setup as rmm_setup
+from gpudask.plugins.rmm.target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib,
+                                        reset_ucxx_keys, resolve, target_of)
+from gpudask.plugins.rmm.options import (DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSettings, explicit,
                                          options, parse_pool_size, read_settings, shown)
 
 name = "rmm"
@@ -72,106 +73,17 @@ def _same_kind(a: Any, b: Any) -> bool:
         type(a) is int and type(b) is int)
 
 
-# --------------------------------------------------------------------------- planning
-@dataclass
-class _Target:
-    """The device memory one worker's pool lives in."""
-
-    label: str  # "GPU 0 (NVIDIA H200, GPU-…, 140.4 GiB)" -- used in every message
-    memory: int
-    uuid: str | None
-    index: int
-    shared_by: int = 1
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def _target(ctx: Any, plan: Any) -> _Target | None:
-    if not ctx.gpus:
-        return None
-    gpu = None
-    if plan.gpu_index is not None:
-        gpu = next((g for g in ctx.facts.gpus if g.index == plan.gpu_index), None)
-    if gpu is None and plan.gpu:
-        gpu = next((g for g in ctx.facts.gpus if g.uuid == plan.gpu or any(
-            i.get("uuid") == plan.gpu for i in g.mig.get("instances", []))), None)
-    if gpu is None:
-        gpu, _ = process_gpu(ctx, plan)  # no GPU of its own: CUDA device 0
-        if gpu is None:
-            return None
-    instances = gpu.mig.get("instances", []) if gpu.mig.get("enabled") else []
-    if instances:
-        chosen = next((i for i in instances if plan.gpu and i.get("uuid") == plan.gpu), None)
-        if chosen is None:  # CUDA shows a process one MIG instance: the first
-            chosen = instances[0]
-        memory = int(chosen.get("memory_total") or 0)
-        label = (f"MIG instance {chosen.get('uuid')} of GPU {gpu.index} ({gpu.name}, {_gib(memory)})")
-        return _Target(label, memory, chosen.get("uuid"), gpu.index)
-    shared = max(1, len(workers_sharing_gpu(ctx, plan)))
-    label = f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}, {_gib(gpu.memory_total)})"
-    return _Target(label, int(gpu.memory_total), gpu.uuid, gpu.index, shared)
-
-
-def _resolve(value: float | int, target: _Target) -> int:
-    raw = int(value * target.memory) if isinstance(value, float) else int(value)
-    return raw // ALIGNMENT * ALIGNMENT
-
-
-def _describe_size(value: float | int, nbytes: int) -> str:
-    if isinstance(value, float):
-        return f"{value:g} of the GPU = {nbytes} bytes ({_gib(nbytes)})"
-    return f"{nbytes} bytes ({_gib(nbytes)})"
-
-
-def _fast_transports(ctx: Any, plan: Any) -> list[str]:
-    """Which of NVLink (cuda_ipc) and InfiniBand (rc) UCX will use in this process."""
-    if not ctx.uses_ucx:
-        return []
-    tls = plan.env.get("UCX_TLS") or ctx.user_env.get("UCX_TLS")
-    if tls:  # the same reading of UCX_TLS as the transport plugins'
-        return [t for t in ("cuda_ipc", "rc") if tls_enables(tls, t)]
-    enabled = {"rc" if t.startswith("rc") else t for t in plan.ucx_transports}
-    return [t for t in ("cuda_ipc", "rc") if t in enabled]
-
-
-_TRANSPORT_NAMES = {"cuda_ipc": "NVLink (cuda_ipc)", "rc": "InfiniBand (rc)"}
-
-
-def _reset_ucxx_keys(ctx: Any, plan: Any, keep: tuple[str, ...] = ()) -> None:
-    """Unset distributed-ucxx's pool keys so ``init_once`` builds no pool in this process."""
-    import dask.config
-
-    user = {k: dask.config.get(k, default=None, config=dict(ctx.user_config)) for k in UCXX_POOL_KEYS}
-    if not ctx.uses_ucx and all(v is None for v in user.values()):
-        return
-    why = {
-        "nanny": "distributed-ucxx builds a pool from this key in every process that opens UCX: the nanny "
-                 "would hold one of its own (1472 MiB measured on an H200); gpudask builds worker pools itself",
-        "worker": "gpudask builds this worker's pool itself, once, before listen() (plugin rmm); "
-                  "distributed-ucxx would build another at the first UCX connection",
-        "scheduler": "no worker pool in the scheduler (gpudask.rmm.scheduler-pool-size asks for one)",
-        "client": "no pool in the client: pools belong to workers",
-    }[plan.role]
-    honoured = [f"{k}={v!r}" for k, v in user.items() if v is not None]
-    if honoured and plan.role == "worker":
-        why += f"; your {', '.join(honoured)} is honoured as gpudask.rmm.pool-size"
-    for key in UCXX_POOL_KEYS:
-        if key not in keep:
-            plan.set_config(key, None, why)
-
 
 @hookimpl
 def gpudask_plan_memory(ctx, plan):
     if plan.role == "worker":
-        _reset_ucxx_keys(ctx, plan)
+        reset_ucxx_keys(ctx, plan)
         _plan_worker(ctx, plan)
     elif plan.role == "scheduler":
         kept = _plan_scheduler(ctx, plan) or _scheduler_ucxx_pool(ctx, plan)
-        _reset_ucxx_keys(ctx, plan, keep=kept)
+        reset_ucxx_keys(ctx, plan, keep=kept)
     else:  # nanny host and client: never a pool
-        _reset_ucxx_keys(ctx, plan)
+        reset_ucxx_keys(ctx, plan)
 
 
 def _plan_scheduler(ctx: Any, plan: Any) -> tuple[str, ...]:
@@ -194,14 +106,14 @@ def _plan_scheduler(ctx: Any, plan: Any) -> tuple[str, ...]:
         ctx.warn(why)
         plan.note("no scheduler pool", why)
         return ()
-    target = _Target(f"GPU {gpus[0].index} ({gpus[0].name}, {gpus[0].uuid}, {_gib(gpus[0].memory_total)})",
+    target = Target(f"GPU {gpus[0].index} ({gpus[0].name}, {gpus[0].uuid}, {gib(gpus[0].memory_total)})",
                      int(gpus[0].memory_total), gpus[0].uuid, gpus[0].index)
-    size = _resolve(s.scheduler_pool, target)
-    _check_fits(ctx, key, size, target, "the scheduler")
+    size = resolve(s.scheduler_pool, target)
+    check_fits(ctx, key, size, target, "the scheduler")
     if not ctx.facts.packages.get("rmm"):
         raise ConfigError(f"{shown(ctx, key)} asks for an RMM pool in the scheduler on {target.label}, "
                           f"but rmm is not installed (pip install rmm-cu12 or rmm-cu13)")
-    why = (f"{shown(ctx, key)} = {_describe_size(s.scheduler_pool, size)} on {target.label}: the UCX scheduler "
+    why = (f"{shown(ctx, key)} = {describe_size(s.scheduler_pool, size)} on {target.label}: the UCX scheduler "
            f"receives CUDA frames sent through it into device memory; distributed-ucxx builds this pool "
            f"right after UCX starts (first listen), so the scheduler holds a CUDA context on this GPU")
     plan.set_config("distributed-ucxx.rmm.pool-size", size, why)
@@ -244,7 +156,7 @@ def _scheduler_ucxx_pool(ctx: Any, plan: Any) -> tuple[str, ...]:
         return tuple(user)
     gpu = ctx.gpus[0]
     why = (f"{given} set by you: explicit settings win; distributed-ucxx builds this RMM pool of {size} bytes "
-           f"({_gib(int(size or 0))}) on the scheduler's GPU {gpu.index} when UCX starts (init_once, first listen), "
+           f"({gib(int(size or 0))}) on the scheduler's GPU {gpu.index} when UCX starts (init_once, first listen), "
            "for the GPU frames the scheduler relays")
     for key, value in user.items():
         plan.set_config(key, value, why)
@@ -252,31 +164,18 @@ def _scheduler_ucxx_pool(ctx: Any, plan: Any) -> tuple[str, ...]:
     return UCXX_POOL_KEYS  # distributed-ucxx reads the other key first, then falls back to the one given
 
 
-def _check_fits(ctx: Any, key: str, nbytes: int, target: _Target, who: str, shared: bool = True) -> None:
-    """``nbytes`` (times the workers sharing the GPU, for initial pools) must fit the GPU."""
-    if nbytes <= 0:
-        raise ConfigError(f"{shown(ctx, key)} rounds down to 0 bytes on {target.label} of {who}; "
-                          f"accepted: at least {ALIGNMENT} bytes")
-    k = target.shared_by if shared else 1
-    total = nbytes * k
-    if total > target.memory:
-        sharing = f" x {k} workers sharing it = {total} bytes" if k > 1 else ""
-        raise ConfigError(f"{shown(ctx, key)} is {nbytes} bytes ({_gib(nbytes)}){sharing}, larger than "
-                          f"{target.label} of {who} ({target.memory} bytes); accepted: at most "
-                          f"{target.memory // k // ALIGNMENT * ALIGNMENT} bytes or a fraction <= {1 / k:g}")
-
 
 def _plan_worker(ctx: Any, plan: Any) -> None:
     s = read_settings(ctx)
     who = f"worker {plan.index}"
-    target = _target(ctx, plan)
+    target = target_of(ctx, plan)
     if target is None:
         plan.note("skipped", "no GPU visible: no RMM pool")
         return
     if target.memory <= 0:
         plan.note("skipped", f"{target.label} reports no memory: no RMM pool")
         return
-    fast = _fast_transports(ctx, plan)
+    fast = fast_transports(ctx, plan)
     managed = s.managed or s.allocator == "managed"
     want_pool, by_default, reasons = _want_pool(ctx, s, fast)
     kind = _allocator_kind(s, want_pool, managed)
@@ -320,7 +219,7 @@ def _plan_worker(ctx: Any, plan: Any) -> None:
 
 
 def _fast_text(fast: list[str]) -> str:
-    return " and ".join(_TRANSPORT_NAMES[t] for t in fast)
+    return " and ".join(TRANSPORT_NAMES[t] for t in fast)
 
 
 def _want_pool(ctx: Any, s: RmmSettings, fast: list[str]) -> tuple[bool, bool, list[str]]:
@@ -354,25 +253,25 @@ def _allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | Non
     return None
 
 
-def _sizes(ctx: Any, s: RmmSettings, target: _Target, who: str, kind: str, want_pool: bool, by_default: bool,
+def _sizes(ctx: Any, s: RmmSettings, target: Target, who: str, kind: str, want_pool: bool, by_default: bool,
            reasons: list[str]) -> tuple[int | None, int | None, int | None]:
     """(initial, maximum, release threshold) in bytes for this worker's GPU; adds the reasons."""
     initial = maximum = threshold = None
     if want_pool:
         if s.pool_size is not None and s.pool_size is not False:
-            initial = _resolve(s.pool_size, target)
-            _check_fits(ctx, "gpudask.rmm.pool-size", initial, target, who)
-            reasons.append(f"{shown(ctx, 'gpudask.rmm.pool-size')} = {_describe_size(s.pool_size, initial)} "
+            initial = resolve(s.pool_size, target)
+            check_fits(ctx, "gpudask.rmm.pool-size", initial, target, who)
+            reasons.append(f"{shown(ctx, 'gpudask.rmm.pool-size')} = {describe_size(s.pool_size, initial)} "
                            f"on {target.label}")
         elif kind == "pool" or by_default:
-            initial = _resolve(DEFAULT_FRACTION / target.shared_by, target)
+            initial = resolve(DEFAULT_FRACTION / target.shared_by, target)
             share = (f", split between the {target.shared_by} workers sharing it" if target.shared_by > 1 else "")
             reasons.append(f"default size {DEFAULT_FRACTION:g} of {target.label}{share} = {initial} bytes "
-                           f"({_gib(initial)}): RMM's long-standing default, leaving the rest to CUDA contexts, "
+                           f"({gib(initial)}): RMM's long-standing default, leaving the rest to CUDA contexts, "
                            f"UCX and allocators outside RMM (PyTorch's)")
     if s.maximum is not None:
-        maximum = _resolve(s.maximum, target)
-        _check_fits(ctx, "gpudask.rmm.maximum-pool-size", maximum, target, who, shared=False)
+        maximum = resolve(s.maximum, target)
+        check_fits(ctx, "gpudask.rmm.maximum-pool-size", maximum, target, who, shared=False)
         if initial is not None and maximum < initial:
             if explicit(ctx, "gpudask.rmm.pool-size"):
                 raise ConfigError(
@@ -381,7 +280,7 @@ def _sizes(ctx: Any, s: RmmSettings, target: _Target, who: str, kind: str, want_
                     f"accepted: a maximum >= the initial size")
             initial = maximum
             reasons.append(f"initial size lowered to the maximum {maximum} bytes")
-        reasons.append(f"{shown(ctx, 'gpudask.rmm.maximum-pool-size')} = {_describe_size(s.maximum, maximum)}")
+        reasons.append(f"{shown(ctx, 'gpudask.rmm.maximum-pool-size')} = {describe_size(s.maximum, maximum)}")
     elif kind == "pool":
         torch = ctx.facts.packages.get("torch")
         if torch and by_default and not _torch_through_rmm(ctx, s):
@@ -393,14 +292,14 @@ def _sizes(ctx: Any, s: RmmSettings, target: _Target, who: str, kind: str, want_
             reasons.append("no maximum: the pool grows on demand and never shrinks "
                            "(gpudask.rmm.maximum-pool-size caps it)")
     if s.threshold is not None:
-        threshold = _resolve(s.threshold, target) if s.threshold else 0
+        threshold = resolve(s.threshold, target) if s.threshold else 0
         if threshold > target.memory:
-            _check_fits(ctx, "gpudask.rmm.release-threshold", threshold, target, who, shared=False)
+            check_fits(ctx, "gpudask.rmm.release-threshold", threshold, target, who, shared=False)
         reasons.append(f"{shown(ctx, 'gpudask.rmm.release-threshold')} = {threshold} bytes")
     return initial, maximum, threshold
 
 
-def _refuse_what_fails_at_run_time(ctx: Any, s: RmmSettings, target: _Target, who: str, kind: str, managed: bool,
+def _refuse_what_fails_at_run_time(ctx: Any, s: RmmSettings, target: Target, who: str, kind: str, managed: bool,
                                    fast: list[str]) -> None:
     if managed and "cuda_ipc" in fast:
         key = "gpudask.rmm.allocator" if s.allocator == "managed" else "gpudask.rmm.managed-memory"

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudask.pluginapi import (EXPLICIT, INTERFACE, UCX_AUTO, Option, decide, hookimpl, mode, mode_why,
-                               parse_name_or_list, parse_optional_bool, pick, process_gpu, set_flag, ucx_supports)
+from gpudask.pluginapi import Option, hookimpl, parse_optional_bool, process_gpu, ucx_supports
+from gpudask.plugins.ucx.rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list,
+                                       pick, set_flag)
 
 name = "infiniband"
 priority = 70

@@ -244,7 +244,7 @@ def gpudask_preload(ctx, plan, server):
     limit = (plan.memory or {}).get("device_memory_limit")
     if manager is None or not isinstance(limit, int) or limit <= 0:
         return
-    from .spill_store import DeviceHostStore  # distributed and zict: worker processes only
+    from gpudask.plugins.spill.store import DeviceHostStore  # distributed and zict: worker processes only
 
     if isinstance(manager.data, DeviceHostStore):
         return  # already in place (the WorkerPlugin after the preload)

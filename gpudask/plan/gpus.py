@@ -1,0 +1,62 @@
+"""Which GPU a process of the plan uses, and which workers share it: read from the plan.
+
+A worker's GPU is what the plan says (``plan.gpu`` / ``plan.gpu_index``, set by whichever
+plugin pins GPUs -- the built-in gpu-pinning); a worker the plan gives no GPU uses CUDA device
+0 like every other such worker; a client and a scheduler use the first visible GPU.  Nothing
+here restates how GPUs are assigned: :func:`workers_sharing_gpu` compares the workers' plans,
+so it is meaningful once ``gpudask_plan_process`` has run for every process (from
+``gpudask_select_transport`` on).  Re-exported by :mod:`gpudask.pluginapi`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpudask.facts import GPU
+    from gpudask.plan.context import PlanContext
+    from gpudask.plan.model import ProcessPlan
+
+# processes that move GPU data: workers, a client, and the scheduler, which relays every
+# result a client gathers through it and every GPU argument of submit (distributed's default
+# distributed.client.direct-to-workers: null); the nanny host never does
+GPU_ROLES = ("worker", "client", "scheduler")
+
+
+def process_gpu(ctx: PlanContext, plan: ProcessPlan) -> tuple[GPU | None, str]:
+    """(GPU this process uses, how we know) for workers and clients; (None, why) otherwise."""
+    if plan.role not in GPU_ROLES:
+        return None, f"the {plan.role} process moves no GPU data"
+    gpus = ctx.gpus
+    if not gpus:
+        return None, "no GPU visible"
+    if plan.role == "worker" and plan.gpu_index is not None:
+        return ctx.facts.gpu_by_index(plan.gpu_index), f"worker {plan.index} uses GPU {plan.gpu_index}"
+    first = gpus[0]
+    if plan.role == "client":
+        return first, f"the client uses the first visible GPU, {first.index}"
+    if plan.role == "scheduler":
+        return first, (f"the scheduler relays GPU results and arguments between clients and workers (received "
+                       f"into device buffers over UCX) on device 0 of its visible GPUs, GPU {first.index}")
+    return first, (f"worker {plan.index} has no GPU of its own in the plan: CUDA device 0 is "
+                   f"GPU {first.index}")
+
+
+def workers_sharing_gpu(ctx: PlanContext, plan: ProcessPlan) -> list[int]:
+    """Numbers of this host's workers that use the GPU ``plan``'s process uses, from the
+    workers' plans: a pinned worker shares with the workers planned on the same GPU (or the
+    same MIG instance); a client or scheduler with the workers planned on its GPU; a worker
+    the plan gives no GPU with every worker (all use CUDA device 0).  [] for processes
+    without a GPU.  Read once every process's ``gpudask_plan_process`` has run.
+    """
+    gpu, _ = process_gpu(ctx, plan)
+    if gpu is None:
+        return []
+    if plan.role == "worker" and plan.gpu_index is None:
+        return list(range(ctx.nworkers))  # unpinned: every worker uses CUDA device 0
+    workers = [p for p in ctx.plans if p.role == "worker" and p.index is not None]
+    if plan.role == "worker":
+        return [w.index for w in workers if w.gpu == plan.gpu and w.index is not None]
+    device0 = ctx.gpus[0].index  # where a worker without a GPU of its own computes
+    return [w.index for w in workers
+            if w.index is not None and (device0 if w.gpu_index is None else w.gpu_index) == gpu.index]

@@ -1,0 +1,5 @@
+"""The rmm plugin: RMM pools in worker processes.
+
+:mod:`.plugin` holds its hooks (registered as the built-in ``rmm``), :mod:`.options` its
+settings, :mod:`.setup` what runs in a worker process (the only module that imports rmm).
+"""

@@ -1,0 +1,82 @@
+"""The rules the transport plugins (tcp, nvlink, infiniband) share.
+
+How an explicit setting wins over detection (:func:`decide`), the transport mode
+(``gpudask.transport.mode``, declared by the tcp plugin with the interface setting: with tcp
+being essential, the keys are always declared) and name-or-list settings.  Only this folder's
+plugins import it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpudask.pluginapi import tls_enables
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
+
+MODE = "gpudask.transport.mode"
+INTERFACE = "gpudask.transport.interface"
+AUTO, EXPLICIT, UCX_AUTO = "auto", "explicit", "ucx-auto"
+
+
+def user_tls(ctx: PlanContext) -> str | None:
+    """UCX_TLS as the user exported it (None when unset)."""
+    return ctx.user_env.get("UCX_TLS") or None
+
+
+def parse_name_or_list(value: Any) -> str | list[str] | None:
+    """null/"auto" (detect), one name for every process, or a list (worker i gets item i mod length)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto", "none", "null")):
+        return None
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v.strip() for v in value):
+        return [v.strip() for v in value]
+    raise ValueError("null (auto), a name, or a non-empty list of names (worker i takes item i mod length)")
+
+
+def pick(value: str | list[str], index: int | None) -> str:
+    """One item of a name-or-list setting for worker ``index``."""
+    if isinstance(value, list):
+        return value[(index or 0) % len(value)]
+    return value
+
+
+def mode(ctx: PlanContext) -> str:
+    s = ctx.setting(MODE)
+    return str(s.value) if s is not None else AUTO
+
+
+def mode_why(ctx: PlanContext) -> str:
+    s = ctx.setting(MODE)
+    return f"{MODE}={mode(ctx)}" + (f" (from {s.source})" if s is not None and s.explicit else "")
+
+
+def decide(ctx: PlanContext, key: str, transport: str, detected: bool, detect_why: str,
+           implied_by: tuple[str, ...] = ()) -> tuple[bool, str, bool]:
+    """Whether to use ``transport``: (on, why, explicit).  Explicit settings win over detection:
+    UCX_TLS in the environment, then the option ``key`` (or its legacy keys), then mode explicit
+    (where ``transport`` is on only if one of the ``implied_by`` options is true, as in
+    distributed-ucxx: nvlink and infiniband imply tcp, nvlink implies cuda-copy)."""
+    tls = user_tls(ctx)
+    if tls is not None:
+        on = tls_enables(tls, transport)
+        return on, (f"UCX_TLS={tls} set in the environment {'names' if on else 'leaves out'} {transport} "
+                    f"(explicit settings win; detection: {detect_why})"), True
+    s = ctx.setting(key)
+    if s is not None and s.value is not None:
+        return bool(s.value), (f"{key}={s.value} (from {s.source}): explicit settings win "
+                               f"(detection: {detect_why})"), True
+    if mode(ctx) == EXPLICIT:
+        for other in implied_by:
+            o = ctx.setting(other)
+            if o is not None and o.value is True:
+                return True, f"{mode_why(ctx)}: implied by {other}=True (from {o.source})", True
+        return False, f"{mode_why(ctx)} and {key} not set (detection: {detect_why})", True
+    return detected, detect_why, False
+
+
+def set_flag(plan: ProcessPlan, flag: str, value: bool, why: str) -> None:
+    """distributed-ucxx.<flag>, so distributed-ucxx's own view of the transports agrees with UCX_TLS."""
+    plan.set_config(f"distributed-ucxx.{flag}", value, why)
