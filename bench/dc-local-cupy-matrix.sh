@@ -34,7 +34,7 @@ OPS_ONLY_DOT_FOR=${OPS_ONLY_DOT_FOR-"gpudask-pool-cupy-own dask-cuda-pool-cupy-r
 if [ -z "${SKIP_INSTALL:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=/tmp/site/libucx/lib:${LD_LIBRARY_PATH:-} \
-    && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+    && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e ./contrib/gpudask-bench || exit 1
 fi
 export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n
 echo "install took $(( $(date +%s) - t0 )) s"

@@ -18,7 +18,7 @@ BENCH_S=${BENCH_S:-210}
 left() { echo $(( TOTAL_S - ($(date +%s) - t0) )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=/tmp/site/libucx/lib:${LD_LIBRARY_PATH:-} PATH=/tmp/site/bin:$PATH \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+  && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e ./contrib/gpudask-bench || exit 1
 export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n GPUDASK_TEST_LOGS="$OUT/logs/tests"
 strays() { pkill -9 -f "[d]ask (scheduler|worker|cuda)" 2>/dev/null; sleep 1; }
 {

@@ -8,7 +8,7 @@ t0=$(date +%s)
 OUT=${OUT:-/tmp/pull-levers-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=/tmp/site/libucx/lib:${LD_LIBRARY_PATH:-} PATH=/tmp/site/bin:$PATH \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+  && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e ./contrib/gpudask-bench || exit 1
 export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n
 echo "install $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

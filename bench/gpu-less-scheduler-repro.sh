@@ -5,7 +5,7 @@ set -u
 OUT=${OUT:-/tmp/repro-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=/tmp/site/libucx/lib:${LD_LIBRARY_PATH:-} \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+  && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e ./contrib/gpudask-bench || exit 1
 export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n
 for mode in stock gpudask; do
   pre=(); [ $mode = gpudask ] && pre=(--preload gpudask)

@@ -34,7 +34,7 @@ import time
 
 from distributed import wait
 
-from gpudask.bench.processes import ProcessCluster, stop_all
+from gpudask.testing.processes import ProcessCluster, stop_all
 
 # name -> (worker kind, environment of every process of the cluster)
 CONFIGS: dict[str, tuple[str, dict[str, str]]] = {

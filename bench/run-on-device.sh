@@ -18,7 +18,7 @@ BENCH_TOTAL_S=${BENCH_TOTAL_S:-470}
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=/tmp/site/libucx/lib:${LD_LIBRARY_PATH:-} \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+  && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e ./contrib/gpudask-bench || exit 1
 export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n
 
 nvidia-smi > "$OUT/gpu-before.txt" 2>&1

@@ -64,7 +64,7 @@ def main() -> int:
     d = tempfile.mkdtemp(prefix="sched-scale-compare-")
     sf = os.path.join(d, "scheduler.json")
     env = scale["bench_env"](args, d)
-    from gpudask.bench import processes
+    from gpudask.testing import processes
 
     sched = processes.spawn(scale["scheduler_argv"]("gpudask", sf, None), env, os.path.join(d, "scheduler.log"), d)
     procs = [sched]

@@ -136,7 +136,7 @@ async def host_workers(mode: str, first: int, count: int, per_node: int) -> None
 
 # ----------------------------------------------------------------- one trial
 def _spawn_host(argv: list[str], log: str, env: dict[str, str]) -> subprocess.Popen:
-    """A worker host: its own process group, like gpudask.bench.processes.spawn, but with
+    """A worker host: its own process group, like gpudask.testing.processes.spawn, but with
     pipes (the bench tells it when to join and reads how many joined)."""
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "w"), env=env,
                             start_new_session=True, text=True)
@@ -206,7 +206,7 @@ def trial(mode: str, n: int, args: argparse.Namespace, tag: str) -> dict:
         profile = os.path.join(args.profile, f"sched-{mode}-{n}-{tag}.prof")
     hosts = start_hosts(mode, n, args.per_node, args.hosts, d, env)
     t0 = time.monotonic()
-    from gpudask.bench import processes  # here: a host process imports gpudask in its own order
+    from gpudask.testing import processes  # here: a host process imports gpudask in its own order
 
     sched = processes.spawn(scheduler_argv(mode, sf, profile), env, os.path.join(d, "scheduler.log"), d)
     try:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from gpudask.bench.spill import spill_figure
+from gpudask_bench.spill import spill_figure
 
 
 def side(name: str, worker_argv: list[str], env: dict[str, str], limit: int) -> dict:

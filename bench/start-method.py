@@ -19,7 +19,7 @@ import time
 def ready_seconds(forkserver: bool, nworkers: int, protocol: str) -> float:
     from distributed import Client
 
-    from gpudask.bench.processes import dask_command, spawn, stop, wait_for_scheduler_file
+    from gpudask.testing.processes import dask_command, spawn, stop, wait_for_scheduler_file
 
     env = {**os.environ, "DASK_GPUDASK__FORKSERVER__ENABLED": str(forkserver).lower(),
            "UCX_WARN_UNUSED_ENV_VARS": "n"}

@@ -1,4 +1,5 @@
-"""Shared fixtures: described hosts, real subprocess clusters on loopback, GPU detection."""
+"""Shared fixtures: described hosts, real subprocess clusters on loopback (the
+``gpudask.testing.plugin`` pytest plugin, as a third-party plugin's tests use it), GPU detection."""
 
 from __future__ import annotations
 
@@ -12,8 +13,17 @@ import sys
 import distributed  # noqa: F401 - its config defaults must exist before any test snapshots dask.config
 import pytest
 
-from gpudask.bench.processes import ProcessCluster
+# the process-cluster fixtures (gpudask_cluster, gpudask_cluster_factory): docs/testing.md.
+# Imported here too (for Cluster), so rewrite its asserts before the import does.
+pytest_plugins = ["gpudask.testing.plugin"]
+pytest.register_assert_rewrite("gpudask.testing.plugin")
 
+from gpudask.testing.plugin import Cluster  # noqa: E402
+from gpudask.testing.processes import clean_env  # noqa: E402
+
+# the bench's tests skip, saying this, where the gpudask-bench distribution is not installed
+# (the README's test command installs it)
+BENCH_MISSING = "gpudask-bench is not installed: python -m pip install -e ./contrib/gpudask-bench"
 HOSTS = pathlib.Path(__file__).parent / "hosts"
 _BEFORE = pytest.StashKey["set[str] | None"]()
 BIN = pathlib.Path(sys.executable).parent
@@ -139,48 +149,15 @@ def third_party_plugin(tmp_path: pathlib.Path, body: str, name: str = "bad") -> 
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
 
 def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUDASK_", "DASK_GPUDASK__"))}
-    env.update(PYTHONUNBUFFERED="1", UCX_WARN_UNUSED_ENV_VARS="n", DASK_DISTRIBUTED__WORKER__DAEMON="False")
-    env.update(extra)
-    return env
-
-
-# read once, before the tests' own environment clean-up hides every GPUDASK_* variable
-KEEP_LOGS = os.environ.get("GPUDASK_TEST_LOGS")
-
-
-class Cluster(ProcessCluster):
-    """Real `dask scheduler` / `dask worker` processes on 127.0.0.1, logs and scheduler file
-    in ``tmp_path``: the process helper `gpudask bench` uses, with the tests' environment
-    (:func:`base_env` at start time) unless a test gives its own."""
-
-    def __init__(self, tmp_path: pathlib.Path):
-        super().__init__(tmp_path)
-        self.tmp_path = tmp_path
-
-    def spawn(self, label: str, argv: list[str], env: dict[str, str] | None = None,
-              cwd: str | None = None) -> subprocess.Popen:
-        return super().spawn(label, argv, base_env() if env is None else env, cwd)
+    """The environment of a process under test: this one's without gpudask's bookkeeping
+    and settings (:func:`gpudask.testing.processes.clean_env`), then ``extra``."""
+    return clean_env(**extra)
 
 
 @pytest.fixture
-def cluster(tmp_path, request):
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop()
-        _keep_logs(c, request.node.name)
-
-
-def _keep_logs(c: Cluster, test: str) -> None:
-    """With ``GPUDASK_TEST_LOGS=DIR`` (the GPU machine's runs), every process log of the test's
-    cluster is kept in DIR/<test>/: a failure there is diagnosed from the whole log, not
-    from the tail that fits in the assertion message."""
-    if not KEEP_LOGS:
-        return
-    dest = pathlib.Path(KEEP_LOGS) / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in test)
-    dest.mkdir(parents=True, exist_ok=True)
-    for label, path in c.logs.items():
-        if path.exists():
-            (dest / f"{label}.log").write_bytes(path.read_bytes())
+def cluster(gpudask_cluster: Cluster) -> Cluster:
+    """Real `dask scheduler` / `dask worker` processes on 127.0.0.1, logs and scheduler file
+    in ``tmp_path``, the tests' environment (:func:`base_env` at start time) unless a test
+    gives its own; stopped after the test (``gpudask_cluster`` of gpudask.testing.plugin;
+    ``GPUDASK_TEST_LOGS=DIR`` keeps every log)."""
+    return gpudask_cluster

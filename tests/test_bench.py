@@ -10,9 +10,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import BENCH_MISSING
 
-from gpudask.bench import configs, measures, report, workers
-from gpudask.bench.report import size_label
+pytest.importorskip("gpudask_bench", reason=BENCH_MISSING)
+
+from gpudask_bench import configs, measures, report, workers  # noqa: E402
+from gpudask_bench.report import size_label  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +259,7 @@ def _raw_placement(facts: str, ngpus: int, nworkers: int) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUDASK_", "UCX_", "CUDA_VISIBLE"))}
     opts = _opts(nworkers)
     opts.user_env = {**env, "GPUDASK_FACTS": str(HOSTS / facts)}
-    from gpudask.bench import raw_ucxx
+    from gpudask_bench import raw_ucxx
 
     peers, _ = raw_ucxx.placement(_host(ngpus), opts)
     return peers
@@ -282,7 +285,7 @@ def test_raw_ucxx_peers_get_one_gpu_each_like_the_workers():
 
 
 def test_raw_ucxx_placement_is_compared_with_the_live_gpudask_workers():
-    from gpudask.bench.raw_ucxx import compare_with_gpudask
+    from gpudask_bench.raw_ucxx import compare_with_gpudask
 
     peers = [{"env": {"UCX_TLS": "tcp,cuda_copy,cuda_ipc", "CUDA_VISIBLE_DEVICES": "0"}}] * 2
     live = {"transports": {"ucx://a:1": {"env": {"UCX_TLS": "tcp,cuda_copy,cuda_ipc", "CUDA_VISIBLE_DEVICES": "0"}},
@@ -414,7 +417,7 @@ def test_dask_cuda_local_cupy_report_is_read_run_by_run():
     figure's runs and the p2p note."""
     import pathlib
 
-    from gpudask.bench.dask_cuda_client import parse
+    from gpudask_bench.dask_cuda_client import parse
 
     text = (pathlib.Path(__file__).parent / "data" / "local_cupy-dot-h200x2.txt").read_text()
     out = parse(text)

@@ -21,7 +21,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # what `import gpudask` (or any of the entry points below) must never pull in
 FORBIDDEN = ("cupy", "rmm", "ucxx", "distributed_ucxx", "numba", "cudf", "torch", "pynvml")
 
-ENTRY_POINTS = ["gpudask", "gpudask.cli", "gpudask.facts", "gpudask.bench.cli"]
+ENTRY_POINTS = ["gpudask", "gpudask.cli", "gpudask.facts", "gpudask.testing", "gpudask.testing.processes"]
+try:  # the bench, another distribution (contrib/gpudask-bench), when it is installed
+    import gpudask_bench  # noqa: F401
+
+    ENTRY_POINTS.append("gpudask_bench.cli")
+except ImportError:
+    pass
 # every plugin module (loading the plugins is part of planning); the helpers a plugin
 # imports inside its worker-side hooks only (spill_store) load with distributed, in workers
 ENTRY_POINTS += ["gpudask.plugins." + ".".join(p.relative_to(ROOT / "plugins").with_suffix("").parts)
@@ -43,3 +49,18 @@ def test_import_in_a_plain_process_does_not_plan_or_probe():
     code = "import gpudask, gpudask.apply.process as s, os; print(s.current(), os.environ.get('GPUDASK_PROBED_FACTS'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "None None", out.stderr
+
+
+def test_the_runtime_imports_neither_pytest_nor_the_bench_nor_gpudask_testing():
+    """pytest belongs to the pytest plugin (gpudask.testing.plugin) alone; the process helper
+    runs without it (the bench imports it), and the runtime and its CLI import neither the
+    testing package nor the bench (which gpudask's CLI loads only to run or list it)."""
+    code = ("import importlib, json, sys\n"
+            "for m in ('gpudask', 'gpudask.cli', 'gpudask.apply.preload', 'gpudask.plugins'):\n"
+            "    importlib.import_module(m)\n"
+            "runtime = [m for m in sys.modules if m == 'pytest' or m.startswith(('gpudask.testing', 'gpudask_bench'))]\n"
+            "import gpudask.testing.processes\n"
+            "print(json.dumps([runtime, 'pytest' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT / "docs")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [[], False]

@@ -131,13 +131,27 @@ def _owner(path: pathlib.Path) -> str | None:
     return folder[0] if len(folder) > 1 else None
 
 
-CONTRIB_FILES = sorted(p for p in (ROOT / "contrib").rglob("*.py") if "tests" not in p.parts)
+# contrib/gpudask-bench is no plugin but a command (the `gpudask.commands` group): its own rule below
+BENCH = ROOT / "contrib" / "gpudask-bench"
+CONTRIB_FILES = sorted(p for p in (ROOT / "contrib").rglob("*.py") if "tests" not in p.parts
+                       and BENCH not in p.parents)
+# what the bench takes from gpudask besides the plugin API: the process helper, the facts and
+# the plan of a host (its raw-ucxx column places two processes as gpudask's workers), the table
+BENCH_IMPORTS = {"gpudask.testing", "gpudask.testing.processes", "gpudask.facts", "gpudask.plan.host",
+                 "gpudask.plan.planner", "gpudask.cli.report"}
 
 
 @pytest.mark.parametrize("path", PLUGIN_FILES + CONTRIB_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_plugins_import_only_the_plugin_api(path):
     bad = [f"line {line}: {name}" for line, name in _gpudask_imports(path) if not _allowed(name, _owner(path))]
     assert bad == [], f"{path.relative_to(ROOT)} imports gpudask internals (use gpudask.pluginapi): {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_bench_imports_only_what_it_is_allowed(path):
+    bad = [f"line {line}: {name}" for line, name in _gpudask_imports(path)
+           if not _allowed(name, None) and name not in BENCH_IMPORTS]
+    assert bad == [], f"{path.relative_to(ROOT)} imports gpudask internals outside BENCH_IMPORTS: {bad}"
 
 
 def test_the_import_rule_sees_violations(tmp_path):

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from conftest import base_env, real_gpu_count
 
-from gpudask.bench.processes import dask_command
+from gpudask.testing.processes import dask_command
 from gpudask.checks.probe import PATHS, TOPIC, format_probe
 
 

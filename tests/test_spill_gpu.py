@@ -12,9 +12,11 @@ re-created through ``rmm.DeviceBuffer``, so the same limit covers them.
 from __future__ import annotations
 
 import pytest
-from conftest import base_env
+from conftest import BENCH_MISSING, base_env
 
-from gpudask.bench.spill import _detached, spill_figure
+pytest.importorskip("gpudask_bench", reason=BENCH_MISSING)
+
+from gpudask_bench.spill import _detached, spill_figure  # noqa: E402
 
 GB = 10**9
 LIMIT = 8 * GB

@@ -9,7 +9,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import base_env, host, plan_on
+from conftest import BENCH_MISSING, base_env, host, plan_on
 from test_spill_store import FakeDeviceArray, dev
 
 from gpudask.plugins.spill import plugin as spill
@@ -146,7 +146,8 @@ def test_preloaded_workers_have_the_store_and_spill(cluster, tmp_path, monkeypat
 
 # -- the bench workload's plumbing (the figure itself is measured on the GPU machine) ---------
 def test_bench_chunks_cover_the_working_set():
-    from gpudask.bench.spill import expected_total, plan_chunks
+    pytest.importorskip("gpudask_bench", reason=BENCH_MISSING)
+    from gpudask_bench.spill import expected_total, plan_chunks
 
     elems, chunks = plan_chunks(8 * 10**9, 1)
     assert elems * 8 == 256 * 2**20 and chunks * elems * 8 >= 2.5 * 8 * 10**9 > (chunks - 1) * elems * 8
@@ -166,7 +167,8 @@ def test_bench_workload_runs_and_checks_its_total_with_a_stand_in_array_library(
     import numpy as np
     from distributed import Client, LocalCluster
 
-    from gpudask.bench.spill import spill_figure
+    pytest.importorskip("gpudask_bench", reason=BENCH_MISSING)
+    from gpudask_bench.spill import spill_figure
 
     stream = types.SimpleNamespace(synchronize=lambda: None)
     fake = types.SimpleNamespace(full=lambda n, v, dtype: FakeDeviceArray(np.full(n, v, dtype=dtype)), cuda=types.SimpleNamespace(get_current_stream=lambda: stream))

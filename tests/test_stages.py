@@ -1,6 +1,6 @@
 """Imports go one way through the stages, and no gpudask module imports itself back.
 
-Stages, earliest first: base -> facts -> plan -> checks -> apply -> cli -> bench (see
+Stages, earliest first: base -> facts -> plan -> checks -> apply -> cli -> testing (see
 docs/architecture.md).  A module may import from its own stage or an earlier one, never
 from a later one; function-level imports count the same as top-level ones.  ``gpudask``
 itself (the package's ``__init__``) and ``gpudask.pluginapi`` are facades: they may import
@@ -19,7 +19,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpudask"
 
-STAGES = ("base", "facts", "plan", "checks", "apply", "cli", "bench")
+STAGES = ("base", "facts", "plan", "checks", "apply", "cli", "testing")
 FACADES = {"gpudask", "gpudask.pluginapi"}
 # the first name under gpudask. -> its stage
 STAGE_OF = {
@@ -30,7 +30,9 @@ STAGE_OF = {
     "checks": "checks",
     "apply": "apply",
     "cli": "cli",
-    "bench": "bench",
+    # the process helper and pytest plugin of gpudask's (and plugins') tests: last, so that
+    # nothing of the runtime imports it
+    "testing": "testing",
 }
 
 # Modules that import a later stage today, each with the reason; strict: once fixed, the
@@ -177,6 +179,17 @@ def test_the_cycle_check_covers_the_package_face():
     back = {m: set(t) for m, t in GRAPH.items()}
     back["gpudask.apply.process"].add("gpudask")  # `from gpudask import __version__`, as it once was
     assert any({"gpudask", "gpudask.apply.preload", "gpudask.apply.process"} <= set(g) for g in _cycles(back))
+
+
+def test_the_runtime_never_imports_the_testing_stage_or_the_bench():
+    """gpudask.testing is the last stage (the rule above keeps the runtime from it), and the
+    bench is another distribution (contrib/gpudask-bench) that no runtime module names."""
+    assert STAGES[-1] == "testing" and {"gpudask.testing.processes", "gpudask.testing.plugin"} <= set(MODULES)
+    assert not [m for m in MODULES if m.startswith("gpudask.bench")]
+    named = [str(p.relative_to(ROOT)) for d in ("gpudask", "plugins") for p in sorted((ROOT / d).rglob("*.py"))
+             if "gpudask_bench" in p.read_text() or "gpudask.bench" in p.read_text()]
+    assert named == []
+    assert _backward("gpudask.cli") == [] and "gpudask.testing.processes" in GRAPH["gpudask.testing.plugin"]
 
 
 def test_the_checker_sees_imports_inside_functions():

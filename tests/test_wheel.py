@@ -1,5 +1,7 @@
 """`pip wheel .` gives a wheel that works on its own: installed into a fresh virtual
-environment (no source tree, no editable install), it lists every built-in plugin and plans."""
+environment (no source tree, no editable install), it lists every built-in plugin and plans.
+The bench is not in it (contrib/gpudask-bench is its own distribution): `gpudask bench` there
+says in one line how to get it."""
 
 from __future__ import annotations
 
@@ -54,6 +56,14 @@ def test_wheel_installed_alone_lists_every_builtin_plugin(tmp_path):
                            capture_output=True, text=True, timeout=280)
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = wheels.glob("gpudask-*.whl")
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        entry_points = next((z.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt")), "")
+    assert "gpudask/testing/processes.py" in names and "gpudask/testing/plugin.py" in names
+    assert not [n for n in names if n.startswith(("gpudask/bench/", "gpudask_bench"))], "the bench is in the wheel"
+    assert "bench" not in entry_points and "gpudask.commands" not in entry_points, entry_points
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
@@ -85,3 +95,11 @@ def test_wheel_installed_alone_lists_every_builtin_plugin(tmp_path):
     facts.write_text((ROOT / "tests" / "hosts" / "hgx-4gpu-2ib.json").read_text())
     plan = json.loads(gpudask("info", "--facts", str(facts), "--json"))
     assert [w["gpu_index"] for w in plan["workers"]] == [0, 1, 2, 3]
+    # without gpudask-bench: one line that says how to get the command, no usage text, exit 2
+    bench = subprocess.run([str(venv / "bin" / "gpudask"), "bench", "--quick"], cwd=where, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert bench.returncode == 2 and bench.stdout == "", (bench.stdout, bench.stderr)
+    assert bench.stderr.strip().splitlines() == [
+        "gpudask: error: `gpudask bench` comes with the gpudask-bench distribution, which is not installed: "
+        "python -m pip install ./contrib/gpudask-bench (in gpudask's source tree)"]
+    assert "bench" not in gpudask("--help")

@@ -14,6 +14,14 @@ from gpudask.errors import ConfigError, GpudaskError
 class _CleanErrors(click.Group):
     """GpudaskError -> one line on stderr and exit 2; never a traceback."""
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        # click's own answer to an unknown command is its usage text and an error line; a
+        # command that comes with another distribution gets the line that says how to get it
+        if args and not ctx.resilient_parsing and not args[0].startswith("-") \
+                and self.get_command(ctx, args[0]) is None:
+            raise GpudaskError(_unknown_command(ctx, args[0]))
+        return super().resolve_command(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -212,6 +220,12 @@ def status(address: str | None, address_option: str | None, scheduler_file: str 
     sys.exit(1 if result["mismatches"] or result["problems"] else 0)
 
 
+# Commands that other distributions of this project add through the `gpudask.commands` entry
+# point group: name -> (distribution, where it is in gpudask's source tree)
+OPTIONAL_COMMANDS = {"bench": ("gpudask-bench", "./contrib/gpudask-bench")}
+_LOAD_ERRORS: dict[str, str] = {}  # entry point commands that failed to load: name -> why
+
+
 def _entry_point_commands() -> dict[str, Any]:
     import importlib.metadata
 
@@ -223,9 +237,27 @@ _builtin_get, _builtin_list = main.get_command, main.list_commands
 
 def _get_command(ctx: click.Context, name: str) -> Any:
     command = _builtin_get(ctx, name)
-    if command is None and name in _entry_point_commands():
-        command = _entry_point_commands()[name].load()
+    if command is None:
+        ep = _entry_point_commands().get(name)
+        if ep is not None:
+            try:
+                command = ep.load()
+            except Exception as e:  # noqa: BLE001 - `gpudask --help` lists the others; running it says why
+                dist = getattr(ep.dist, "name", None) or "its distribution"
+                _LOAD_ERRORS[name] = (f"`gpudask {name}` ({ep.value}, from {dist}) cannot be loaded: "
+                                      f"{type(e).__name__}: {e}; reinstall {dist}")
+                return None
     return command
+
+
+def _unknown_command(ctx: click.Context, name: str) -> str:
+    if name in _LOAD_ERRORS:
+        return _LOAD_ERRORS[name]
+    if name in OPTIONAL_COMMANDS:
+        dist, source = OPTIONAL_COMMANDS[name]
+        return (f"`gpudask {name}` comes with the {dist} distribution, which is not installed: "
+                f"python -m pip install {source} (in gpudask's source tree)")
+    return f"no command {name!r}; accepted: {', '.join(_list_commands(ctx))}"
 
 
 def _list_commands(ctx: click.Context) -> list[str]:

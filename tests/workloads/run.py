@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-from gpudask.bench.processes import ProcessCluster, dask_command, stop
+from gpudask.testing.processes import ProcessCluster, dask_command, stop
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

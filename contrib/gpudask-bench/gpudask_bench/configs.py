@@ -8,9 +8,9 @@ from typing import Any, Callable
 
 import click
 
-from gpudask.bench.processes import dask_command
+from gpudask.testing.processes import dask_command
 
-# raw-ucxx is not a cluster: two plain ucxx processes (gpudask.bench.raw_ucxx), the
+# raw-ucxx is not a cluster: two plain ucxx processes (gpudask_bench.raw_ucxx), the
 # transfers' ceiling; last, so that it can compare its placement with gpudask's workers
 CONFIGS = ("tcp", "ucx-stock", "gpudask", "dask-cuda", "raw-ucxx")
 MiB = 2**20

@@ -1,7 +1,7 @@
 """The ``raw-ucxx`` column: ucxx send/recv between two plain processes, the ceiling of the
 worker-to-worker transfer figures (issue 14: "at least 75% of the raw limit").
 
-Two processes run :mod:`gpudask.bench.ucxx_peer` (no dask, no gpudask), placed like the
+Two processes run :mod:`gpudask_bench.ucxx_peer` (no dask, no gpudask), placed like the
 first two gpudask workers of the same run: each gets the environment gpudask's plan gives
 that worker (``UCX_TLS``, ``CUDA_VISIBLE_DEVICES``, ...), its CPUs, the UCX options
 distributed-ucxx would derive from that worker's dask config, and the address of that
@@ -22,14 +22,14 @@ import sys
 import time
 from typing import Any, Callable
 
-from gpudask.bench import processes
-from gpudask.bench.configs import Host, Options, base_env, has_module
-from gpudask.bench.measures import proto_info
-from gpudask.bench.report import HIGHER, LOWER, brief, figure, finish, size_label
-from gpudask.bench.runner import Interrupted
+from gpudask.testing import processes
+from gpudask_bench.configs import Host, Options, base_env, has_module
+from gpudask_bench.measures import proto_info
+from gpudask_bench.report import HIGHER, LOWER, brief, figure, finish, size_label
+from gpudask_bench.runner import Interrupted
 
 NAME = "raw-ucxx"
-# run by path through runpy: ``python .../ucxx_peer.py`` would put gpudask/bench/ first on
+# run by path through runpy: ``python .../ucxx_peer.py`` would put gpudask_bench/ first on
 # sys.path, where cli.py, report.py, workers.py... could shadow other packages' modules
 _RUN_PEER = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
 _NOT_MEASURED = ("ready, (x + x.T).sum() and GPU memory outside workers are not measured: "
@@ -151,7 +151,7 @@ class RawRunner:
         return self.deadline - time.perf_counter()
 
     def _argv(self, role: str, cpus: list[int] | None, *extra: str) -> list[str]:
-        from gpudask.bench import ucxx_peer
+        from gpudask_bench import ucxx_peer
 
         argv = [sys.executable, "-c", _RUN_PEER, str(ucxx_peer.__file__), role,
                 "--sizes", ",".join(str(n) for n in self.opts.sizes[0]), "--backend", self.host.backend, *extra]

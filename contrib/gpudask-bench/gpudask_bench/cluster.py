@@ -7,9 +7,9 @@ import subprocess
 import time
 from typing import Any
 
-from gpudask.bench.configs import Host, Options, Spec, base_env
-from gpudask.bench.processes import ProcessCluster, wait_for_scheduler_file
-from gpudask.bench.workers import detached, getpid
+from gpudask_bench.configs import Host, Options, Spec, base_env
+from gpudask.testing.processes import ProcessCluster, wait_for_scheduler_file
+from gpudask_bench.workers import detached, getpid
 
 
 class Cluster:

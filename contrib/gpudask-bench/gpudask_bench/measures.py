@@ -10,8 +10,8 @@ import statistics
 import time
 from typing import Any
 
-from gpudask.bench.cluster import Cluster
-from gpudask.bench.configs import MiB, Host
+from gpudask_bench.cluster import Cluster
+from gpudask_bench.configs import MiB, Host
 
 # gpudask logs under distributed's logger (gpudask.apply.preload), so `dask worker`'s
 # logging setup applies to its lines; the startup line marks the "gpudask" stage

@@ -1,10 +1,14 @@
 """Real dask processes on this host: ``python -m dask scheduler`` / ``dask worker`` started
 as separate process groups, waited for, and stopped with everything they started.
 
-One helper for ``gpudask bench`` and for the test suite, so both start and stop clusters
-the same way.  Each process gets its own session (a process group the helper can signal
-as a whole) and, on Linux, dies with the process that started it, even if that one is
-SIGKILLed.
+One helper for gpudask's tests, for the tests of third-party plugins (through the pytest
+plugin :mod:`gpudask.testing.plugin`) and for ``gpudask bench`` (the gpudask-bench
+distribution), so all of them start and stop clusters the same way.  Each process gets its
+own session (a process group the helper can signal as a whole) and, on Linux, dies with
+the process that started it, even if that one is SIGKILLed.
+
+It imports neither pytest nor anything heavy: psutil and distributed are imported inside
+the functions that use them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 LOOPBACK = "127.0.0.1"
 
-_LIVE: list[subprocess.Popen] = []  # every process started here and not yet stopped
+_LIVE: list[subprocess.Popen[bytes]] = []  # every process started here and not yet stopped
 _PRCTL: Any = None
 
 
@@ -30,13 +34,26 @@ def dask_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "dask", *args]
 
 
+def clean_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The environment for a cluster under test: ``base`` (default: this process's) without
+    gpudask's bookkeeping (``GPUDASK_*``: a parent's host plan, worker group, facts) or
+    gpudask settings (``DASK_GPUDASK__*``: a test sets its own), with unbuffered output (whole
+    logs), UCX quiet about variables it does not use, and worker processes that may start
+    processes of their own (``distributed.worker.daemon: False``); then ``extra``."""
+    source = os.environ if base is None else base
+    env = {k: v for k, v in source.items() if not k.startswith(("GPUDASK_", "DASK_GPUDASK__"))}
+    env.update(PYTHONUNBUFFERED="1", UCX_WARN_UNUSED_ENV_VARS="n", DASK_DISTRIBUTED__WORKER__DAEMON="False")
+    env.update(extra)
+    return env
+
+
 def _set_pdeathsig() -> None:  # runs in the child between fork and exec: keep it trivial
     if _PRCTL:
         _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent, even if it is SIGKILLed
 
 
-def spawn(argv: list[str], env: Mapping[str, str], log_path: str | os.PathLike, cwd: str | os.PathLike
-          ) -> subprocess.Popen:
+def spawn(argv: list[str], env: Mapping[str, str], log_path: str | os.PathLike[str], cwd: str | os.PathLike[str]
+          ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in its own process group, stdout and stderr appended to ``log_path``."""
     global _PRCTL
     if _PRCTL is None:
@@ -56,7 +73,7 @@ def spawn(argv: list[str], env: Mapping[str, str], log_path: str | os.PathLike, 
     return proc
 
 
-def stop(popens: list[subprocess.Popen], grace: float = 1.0) -> list[int]:
+def stop(popens: list[subprocess.Popen[bytes]], grace: float = 1.0) -> list[int]:
     """SIGTERM every process group (and every descendant, wherever it went), SIGKILL what
     is left after ``grace`` seconds.  Returns the pids that survived (should be none)."""
     import psutil
@@ -94,7 +111,18 @@ def stop(popens: list[subprocess.Popen], grace: float = 1.0) -> list[int]:
     for p in popens:
         if p in _LIVE:
             _LIVE.remove(p)
-    return sorted(procs)
+    return sorted(pid for pid, proc in procs.items() if _running(proc))
+
+
+def _running(proc: Any) -> bool:
+    """Not gone and not a zombie (dead, waiting for a parent that does not reap it: in a
+    container whose init reaps nothing, every killed grandchild stays one)."""
+    import psutil
+
+    try:
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 def stop_all(grace: float = 1.0) -> list[int]:
@@ -102,7 +130,7 @@ def stop_all(grace: float = 1.0) -> list[int]:
     return stop(list(_LIVE), grace) if _LIVE else []
 
 
-def read_address(scheduler_file: str | os.PathLike) -> str | None:
+def read_address(scheduler_file: str | os.PathLike[str]) -> str | None:
     """The address in a scheduler file, or None while it is missing or half written."""
     try:
         with open(scheduler_file) as f:
@@ -111,7 +139,7 @@ def read_address(scheduler_file: str | os.PathLike) -> str | None:
         return None
 
 
-def wait_for_scheduler_file(scheduler_file: str | os.PathLike, procs: list[subprocess.Popen],
+def wait_for_scheduler_file(scheduler_file: str | os.PathLike[str], procs: list[subprocess.Popen[bytes]],
                             timeout: float) -> str:
     """The scheduler's address once its file is complete.
 
@@ -141,16 +169,16 @@ class ProcessCluster:
     :param grace: seconds :meth:`stop` waits after SIGTERM before SIGKILL.
     """
 
-    def __init__(self, workdir: str | os.PathLike, env: Mapping[str, str] | None = None, grace: float = 15.0):
+    def __init__(self, workdir: str | os.PathLike[str], env: Mapping[str, str] | None = None, grace: float = 15.0):
         self.workdir = pathlib.Path(workdir)
         self.env = dict(os.environ if env is None else env)
         self.grace = grace
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
         self.scheduler_file = str(self.workdir / "scheduler.json")
         self.logs: dict[str, pathlib.Path] = {}
 
     def spawn(self, label: str, argv: list[str], env: Mapping[str, str] | None = None,
-              cwd: str | os.PathLike | None = None) -> subprocess.Popen:
+              cwd: str | os.PathLike[str] | None = None) -> subprocess.Popen[bytes]:
         log = self.workdir / f"{label}.log"
         self.logs[label] = log
         proc = spawn(argv, self.env if env is None else env, log, cwd or self.workdir)
@@ -158,7 +186,7 @@ class ProcessCluster:
         return proc
 
     def scheduler(self, *extra: str, env: Mapping[str, str] | None = None, protocol: str = "tcp",
-                  cwd: str | os.PathLike | None = None, timeout: float = 60) -> subprocess.Popen:
+                  cwd: str | os.PathLike[str] | None = None, timeout: float = 60) -> subprocess.Popen[bytes]:
         """Start the scheduler on loopback and wait for its file."""
         argv = dask_command("scheduler", "--host", LOOPBACK, "--port", "0", "--no-dashboard", "--protocol", protocol,
                             "--scheduler-file", self.scheduler_file, *extra)
@@ -170,7 +198,7 @@ class ProcessCluster:
         return proc
 
     def worker(self, *extra: str, env: Mapping[str, str] | None = None, label: str = "worker",
-               cwd: str | os.PathLike | None = None) -> subprocess.Popen:
+               cwd: str | os.PathLike[str] | None = None) -> subprocess.Popen[bytes]:
         """Start ``dask worker`` for this scheduler, on loopback unless ``--interface`` is given
         (dask refuses both)."""
         where = [] if "--interface" in extra else ["--host", LOOPBACK]
@@ -179,9 +207,11 @@ class ProcessCluster:
         return self.spawn(label, argv, env, cwd)
 
     def client(self, timeout: float = 30, **kwargs: Any) -> Any:
+        """A ``distributed.Client`` of this cluster's scheduler (``kwargs`` go to it)."""
         from distributed import Client
 
-        return Client(scheduler_file=self.scheduler_file, timeout=timeout, **kwargs)
+        make: Any = Client  # distributed is not annotated
+        return make(scheduler_file=self.scheduler_file, timeout=timeout, **kwargs)
 
     @property
     def address(self) -> str:

@@ -15,7 +15,7 @@ Figures, each the best and the median of ``--repeat`` runs after a warm-up:
   cluster's processes other than the workers, in two rows: the nanny hosts (and helpers),
   which should hold none, and the scheduler, which over UCX with a GPU holds the CUDA context
   it relays GPU frames with;
-* ``raw-ucxx`` has only the transfer figures (:mod:`gpudask.bench.raw_ucxx`); the others'
+* ``raw-ucxx`` has only the transfer figures (:mod:`gpudask_bench.raw_ucxx`); the others'
   bandwidth figures get ``share_of_raw_median``, their median over raw-ucxx's;
 * per worker, the UCX transports in effect (``ucxx`` config and active transports, and
   with ``--ucx-proto-info`` the transports UCX reported selecting for endpoints).
@@ -40,11 +40,12 @@ from typing import Any, Callable
 
 import click
 
-from gpudask.bench import processes, raw_ucxx
-from gpudask.bench.configs import (CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, Spec, build_spec, detect_host,
+from gpudask.testing import processes
+from gpudask_bench import raw_ucxx
+from gpudask_bench.configs import (CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, Spec, build_spec, detect_host,
                                    versions)
-from gpudask.bench.report import add_ratios, add_raw_shares, render_table
-from gpudask.bench.runner import Interrupted, Runner, finish
+from gpudask_bench.report import add_ratios, add_raw_shares, render_table
+from gpudask_bench.runner import Interrupted, Runner, finish
 
 
 def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float | None, log_dir: str | None,

@@ -1,0 +1,29 @@
+"""``gpudask bench``: the gpudask-bench distribution, outside the gpudask runtime package.
+
+The command reaches ``gpudask`` through the ``gpudask.commands`` entry point group; it starts
+its clusters with :mod:`gpudask.testing.processes`, the process helper the tests use too.
+
+* :mod:`~gpudask_bench.cli` -- the command, the time box, the run over configurations;
+* :mod:`~gpudask_bench.configs` -- what each configuration (tcp, ucx-stock, gpudask,
+  dask-cuda) starts, on which host;
+* :mod:`~gpudask_bench.raw_ucxx` -- the raw-ucxx column: two plain ucxx processes placed like
+  gpudask's workers (:mod:`~gpudask_bench.ucxx_peer`), the transfers' ceiling;
+* :mod:`~gpudask_bench.cluster` -- one launch of a configuration;
+* :mod:`~gpudask_bench.runner` -- the launches of one configuration within its time box;
+* :mod:`~gpudask_bench.workloads` -- what one launch measures (pulls, transfers, (x + x.T).sum());
+* :mod:`~gpudask_bench.workers` -- the functions sent to the workers (by value);
+* :mod:`~gpudask_bench.measures` -- GPU memory per process, UCX's transport choices, the profile;
+* :mod:`~gpudask_bench.report` -- figures, ratios, the table.
+
+Importing it is cheap: numpy, cupy, dask, distributed, psutil and pynvml are imported
+inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+
+def bench_main(args: list[str]) -> None:
+    """Entry point of ``gpudask bench`` (the CLI passes its arguments through)."""
+    from gpudask_bench.cli import bench_main as main
+
+    main(args)
