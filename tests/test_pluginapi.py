@@ -54,7 +54,7 @@ def _plan(facts: str, protocol: str = "ucx", nworkers: int | None = None, env: d
           disable: str = "") -> object:
     import os
 
-    from gpudask.plan import plan_host
+    from gpudask.bootstrap import plan_host
 
     old = os.environ.get("GPUDASK_DISABLE_PLUGINS")
     os.environ["GPUDASK_DISABLE_PLUGINS"] = disable

@@ -1,6 +1,6 @@
 """Imports go one way through the stages, and no gpudask module imports itself back.
 
-Stages, earliest first: base -> facts -> plan -> checks -> apply -> cli -> bench (see
+Stages, earliest first: base -> facts -> plan -> bootstrap -> checks -> apply -> cli -> bench (see
 docs/architecture.md).  A module may import from its own stage or an earlier one, never
 from a later one; function-level imports count the same as top-level ones.  ``gpudask``
 itself (the package's ``__init__``) and ``gpudask.pluginapi`` are facades: they may import
@@ -19,7 +19,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpudask"
 
-STAGES = ("base", "facts", "plan", "checks", "apply", "cli", "bench")
+STAGES = ("base", "facts", "plan", "bootstrap", "checks", "apply", "cli", "bench")
 FACADES = {"gpudask", "gpudask.pluginapi"}
 # the first name under gpudask. -> its stage
 STAGE_OF = {
@@ -27,6 +27,8 @@ STAGE_OF = {
     "facts": "facts",
     # the hook contract and the manager that calls it are typed with the plan's types
     "plan": "plan", "hookspecs": "plan", "manager": "plan", "transport": "plan",
+    # config, plugins, settings, the user's view and facts, once per process
+    "bootstrap": "bootstrap",
     "checks": "checks",
     "apply": "apply",
     "cli": "cli",
@@ -180,6 +182,6 @@ def test_the_cycle_check_covers_the_package_face():
 
 
 def test_the_checker_sees_imports_inside_functions():
-    """The rule reads function-level imports: gpudask.checks plans through gpudask.plan.host in one."""
-    assert "gpudask.plan.host" in GRAPH["gpudask.checks.runner"]
+    """The rule reads function-level imports: gpudask.checks plans through gpudask.bootstrap in one."""
+    assert "gpudask.bootstrap" in GRAPH["gpudask.checks.runner"]
     assert "gpudask.checks.runner" in GRAPH["gpudask.checks.client"]
