@@ -152,11 +152,12 @@ def parse_document(text: str | bytes, where: str = "host plan") -> dict[str, Any
         raise PlanFileError(f"{where}: key 'workers' holds {len(doc['workers'])} plans for nworkers "
                             f"{doc['nworkers']}; accepted: one plan per worker")
     try:
-        from gpudask.facts import facts_from_dict
+        from gpudask.facts.loader import from_dict
 
-        doc["_facts"] = facts_from_dict(doc.get("facts"), doc["facts_origin"])
+        origin = doc["facts_origin"]
+        doc["_facts"] = from_dict(doc.get("facts"), origin, f"{where}, key 'facts'", described=origin != "probed")
     except FactsError as e:
-        raise PlanFileError(f"{where}: key 'facts': {e}") from None
+        raise PlanFileError(f"{e}; {_ACCEPTED}") from None
     plans = [("scheduler", doc.get("scheduler")), ("nanny", doc.get("nanny")), ("client", doc.get("client"))]
     plans += [(f"workers[{i}]", w) for i, w in enumerate(doc["workers"])]
     doc["_processes"] = [_process(data, key, where) for key, data in plans]
