@@ -23,7 +23,7 @@ STAGES = ("base", "facts", "plan", "bootstrap", "checks", "apply", "cli", "bench
 FACADES = {"gpudask", "gpudask.pluginapi"}
 # the first name under gpudask. -> its stage
 STAGE_OF = {
-    "_version": "base", "errors": "base", "config": "base", "findings": "base",
+    "_version": "base", "errors": "base", "config": "base", "config_files": "base", "findings": "base",
     "facts": "facts",
     # the hook contract and the manager that calls it are typed with the plan's types
     "plan": "plan", "hookspecs": "plan", "manager": "plan", "transport": "plan",
