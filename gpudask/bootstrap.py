@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import pathlib
+import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ _BOOKKEEPING = ("GPUDASK_HOST_PLAN", "GPUDASK_GROUP")
 _MAX_CACHED = 16  # inputs keep changing (a test suite): the oldest are forgotten
 
 _CACHE: collections.OrderedDict[str, PlanInputs] = collections.OrderedDict()
+_LOCK = threading.RLock()  # the scheduler check plans off the event loop, in threads
 _KEPT: UserValues | None = None  # the user's values of what gpudask applied in this process
 _BUILDS = 0  # how many times this process built plan inputs (a manager and its settings)
 
@@ -58,19 +60,20 @@ def inputs(facts_path: str | os.PathLike[str] | None = None, config_file: str | 
     ``kept``: the user's values of what a planning parent applied (a worker process reading
     its host plan); left out, those :func:`keep_user_values` recorded in this process."""
     extras = tuple(extra_plugins)
-    key = _key(facts_path, config_file, extras, user_env, user_config, kept)
-    found = _CACHE.get(key)
-    if found is not None:
-        _CACHE.move_to_end(key)
-        return found
-    built = _build(facts_path, config_file, extras, user_env, user_config, kept)
-    # loading config and registering defaults changed dask.config: the same inputs, asked
-    # for again, now look like this
-    for k in (key, _key(facts_path, config_file, extras, user_env, user_config, kept)):
-        _CACHE[k] = built
-    while len(_CACHE) > _MAX_CACHED:
-        _CACHE.popitem(last=False)
-    return built
+    with _LOCK:
+        key = _key(facts_path, config_file, extras, user_env, user_config, kept)
+        found = _CACHE.get(key)
+        if found is not None:
+            _CACHE.move_to_end(key)
+            return found
+        built = _build(facts_path, config_file, extras, user_env, user_config, kept)
+        # loading config and registering defaults changed dask.config: the same inputs, asked
+        # for again, now look like this
+        for k in (key, _key(facts_path, config_file, extras, user_env, user_config, kept)):
+            _CACHE[k] = built
+        while len(_CACHE) > _MAX_CACHED:
+            _CACHE.popitem(last=False)
+        return built
 
 
 def plan_host(protocol: str | None = None, nworkers: int | None = None,
@@ -124,9 +127,10 @@ def user_view(kept: UserValues | None = None) -> tuple[dict[str, str], dict[str,
 def reset() -> None:
     """Forget the cached inputs and the kept user values (tests; a process starts clean)."""
     global _KEPT, _BUILDS
-    _CACHE.clear()
-    _KEPT = None
-    _BUILDS = 0
+    with _LOCK:
+        _CACHE.clear()
+        _KEPT = None
+        _BUILDS = 0
 
 
 def builds() -> int:

@@ -73,7 +73,7 @@ def load() -> HostPlan | None:
         return None  # the parent is gone, wrote nothing, or the file is not safe: the worker plans for itself
     where = f"the host plan {path} (${PLAN_ENV})"
     doc = parse_document(text, where)
-    return HostPlan.from_document(doc, bootstrap.inputs(kept=doc["_user_values"]))
+    return HostPlan.from_document(doc, bootstrap.inputs(kept=doc.user_values))
 
 
 def restore_user_values(host: HostPlan) -> None:

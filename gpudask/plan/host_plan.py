@@ -52,6 +52,19 @@ class UserValues:
         return {"env": dict(self.env), "config": dict(self.config)}
 
 
+@dataclass(frozen=True)
+class PlanDocument:
+    """A host plan file :func:`parse_document` accepted, its parts parsed."""
+
+    facts: Facts
+    protocol: str
+    nworkers: int
+    plugins: list[dict[str, Any]]
+    warnings: list[str]
+    processes: list[ProcessPlan]  # scheduler, nanny, client, then the workers
+    user_values: UserValues
+
+
 @dataclass
 class HostPlan:
     """The plan for one host: every process gpudask may run in."""
@@ -109,21 +122,19 @@ class HostPlan:
         return cls.from_document(parse_document(text, where), inputs)
 
     @classmethod
-    def from_document(cls, doc: Mapping[str, Any], inputs: PlanInputs) -> HostPlan:
+    def from_document(cls, doc: PlanDocument, inputs: PlanInputs) -> HostPlan:
         """A document :func:`parse_document` accepted, as a plan."""
         from gpudask.plan.context import PlanContext
 
-        facts = doc["_facts"]
-        ctx = PlanContext(facts, inputs.settings, doc["protocol"], doc["nworkers"], user_env=inputs.user_env,
+        ctx = PlanContext(doc.facts, inputs.settings, doc.protocol, doc.nworkers, user_env=inputs.user_env,
                           user_config=inputs.user_config, manager=inputs.manager)
-        return cls(facts, doc["protocol"], doc["nworkers"], doc["plugins"], doc["_processes"][0],
-                   doc["_processes"][1], doc["_processes"][2], list(doc["_processes"][3:]), list(doc["warnings"]),
-                   doc["_user_values"], ctx=ctx)
+        scheduler, nanny, client, *workers = doc.processes
+        return cls(doc.facts, doc.protocol, doc.nworkers, list(doc.plugins), scheduler, nanny, client, workers,
+                   list(doc.warnings), doc.user_values, ctx=ctx)
 
 
-def parse_document(text: str | bytes, where: str = "host plan") -> dict[str, Any]:
-    """Validate a host plan file; the parsed objects are under ``_facts``, ``_processes``
-    (scheduler, nanny, client, workers...) and ``_user_values``.
+def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
+    """Validate a host plan file and parse its parts.
 
     :raises PlanFileError: one line: ``where``, what was wrong, what is accepted."""
     if len(text) > MAX_PLAN_BYTES:
@@ -155,14 +166,14 @@ def parse_document(text: str | bytes, where: str = "host plan") -> dict[str, Any
         from gpudask.facts.loader import from_dict
 
         origin = doc["facts_origin"]
-        doc["_facts"] = from_dict(doc.get("facts"), origin, f"{where}, key 'facts'", described=origin != "probed")
+        facts = from_dict(doc.get("facts"), origin, f"{where}, key 'facts'", described=origin != "probed")
     except FactsError as e:
         raise PlanFileError(f"{e}; {_ACCEPTED}") from None
     plans = [("scheduler", doc.get("scheduler")), ("nanny", doc.get("nanny")), ("client", doc.get("client"))]
     plans += [(f"workers[{i}]", w) for i, w in enumerate(doc["workers"])]
-    doc["_processes"] = [_process(data, key, where) for key, data in plans]
-    doc["_user_values"] = _user_values(doc.get("user_values"), where)
-    return doc
+    processes = [_process(data, key, where) for key, data in plans]
+    return PlanDocument(facts, doc["protocol"], doc["nworkers"], doc["plugins"], doc["warnings"], processes,
+                        _user_values(doc.get("user_values"), where))
 
 
 def _process(data: Any, key: str, where: str) -> ProcessPlan:
