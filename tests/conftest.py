@@ -90,7 +90,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _clean_gpudask_env(monkeypatch, tmp_path):
-    """Tests start from the user's view: no gpudask bookkeeping from a parent, no cached facts."""
+    """Tests start from the user's view: no gpudask bookkeeping from a parent, no cached facts
+    or plan inputs."""
     for name in list(os.environ):
         if name.startswith("GPUDASK_") or name.startswith("DASK_GPUDASK__"):
             monkeypatch.delenv(name)
@@ -99,12 +100,14 @@ def _clean_gpudask_env(monkeypatch, tmp_path):
 
     import dask.config
 
-    from gpudask import facts
+    from gpudask import bootstrap, facts
 
     saved_config, saved_defaults = copy.deepcopy(dask.config.config), copy.deepcopy(dask.config.defaults)
     facts.clear_cache()
+    bootstrap.reset()
     yield
     facts.clear_cache()
+    bootstrap.reset()
     # planning registers plugin defaults and applies plans: each test starts from the same config
     dask.config.config.clear()
     dask.config.config.update(saved_config)

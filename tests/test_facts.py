@@ -17,6 +17,7 @@ HOSTS = os.path.join(ROOT, "tests", "hosts")
 
 from gpudask import facts as F  # noqa: E402
 from gpudask.facts import probe as P  # noqa: E402
+from gpudask.facts import ucx_info as U  # noqa: E402
 
 FactsError = F.FactsError
 
@@ -335,8 +336,8 @@ def test_probe_this_host():
 
 
 def test_ucx_missing(monkeypatch):
-    monkeypatch.setattr(P, "_UCX_DISTS", ("no-such-ucx-dist",))
-    assert P._probe_ucx_transports() is None
+    monkeypatch.setattr(U, "_UCX_DISTS", ("no-such-ucx-dist",))
+    assert U.probe_ucx_transports() is None
 
 
 def test_ucx_info_parsing_and_failure(tmp_path, monkeypatch):
@@ -351,12 +352,12 @@ def test_ucx_info_parsing_and_failure(tmp_path, monkeypatch):
         'echo "#      Transport: cuda_copy"\n'
     )
     script.chmod(0o755)
-    monkeypatch.setattr(P, "_ucx_info_commands", lambda: [(str(script), {})])
-    assert P._probe_ucx_transports() == ["cuda_copy", "posix", "rc_mlx5", "tcp"]
-    monkeypatch.setattr(P, "_ucx_info_commands", lambda: [("/bin/false", {})])
-    assert P._probe_ucx_transports() is None
-    monkeypatch.setattr(P, "_ucx_info_commands", lambda: [(str(tmp_path / "missing"), {})])
-    assert P._probe_ucx_transports() is None
+    monkeypatch.setattr(U, "_ucx_info_commands", lambda: [(str(script), {})])
+    assert U.probe_ucx_transports() == ["cuda_copy", "posix", "rc_mlx5", "tcp"]
+    monkeypatch.setattr(U, "_ucx_info_commands", lambda: [("/bin/false", {})])
+    assert U.probe_ucx_transports() is None
+    monkeypatch.setattr(U, "_ucx_info_commands", lambda: [(str(tmp_path / "missing"), {})])
+    assert U.probe_ucx_transports() is None
 
 
 # ------------------------------------------------------------------ fake sysfs + NVML

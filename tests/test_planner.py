@@ -16,7 +16,7 @@ from gpudask import hookimpl
 from gpudask.config import CORE_OPTIONS, Settings
 from gpudask.facts import load_facts
 from gpudask.manager import PluginManager
-from gpudask.plan import build_plan
+from gpudask.plan import PlanInputs, build_plan
 
 
 def plugin(name, priority, **hooks):
@@ -39,8 +39,8 @@ ENV = plugin("c", 30, gpudask_plan_process=lambda plan: plan.set_env("UCX_MAX_RN
 
 
 def plan(protocol="ucx", user_env=None, *plugins, facts="hgx-4gpu-2ib.json", nworkers=None, interface=None):
-    return build_plan(load_facts(host(facts)), Settings(CORE_OPTIONS), manager(*plugins), protocol, nworkers,
-                      user_env or {}, user_interface=interface)
+    inputs = PlanInputs(load_facts(host(facts)), Settings(CORE_OPTIONS), manager(*plugins), dict(user_env or {}))
+    return build_plan(inputs, protocol, nworkers, user_interface=interface)
 
 
 def test_ucx_tls_is_composed_from_every_contribution():

@@ -14,7 +14,7 @@ from conftest import base_env, host
 from gpudask.config import Settings
 from gpudask.facts import facts_from_dict, load_facts
 from gpudask.manager import PluginManager
-from gpudask.plan import build_plan
+from gpudask.plan import PlanInputs, build_plan
 from gpudask.plugins.dask_defaults import plugin
 
 RECHUNK, SHUFFLE = "array.rechunk.method", "dataframe.shuffle.method"
@@ -30,7 +30,7 @@ def make(facts="h200-single.json", config=None, env=None, protocol="tcp"):
     m.register(plugin)
     settings = Settings(m.config_options(), config=cfg, environ=env)
     facts_obj = load_facts(host(facts)) if isinstance(facts, str) else facts
-    return build_plan(facts_obj, settings, m, protocol, None, env, cfg)
+    return build_plan(PlanInputs(facts_obj, settings, m, env, cfg), protocol, None)
 
 
 def _nested(key, value):

@@ -26,7 +26,7 @@ from gpudask.errors import ConfigError, GpudaskError
 from gpudask.facts import facts_from_dict, load_facts
 from gpudask.manager import PluginManager
 from gpudask.plan import ProcessPlan
-from gpudask.plan import build_plan
+from gpudask.plan import PlanInputs, build_plan
 from gpudask.plugins import gpu_pinning
 from gpudask.plugins.rmm import plugin as rmm_plugin
 from gpudask.plugins.rmm import setup as rmm_setup
@@ -72,7 +72,7 @@ def make(facts="h200-single.json", protocol="ucx", config=None, env=None, *extra
     settings = Settings(m.config_options(), config=cfg, environ=env)
     settings.validate_all()
     facts_obj = load_facts(host(facts)) if isinstance(facts, str) else facts
-    return build_plan(facts_obj, settings, m, protocol, nworkers, env, cfg)
+    return build_plan(PlanInputs(facts_obj, settings, m, env, cfg), protocol, nworkers)
 
 
 def worker(*args, **kwargs) -> ProcessPlan:
@@ -279,7 +279,7 @@ def test_real_plugins_pool_matches_the_transports_they_chose():
     m = PluginManager.from_environment()
     settings = Settings(m.config_options(), config={}, environ={})
     for facts in ("hgx-4gpu-2ib.json", "single-gpu.json", "workstation-2gpu-pcie.json"):
-        host_plan = build_plan(load_facts(host(facts)), settings, m, "ucx", None, {}, {})
+        host_plan = build_plan(PlanInputs(load_facts(host(facts)), settings, m), "ucx", None)
         for w in host_plan.workers:
             fast = {"cuda_ipc", "rc"} & set(w.ucx_transports) or any(t.startswith("rc") for t in w.ucx_transports)
             # (the spill plugin adds a device_memory_limit to every GPU worker: a pool has an allocator)

@@ -54,7 +54,7 @@ def _plan(facts: str, protocol: str = "ucx", nworkers: int | None = None, env: d
           disable: str = "") -> object:
     import os
 
-    from gpudask.plan import plan_host
+    from gpudask.bootstrap import plan_host
 
     old = os.environ.get("GPUDASK_DISABLE_PLUGINS")
     os.environ["GPUDASK_DISABLE_PLUGINS"] = disable
@@ -137,7 +137,7 @@ CONTRIB_FILES = sorted(p for p in (ROOT / "contrib").rglob("*.py") if "tests" no
                        and BENCH not in p.parents)
 # what the bench takes from gpudask besides the plugin API: the process helper, the facts and
 # the plan of a host (its raw-ucxx column places two processes as gpudask's workers), the table
-BENCH_IMPORTS = {"gpudask.testing", "gpudask.testing.processes", "gpudask.facts", "gpudask.plan.host",
+BENCH_IMPORTS = {"gpudask.testing", "gpudask.testing.processes", "gpudask.facts", "gpudask.bootstrap",
                  "gpudask.plan.planner", "gpudask.cli.report"}
 
 

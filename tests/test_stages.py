@@ -1,6 +1,6 @@
 """Imports go one way through the stages, and no gpudask module imports itself back.
 
-Stages, earliest first: base -> facts -> plan -> checks -> apply -> cli -> testing (see
+Stages, earliest first: base -> facts -> plan -> bootstrap -> checks -> apply -> cli -> testing (see
 docs/architecture.md).  A module may import from its own stage or an earlier one, never
 from a later one; function-level imports count the same as top-level ones.  ``gpudask``
 itself (the package's ``__init__``) and ``gpudask.pluginapi`` are facades: they may import
@@ -19,14 +19,16 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpudask"
 
-STAGES = ("base", "facts", "plan", "checks", "apply", "cli", "testing")
+STAGES = ("base", "facts", "plan", "bootstrap", "checks", "apply", "cli", "testing")
 FACADES = {"gpudask", "gpudask.pluginapi"}
 # the first name under gpudask. -> its stage
 STAGE_OF = {
-    "_version": "base", "errors": "base", "config": "base", "findings": "base",
+    "_version": "base", "errors": "base", "config": "base", "config_files": "base", "findings": "base",
     "facts": "facts",
     # the hook contract and the manager that calls it are typed with the plan's types
     "plan": "plan", "hookspecs": "plan", "manager": "plan",
+    # config, plugins, settings, the user's view and facts, once per process
+    "bootstrap": "bootstrap",
     "checks": "checks",
     "apply": "apply",
     "cli": "cli",
@@ -193,6 +195,6 @@ def test_the_runtime_never_imports_the_testing_stage_or_the_bench():
 
 
 def test_the_checker_sees_imports_inside_functions():
-    """The rule reads function-level imports: gpudask.checks plans through gpudask.plan.host in one."""
-    assert "gpudask.plan.host" in GRAPH["gpudask.checks.runner"]
+    """The rule reads function-level imports: gpudask.checks plans through gpudask.bootstrap in one."""
+    assert "gpudask.bootstrap" in GRAPH["gpudask.checks.runner"]
     assert "gpudask.checks.runner" in GRAPH["gpudask.checks.client"]

@@ -82,13 +82,10 @@ def _dask_cuda_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
     given = [(arg, key, convert) for arg, key, convert in _DASK_CUDA_SETTINGS if arg in kwargs]
     if not given:
         return {}
-    from gpudask.config import load_dask_config, register_defaults
-    from gpudask.manager import PluginManager
+    from gpudask import bootstrap
 
-    load_dask_config()
-    options = PluginManager.from_environment().config_options()
-    register_defaults(options)  # so that leaving this cluster's settings puts the defaults back
-    known = {opt.key for opt in options}
+    # the bootstrap registers the plugins' defaults: leaving this cluster's settings puts them back
+    known = set(bootstrap.inputs().settings.options)
     settings: dict[str, Any] = {}
     for arg, key, convert in given:
         value = kwargs.pop(arg)

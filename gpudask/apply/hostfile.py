@@ -18,14 +18,15 @@ atomically (0600) and read only when they are this user's and nobody else can wr
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import pathlib
 import shutil
 from typing import Any
 
+from gpudask import bootstrap
 from gpudask.facts import statedir
-from gpudask.plan import HostPlan, ProcessPlan
+from gpudask.plan import HostPlan
+from gpudask.plan.host_plan import parse_document
 
 PLAN_ENV = "GPUDASK_HOST_PLAN"
 GROUP_ENV = "GPUDASK_GROUP"
@@ -44,10 +45,7 @@ def publish(host: HostPlan) -> None:
     base = state_dir()
     reclaim_stale(base)
     path = base / f"plan-{os.getpid()}.json"
-    data = host.to_dict()
-    data["user_values"] = _user_values(host)
-    data["user_config_values"] = _user_config_values(host)
-    statedir.write_atomic(path, json.dumps(data, default=str))
+    statedir.write_atomic(path, host.to_json())
     os.environ[PLAN_ENV] = str(path)
     os.environ.setdefault(GROUP_ENV, f"pid-{os.getpid()}")
     atexit.register(_remove, path, base / os.environ[GROUP_ENV])
@@ -56,28 +54,16 @@ def publish(host: HostPlan) -> None:
 
 def decided_anything(host: HostPlan) -> bool:
     """Did gpudask decide anything for this host (a CPU host with tcp: nothing)?"""
-    plans = [host.scheduler, host.nanny, host.client, *host.workers]
     return any(p.env or p.config or p.cpu_affinity or p.memory or p.multiprocessing_method or p.resources
-               for p in plans)
-
-
-def _user_values(host: HostPlan) -> dict[str, str | None]:
-    """The user's value of every variable any process of the plan sets: a worker puts back
-    what its planning parent changed for itself but the worker's plan does not set."""
-    names = {n for p in (host.scheduler, host.nanny, host.client, *host.workers) for n in p.env}
-    return {n: host.ctx.user_env.get(n) for n in sorted(names)}
-
-
-def _user_config_values(host: HostPlan) -> dict[str, Any]:
-    """The user's value of every dask config key any process of the plan sets."""
-    import dask.config
-
-    keys = {k for p in (host.scheduler, host.nanny, host.client, *host.workers) for k in p.config}
-    return {k: dask.config.get(k, default=None, config=dict(host.ctx.user_config)) for k in sorted(keys)}
+               for p in host.processes())
 
 
 def load() -> HostPlan | None:
-    """The host plan this worker process's parent wrote, or None."""
+    """The host plan this worker process's parent wrote, or None (no parent plan, or a file
+    that is not safe to read).  Changes nothing in this process: its context is made from
+    this process's plan inputs as the user set them (the file's user values put back).
+
+    :raises PlanFileError: the file is not a host plan this gpudask reads (one line)."""
     path = os.environ.get(PLAN_ENV)
     if not path:
         return None
@@ -85,37 +71,9 @@ def load() -> HostPlan | None:
     text = statedir.read_private(path, "host plan")
     if text is None:
         return None  # the parent is gone, wrote nothing, or the file is not safe: the worker plans for itself
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    return _host_from_dict(data)
-
-
-def _host_from_dict(data: dict[str, Any]) -> HostPlan:
-    import dask.config
-
-    from gpudask.config import Settings, register_defaults
-    from gpudask.plan import PlanContext
-    from gpudask.facts import facts_from_dict
-    from gpudask.manager import PluginManager
-
-    facts = facts_from_dict(data["facts"], data["facts_origin"])
-    manager = PluginManager.from_environment()
-    options = manager.config_options()
-    register_defaults(options)
-    env = dict(os.environ)
-    settings = Settings(options, config=dask.config.config, environ=env)
-    ctx = PlanContext(facts, settings, data["protocol"], data["nworkers"], user_env=env,
-                      user_config=dask.config.config, manager=manager)
-    host = HostPlan(facts=facts, protocol=data["protocol"], nworkers=data["nworkers"], plugins=data["plugins"],
-                    scheduler=ProcessPlan.from_dict(data["scheduler"]), nanny=ProcessPlan.from_dict(data["nanny"]),
-                    client=ProcessPlan.from_dict(data["client"]),
-                    workers=[ProcessPlan.from_dict(w) for w in data["workers"]], warnings=list(data["warnings"]),
-                    ctx=ctx)
-    host.user_values = {"env": data.get("user_values", {}),  # type: ignore[attr-defined]
-                        "config": data.get("user_config_values", {})}
-    return host
+    where = f"the host plan {path} (${PLAN_ENV})"
+    doc = parse_document(text, where)
+    return HostPlan.from_document(doc, bootstrap.inputs(kept=doc.user_values))
 
 
 def restore_user_values(host: HostPlan) -> None:
@@ -124,13 +82,12 @@ def restore_user_values(host: HostPlan) -> None:
     dask config) before this process's own plan is applied."""
     import dask.config
 
-    kept = getattr(host, "user_values", {"env": {}, "config": {}})
-    for name, value in kept["env"].items():
+    for name, value in host.user_values.env.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    for key, value in kept["config"].items():
+    for key, value in host.user_values.config.items():
         dask.config.set({key: value})
 
 

@@ -1,6 +1,8 @@
 """This process's part of the plan, applied once (the apply stage).
 
-``plan_host`` is what ``gpudask info`` prints.  ``start`` plans for a *planning* process
+``plan_host`` (:func:`gpudask.bootstrap.plan_host`) is what ``gpudask info`` prints: the
+plan from this process's plan inputs, built once per process by the bootstrap, which sees
+the user's values of what gpudask applied here.  ``start`` plans for a *planning* process
 (``dask scheduler``, the ``dask worker`` process that hosts the nannies, a client) and
 applies its part; :func:`start_worker` applies a nanny's worker process's part, taken
 from the host plan its parent wrote (:mod:`gpudask.apply.hostfile`) -- a worker process
@@ -14,52 +16,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudask import bootstrap
 from gpudask.apply import hostfile, runtime
-from gpudask.plan import HostPlan, ProcessPlan
+from gpudask.bootstrap import plan_host
+from gpudask.plan import HostPlan, ProcessPlan, UserValues
 
 logger = logging.getLogger("distributed.gpudask")
-
-
-def plan_host(protocol: str | None = None, nworkers: int | None = None, facts_path: str | None = None,
-              config_file: str | None = None, extra_plugins: Iterable[Any] = (),
-              user_interface: str | None = None, planner: str | None = None) -> HostPlan:
-    """:func:`gpudask.plan.plan_host` from the user's view of this process: in a process
-    that applied a plan, the user's values of what gpudask changed (kept by its session).
-    ``planner``: the role of this process when it plans for itself."""
-    from gpudask.config import load_dask_config
-    from gpudask.plan.host import plan_host as plan
-
-    load_dask_config(config_file)  # gpudask.toml's values are the user's too
-    user_env, user_config = _users_view()
-    return plan(protocol, nworkers, facts_path, config_file, extra_plugins, user_interface, user_env, user_config,
-                planner)
-
-
-def _users_view() -> tuple[dict[str, str], dict[str, Any]]:
-    """The environment and dask config as the user set them: in a process that applied a
-    plan (a nanny host planning again, a worker beyond its parent's plan), what gpudask
-    changed is put back to the user's values, which the applying session kept."""
-    import copy
-
-    import dask.config
-
-    env, config = dict(os.environ), dask.config.config
-    kept = _SESSION.user_values if _SESSION is not None and _SESSION.applied else None
-    if not kept:
-        return env, config
-    config = copy.deepcopy(config)
-    for name, value in kept["env"].items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    for key, value in kept["config"].items():
-        dask.config.set({key: value}, config=config)
-    return env, config
 
 
 @dataclass
@@ -74,8 +39,8 @@ class Session:
     # the live state read after apply (gpudask.apply.state.read) and its differences from the plan
     state: dict[str, Any] = field(default_factory=dict)
     mismatches: list[dict[str, Any]] = field(default_factory=list)
-    # the user's values of what apply changed: {"env": {name: value}, "config": {key: value}}
-    user_values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the user's values of what apply changed (later plans of this process start from them)
+    user_values: UserValues = field(default_factory=UserValues)
 
     @property
     def manager(self) -> Any:
@@ -146,11 +111,9 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
     else:
         # no planning parent (e.g. LocalCluster(preload=["gpudask"]) without gpudask.initialize()):
         # this process plans for itself, once, only what it applies (planner="worker")
-        from gpudask.facts import get_facts
-
         protocol = (locals_.get("protocol") or runtime.protocol_from(locals_.get("scheduler_ip"),
                                                                        locals_.get("scheduler_file")) or "tcp")
-        planned = max(1, len(get_facts().visible_gpus()))  # what plan_host plans for by default
+        planned = max(1, len(bootstrap.inputs().facts.visible_gpus()))  # what plan_host plans for by default
         host = plan_host(protocol.split("://", 1)[0], None if index < planned else index + 1,
                          user_interface=locals_.get("interface"), planner="worker")
     if index >= host.nworkers:
@@ -168,8 +131,9 @@ def _apply(session: Session, cli: runtime.CliArgs | None = None) -> None:
     import dask.config
 
     plan, ctx = session.plan, session.ctx
-    session.user_values = {"env": {n: os.environ.get(n) for n in plan.env},
-                           "config": {k: dask.config.get(k, default=None) for k in plan.config}}
+    session.user_values = UserValues({n: os.environ.get(n) for n in plan.env},
+                                     {k: dask.config.get(k, default=None) for k in planned_config(plan)})
+    bootstrap.keep_user_values(session.user_values)  # this process's later plans see the user's view
     os.environ.update(plan.env)
     apply_config(plan)
     if plan.cpu_affinity and session.role == "worker":
@@ -212,13 +176,19 @@ def apply_config(plan: ProcessPlan) -> dict[str, Any]:
     nanny's config after a top-level ``import gpudask`` already ran."""
     import dask.config
 
-    config = dict(plan.config)
-    if plan.multiprocessing_method:
-        config["distributed.worker.multiprocessing-method"] = plan.multiprocessing_method
+    config = planned_config(plan)
     changed = {key: value for key, value in config.items() if dask.config.get(key, default=None) != value}
     if changed:
         dask.config.set(changed)
     return changed
+
+
+def planned_config(plan: ProcessPlan) -> dict[str, Any]:
+    """The dask config ``plan`` sets (its start method included)."""
+    config = dict(plan.config)
+    if plan.multiprocessing_method:
+        config["distributed.worker.multiprocessing-method"] = plan.multiprocessing_method
+    return config
 
 
 def _start_forkserver() -> None:

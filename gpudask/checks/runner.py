@@ -134,12 +134,12 @@ def read_timeout(ctx: Any) -> float:
 def plan_here(protocol: str | None, extra_plugins: Iterable[Any] = ()) -> tuple[Any, Any, Any]:
     """``(manager, ctx, facts)`` for comparing this process, where gpudask applied no plan
     (a scheduler without gpudask, a client): the plugins and settings in effect here and
-    this host's facts.  Changes nothing but the dask config defaults of the plugins.
+    this host's facts, from this process's plan inputs (:mod:`gpudask.bootstrap`).
 
     :raises GpudaskError: when gpudask cannot plan here (e.g. a described host that
         cannot run ``protocol``).
     """
-    from gpudask.plan.host import plan_host
+    from gpudask.bootstrap import plan_host
 
     # the whole plan is built so that a host gpudask cannot plan for is reported as such
     host = plan_host(protocol, extra_plugins=extra_plugins)

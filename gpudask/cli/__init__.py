@@ -57,8 +57,8 @@ def info(facts: str | None, config_file: str | None, protocol: str, nworkers: in
          reasons: bool, as_json: bool) -> None:
     """Print what gpudask would do on this host (or the described one), starting nothing: a summary;
     --reasons for every decision and why, --json for the whole plan."""
-    from gpudask.apply.process import plan_host
-    from gpudask.plan.host import check_protocol
+    from gpudask.bootstrap import plan_host
+    from gpudask.plan import check_protocol
 
     check_protocol(protocol)
     if "," in protocol:
@@ -82,12 +82,10 @@ def info(facts: str | None, config_file: str | None, protocol: str, nworkers: in
 @click.option("--json", "as_json", is_flag=True)
 def plugins(as_json: bool) -> None:
     """List the plugins in effect: name, priority, source, hooks."""
-    from gpudask.config import load_dask_config
-    from gpudask.manager import PluginManager
+    from gpudask import bootstrap
 
-    load_dask_config()  # gpudask.toml may enable or disable plugins
     broken: list[Any] = []
-    loaded = [p.to_dict() for p in PluginManager.from_environment(broken=broken).plugins]
+    loaded = [p.to_dict() for p in bootstrap.plugins(broken).plugins]
     # a plugin that cannot be imported is listed as broken, with its error; exit 1 then
     loaded += [{"name": e.plugin, "priority": None, "source": "broken", "distribution": e.distribution,
                 "hooks": [], "error": str(e)} for e in broken]
@@ -108,15 +106,11 @@ def plugins(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def config_cmd(as_json: bool) -> None:
     """List every gpudask setting with its value in effect and where it comes from."""
-    from gpudask.config import Settings, load_dask_config, register_defaults
-    from gpudask.manager import PluginManager
+    from gpudask import bootstrap
 
-    load_dask_config()
-    options = PluginManager.from_environment().config_options()
-    register_defaults(options)
-    settings = Settings(options)
+    settings = bootstrap.inputs().settings
     rows = []
-    for opt in options:
+    for opt in settings.options.values():
         s = settings.get(opt.key)
         rows.append({"key": opt.key, "value": s.value, "source": s.source, "default": opt.default, "doc": opt.doc})
     if as_json:

@@ -1,4 +1,5 @@
-"""Probing this host: NVML, sysfs, ``importlib.metadata`` and ``ucx_info``.
+"""Probing this host: NVML, sysfs, ``importlib.metadata`` and ``ucx_info``
+(:mod:`gpudask.facts.ucx_info`).
 
 Never through a CUDA context, so probing is safe in the ``dask worker`` CLI process.
 Only the standard library is imported at module level; pynvml and psutil are imported
@@ -8,19 +9,15 @@ rmm, ucxx, torch) is imported at all.
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
-import re
 from typing import Any
 
 from gpudask.facts.model import GPU, Facts, IBDevice
+from gpudask.facts.ucx_info import probe_ucx_transports
+from gpudask.facts.ucx_info import ucx_unused_variables as ucx_unused_variables
 
 # Where sysfs lives; tests point $GPUDASK_SYSFS_ROOT at a fake tree instead.
 SYSFS_ROOT = "/sys"
-
-# How long `ucx_info -d` may take before we give up on listing UCX transports.
-UCX_INFO_TIMEOUT_S = 10
 
 # packages[key] = version of the first of these distributions that is installed.
 _PACKAGE_DISTS: dict[str, tuple[str, ...]] = {
@@ -38,8 +35,6 @@ _PACKAGE_DISTS: dict[str, tuple[str, ...]] = {
     "torch": ("torch",),
     "gpudask": ("gpudask",),
 }
-# Any of these installed means UCX is available to distributed-ucxx.
-_UCX_DISTS = ("libucx", "libucx-cu12", "libucx-cu13", "ucxx", "ucxx-cu12", "ucxx-cu13")
 
 
 
@@ -174,152 +169,6 @@ def _probe_packages() -> dict[str, str | None]:
     return packages
 
 
-def _ucx_info_commands() -> list[tuple[str, dict[str, str]]]:
-    """Where `ucx_info` may be: the libucx wheel first (what ucxx loads), then PATH."""
-    import importlib.util
-    import shutil
-
-    found = []
-    try:
-        # find_spec on a top-level name locates the package without importing it.
-        spec = importlib.util.find_spec("libucx")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.origin:
-        pkg = os.path.dirname(spec.origin)
-        exe = os.path.join(pkg, "bin", "ucx_info")
-        if os.access(exe, os.X_OK):
-            # The wheel's binaries carry a build-tree RUNPATH; point them at the wheel's libs.
-            lib = os.path.join(pkg, "lib")
-            ld = os.environ.get("LD_LIBRARY_PATH")
-            found.append((exe, {"LD_LIBRARY_PATH": lib + (os.pathsep + ld if ld else "")}))
-    system = shutil.which("ucx_info")
-    if system:
-        found.append((system, {}))
-    if os.environ.get("RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY", "false").lower() != "false":
-        found.reverse()  # ucxx then loads the system UCX too
-    return found
-
-
-def _probe_ucx_transports() -> list[str] | None:
-    """UCX transports `ucx_info -d` lists, or None when UCX is missing or fails."""
-    import importlib.metadata as md
-
-    def installed(dist: str) -> bool:
-        try:
-            md.version(dist)
-            return True
-        except md.PackageNotFoundError:
-            return False
-
-    if not any(installed(d) for d in _UCX_DISTS):
-        return None
-    found, cached = _cache_read("transports")
-    if found:
-        return None if cached is None else [str(t) for t in cached]
-    transports = _run_ucx_info()
-    _cache_write("transports", transports)
-    return transports
-
-
-# A failed ucx_info (missing, crashed, timed out under load) is remembered this long, so that
-# every worker start does not wait for it again; a success for the whole boot.
-UCX_FAILURE_TTL_S = 600.0
-
-
-def _ucx_cache_path(kind: str, extra: str = "") -> pathlib.Path | None:
-    """Where this boot's `ucx_info` answer of ``kind`` is kept, in the private state directory.
-
-    `ucx_info` costs ~0.4 s (seconds under load), paid by every `dask worker` start otherwise.
-    Its answer changes only with the UCX build or the hardware, so the key is the boot id (new
-    devices mean a reboot or a driver reload), the UCX library's identity and ``extra``.
-    None when there is no boot id or the state directory is not safe to use (said once).
-    """
-    import hashlib
-
-    from gpudask.facts import statedir
-
-    try:
-        boot_id = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-    ident = [boot_id, extra]
-    for exe, _env in _ucx_info_commands():
-        try:
-            st = os.stat(exe)
-        except OSError:
-            continue
-        ident.append(f"{os.path.realpath(exe)}:{st.st_mtime_ns}:{st.st_size}")
-    key = hashlib.sha1("|".join(ident).encode()).hexdigest()[:16]
-    try:
-        base = statedir.state_dir()
-    except statedir.StateDirError as e:
-        if not _UNSAFE_SAID:
-            _UNSAFE_SAID.append(str(e))
-            statedir.logger.warning("gpudask: the ucx_info answer is not cached: %s", e)
-        return None
-    return base / f"ucx-{kind}-{key}.json"
-
-
-_UNSAFE_SAID: list[str] = []
-
-
-def _cache_read(kind: str, extra: str = "") -> tuple[bool, Any]:
-    """``(found, value)`` of a cached ucx_info answer (a failure is ``None``, kept a while)."""
-    import time
-
-    from gpudask.facts import statedir
-
-    path = _ucx_cache_path(kind, extra)
-    text = statedir.read_private(path, "ucx_info cache") if path is not None else None
-    if not text:
-        return False, None
-    try:
-        data = json.loads(text)
-        value, at = data["value"], float(data["at"])
-    except (ValueError, KeyError, TypeError):
-        return False, None
-    if value is None and not 0 <= time.time() - at < UCX_FAILURE_TTL_S:
-        return False, None
-    if value is not None and not (isinstance(value, list) and all(isinstance(v, (str, list)) for v in value)):
-        return False, None
-    return True, value
-
-
-def _cache_write(kind: str, value: Any, extra: str = "") -> None:
-    import time
-
-    from gpudask.facts import statedir
-
-    path = _ucx_cache_path(kind, extra)
-    if path is None:
-        return
-    try:
-        statedir.write_atomic(path, json.dumps({"value": value, "at": time.time()}))
-    except OSError:
-        pass
-
-
-def _run_ucx_info() -> list[str] | None:
-    import subprocess
-
-    for exe, extra_env in _ucx_info_commands():
-        env = dict(os.environ, **extra_env)
-        # We want what the host can do, not what this process selected or sees.
-        for var in ("UCX_TLS", "UCX_NET_DEVICES", "CUDA_VISIBLE_DEVICES"):
-            env.pop(var, None)
-        try:
-            out = subprocess.run(
-                [exe, "-d"], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=UCX_INFO_TIMEOUT_S
-            )
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if out.returncode != 0:
-            continue
-        transports = sorted(set(re.findall(r"^#\s*Transport:\s*(\S+)", out.stdout, re.MULTILINE)))
-        if transports:
-            return transports
-    return None
 
 
 def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
@@ -462,56 +311,7 @@ def probe_facts() -> Facts:
         ib_devices=_probe_ib_devices(),
         net_interfaces=_probe_net_interfaces(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        ucx_transports=_probe_ucx_transports(),
+        ucx_transports=probe_ucx_transports(),
         packages=_probe_packages(),
         origin="probed",
     )
-
-
-# -- UCX's own view of a set of UCX_* variables ---------------------------------------------------
-_UNUSED_CACHE: dict[str, list[tuple[str, str | None]]] = {}
-
-
-def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | None]] | None:
-    """The names among ``variables`` (UCX_* the user exported) that UCX would report as
-    unused, with UCX's own suggestion ("maybe: UCX_TLS?"), or None when UCX is not here.
-
-    Asks UCX itself: ``ucx_info -e -u t`` builds a UCP context with exactly these variables
-    and prints its "unused environment variable" warnings.  gpudask then turns UCX's warning
-    off in the processes it configures (it fires for variables ucxx sets itself) and
-    reports the user's own misspellings in its place.  The answer, or its failure, is kept
-    per host (the private state directory) like :func:`_probe_ucx_transports`'s."""
-    names = {k: v for k, v in variables.items() if k.startswith("UCX_") and k != "UCX_WARN_UNUSED_ENV_VARS"}
-    if not names:
-        return []
-    key = json.dumps(sorted(names.items()))
-    if key in _UNUSED_CACHE:
-        return _UNUSED_CACHE[key]
-    found, cached = _cache_read("unused", key)
-    if found:
-        result = None if cached is None else [(str(n), str(m) if m else None) for n, m in cached]
-        if result is not None:
-            _UNUSED_CACHE[key] = result
-        return result
-    result = _run_ucx_unused(names)
-    _cache_write("unused", None if result is None else [list(r) for r in result], key)
-    if result is not None:
-        _UNUSED_CACHE[key] = result
-    return result
-
-
-def _run_ucx_unused(names: dict[str, str]) -> list[tuple[str, str | None]] | None:
-    import subprocess
-
-    for exe, extra_env in _ucx_info_commands():
-        env = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")}
-        env.update(extra_env, **names, UCX_WARN_UNUSED_ENV_VARS="y")
-        try:
-            out = subprocess.run([exe, "-e", "-u", "t"], env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                                 text=True, timeout=UCX_INFO_TIMEOUT_S)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        found = re.findall(r"unused environment variable: (UCX_\w+)(?: \(maybe: (UCX_\w+)\?\))?",
-                           out.stdout + out.stderr)
-        return [(name, maybe or None) for name, maybe in found if name in names]
-    return None

@@ -11,11 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gpudask.facts import Facts
-    from gpudask.plan.context import PlanContext
+from typing import Any
 
 ROLES = ("scheduler", "nanny", "client", "worker")
 
@@ -188,46 +184,6 @@ class ProcessPlan:
         memory = data.get("memory")
         return cls(**fields, memory=None if memory is None else MemoryPlan.from_dict(memory),
                    reasons=[Reason(**r) for r in data.get("reasons", [])])
-
-
-@dataclass
-class HostPlan:
-    """The plan for one host: every process gpudask may run in."""
-
-    facts: Facts
-    protocol: str
-    nworkers: int
-    plugins: list[dict[str, Any]]
-    scheduler: ProcessPlan
-    nanny: ProcessPlan
-    client: ProcessPlan
-    workers: list[ProcessPlan]
-    warnings: list[str] = field(default_factory=list)
-    # the context it was built with (build_plan always sets it)
-    ctx: PlanContext = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
-
-    def __str__(self) -> str:
-        return f"host plan for {self.facts.hostname} ({self.protocol}, {self.nworkers} workers)"
-
-    def for_role(self, role: str, index: int | None = None) -> ProcessPlan:
-        if role == "worker":
-            return self.workers[(index or 0) % len(self.workers)]
-        plans = {"scheduler": self.scheduler, "nanny": self.nanny, "client": self.client}
-        return plans[role]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "facts": self.facts.to_dict(),
-            "facts_origin": self.facts.origin,
-            "protocol": self.protocol,
-            "nworkers": self.nworkers,
-            "plugins": self.plugins,
-            "warnings": list(self.warnings),
-            "scheduler": self.scheduler.to_dict(),
-            "nanny": self.nanny.to_dict(),
-            "client": self.client.to_dict(),
-            "workers": [w.to_dict() for w in self.workers],
-        }
 
 
 def cpu_ranges(cpus: Iterable[int]) -> str:

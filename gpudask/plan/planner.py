@@ -1,4 +1,5 @@
-"""facts + settings + plugins -> HostPlan.  Pure: reads, never changes the process.
+"""plan inputs (facts, settings, plugins, the user's view) -> HostPlan.  Pure: reads, never
+changes the process.
 
 The steps, in order, each for every process of the host: ``gpudask_validate`` once,
 ``gpudask_plan_process``, ``gpudask_select_transport``, UCX_TLS composed from the
@@ -12,13 +13,13 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gpudask.errors import ConfigError
 from gpudask.plan.context import PlanContext
-from gpudask.plan.model import HostPlan, ProcessPlan
+from gpudask.plan.host_plan import HostPlan, UserValues
+from gpudask.plan.model import ProcessPlan
 
 if TYPE_CHECKING:
-    from gpudask.config import Settings
-    from gpudask.facts import Facts
-    from gpudask.manager import PluginManager
+    from gpudask.plan.inputs import PlanInputs
 
 # gpudask's own bookkeeping variables travel to child processes but are not decisions
 INTERNAL_ENV_PREFIX = "GPUDASK_"
@@ -29,18 +30,21 @@ SLOW_PLAN_HOOK_S = 1.0
 PLAN_HOOKS = ("gpudask_validate", "gpudask_plan_process", "gpudask_select_transport", "gpudask_plan_memory")
 
 
-def build_plan(facts: Facts, settings: Settings, manager: PluginManager, protocol: str = "tcp",
-               nworkers: int | None = None,
-               user_env: Mapping[str, str] | None = None, user_config: Mapping[str, Any] | None = None,
+def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None = None,
                user_interface: str | None = None, planner: str | None = None) -> HostPlan:
-    """The plan for every process on the host described by ``facts``.
+    """The plan for every process on the host of ``inputs`` (made by :mod:`gpudask.bootstrap`).
 
-    ``user_interface`` is a ``dask worker --interface`` the user gave: it wins over the
-    interface plugins choose for workers, like every explicit setting.  ``planner`` is the
-    role of the process planning (:attr:`PlanContext.planner`)."""
+    Only computes: reads ``inputs`` and never changes ``os.environ``, ``dask.config`` or the
+    plugins.  ``user_interface`` is a ``dask worker --interface`` the user gave: it wins
+    over the interface plugins choose for workers, like every explicit setting.
+    ``planner`` is the role of the process planning (:attr:`PlanContext.planner`).
+
+    :raises ConfigError: a protocol distributed does not know (one line)."""
+    check_protocol(protocol)
+    facts, manager = inputs.facts, inputs.manager
     if nworkers is None:
         nworkers = max(1, len(facts.visible_gpus()))
-    ctx = PlanContext(facts, settings, protocol, nworkers, dict(user_env or {}), dict(user_config or {}),
+    ctx = PlanContext(facts, inputs.settings, protocol, nworkers, inputs.user_env, inputs.user_config,
                       user_interface=user_interface, manager=manager, planner=planner)
     _note_visible_devices(ctx)
     if ctx.uses_ucx:
@@ -61,7 +65,33 @@ def build_plan(facts: Facts, settings: Settings, manager: PluginManager, protoco
                 step(ctx, plan)
     scheduler, nanny, client, *workers = plans
     return HostPlan(facts, protocol, nworkers, [p.to_dict() for p in manager.plugins],
-                    scheduler, nanny, client, workers, ctx.warnings, ctx)
+                    scheduler, nanny, client, workers, ctx.warnings, _user_values(ctx, plans), ctx=ctx)
+
+
+def check_protocol(protocol: str) -> None:
+    """A protocol distributed knows (its own, the ones packages register, and ucx/ucxx, whose
+    package the transport plugins name when it is missing)."""
+    import importlib.metadata
+
+    from distributed.comm.registry import backends
+
+    known = set(backends) | {ep.name for ep in importlib.metadata.entry_points(group="distributed.comm.backends")}
+    known |= {"ucx", "ucxx"}
+    # a scheduler may listen on several (``dask scheduler --protocol tcp,ws``)
+    if not protocol or any(p.strip() not in known for p in protocol.split(",")):
+        raise ConfigError(f"protocol {protocol!r} is not valid; accepted: {', '.join(sorted(known))}, or several "
+                          "separated by commas")
+
+
+def _user_values(ctx: PlanContext, plans: list[ProcessPlan]) -> UserValues:
+    """The user's value of every variable and dask config key any process of the plan sets."""
+    import dask.config
+
+    names = sorted({n for p in plans for n in p.env})
+    keys = sorted({k for p in plans for k in p.config})
+    config = dict(ctx.user_config)
+    return UserValues({n: ctx.user_env.get(n) for n in names},
+                      {k: dask.config.get(k, default=None, config=config) for k in keys})
 
 
 @contextlib.contextmanager

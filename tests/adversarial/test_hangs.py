@@ -133,7 +133,7 @@ def test_a_slow_plan_hook_is_warned_naming_plugin_hook_and_seconds(monkeypatch):
 
     from gpudask import hookimpl
     from gpudask.plan import planner
-    from gpudask.plan.host import plan_host
+    from gpudask.bootstrap import plan_host
 
     calls = []
 

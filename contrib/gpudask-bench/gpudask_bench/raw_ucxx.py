@@ -82,7 +82,7 @@ def placement(host: Host, opts: Options) -> tuple[list[dict[str, Any]], list[str
     to connect to, peer A's only).  Also notes."""
     from distributed.utils import get_ip
 
-    from gpudask.plan.host import plan_host
+    from gpudask.bootstrap import plan_host
     from gpudask.plan.planner import INTERNAL_ENV_PREFIX
 
     import copy

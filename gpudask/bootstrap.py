@@ -1,0 +1,208 @@
+"""Once per process: the config, the plugins, the settings, the user's view and the facts
+that plans are built from (the bootstrap stage, between plan and checks).
+
+:func:`inputs` does, in this order and once for each set of inputs:
+
+1. load gpudask's YAML defaults, ``gpudask.toml`` (and ``--config``) into ``dask.config``
+   (:func:`gpudask.config.load_dask_config`);
+2. take the *user's view* of this process: ``os.environ`` and ``dask.config`` with what
+   gpudask applied here put back to the user's values (:func:`keep_user_values`);
+3. build the :class:`~gpudask.manager.PluginManager` (built-ins, entry points, extras);
+4. refuse a section given one value (``check_sections``), register the plugins' option
+   defaults in ``dask.config``, build the typed :class:`~gpudask.config.Settings` and parse
+   every option (unknown keys are warned about);
+5. read the facts (:func:`gpudask.facts.get_facts`).
+
+The result, :class:`~gpudask.plan.PlanInputs`, is cached per process, keyed by what can
+differ: the facts path, the config file (and the ``gpudask.toml`` in effect), the extra
+plugins, and the user's view itself -- so a test or a ``gpudask info --facts X`` with
+other inputs gets a fresh one, and a process that plans again with the same inputs (a
+scale-up, a plan-only session, the scheduler check) reuses the one it has.  The plan stage
+(:func:`gpudask.plan.build_plan`) then only computes from it.  :func:`reset` forgets
+everything (tests).
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import hashlib
+import json
+import os
+import pathlib
+import threading
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from gpudask.plan import HostPlan, PlanInputs, UserValues, build_plan, check_protocol
+
+if TYPE_CHECKING:
+    from gpudask.errors import PluginError
+    from gpudask.manager import PluginManager
+
+# gpudask's bookkeeping variables (the host plan file, the worker group): not the user's
+_BOOKKEEPING = ("GPUDASK_HOST_PLAN", "GPUDASK_GROUP")
+_MAX_CACHED = 16  # inputs keep changing (a test suite): the oldest are forgotten
+
+_CACHE: collections.OrderedDict[str, PlanInputs] = collections.OrderedDict()
+_LOCK = threading.RLock()  # the scheduler check plans off the event loop, in threads
+_KEPT: UserValues | None = None  # the user's values of what gpudask applied in this process
+_BUILDS = 0  # how many times this process built plan inputs (a manager and its settings)
+
+
+def inputs(facts_path: str | os.PathLike[str] | None = None, config_file: str | os.PathLike[str] | None = None,
+           extra_plugins: Iterable[Any] = (), user_env: Mapping[str, str] | None = None,
+           user_config: Mapping[str, Any] | None = None, kept: UserValues | None = None) -> PlanInputs:
+    """The plan inputs of this process (built once per distinct set of inputs).
+
+    ``user_env`` / ``user_config``: the user's environment and dask config, when the caller
+    knows them better than this process (left out: the user's view of this process).
+    ``kept``: the user's values of what a planning parent applied (a worker process reading
+    its host plan); left out, those :func:`keep_user_values` recorded in this process."""
+    extras = tuple(extra_plugins)
+    with _LOCK:
+        key = _key(facts_path, config_file, extras, user_env, user_config, kept)
+        found = _CACHE.get(key)
+        if found is not None:
+            _CACHE.move_to_end(key)
+            return found
+        built = _build(facts_path, config_file, extras, user_env, user_config, kept)
+        # loading config and registering defaults changed dask.config: the same inputs, asked
+        # for again, now look like this
+        for k in (key, _key(facts_path, config_file, extras, user_env, user_config, kept)):
+            _CACHE[k] = built
+        while len(_CACHE) > _MAX_CACHED:
+            _CACHE.popitem(last=False)
+        return built
+
+
+def plan_host(protocol: str | None = None, nworkers: int | None = None,
+              facts_path: str | os.PathLike[str] | None = None, config_file: str | os.PathLike[str] | None = None,
+              extra_plugins: Iterable[Any] = (), user_interface: str | None = None,
+              user_env: Mapping[str, str] | None = None, user_config: Mapping[str, Any] | None = None,
+              planner: str | None = None) -> HostPlan:
+    """The plan for every process of this (or the described) host: what ``gpudask info``
+    prints and what a scheduler, nanny host or worker applies.  ``planner``: the role of
+    the process planning (:attr:`gpudask.plan.PlanContext.planner`)."""
+    check_protocol(protocol or "tcp")
+    return build_plan(inputs(facts_path, config_file, extra_plugins, user_env, user_config), protocol or "tcp",
+                      nworkers, user_interface, planner)
+
+
+def plugins(broken: list[PluginError]) -> PluginManager:
+    """The plugins in effect after this process's config is loaded, a plugin that cannot be
+    loaded recorded in ``broken`` instead of raised (``gpudask plugins``); not cached."""
+    from gpudask.config import load_dask_config
+    from gpudask.manager import PluginManager
+
+    load_dask_config()  # gpudask.toml may enable or disable plugins
+    return PluginManager.from_environment(broken=broken)
+
+
+def keep_user_values(values: UserValues | None) -> None:
+    """Record the user's values of what gpudask applies in this process (None: forget
+    them): later plans of this process see the user's view, not gpudask's changes."""
+    global _KEPT
+    _KEPT = values
+
+
+def user_view(kept: UserValues | None = None) -> tuple[dict[str, str], dict[str, Any]]:
+    """The environment and dask config as the user set them: this process's, with ``kept``
+    (or what :func:`keep_user_values` recorded) put back.  Copies; changes nothing."""
+    import dask.config
+
+    kept = kept if kept is not None else _KEPT
+    env = dict(os.environ)
+    config = _snapshot(dask.config.config)
+    for name, value in (kept.env.items() if kept is not None else ()):
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    for key, value in (kept.config.items() if kept is not None else ()):
+        dask.config.set({key: value}, config=config)
+    return env, config
+
+
+def reset() -> None:
+    """Forget the cached inputs and the kept user values (tests; a process starts clean)."""
+    global _KEPT, _BUILDS
+    with _LOCK:
+        _CACHE.clear()
+        _KEPT = None
+        _BUILDS = 0
+
+
+def builds() -> int:
+    """How many times this process built plan inputs (a plugin manager and its settings)."""
+    return _BUILDS
+
+
+def _build(facts_path: str | os.PathLike[str] | None, config_file: str | os.PathLike[str] | None,
+           extras: tuple[Any, ...], user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
+           kept: UserValues | None) -> PlanInputs:
+    global _BUILDS
+    from gpudask.config import Settings, load_dask_config, register_defaults, warn_unknown
+    from gpudask.facts import get_facts
+    from gpudask.manager import PluginManager
+
+    load_dask_config(config_file)
+    env, config = user_view(kept)
+    env = dict(user_env) if user_env is not None else env
+    config = _snapshot(user_config) if user_config is not None else config
+    manager = PluginManager.from_environment(extras)
+    options = manager.config_options()
+    # before the plugins' defaults are merged in: they would replace a section given one value
+    Settings(options, config=config, environ=env).check_sections()
+    register_defaults(options)
+    if user_config is None:
+        config = user_view(kept)[1]  # with the plugins' defaults, as dask.config.get sees them
+    settings = Settings(options, config=config, environ=env)
+    warn_unknown(settings.validate_all())
+    facts = get_facts(facts_path)
+    _BUILDS += 1
+    return PlanInputs(facts, settings, manager, env, config)
+
+
+def _key(facts_path: str | os.PathLike[str] | None, config_file: str | os.PathLike[str] | None,
+         extras: tuple[Any, ...], user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
+         kept: UserValues | None) -> str:
+    """What the inputs depend on, as one string: the paths (and the files' identity), the
+    extra plugins (by identity: the cache keeps them alive), the user's view, and the
+    variables the plugin manager reads from the process itself."""
+    env, config = user_view(kept)
+    files = [config_file, os.environ.get("GPUDASK_CONFIG"), pathlib.Path.cwd() / "gpudask.toml"]
+    parts = [
+        os.fspath(facts_path) if facts_path is not None else None,
+        os.fspath(config_file) if config_file is not None else None,
+        [id(p) for p in extras],
+        [_file_identity(f) for f in files],
+        sorted((k, v) for k, v in (user_env if user_env is not None else env).items() if k not in _BOOKKEEPING),
+        sorted((k, v) for k, v in os.environ.items() if k.startswith("GPUDASK_") and k not in _BOOKKEEPING),
+        _text(user_config if user_config is not None else config),
+    ]
+    return hashlib.sha256(_text(parts).encode()).hexdigest()
+
+
+def _file_identity(path: str | os.PathLike[str] | None) -> list[Any] | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [os.fspath(path), None]
+    return [os.fspath(path), st.st_mtime_ns, st.st_size, st.st_ino]
+
+
+def _text(value: Any) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, default=repr)
+    except (TypeError, ValueError):  # keys that do not sort (mixed types)
+        return repr(value)
+
+
+def _snapshot(config: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return copy.deepcopy(dict(config))
+    except Exception:  # noqa: BLE001 - a config value that cannot be copied (a lock, an SSL context)
+        return dict(config)

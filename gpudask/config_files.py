@@ -1,0 +1,209 @@
+"""Config files into dask's config: ``gpudask.toml``, ``--config`` files and gpudask's YAML
+defaults (:func:`load_dask_config`), each refused in one line when it is not a readable,
+regular TOML or YAML file of at most :data:`MAX_CONFIG_BYTES`.
+
+:mod:`gpudask.config` holds what is read from there: the options, their parsers and the
+typed :class:`~gpudask.config.Settings`, which names a value's file through
+:func:`file_value`.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+from typing import Any
+
+from gpudask.errors import ConfigError
+
+_HERE = pathlib.Path(__file__).parent
+
+MAX_CONFIG_BYTES = 1 << 20  # a gpudask.toml / YAML config file larger than this is refused
+_NAMESPACES = ("gpudask", "distributed", "distributed-ucxx", "dask", "array")
+
+def toml_path() -> pathlib.Path | None:
+    """The gpudask.toml in effect: ``$GPUDASK_CONFIG`` or ``./gpudask.toml``."""
+    named = os.environ.get("GPUDASK_CONFIG")
+    if named:
+        path = pathlib.Path(named)
+        check_config_file(path, f"GPUDASK_CONFIG={named}")
+        return path
+    local = pathlib.Path.cwd() / "gpudask.toml"
+    if not os.path.lexists(local):
+        return None
+    check_config_file(local, str(local))
+    return local
+
+
+def check_config_file(path: pathlib.Path, where: str) -> None:
+    """Refuse, in one line, a config file that is missing, not a regular file (a directory,
+    a FIFO, a symlink loop) or larger than :data:`MAX_CONFIG_BYTES`."""
+    import errno
+    import stat
+
+    accepted = "accepted: a regular TOML or YAML file"
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ConfigError(f"{where}: a symlink loop; {accepted}") from None
+        if e.errno == errno.ENOENT:
+            raise ConfigError(f"{where}: no such file; {accepted}") from None
+        raise ConfigError(f"{where}: cannot read it ({e.strerror}); {accepted}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{where}: a directory, not a file; {accepted}")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{where}: not a regular file (a FIFO, socket or device); {accepted}")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: {st.st_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit; {accepted}")
+
+
+def _read_text(path: pathlib.Path, where: str) -> str:
+    check_config_file(path, where)
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+
+
+def read_toml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
+    """Read a gpudask.toml: top-level tables are dask config namespaces.
+
+    ``[gpudask.rmm] pool-size = "4GB"`` and ``[distributed.comm.ucx] nvlink = true``
+    both work; a file whose tables are not namespaced (``[rmm]``) is read as the
+    ``gpudask`` namespace, which is the short form the docs show.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    where = where or str(path)
+    try:
+        data = tomllib.loads(_read_text(path, where))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: not a valid TOML file ({e})") from None
+    if not any(k in data for k in _NAMESPACES):
+        data = {"gpudask": data}
+    return dict(data)
+
+
+def read_yaml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
+    """Read a dask YAML config file: a mapping of dask config namespaces (or nothing)."""
+    import yaml
+
+    where = where or str(path)
+    try:
+        doc = yaml.safe_load(_read_text(path, where))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ConfigError(f"{where}: not valid YAML{at}: {problem}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: the top level is a {_kind(doc)}; accepted: a mapping of dask config "
+                          f"namespaces ({', '.join(n + ':' for n in _NAMESPACES)})")
+    return doc
+
+
+def _kind(value: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+        type(value), type(value).__name__)
+
+
+def _check_gpudask_section(from_env: dict[str, Any]) -> None:
+    """The ``gpudask`` config section must be a mapping: ``DASK_GPUDASK='[1,2]'`` (or a dask
+    YAML file with ``gpudask: [1, 2]``) would hide every gpudask setting."""
+    import dask.config
+
+    section = dask.config.config.get("gpudask", None)
+    if section is None or isinstance(section, dict):
+        return
+    where = "$DASK_GPUDASK" if "gpudask" in from_env or "DASK_GPUDASK" in os.environ else "dask config 'gpudask'"
+    raise ConfigError(f"{where} = {section!r:.80} is not valid: it is gpudask's whole section of settings; accepted: "
+                      "a mapping, or set single keys (DASK_GPUDASK__RMM__POOL_SIZE=4GiB)")
+
+
+def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
+    """Merge gpudask's YAML defaults, gpudask.toml (and ``extra_file``) into dask.config.
+
+    A file sets a key only where nobody set it explicitly: ``dask.config.set(...)`` and
+    ``DASK_*`` variables (already in dask.config since dask was imported) win over it,
+    as they win over dask's own YAML files.  Safe to call more than once.
+    """
+    import dask.config
+    import yaml
+
+    # DASK_* variables exported after dask was imported (dask reads them at import): they
+    # count, unless dask.config.set(...) chose the key already
+    from_env = dask.config.collect_env()
+    if "gpudask" in from_env and not isinstance(from_env["gpudask"], dict):
+        dask.config.set({"gpudask": from_env["gpudask"]})  # refused just below, naming the variable
+    _check_gpudask_section(from_env)
+    with open(_HERE / "gpudask.yaml") as f:
+        dask.config.update_defaults(yaml.safe_load(f))
+    for key in _flatten(from_env):
+        name = key.replace("_", "-")
+        if _not_chosen(name):
+            dask.config.set({name: dask.config.get(key, config=from_env)})
+    env_keys = {k.replace("_", "-") for k in _flatten(from_env)}
+    named = os.environ.get("GPUDASK_CONFIG")
+    files = [(p, f"GPUDASK_CONFIG={named}" if named else str(p)) for p in [toml_path()] if p]
+    if extra_file:
+        files.append((pathlib.Path(extra_file), f"--config {extra_file}"))
+    for path, where in files:
+        if str(path).endswith((".yaml", ".yml")):
+            doc = read_yaml(path, where)
+        else:
+            doc = read_toml(path, where)
+        for key in _flatten(doc):
+            name = key.replace("_", "-")
+            value = dask.config.get(key, config=doc)
+            previous = _FILE_VALUES.get(name)
+            current = dask.config.get(name, default=None)
+            # explicit elsewhere (a DASK_* variable, or a value that differs from the default
+            # and from what a file set before): keep it
+            if name in env_keys or (not _not_chosen(name) and (previous is None or previous[1] != current)):
+                continue
+            _FILE_VALUES[name] = (str(path), value)
+            dask.config.set({name: value})
+
+
+def _not_chosen(key: str) -> bool:
+    """Nobody set ``key`` explicitly: it is missing or has its default value."""
+    import dask.config
+
+    current = dask.config.get(key, default=None)
+    return current is None or current == _default_of(key)
+
+
+def _default_of(key: str) -> Any:
+    import dask.config
+
+    merged: dict[str, Any] = {}
+    for d in dask.config.defaults:
+        dask.config.update(merged, d, priority="new")
+    return dask.config.get(key, default=None, config=merged)
+
+
+# key -> (file, value) as last merged from gpudask.toml / --config, to name the source
+_FILE_VALUES: dict[str, tuple[str, Any]] = {}
+
+def _flatten(tree: Any, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict) or not tree:
+        return [prefix] if prefix else []
+    keys: list[str] = []
+    for k, v in tree.items():
+        keys += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    return keys
+
+
+def file_value(key: str) -> tuple[str | None, Any]:
+    """``(path, value)`` of ``key`` as a config file last set it, or ``(None, None)``."""
+    return _FILE_VALUES.get(key.replace("_", "-"), (None, None))
+
+
+def flatten(tree: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of the leaves of a nested config mapping."""
+    return _flatten(tree, prefix)

@@ -1,0 +1,235 @@
+"""The plan of one host, and its file format (``to_json`` / ``from_json``).
+
+A :class:`HostPlan` is what ``gpudask info`` prints (:meth:`HostPlan.to_dict`) and what a
+planning process hands its worker processes in a file (:meth:`HostPlan.to_json`).  The
+file crosses processes, so :meth:`HostPlan.from_json` trusts nothing in it: the document
+must be a JSON object of :data:`FORMAT` (``"format": 1``), at most
+:data:`MAX_PLAN_BYTES`, with every field of the expected type; anything else is refused
+with one line (:class:`PlanFileError`) naming what was wrong and what is accepted.
+
+Format 1, one JSON object::
+
+    {"format": 1, "facts": {...schema 1...}, "facts_origin": "probed" | path,
+     "protocol": "ucx", "nworkers": 2, "plugins": [{"name": ..., ...}], "warnings": [str],
+     "scheduler": {process plan}, "nanny": {...}, "client": {...}, "workers": [{...}] * nworkers,
+     "user_values": {"env": {name: str | null}, "config": {key: value}}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpudask.errors import FactsError, GpudaskError
+from gpudask.plan.model import ROLES, ProcessPlan
+
+if TYPE_CHECKING:
+    from gpudask.facts import Facts
+    from gpudask.plan.context import PlanContext
+    from gpudask.plan.inputs import PlanInputs
+
+FORMAT = 1  # the version of the host plan file this gpudask writes and reads
+MAX_PLAN_BYTES = 64 * 2**20  # a host plan larger than this is not one gpudask wrote
+_ACCEPTED = f"accepted: a host plan written by gpudask (format {FORMAT})"
+
+
+class PlanFileError(GpudaskError):
+    """A host plan document gpudask cannot read (one line: where, what, what is accepted)."""
+
+
+@dataclass(frozen=True)
+class UserValues:
+    """The user's own value of every environment variable and dask config key any process
+    of a plan sets (None: not set).  A worker process puts them back before applying its
+    own part: its planning parent applied its part first."""
+
+    env: Mapping[str, str | None] = field(default_factory=dict)
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {"env": dict(self.env), "config": dict(self.config)}
+
+
+@dataclass(frozen=True)
+class PlanDocument:
+    """A host plan file :func:`parse_document` accepted, its parts parsed."""
+
+    facts: Facts
+    protocol: str
+    nworkers: int
+    plugins: list[dict[str, Any]]
+    warnings: list[str]
+    processes: list[ProcessPlan]  # scheduler, nanny, client, then the workers
+    user_values: UserValues
+
+
+@dataclass
+class HostPlan:
+    """The plan for one host: every process gpudask may run in."""
+
+    facts: Facts
+    protocol: str
+    nworkers: int
+    plugins: list[dict[str, Any]]
+    scheduler: ProcessPlan
+    nanny: ProcessPlan
+    client: ProcessPlan
+    workers: list[ProcessPlan]
+    warnings: list[str] = field(default_factory=list)
+    user_values: UserValues = field(default_factory=UserValues)
+    # the context it was built (or read) with: its settings, its plugin manager
+    ctx: PlanContext = field(kw_only=True, repr=False, compare=False)
+
+    def __str__(self) -> str:
+        return f"host plan for {self.facts.hostname} ({self.protocol}, {self.nworkers} workers)"
+
+    def processes(self) -> list[ProcessPlan]:
+        return [self.scheduler, self.nanny, self.client, *self.workers]
+
+    def for_role(self, role: str, index: int | None = None) -> ProcessPlan:
+        if role == "worker":
+            return self.workers[(index or 0) % len(self.workers)]
+        plans = {"scheduler": self.scheduler, "nanny": self.nanny, "client": self.client}
+        return plans[role]
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``gpudask info --json`` prints."""
+        return {
+            "facts": self.facts.to_dict(),
+            "facts_origin": self.facts.origin,
+            "protocol": self.protocol,
+            "nworkers": self.nworkers,
+            "plugins": self.plugins,
+            "warnings": list(self.warnings),
+            "scheduler": self.scheduler.to_dict(),
+            "nanny": self.nanny.to_dict(),
+            "client": self.client.to_dict(),
+            "workers": [w.to_dict() for w in self.workers],
+        }
+
+    def to_json(self) -> str:
+        """The host plan file (format :data:`FORMAT`); :meth:`from_json` reads it back.  A
+        user's config value JSON cannot hold (an object) is written as its ``str``."""
+        return json.dumps({"format": FORMAT, **self.to_dict(), "user_values": self.user_values.to_dict()},
+                          default=str)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, inputs: PlanInputs, where: str = "host plan") -> HostPlan:
+        """The plan in ``text``, with a context made of ``inputs`` (the reading process's
+        settings and plugins).  :raises PlanFileError: one line naming ``where``."""
+        return cls.from_document(parse_document(text, where), inputs)
+
+    @classmethod
+    def from_document(cls, doc: PlanDocument, inputs: PlanInputs) -> HostPlan:
+        """A document :func:`parse_document` accepted, as a plan."""
+        from gpudask.plan.context import PlanContext
+
+        ctx = PlanContext(doc.facts, inputs.settings, doc.protocol, doc.nworkers, user_env=inputs.user_env,
+                          user_config=inputs.user_config, manager=inputs.manager)
+        scheduler, nanny, client, *workers = doc.processes
+        return cls(doc.facts, doc.protocol, doc.nworkers, list(doc.plugins), scheduler, nanny, client, workers,
+                   list(doc.warnings), doc.user_values, ctx=ctx)
+
+
+def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
+    """Validate a host plan file and parse its parts.
+
+    :raises PlanFileError: one line: ``where``, what was wrong, what is accepted."""
+    if len(text) > MAX_PLAN_BYTES:
+        raise PlanFileError(f"{where}: {len(text)} bytes, over the {MAX_PLAN_BYTES}-byte limit; {_ACCEPTED}")
+    try:
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        at = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise PlanFileError(f"{where}: not valid JSON{at}; {_ACCEPTED}") from None
+    if not isinstance(doc, dict):
+        raise PlanFileError(f"{where}: the top level is {_kind(doc)}; {_ACCEPTED}, a JSON object")
+    version = doc.get("format")
+    if version != FORMAT or isinstance(version, bool):
+        said = "has no 'format'" if "format" not in doc else f"has format {_shown(version)}"
+        raise PlanFileError(f"{where}: {said}, which this gpudask does not read; {_ACCEPTED} (a planning "
+                            "process and its workers must run the same gpudask)")
+    _expect(doc, "protocol", str, "a string", where)
+    _expect(doc, "nworkers", int, "an integer >= 1", where)
+    if isinstance(doc["nworkers"], bool) or doc["nworkers"] < 1:
+        raise _wrong(where, "nworkers", doc["nworkers"], "an integer >= 1")
+    _expect(doc, "facts_origin", str, "a string", where)
+    _expect_list(doc, "plugins", dict, "a list of objects", where)
+    _expect_list(doc, "warnings", str, "a list of strings", where)
+    _expect_list(doc, "workers", dict, "a list of objects", where)
+    if len(doc["workers"]) != doc["nworkers"]:
+        raise PlanFileError(f"{where}: key 'workers' holds {len(doc['workers'])} plans for nworkers "
+                            f"{doc['nworkers']}; accepted: one plan per worker")
+    try:
+        from gpudask.facts.loader import from_dict
+
+        origin = doc["facts_origin"]
+        facts = from_dict(doc.get("facts"), origin, f"{where}, key 'facts'", described=origin != "probed")
+    except FactsError as e:
+        raise PlanFileError(f"{e}; {_ACCEPTED}") from None
+    plans = [("scheduler", doc.get("scheduler")), ("nanny", doc.get("nanny")), ("client", doc.get("client"))]
+    plans += [(f"workers[{i}]", w) for i, w in enumerate(doc["workers"])]
+    processes = [_process(data, key, where) for key, data in plans]
+    return PlanDocument(facts, doc["protocol"], doc["nworkers"], doc["plugins"], doc["warnings"], processes,
+                        _user_values(doc.get("user_values"), where))
+
+
+def _process(data: Any, key: str, where: str) -> ProcessPlan:
+    expected = key.split("[")[0].removesuffix("s")
+    if not isinstance(data, dict):
+        raise _wrong(where, key, data, "a process plan (a JSON object)")
+    if data.get("role") != expected or data.get("role") not in ROLES:
+        raise _wrong(where, f"{key}.role", data.get("role"), repr(expected))
+    for name, kind, accepted in (("env", dict, "an object of strings"), ("config", dict, "an object"),
+                                 ("reasons", list, "a list of reasons")):
+        if not isinstance(data.get(name, kind()), kind):
+            raise _wrong(where, f"{key}.{name}", data.get(name), accepted)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in data.get("env", {}).items()):
+        raise _wrong(where, f"{key}.env", data.get("env"), "an object of strings")
+    for i, reason in enumerate(data.get("reasons", [])):
+        if not (isinstance(reason, dict) and set(reason) == {"plugin", "decision", "why"}
+                and all(isinstance(v, str) for v in reason.values())):
+            raise _wrong(where, f"{key}.reasons[{i}]", reason, "an object of strings plugin, decision, why")
+    try:
+        return ProcessPlan.from_dict(data)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise PlanFileError(f"{where}: key '{key}' is not a process plan ({type(e).__name__}: {e}); "
+                            f"{_ACCEPTED}") from None
+
+
+def _user_values(data: Any, where: str) -> UserValues:
+    if not (isinstance(data, dict) and set(data) == {"env", "config"} and isinstance(data["env"], dict)
+            and isinstance(data["config"], dict)):
+        raise _wrong(where, "user_values", data, 'an object {"env": {...}, "config": {...}}')
+    if not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in data["env"].items()):
+        raise _wrong(where, "user_values.env", data["env"], "an object of strings or nulls")
+    return UserValues(dict(data["env"]), dict(data["config"]))
+
+
+def _expect(doc: dict[str, Any], key: str, kind: type, accepted: str, where: str) -> None:
+    if not isinstance(doc.get(key), kind):
+        raise _wrong(where, key, doc.get(key), accepted)
+
+
+def _expect_list(doc: dict[str, Any], key: str, kind: type, accepted: str, where: str) -> None:
+    value = doc.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
+        raise _wrong(where, key, value, accepted)
+
+
+def _wrong(where: str, key: str, value: Any, accepted: str) -> PlanFileError:
+    return PlanFileError(f"{where}: key '{key}' is {_shown(value)}; accepted: {accepted}")
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+        type(value), "null" if value is None else type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "missing (or null)"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

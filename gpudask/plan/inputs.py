@@ -1,0 +1,25 @@
+"""What a plan is computed from: :class:`PlanInputs`, made once per process by the bootstrap
+(:mod:`gpudask.bootstrap`) and only read by the plan stage."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpudask.config import Settings
+    from gpudask.facts import Facts
+    from gpudask.manager import PluginManager
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The facts, the typed settings, the plugins and the user's own environment and dask
+    config (gpudask's changes in this process taken out) that plans are built from."""
+
+    facts: Facts
+    settings: Settings
+    manager: PluginManager = field(repr=False)
+    user_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    user_config: Mapping[str, Any] = field(default_factory=dict, repr=False)
