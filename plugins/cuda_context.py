@@ -275,7 +275,7 @@ _CHECKED_AFTER_LISTEN = False
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx, plan, server):
     """After ``listen()``: UCX has initialised.  A nanny host or scheduler must still hold no context."""
     global _CHECKED_AFTER_LISTEN
     if plan.role not in ("nanny", "scheduler") or _CHECKED_AFTER_LISTEN or not ctx.gpus or ctx.facts.described:

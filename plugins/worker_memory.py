@@ -63,7 +63,7 @@ def gpudask_plan_memory(ctx, plan):
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx, plan, server):
     share = (plan.memory or {}).get("host_memory_fraction")
     manager = getattr(server, "memory_manager", None)
     if plan.role != "worker" or not share or manager is None or type(server).__name__ == "Nanny":

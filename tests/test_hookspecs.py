@@ -30,7 +30,7 @@ def test_every_hook_has_a_section_in_docs_hooks_md(name):
 
 def test_the_five_core_hooks_exist():
     for name in ("gpudask_context_init", "gpudask_setup_memory", "gpudask_select_transport",
-                 "gpudask_preload", "gpudask_scheduler_check"):
+                 "gpudask_server_setup", "gpudask_scheduler_check"):
         assert name in HOOKS
 
 

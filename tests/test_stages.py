@@ -25,8 +25,9 @@ FACADES = {"gpudask", "gpudask.pluginapi"}
 STAGE_OF = {
     "_version": "base", "errors": "base", "config": "base", "findings": "base",
     "facts": "facts",
-    # the hook contract and the manager that calls it are typed with the plan's types
-    "plan": "plan", "hookspecs": "plan", "manager": "plan",
+    # the hook contract, the plugins' registration and the manager that calls them are
+    # typed with the plan's types
+    "plan": "plan", "hookspecs": "plan", "registration": "plan", "manager": "plan",
     "checks": "checks",
     "apply": "apply",
     "cli": "cli",

@@ -11,7 +11,7 @@ information ``gpudask``: facts, plan, memory):
   target shows the whole cluster.
 
 ``<ns>`` is distributed's ``distributed.dashboard.prometheus.namespace`` (``dask``).
-The collectors are registered by the ``gpudask_preload`` hook (``dask_setup`` time, or
+The collectors are registered by the ``gpudask_server_setup`` hook (``dask_setup`` time, or
 when gpudask's WorkerPlugin / SchedulerPlugin is registered on a running cluster).
 Nothing is imported at module level beyond gpudask.
 """
@@ -43,7 +43,7 @@ def gpudask_config_options():
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx, plan, server):
     if not ctx.setting(ENABLED).value:
         return
     try:

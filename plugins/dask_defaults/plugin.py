@@ -74,7 +74,7 @@ def _set_unless_user(ctx: Any, plan: Any, key: str, value: str, why: str) -> Non
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx, plan, server):
     """On the scheduler: tell a client whose graph rechunks with P2P while GPU workers are connected."""
     if plan.role != "scheduler":
         return

@@ -328,7 +328,7 @@ def gpudask_setup_memory(ctx, plan):
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx, plan, server):
     """Add a ``gpudask-rmm`` worker metric: allocator, initial and current pool size."""
     rmm_setup.add_metric(plan, server)
 

@@ -237,15 +237,15 @@ def _package_versions(ref: dict, other: dict, names: list[str], F) -> list:
 
 
 @hookimpl
-def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
-    """Compare the other process (a worker, or the client) with the reference one."""
-    if not isinstance(scheduler_facts, dict) or not isinstance(worker_facts, dict):
+def gpudask_scheduler_check(ctx, reference, subject):
+    """Compare the subject (a worker, or the client) with the reference process."""
+    if not isinstance(reference, dict) or not isinstance(subject, dict):
         return []  # the runner reports processes without (valid) gpudask data itself
 
     def F(severity, code, message, details=None):  # noqa: N802
         return Finding(severity, code, message, details=details or {})
 
-    ref, other = scheduler_facts, worker_facts
+    ref, other = reference, subject
     protocols = [p for p in (ref.get("protocol"), other.get("protocol")) if isinstance(p, str)]
     protocol = next((p for p in protocols if p in UCX), protocols[0] if protocols else None)
     findings = []
@@ -285,7 +285,7 @@ def worker_has_gpus(extra: Any) -> bool:
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx, plan, server):
     if plan.role != "scheduler" or applied_role() not in ("scheduler", None):
         return  # a LocalCluster's scheduler lives in the client's process, with the client's GPU
     problem = relay_problem(ctx, plan)

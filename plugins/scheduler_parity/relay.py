@@ -35,7 +35,7 @@ until its own timeout.  On such a scheduler only (UCX, no GPU visible, workers w
   limits the rewrite to the update-graph call of the client's own stream.
 
 Imports only distributed and the plugin API; installed by the scheduler-parity plugin's
-``gpudask_preload`` hook.
+``gpudask_server_setup`` hook.
 """
 
 from __future__ import annotations

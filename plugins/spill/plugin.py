@@ -7,7 +7,7 @@ Plan (pure, any process): :func:`gpudask_plan_memory` gives every worker with a 
 in the scheduler, client and workers; cuDF then spills its own buffers and gpudask's
 device tier stands aside.
 
-Apply (worker processes): :func:`gpudask_preload` runs at ``dask_setup``, after
+Apply (worker processes): :func:`gpudask_server_setup` runs at ``dask_setup``, after
 ``listen()`` and before the worker registers with the scheduler, so before it holds any
 data.  distributed has built ``Worker.data`` by then (a ``SpillBuffer`` over the
 worker's local directory, from ``memory_limit`` and ``distributed.worker.memory.*``):
@@ -236,7 +236,7 @@ def _set(plan: Any, limit: int | None, why: str) -> None:
 
 # --------------------------------------------------------------------------- applying
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx, plan, server):
     """Put the device tier in front of the worker's own store (before it holds data)."""
     if plan.role != "worker" or type(server).__name__ == "Nanny":
         return

@@ -22,7 +22,7 @@ SLEEPY_CHECK = """
     priority = 500
 
     @hookimpl
-    def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
+    def gpudask_scheduler_check(ctx, reference, subject):
         time.sleep(30)
         return []
     """
