@@ -26,7 +26,7 @@ from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_op
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 from gpudask.facts import facts_from_dict
 from gpudask.facts.probe import ucx_unused_variables
-from gpudask.findings import Finding, fingerprint
+from gpudask.findings import Finding, ProcessSide, fingerprint
 from gpudask.hookspecs import hookimpl
 from gpudask.plan import HostPlan, MemoryPlan, PlanContext, ProcessPlan, cpu_ranges
 from gpudask.plan.gpus import process_gpu, workers_sharing_gpu
@@ -40,7 +40,8 @@ __all__ = [
     # errors
     "GpudaskError", "ConfigError", "PluginError",
     # plans and checks
-    "PlanContext", "ProcessPlan", "HostPlan", "MemoryPlan", "Finding", "facts_from_dict", "fingerprint",
+    "PlanContext", "ProcessPlan", "HostPlan", "MemoryPlan", "Finding", "ProcessSide", "facts_from_dict",
+    "fingerprint",
     # this process
     "applied_role", "ucx_unused_variables",
     # shared rules

@@ -311,7 +311,7 @@ class RelayGuard(SchedulerPlugin):
         report.__gpudask_relay__ = guard  # type: ignore[attr-defined]
         return report
 
-    def rewrite(self, call: _Call, msg: dict) -> dict:
+    def rewrite(self, call: _Call, msg: dict[str, Any]) -> dict[str, Any]:
         """A message update-graph reports, with gpudask's line where the graph could not be read here."""
         op = msg.get("op")
         if op == "task-erred" and msg.get("key") in call.keys:
