@@ -9,7 +9,8 @@ else in ``gpudask`` may move.  Nothing in gpudask's core imports this module.
 * settings: :class:`Option` and its parsers; read values with ``ctx.setting(key)``;
 * errors: :class:`GpudaskError`, :class:`ConfigError`, :class:`PluginError`;
 * plans: :class:`PlanContext`, :class:`ProcessPlan`, :class:`HostPlan`,
-  :class:`MemoryPlan`; the checks: :class:`Finding`;
+  :class:`MemoryPlan`; the checks: :class:`Finding`, :class:`ProcessSide` (what
+  ``gpudask_scheduler_check`` receives);
 * shared rules: what a ``UCX_TLS`` value means (:func:`parse_ucx_tls`, the one parser,
   :func:`tls_enables`, :func:`ucxx_creates_cuda_context`, :func:`ucx_supports`), which GPU a
   process of the plan uses and who shares it (:func:`process_gpu`, :func:`workers_sharing_gpu`),
