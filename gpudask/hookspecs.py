@@ -7,26 +7,47 @@ are registered from :data:`gpudask.manager.BUILTIN_PLUGINS`, third-party ones th
 the ``gpudask`` entry point group; both are called the same way.
 
 Every hook is called by gpudask's plugin manager one implementation at a time, in
-priority order (``GPUDASK_TRACE_PLUGINS=1`` traces each call through pluggy's tracer).  None of the hooks is ``firstresult``: each asks every plugin for its part (its
-options, its decisions, its findings), and no single plugin's answer ends the call.
-How the results combine is said per hook.  A failure is reported as
-``gpudask plugin 'x' (from dist) failed in <hook>: <cause>``; what it then does is also
-said per hook.  Hook wrappers (``wrapper=True``, ``hookwrapper=True``) and
-``tryfirst``/``trylast`` are refused at registration (``gpudask plugin 'x' failed in
-registration: <hook> is marked tryfirst=True, which gpudask does not run; ...``): the
-order is the plugin's ``priority``.
+priority order (``GPUDASK_TRACE_PLUGINS=1`` traces each call through pluggy's tracer).
+None of the hooks is ``firstresult``: each asks every plugin for its part (its options,
+its decisions, its findings), and no single plugin's answer ends the call. How the
+results combine is said per hook. A failure is reported as ``gpudask plugin 'x' (from
+dist) failed in <hook>: <cause>``; what it then does is also said per hook. Hook
+wrappers (``wrapper=True``, ``hookwrapper=True``) and ``tryfirst``/``trylast`` are
+refused at registration (``gpudask plugin 'x' failed in registration: <hook> is marked
+tryfirst=True, which gpudask does not run; ...``): the order is the plugin's
+``priority``.
 
-*Plan hooks* (``gpudask_config_options``, ``gpudask_validate``,
-``gpudask_plan_process``, ``gpudask_select_transport``, ``gpudask_plan_memory``) are
-pure: they read the frozen :class:`~gpudask.plan.PlanContext` and write decisions into a
+*Plan hooks* (``gpudask_validate``, ``gpudask_plan_process``,
+``gpudask_select_transport``, ``gpudask_plan_memory``) are pure: they read the frozen
+:class:`~gpudask.plan.PlanContext` and write decisions into a
 :class:`~gpudask.plan.ProcessPlan` through its methods, which record the reason and the
-plugin.  They run wherever a plan is built -- ``gpudask info`` on a laptop, the
-``dask worker`` CLI process, each worker process -- and must have no side effects.
+plugin. They run wherever a host plan is built, and must have no side effects. A host
+plan is built by the *planning processes* -- ``dask scheduler``, the ``dask worker``
+process that hosts the nannies (the *nanny host*), ``dask worker --no-nanny``, a client
+that calls :func:`gpudask.initialize` or starts a ``LocalGPUCluster`` -- by ``gpudask
+info``, by the check when the process running it applied no plan (a client's
+:func:`gpudask.check`, a scheduler without ``--preload gpudask``), and by gpudask's
+``WorkerPlugin`` / ``SchedulerPlugin`` registered on a running server. A nanny's worker
+process takes its plan from the host plan its parent wrote and calls no plan hook; it
+plans (for itself) only when there is no such plan
+(``LocalCluster(preload=["gpudask"])`` without ``gpudask.initialize()``) or when it is a
+worker beyond the ones its parent planned for.
+``gpudask_config_options`` runs wherever a plugin manager is built: each of those
+processes, every worker process, ``gpudask config``, the documentation build.
 
 *Apply hooks* (``gpudask_context_init``, ``gpudask_setup_memory``,
-``gpudask_preload``) run in the process the plan is for, at the moment each docstring
-names, with the plan already computed; they must not re-decide.
-``gpudask_scheduler_check`` compares two processes' published facts.
+``gpudask_server_setup``, ``gpudask_applied_state``) run in the process the plan is for,
+at the moment each docstring names, with the plan already computed; they must not
+re-decide.  Each docstring says which processes call it (``Called in:``).
+
+``gpudask_scheduler_check`` compares two processes' published facts, a *reference* and
+a *subject* (the fields of the same names of each :class:`~gpudask.findings.Finding`).
+
+Renamed after gpudask 0.1.0 (an implementation of the old name is refused at
+registration, naming the new one: :data:`RENAMED_HOOKS`, :data:`RENAMED_PARAMETERS`):
+``gpudask_preload`` is ``gpudask_server_setup``; ``gpudask_scheduler_check(ctx,
+scheduler_facts, worker_facts)`` is ``gpudask_scheduler_check(ctx, reference,
+subject)``.
 
 The annotations name the types; they are imported for type checkers only, so this
 module stays as light as ``import gpudask``.
@@ -51,14 +72,25 @@ PROJECT = "gpudask"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
+# Hooks renamed after gpudask 0.1.0: old name -> new name.  An implementation of an old name
+# would otherwise never be called (pluggy keeps it pending): the manager refuses it.
+RENAMED_HOOKS: dict[str, str] = {"gpudask_preload": "gpudask_server_setup"}
+# Parameters renamed after gpudask 0.1.0: hook -> {old name: new name}.
+RENAMED_PARAMETERS: dict[str, dict[str, str]] = {
+    "gpudask_scheduler_check": {"scheduler_facts": "reference", "worker_facts": "subject"},
+}
+
 
 @hookspec
 def gpudask_config_options() -> list[Option]:
     """Declare the settings this plugin reads.
 
-    **When, where:** called once per plugin manager, before any other hook, in every
-    process that builds a plan (scheduler, nanny host, worker, client, ``gpudask info``,
-    ``gpudask config``, the documentation build).
+    **When:** called when gpudask reads its settings, before any other hook of the same
+    plugin manager.  **Called in:** every process that builds a plugin manager: the
+    planning processes (``dask scheduler``, the nanny host, a client), every worker
+    process (its settings are read in the process, its plan comes from its parent), the
+    ``gpudask`` commands (``info``, ``config``, ``check``, ...), ``LocalGPUCluster``'s
+    dask-cuda arguments and the documentation build.
 
     :return: a list of :class:`gpudask.pluginapi.Option`.  Keys must live under
         ``gpudask.`` (``gpudask.<plugin-name>.<option>`` by convention).  Each option
@@ -78,8 +110,11 @@ def gpudask_config_options() -> list[Option]:
 def gpudask_validate(ctx: PlanContext) -> None:
     """Check the settings and the facts before any plugin decides.
 
-    **When, where:** called once per plan, after all options are parsed and before any
-    other plan hook, in every process that builds a plan (including ``gpudask info``).
+    **When:** called once per host plan, after all options are parsed and before any
+    other plan hook.  **Called in:** every process that builds a host plan (the module
+    docstring lists them: the planning processes, ``gpudask info``, the check where no
+    plan was applied, gpudask's late-registered server plugins, a worker process without
+    a planning parent); never in a worker process that takes its plan from its parent.
 
     :param ctx: the frozen :class:`gpudask.pluginapi.PlanContext` (facts, settings,
         protocol, number of workers, the user's environment and config).
@@ -96,9 +131,11 @@ def gpudask_validate(ctx: PlanContext) -> None:
 def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Decide how a process starts: its GPU, CPU affinity, start method, dask config.
 
-    **When, where:** a plan hook (pure), in every process that builds a plan; called for
-    the scheduler plan, the nanny-host plan, the client plan and each worker plan, in
-    that order, before transport selection (transport and memory depend on the GPU).
+    **When:** a plan hook (pure), called for the scheduler plan, the nanny-host plan, the
+    client plan and each worker plan, in that order, after ``gpudask_validate`` and before
+    transport selection (transport and memory depend on the GPU).  **Called in:** every
+    process that builds a host plan, as ``gpudask_validate``: a planning process plans
+    every process of its host, so a worker's plan is made in its parent.
 
     :param ctx: the :class:`gpudask.pluginapi.PlanContext`.
     :param plan: the :class:`gpudask.pluginapi.ProcessPlan` to fill; ``plan.role`` is
@@ -118,8 +155,9 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
 def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Contribute to the transport of a process (UCX transports, environment, interface).
 
-    **When, where:** a plan hook (pure), in every process that builds a plan; called for
-    every plan after ``gpudask_plan_process``.
+    **When:** a plan hook (pure), called for every plan of the host after
+    ``gpudask_plan_process``.  **Called in:** every process that builds a host plan, as
+    ``gpudask_validate``.
 
     Each plugin adds the UCX transports it needs with ``plan.add_ucx_transport(name,
     why)``; may set ``UCX_*`` variables with ``plan.set_env``, ``distributed-ucxx.*``
@@ -140,9 +178,9 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
 def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Decide the device-memory setup of a process (allocator, pool sizes).
 
-    **When, where:** a plan hook (pure), in every process that builds a plan; called
-    for every plan after ``UCX_TLS`` is composed, so ``plan.ucx_transports`` and
-    ``plan.env["UCX_TLS"]`` are known.
+    **When:** a plan hook (pure), called for every plan of the host after ``UCX_TLS`` is
+    composed, so ``plan.ucx_transports`` and ``plan.env["UCX_TLS"]`` are known.
+    **Called in:** every process that builds a host plan, as ``gpudask_validate``.
 
     :return: None (ignored); write the decision with
         ``plan.set_memory(MemoryPlan(allocator, initial_pool_size, maximum_pool_size, gpu,
@@ -158,11 +196,17 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
 def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Prepare the CUDA context of the current process before UCX initialises.
 
-    **When, where:** an apply hook, called once in every process gpudask is preloaded
-    into (scheduler, nanny host, worker) and in a client by :func:`gpudask.initialize`,
-    at import time of the preload -- before ``listen()`` -- after gpudask applied the
-    plan's environment and config.  This is the last moment at which
-    ``CUDA_VISIBLE_DEVICES`` and ``UCX_*`` still take effect.
+    **When:** an apply hook, called once per process when gpudask applies the process's
+    plan, after the plan's environment, config and CPU binding and before ``listen()``:
+    the last moment at which ``CUDA_VISIBLE_DEVICES`` and ``UCX_*`` still take effect.
+    **Called in:** a ``dask scheduler``, a nanny host and a ``dask worker --no-nanny``
+    started with ``--preload gpudask`` (at the import of the preload, while the CLI parses
+    its options); each worker process of a nanny, at the first import of gpudask there (the preload in ``Worker.__init__``,
+    or the user's script re-imported as ``__mp_main__``); a client, in
+    :func:`gpudask.initialize` and ``LocalGPUCluster``.  Not called where gpudask arrives
+    late: a scheduler or worker inside a client's process (a ``LocalCluster``), gpudask's
+    ``WorkerPlugin`` / ``SchedulerPlugin`` registered on a running server (it is too late
+    for it there).
 
     Implementations detect existing contexts (without creating one), create the
     worker's context on its own GPU when UCX needs it, and verify it.  When the facts
@@ -179,12 +223,17 @@ def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
 def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] | None:
     """Apply the memory decision of ``plan.memory`` in a worker process.
 
-    **When, where:** an apply hook, in worker processes only (never nanny, CLI, client),
-    at import time of the preload right after ``gpudask_context_init`` -- before the
-    first connection and the first task.  Called **once per process**: gpudask keeps the
-    returned reports and hands them out to every later request in that process (its
-    WorkerPlugin registered on a running worker, a second preload), so a plugin never
-    builds a pool twice.
+    **When:** an apply hook, called right after ``gpudask_context_init`` when a worker
+    process applies its plan -- before the first connection and the first task -- or, in
+    a running worker, when gpudask's ``WorkerPlugin`` is registered and the worker uses
+    the GPU its plan names.  Called **once per process**: gpudask keeps the returned
+    reports and hands them out to every later request in that process (a second
+    ``WorkerPlugin``, another preload), so a plugin never builds a pool twice.
+    **Called in:** worker processes: a nanny's worker process started with ``--preload
+    gpudask`` (or whose nanny has ``--preload-nanny gpudask``), a ``dask worker
+    --no-nanny --preload gpudask``, and any process running a ``Worker`` that gpudask's
+    ``WorkerPlugin`` is registered on (a thread-based worker in a client's process
+    included).  Never in a scheduler, a nanny host, or a client's own plan.
 
     :return: a JSON-compatible dict describing what was set up (published in the
         worker's startup information under ``gpudask.memory.<plugin name>``), or None.
@@ -196,14 +245,23 @@ def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] 
 
 
 @hookspec
-def gpudask_preload(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
-    """Act on the running server (``dask_setup`` time).
+def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
+    """Act on the server once it runs: add plugins, metrics, startup information, resources.
 
-    **When, where:** an apply hook, called with ``server`` a ``Worker``, ``Nanny`` or
-    ``Scheduler`` from gpudask's ``dask_setup`` (after ``listen()``, before the worker
-    registers with the scheduler), and from gpudask's WorkerPlugin / NannyPlugin /
-    SchedulerPlugin when they are registered on a running cluster.  Use it to add
-    plugins, metrics, startup information or resources.
+    Named ``gpudask_preload`` up to gpudask 0.1.0; it never ran at the import of the
+    preload.
+
+    **When:** an apply hook, called once per server with ``server`` the ``Worker``,
+    ``Nanny`` or ``Scheduler``: from gpudask's ``dask_setup`` (distributed calls it after
+    ``listen()``, before a worker registers with the scheduler), or, on a server gpudask
+    was not preloaded into, when gpudask's ``WorkerPlugin`` (``Worker.setup`` time) or
+    ``SchedulerPlugin`` (its ``start``) is registered.  **Called in:** a ``dask
+    scheduler`` (``--preload gpudask``, or gpudask's ``SchedulerPlugin``); each worker
+    process (``--preload gpudask``, ``--preload-nanny gpudask``, or gpudask's
+    ``WorkerPlugin``); a nanny only with ``--preload-nanny gpudask`` (gpudask's
+    ``NannyPlugin`` does not call it); a scheduler or worker inside a client's process
+    started with ``preload=["gpudask"]`` (with that process's plan for the role).  Never
+    in the ``dask worker`` CLI's own process before its nannies start, nor in a client.
 
     :return: None (ignored).
 
@@ -216,9 +274,14 @@ def gpudask_preload(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Wor
 def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
     """Read back, from the live process, what this plugin applied: the proof of effect.
 
-    **When, where:** an apply hook, called once in each scheduler, nanny host and worker
-    process right after ``gpudask_preload``, when gpudask records the process's applied
-    state (``gpudask status``, the scheduler check).  Read only: never change anything.
+    **When:** an apply hook, called once per server right after ``gpudask_server_setup``
+    in gpudask's ``dask_setup``, when gpudask records the process's applied state (for
+    ``gpudask status`` and the scheduler check).  Read only: never change anything.
+    **Called in:** only a process that applied its own plan at import and then runs a
+    server: a ``dask scheduler --preload gpudask``, each worker process of a nanny
+    started with gpudask, a ``dask worker --no-nanny --preload gpudask``.  Never in the nanny host (the ``dask worker`` CLI's process), a
+    nanny, a client, a scheduler or worker inside a client's process, nor where gpudask's
+    ``WorkerPlugin`` / ``SchedulerPlugin`` were registered on a running server.
 
     :return: ``{key: {"planned": value, "actual": value}}`` for what this plugin decided
         and can read back (JSON-compatible values), or None.  A key whose two values differ
@@ -232,32 +295,37 @@ def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict
 
 
 @hookspec
-def gpudask_scheduler_check(ctx: PlanContext | None, scheduler_facts: ProcessSide,
-                            worker_facts: ProcessSide | None) -> list[Finding] | None:
-    """Compare two processes of a cluster and report findings.
+def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
+                            subject: ProcessSide | None) -> list[Finding] | None:
+    """Compare a process of a cluster (the subject) with another (the reference); report findings.
 
-    **When, where:** called in the scheduler process by gpudask's check runner each time a
-    worker joins (and for workers already connected when the runner is registered
-    late); and in a client by :func:`gpudask.check`, which compares the client with the
-    scheduler and with each worker.
+    **When:** called by gpudask's check runner each time a worker joins the scheduler (and,
+    for a runner registered late, for each worker already connected), in one of a few
+    threads, never on the scheduler's event loop; and by :func:`gpudask.check` (``gpudask
+    check``), which compares the client with the scheduler and with each worker.
+    **Called in:** the scheduler process (``dask scheduler --preload gpudask``, gpudask's
+    ``SchedulerPlugin``, or the ``SchedulerCheck`` plugin a client registers) and the
+    client process running :func:`gpudask.check`.
 
     :param ctx: the :class:`gpudask.pluginapi.PlanContext` of the process running the
         check (its settings, e.g. which packages to compare), or None where that process
         has no plan.
-    :param scheduler_facts: the *reference* side, a :class:`gpudask.findings.ProcessSide`
+    :param reference: the side compared with, a :class:`gpudask.pluginapi.ProcessSide`
         dict ``{"role", "address", "facts", "protocol", "gpudask", "facts_origin"}``.
         It is the scheduler when a worker is checked in the scheduler and when a client
         is compared with the scheduler; it is a **worker** (``role == "worker"``) when a
-        client is compared with that worker.
-    :param worker_facts: the side compared with it, same shape (a worker, or the client),
-        or None when that process does not run gpudask.  Both sides arrived over the
-        network: they are validated plain data (``facts`` is a valid schema-1 dict),
-        never unpickled.
+        client is compared with that worker.  (Named ``scheduler_facts`` up to 0.1.0.)
+    :param subject: the side being checked, same shape: a worker (in the scheduler) or
+        the client (in :func:`gpudask.check`); None when that process does not run
+        gpudask.  (Named ``worker_facts`` up to 0.1.0.)  Both sides arrived over the
+        network or were read here: they are validated plain data (``facts`` is a valid
+        schema-1 dict), never unpickled.
     :return: a list of :class:`gpudask.pluginapi.Finding` (or dicts with ``severity``,
         ``code``, ``message``), possibly empty, or None.
 
     **Combined:** the findings of all plugins are concatenated; each finding's
-    ``plugin`` is filled with the plugin's name.  **Failure:** isolated: a plugin that
+    ``plugin`` is filled with the plugin's name, its ``subject`` and ``reference`` with
+    the two sides' names.  **Failure:** isolated: a plugin that
     raises, or returns something else, becomes one ``plugin-failed`` warning finding
     and the other plugins still run.
     """

@@ -8,7 +8,12 @@ The plan records the CPUs NVML reports as local to the worker's GPU (facts
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpudask.pluginapi import Option, cpu_ranges, hookimpl, parse_bool
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "cpu-affinity"
 priority = 20
@@ -17,13 +22,13 @@ ENABLED = "gpudask.cpu-affinity.enabled"
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [Option(ENABLED, True, "Bind each worker process to the CPUs local to its GPU (NVML's CPU affinity).",
                    parse_bool, "true or false")]
 
 
 @hookimpl
-def gpudask_plan_process(ctx, plan):
+def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role != "worker":
         return
     if plan.gpu_index is None:

@@ -23,9 +23,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import GpudaskError, Option, applied_role, choice, hookimpl, ucxx_creates_cuda_context
+
+if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
+
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "cuda-context"
 priority = 40
@@ -37,7 +42,7 @@ logger = logging.getLogger("distributed.gpudask")
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [Option(ON_EXISTING, "warn", "What to do when a process already has a CUDA context it should not have "
                    "(before gpudask set up the worker's GPU, or in a nanny, scheduler or client): warn or error.",
                    choice("warn", "error"), "warn | error")]
@@ -53,7 +58,7 @@ def ucx_wants_context(env: dict[str, str], config_get: Any) -> bool:
 
 
 @hookimpl
-def gpudask_plan_process(ctx, plan):
+def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role not in ("worker", "nanny", "scheduler"):
         return  # the client: checked by gpudask.initialize(), its environment is the user's
     if not ctx.gpus:
@@ -69,7 +74,7 @@ def gpudask_plan_process(ctx, plan):
 
 
 @hookimpl
-def gpudask_plan_memory(ctx, plan):
+def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Runs after transport selection: UCX_TLS is known, so is whether UCX needs a context."""
     if plan.role == "client" or not ctx.gpus:
         return
@@ -208,7 +213,7 @@ def check_existing(ctx: Any, plan: Any, when: str) -> None:
 
 
 @hookimpl
-def gpudask_context_init(ctx, plan):
+def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
     if not ctx.gpus:
         return
     if ctx.facts.described:
@@ -275,7 +280,7 @@ _CHECKED_AFTER_LISTEN = False
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """After ``listen()``: UCX has initialised.  A nanny host or scheduler must still hold no context."""
     global _CHECKED_AFTER_LISTEN
     if plan.role not in ("nanny", "scheduler") or _CHECKED_AFTER_LISTEN or not ctx.gpus or ctx.facts.described:

@@ -26,7 +26,12 @@ import os
 import sys
 import traceback
 
+from typing import TYPE_CHECKING
+
 from gpudask.pluginapi import Option, hookimpl, parse_bool, parse_optional_bool
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "forkserver"
 priority = 30
@@ -39,7 +44,7 @@ logger = logging.getLogger("distributed.gpudask")
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [
         Option(ENABLED, None, "Start worker processes with the forkserver method: null = on a host with a GPU or when "
                "UCX uses an active InfiniBand port, true = always, false = never.", parse_optional_bool,
@@ -50,7 +55,7 @@ def gpudask_config_options():
     ]
 
 
-def _decide(ctx) -> tuple[bool, str]:
+def _decide(ctx: PlanContext) -> tuple[bool, str]:
     """(use forkserver?, why) -- the same answer for every plan of the host."""
     setting = ctx.setting(ENABLED)
     ib = [f"{d.name}:{d.port}" for d in ctx.facts.ib_devices if d.is_infiniband]
@@ -81,7 +86,7 @@ def _decide(ctx) -> tuple[bool, str]:
 
 
 @hookimpl
-def gpudask_plan_process(ctx, plan):
+def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role == "scheduler":
         return  # the scheduler starts no worker processes
     use, why = _decide(ctx)
@@ -106,7 +111,7 @@ _WATCHING = False
 
 
 @hookimpl
-def gpudask_context_init(ctx, plan):
+def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
     global _WATCHING
     if not ctx.setting(DIAGNOSE).value or _WATCHING:
         return

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import hookimpl
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "gpu-pinning"
 priority = 10
@@ -71,7 +74,7 @@ def _all_units(facts: Any) -> list[Unit]:
     return units
 
 
-def _mig_instances(gpu: Any) -> list[dict]:
+def _mig_instances(gpu: Any) -> list[dict[str, Any]]:
     return list(gpu.mig.get("instances") or []) if gpu.mig.get("enabled") else []
 
 
@@ -99,7 +102,7 @@ def rotation(units: list[Unit], index: int) -> list[Unit]:
 
 
 @hookimpl
-def gpudask_plan_process(ctx, plan):
+def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role != "worker":
         return
     # no GPU for CUDA (NVML sees none, whatever CUDA_VISIBLE_DEVICES says): nothing to pin

@@ -22,7 +22,14 @@ from __future__ import annotations
 
 import logging
 
+from typing import TYPE_CHECKING, Any
+
 from gpudask.pluginapi import Option, format_bytes, hookimpl
+
+if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
+
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "worker-memory"
 priority = 105
@@ -39,14 +46,14 @@ def _parse(value: object) -> str:
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [Option(LIMIT, "auto", "Host memory limit of each GPU worker: auto (the host's memory split between "
                    "its workers, as dask cuda worker does) or distributed (distributed's own default, nthreads/CPUs "
                    "of it). An explicit --memory-limit always wins.", _parse, "auto | distributed")]
 
 
 @hookimpl
-def gpudask_plan_memory(ctx, plan):
+def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role != "worker" or plan.gpu is None:
         return
     setting = ctx.setting(LIMIT)
@@ -63,7 +70,7 @@ def gpudask_plan_memory(ctx, plan):
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     share = (plan.memory or {}).get("host_memory_fraction")
     manager = getattr(server, "memory_manager", None)
     if plan.role != "worker" or not share or manager is None or type(server).__name__ == "Nanny":
@@ -123,7 +130,7 @@ def _tell_nanny(server: object, limit: int, auto: int) -> None:
     task.add_done_callback(_PENDING.discard)
 
 
-_PENDING: set = set()
+_PENDING: set[Any] = set()
 
 
 def _fmt(n: int | None) -> str:

@@ -30,13 +30,13 @@ RAISING = """
     def {hook}(ctx, plan, {extra}):
         _boom(plan)
     """
-RAISING_PRELOAD = RAISING.format(hook="gpudask_preload", extra="server")
+RAISING_PRELOAD = RAISING.format(hook="gpudask_server_setup", extra="server")
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("hook", ["gpudask_context_init", "gpudask_setup_memory", "gpudask_preload"])
+@pytest.mark.parametrize("hook", ["gpudask_context_init", "gpudask_setup_memory", "gpudask_server_setup"])
 def test_a_plugin_failing_in_a_worker_stops_dask_worker_with_one_line(cluster, tmp_path, hook):
-    body = RAISING.format(hook=hook, extra="server" if hook == "gpudask_preload" else "").replace(", )", ")")
+    body = RAISING.format(hook=hook, extra="server" if hook == "gpudask_server_setup" else "").replace(", )", ")")
     env = base_env(GPUDASK_FACTS=TWO_GPUS, BAD_ROLE="worker", **_third_party_plugin(tmp_path, body))
     cluster.scheduler(env=base_env(GPUDASK_FACTS=TWO_GPUS, BAD_ROLE="none", **_third_party_plugin(tmp_path, body)))
     proc = cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
@@ -64,7 +64,7 @@ def test_a_plugin_failing_in_the_scheduler_stops_it_with_one_line(tmp_path):
     assert out.returncode == 1
     errors = [line for line in out.stderr.splitlines() if " ERROR " in line or "Traceback" in line]
     assert len(errors) == 1 and errors[0].endswith("gpudask: gpudask plugin 'bad' (from badplug) failed in "
-                                                   "gpudask_preload: RuntimeError: boom")
+                                                   "gpudask_server_setup: RuntimeError: boom")
 
 
 @pytest.mark.process

@@ -304,7 +304,7 @@ def test_register_plugin_on_a_stock_cluster_reports_restart_then_nanny_plugin_ap
         assert (cvd["planned"], cvd["actual"], cvd["plugin"]) == (ROTATED[s["index"]], None, "gpu-pinning")
         assert "new worker process" in cvd["why"]
         assert any(a.startswith("array.rechunk.method=") for a in s["applied"])  # late config applied
-        assert "resource GPU=1" in s["applied"] and "gpudask_preload hooks" in s["applied"]
+        assert "resource GPU=1" in s["applied"] and "gpudask_server_setup hooks" in s["applied"]
         assert any("client.restart()" in n for n in s["notes"])
         assert resources[address] == {"GPU": 1}
         late = metadata["workers"][address]["late"]

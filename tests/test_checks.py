@@ -105,14 +105,14 @@ class CudfOnScheduler:
     priority = 900
 
     @hookimpl
-    def gpudask_scheduler_check(self, scheduler_facts, worker_facts):
-        if not worker_facts:
+    def gpudask_scheduler_check(self, reference, subject):
+        if not subject:
             return []
-        ours = scheduler_facts["facts"]["packages"].get("cudf")
-        theirs = worker_facts["facts"]["packages"].get("cudf")
+        ours = reference["facts"]["packages"].get("cudf")
+        theirs = subject["facts"]["packages"].get("cudf")
         if theirs and not ours:
             return [Finding("warning", "cudf-missing",
-                            f"cudf on the {worker_facts['role']} ({theirs}) but not on the {scheduler_facts['role']}")]
+                            f"cudf on the {subject['role']} ({theirs}) but not on the {reference['role']}")]
         return []
 
 
@@ -257,7 +257,7 @@ def test_a_failing_or_misbehaving_plugin_becomes_a_finding():
         name, priority = "broken", 1
 
         @hookimpl
-        def gpudask_scheduler_check(self, worker_facts):
+        def gpudask_scheduler_check(self, subject):
             raise RuntimeError("oops")
 
     class Sloppy:

@@ -180,8 +180,8 @@ def test_hooks_run_in_the_right_processes_of_a_real_cluster(cluster, tmp_path):
     scheduler_log, worker_log = cluster.log("scheduler"), cluster.log("worker")
     assert "gpudask_setup_memory -> torch-rmm" not in scheduler_log
     assert worker_log.count("gpudask_setup_memory -> torch-rmm role=worker") == 2
-    assert "gpudask_preload -> prometheus role=scheduler" in scheduler_log
-    assert worker_log.count("gpudask_preload -> prometheus role=worker") == 2
+    assert "gpudask_server_setup -> prometheus role=scheduler" in scheduler_log
+    assert worker_log.count("gpudask_server_setup -> prometheus role=worker") == 2
 
 
 def test_disabled_plugin_stays_out_of_a_real_cluster(cluster, tmp_path):

@@ -30,7 +30,7 @@ def test_every_hook_has_a_section_in_docs_hooks_md(name):
 
 def test_the_five_core_hooks_exist():
     for name in ("gpudask_context_init", "gpudask_setup_memory", "gpudask_select_transport",
-                 "gpudask_preload", "gpudask_scheduler_check"):
+                 "gpudask_server_setup", "gpudask_scheduler_check"):
         assert name in HOOKS
 
 
@@ -68,3 +68,56 @@ def test_the_signature_check_sees_a_difference():
     section = "\n## gpudask_validate\n\n```python\ngpudask_validate(ctx) -> None\n```\n"
     shown = [line for line in _section(section, "gpudask_validate").splitlines() if line.startswith("gpudask_")]
     assert shown != [signature_line("gpudask_validate")]
+
+
+# ------------------------------------------------------------ implementations are typed
+def _implementations():
+    """(plugin, hook, function) of every built-in plugin and contrib/ plugin."""
+    import importlib
+    import sys
+
+    from gpudask.manager import BUILTIN_PLUGINS
+
+    root = pathlib.Path(__file__).parents[1]
+    found = []
+    for name, module in BUILTIN_PLUGINS:
+        mod = importlib.import_module(module)
+        found += [(name, hook, getattr(mod, hook)) for hook in HOOKS if hasattr(mod, hook)]
+    for path in sorted((root / "contrib").glob("*/gpudask_*.py")):
+        sys.path.insert(0, str(path.parent))
+        try:
+            mod = importlib.import_module(path.stem)
+        finally:
+            sys.path.remove(str(path.parent))
+        found += [(path.stem, hook, getattr(mod, hook)) for hook in HOOKS if hasattr(mod, hook)]
+    return found
+
+
+IMPLEMENTATIONS = _implementations()
+
+
+def test_there_are_implementations_to_check():
+    assert len(IMPLEMENTATIONS) >= 40
+    assert {hook for _, hook, _ in IMPLEMENTATIONS} == set(HOOKS)
+
+
+@pytest.mark.parametrize("plugin, hook, fn", IMPLEMENTATIONS, ids=[f"{p}.{h}" for p, h, _ in IMPLEMENTATIONS])
+def test_every_implementation_is_annotated_with_its_specs_types(plugin, hook, fn):
+    """pluggy checks at registration that an implementation's parameter names are the spec's
+    (tests/test_manager.py); this holds the types: each parameter annotated as in the spec,
+    a return type given."""
+    spec = inspect.signature(getattr(hookspecs, hook))
+    sig = inspect.signature(fn)
+    assert set(sig.parameters) <= set(spec.parameters), f"{plugin}: {hook}{sig}"
+    wrong = {name: p.annotation for name, p in sig.parameters.items()
+             if p.annotation != spec.parameters[name].annotation}
+    assert wrong == {}, f"{plugin}.{hook}: annotate as the spec: {hook}{spec}"
+    assert sig.return_annotation is not inspect.Signature.empty, f"{plugin}.{hook} has no return annotation"
+
+
+def test_the_annotation_check_sees_an_untyped_implementation():
+    def gpudask_validate(ctx):
+        return None
+
+    sig = inspect.signature(gpudask_validate)
+    assert sig.parameters["ctx"].annotation != inspect.signature(hookspecs.gpudask_validate).parameters["ctx"].annotation

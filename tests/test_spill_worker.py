@@ -38,11 +38,11 @@ def test_store_replaces_worker_data_before_any_task_and_spills_under_distributed
         (worker,) = cluster.workers.values()
         host_tier = worker.data
         assert type(host_tier).__name__ == "SpillBuffer" and not host_tier  # distributed's own, empty
-        spill.gpudask_preload(host_plan.ctx, plan, worker)  # what dask_setup does before registration
+        spill.gpudask_server_setup(host_plan.ctx, plan, worker)  # what dask_setup does before registration
         store = worker.data
         assert isinstance(store, DeviceHostStore) and worker.state.data is store and store.host is host_tier
         assert store.device_memory_limit == 4 * MB and store.log_spilling
-        spill.gpudask_preload(host_plan.ctx, plan, worker)  # a second call (WorkerPlugin) keeps it
+        spill.gpudask_server_setup(host_plan.ctx, plan, worker)  # a second call (WorkerPlugin) keeps it
         assert worker.data is store
 
         chunks = client.map(make_chunk, range(10))
@@ -77,7 +77,7 @@ def test_no_limit_leaves_the_worker_store_alone(tmp_path):
                       local_directory=str(tmp_path)) as cluster:
         (worker,) = cluster.workers.values()
         before = worker.data
-        spill.gpudask_preload(host_plan.ctx, host_plan.workers[0], worker)
+        spill.gpudask_server_setup(host_plan.ctx, host_plan.workers[0], worker)
         assert worker.data is before and spill.METRIC not in worker.metrics
 
 
@@ -177,7 +177,7 @@ def test_bench_workload_runs_and_checks_its_total_with_a_stand_in_array_library(
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
                       memory_limit="2GB", local_directory=str(tmp_path)) as cluster, Client(cluster) as client:
         (worker,) = cluster.workers.values()
-        spill.gpudask_preload(host_plan.ctx, host_plan.workers[0], worker)
+        spill.gpudask_server_setup(host_plan.ctx, host_plan.workers[0], worker)
         result = spill_figure(client, 4 * MB, chunk_bytes=MB)
         worker_address = worker.address
     (w,) = result["workers"].values()

@@ -11,7 +11,7 @@ information ``gpudask``: facts, plan, memory):
   target shows the whole cluster.
 
 ``<ns>`` is distributed's ``distributed.dashboard.prometheus.namespace`` (``dask``).
-The collectors are registered by the ``gpudask_preload`` hook (``dask_setup`` time, or
+The collectors are registered by the ``gpudask_server_setup`` hook (``dask_setup`` time, or
 when gpudask's WorkerPlugin / SchedulerPlugin is registered on a running cluster).
 Nothing is imported at module level beyond gpudask.
 """
@@ -21,9 +21,14 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import Option, hookimpl, parse_bool
+
+if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
+
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "prometheus"
 priority = 900  # acts last: the others' decisions are all made and published
@@ -36,14 +41,14 @@ logger = logging.getLogger("distributed.gpudask.prometheus")
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [Option(ENABLED, True, "Export each worker's GPU, plan and check status as Prometheus metrics on the "
                                   "workers' and the scheduler's /metrics (plugin prometheus).",
                    parse_bool, "true or false")]
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     if not ctx.setting(ENABLED).value:
         return
     try:

@@ -21,9 +21,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import Option, hookimpl, parse_bool
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "torch-rmm"
 priority = 110  # after rmm (100): the pool exists when PyTorch is pointed at it
@@ -37,7 +40,7 @@ _RESULT: dict[str, Any] | None = None  # what was done in this process (a second
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [Option(ENABLED, True,
                    "Point PyTorch's CUDA allocator at RMM in workers (plugin torch-rmm; needs torch and rmm in the "
                    "workers and a GPU).", parse_bool, "true or false")]
@@ -62,7 +65,7 @@ def decide(ctx: Any, plan: Any) -> tuple[bool, str]:
 
 
 @hookimpl
-def gpudask_plan_memory(ctx, plan):
+def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role != "worker":
         return
     on, why = decide(ctx, plan)
@@ -70,7 +73,7 @@ def gpudask_plan_memory(ctx, plan):
 
 
 @hookimpl
-def gpudask_setup_memory(ctx, plan):
+def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] | None:
     """Worker processes only: change PyTorch's allocator (or report why not)."""
     global _RESULT
     if _RESULT is not None:

@@ -219,7 +219,7 @@ def _setup_worker(s: process.Session, worker: Any) -> None:
         for name, amount in s.plan.resources.items():
             worker.state.total_resources[name] = amount
             worker.state.available_resources[name] = amount
-    s.manager.preload(s.ctx, s.plan, worker)
+    s.manager.server_setup(s.ctx, s.plan, worker)
     from gpudask.apply.prometheus import register_worker_collector
 
     register_worker_collector(worker)  # gpudask-* worker metrics on the worker's /metrics
@@ -236,7 +236,7 @@ def _setup_nanny(s: process.Session, nanny: Any) -> None:
     from gpudask.apply.server_plugins import add_worker_preload
 
     add_worker_preload(nanny)
-    s.manager.preload(s.ctx, s.plan, nanny)
+    s.manager.server_setup(s.ctx, s.plan, nanny)
 
 
 def _setup_scheduler(s: process.Session, scheduler: Any) -> None:
@@ -244,7 +244,7 @@ def _setup_scheduler(s: process.Session, scheduler: Any) -> None:
     from gpudask.apply.server_plugins import install_check
 
     install_check(scheduler, s)  # the core runs the check, whichever plugins implement it
-    s.manager.preload(s.ctx, s.plan, scheduler)
+    s.manager.server_setup(s.ctx, s.plan, scheduler)
     dashboard.install(scheduler)  # /gpudask on the scheduler's HTTP server
     prometheus.register_scheduler_collector(scheduler)
     if s.applied:  # a scheduler inside a client's process runs with the client's plan

@@ -15,7 +15,7 @@ A running worker process has already chosen its GPU (``CUDA_VISIBLE_DEVICES`` is
 when CUDA initialises) and its transport (UCX initialises at the first connection), so
 the :class:`WorkerPlugin` applies only what still takes effect -- dask config that is
 read later, the ``GPU`` resource, CPU affinity, the memory setup (``gpudask_setup_memory``),
-the ``gpudask_preload`` hook -- publishes the plan, and reports everything else as
+the ``gpudask_server_setup`` hook -- publishes the plan, and reports everything else as
 *needs restart*: in the worker log, in :func:`status` / :func:`needs_restart` on the
 client and in the scheduler's metadata (``client.get_metadata(["gpudask", "workers"])``).
 
@@ -266,11 +266,11 @@ class WorkerPlugin(_dp.WorkerPlugin):
                 if s.memory:
                     applied.append("memory setup (" + ", ".join(sorted(s.memory)) + ")")
         try:
-            s.manager.preload(ctx, plan, worker)
-            applied.append("gpudask_preload hooks")
+            s.manager.server_setup(ctx, plan, worker)
+            applied.append("gpudask_server_setup hooks")
         except GpudaskError as e:
             logger.error("gpudask: %s", e)
-            notes.append(f"gpudask_preload hooks failed: {e}")
+            notes.append(f"gpudask_server_setup hooks failed: {e}")
         notes.append("gpudask_context_init runs at import time only (before UCX): not run on a running worker")
 
     def teardown(self, worker: Any) -> None:
@@ -356,7 +356,7 @@ def add_worker_preload(nanny: Any) -> None:
 
 # ----------------------------------------------------------------------- scheduler
 class SchedulerPlugin(_dp.SchedulerPlugin):
-    """gpudask for a running scheduler: the ``gpudask_preload`` hooks (which install the
+    """gpudask for a running scheduler: the ``gpudask_server_setup`` hooks (which install the
     scheduler check, see :mod:`gpudask.checks`), late config, and a report of what needs a
     restart (``client.get_metadata(["gpudask", "scheduler"])``)."""
 
@@ -389,11 +389,11 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
             before = set(scheduler.plugins)
             install_check(scheduler, s)
             try:
-                s.manager.preload(s.ctx, s.plan, scheduler)
-                report["applied"].append("gpudask_preload hooks")
+                s.manager.server_setup(s.ctx, s.plan, scheduler)
+                report["applied"].append("gpudask_server_setup hooks")
             except GpudaskError as e:  # a running scheduler is not stopped for it: say so
                 logger.error("gpudask: %s", e)
-                report["notes"].append(f"gpudask_preload hooks failed: {e}")
+                report["notes"].append(f"gpudask_server_setup hooks failed: {e}")
             # plugins added by the hooks (the scheduler check) start now, as they would
             # have at scheduler start; the check then also checks the connected workers
             for name in [n for n in scheduler.plugins if n not in before]:

@@ -17,8 +17,8 @@ else happens: ``warn`` nothing more; ``error`` also warns every connected client
 also closes the offending worker with the findings as reason.
 
 The plugins' checks never run on the scheduler's event loop: each worker's comparison runs
-in a thread (:data:`THREADS` of them), and the scheduler waits for it at most
-:data:`INLINE_WAIT_S` inside ``add_worker`` (so that a normal check, a few milliseconds, is
+in a thread (:mod:`gpudask.checks.jobs`: a few of them), and the scheduler waits for it at
+most :data:`INLINE_WAIT_S` inside ``add_worker`` (so that a normal check, a few milliseconds, is
 done when the worker's registration is) -- not at all once a check was slow.  A check
 still running after ``gpudask.scheduler-check.timeout`` seconds is reported as a
 ``check-timeout`` warning naming the plugin it is in; its findings replace that one when
@@ -31,10 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import logging
-import queue
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -42,6 +39,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from gpudask.checks.jobs import DEFAULT_TIMEOUT_S, POOL, Job, read_timeout, slow_finding, timeout_finding
 from gpudask.checks.published import bound_published
 from gpudask.checks.sides import (ACTION_KEY, ACTIONS, CLIENT_WARN_TOPIC, EVENT_TOPIC, EXTRA_KEY, HANDLER,
                                   PLUGIN_NAME, PUBLISHED_KEY, describe, evaluate_worker, local_side, read_action,
@@ -51,84 +49,9 @@ from gpudask.findings import Finding, worst
 
 logger = logging.getLogger("distributed.gpudask.check")
 
-TIMEOUT_KEY = "gpudask.scheduler-check.timeout"
-DEFAULT_TIMEOUT_S = 5.0
 INLINE_WAIT_S = 0.5  # the most add_worker waits for a worker's check, on the event loop
-THREADS = 4
-IDLE_S = 1.0  # seconds an idle check thread waits for the next check before it ends
-HOOK = "gpudask_scheduler_check"
 # findings about the scheduler's own plugins, never a reason to refuse a worker
 NOT_THE_WORKERS = ("check-timeout", "slow-check")
-
-class _Threads:
-    """A few daemon threads running the checks: unlike concurrent.futures' pool, a plugin
-    that never returns does not keep the scheduler from exiting (no join at exit)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.threads: list[threading.Thread] = []
-        self.idle = 0
-        self.lock = threading.Lock()
-
-    def submit(self, fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self.queue.put((future, fn, args))
-        with self.lock:
-            if self.idle == 0 and len(self.threads) < self.size:
-                thread = threading.Thread(target=self._run, name=f"gpudask-check-{next(_THREAD_IDS)}", daemon=True)
-                self.threads.append(thread)
-                thread.start()
-        return future
-
-    def _run(self) -> None:
-        while True:
-            with self.lock:
-                self.idle += 1
-            try:
-                # an idle thread ends: a scheduler that closed leaves none behind (distributed's
-                # own tests fail on a leaked thread), and the next check starts one again
-                future, fn, args = self.queue.get(timeout=IDLE_S)
-            except queue.Empty:
-                with self.lock:
-                    self.idle -= 1
-                    if not self.queue.empty():  # a check came in meanwhile: submit saw this thread idle
-                        continue
-                    self.threads.remove(threading.current_thread())
-                return
-            with self.lock:
-                self.idle -= 1
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
-                future.set_exception(e)
-
-
-_THREAD_IDS = itertools.count()
-_THREADS = _Threads(THREADS)
-_JOB_IDS = itertools.count()
-
-
-class _Job:
-    """One worker's check, running in a thread."""
-
-    def __init__(self, address: str, ws: Any):
-        self.id = next(_JOB_IDS)
-        self.address, self.ws = address, ws
-        self.submitted = time.monotonic()
-        self.thread: int | None = None  # the thread running it, once started
-        self.future: concurrent.futures.Future[tuple[list[Finding], dict[str, Any] | None]] | None = None
-        self.recorded = threading.Event()  # a first result (or the timeout finding) is recorded
-
-
-def read_timeout(ctx: Any) -> float:
-    settings: Any = getattr(ctx, "settings", None)
-    try:
-        return float(settings[TIMEOUT_KEY])
-    except (KeyError, TypeError, ValueError, GpudaskError):
-        return DEFAULT_TIMEOUT_S
 
 
 def plan_here(protocol: str | None, extra_plugins: Iterable[Any] = ()) -> tuple[Any, Any, Any]:
@@ -183,7 +106,7 @@ class SchedulerCheck(SchedulerPlugin):
         self.asked_for = False
         self.timeout = DEFAULT_TIMEOUT_S
         self.slow_seen = False  # a check took longer than the timeout: add_worker no longer waits at all
-        self.jobs: dict[str, _Job] = {}  # the latest check of each worker
+        self.jobs: dict[str, Job] = {}  # the latest check of each worker
         self._tasks: set[Any] = set()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -270,9 +193,9 @@ class SchedulerCheck(SchedulerPlugin):
         if not self.dry and isinstance(ws.extra, dict) and PUBLISHED_KEY in ws.extra:
             # everything that reads it later (/gpudask, gpudask status) gets it bounded
             ws.extra[PUBLISHED_KEY] = bound_published(ws.extra[PUBLISHED_KEY])
-        job = _Job(address, ws)
+        job = Job(address, ws)
         self.jobs[address] = job
-        job.future = _THREADS.submit(self._evaluate, job)
+        job.future = POOL.submit(self._evaluate, job)
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # not on an event loop (a test, a thread): wait here, bounded
@@ -289,14 +212,14 @@ class SchedulerCheck(SchedulerPlugin):
         try:
             task = asyncio.ensure_future(self._finish_later(job))
         except RuntimeError:
-            self._record(job, [self._timeout_finding(job)], None)
+            self._record(job, [timeout_finding(job, self.timeout, self.manager)], None)
             job.future.add_done_callback(lambda f: self._late(job, f))
             return None
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return None
 
-    def _evaluate(self, job: _Job) -> tuple[list[Finding], dict[str, Any] | None]:
+    def _evaluate(self, job: Job) -> tuple[list[Finding], dict[str, Any] | None]:
         job.thread = threading.get_ident()
         try:
             return evaluate_worker(self.manager, self.ctx, self.side or {}, job.address, job.ws.extra)
@@ -304,7 +227,7 @@ class SchedulerCheck(SchedulerPlugin):
             return [Finding("warning", "plugin-failed", f"the check could not finish: {type(e).__name__}: {e}",
                             plugin="gpudask", subject=job.address, reference="scheduler")], None
 
-    async def _finish_later(self, job: _Job) -> None:
+    async def _finish_later(self, job: Job) -> None:
         assert job.future is not None
         wrapped = asyncio.wrap_future(job.future)
         remaining = max(0.0, self.timeout - (time.monotonic() - job.submitted))
@@ -312,66 +235,27 @@ class SchedulerCheck(SchedulerPlugin):
             findings, side = await asyncio.wait_for(asyncio.shield(wrapped), remaining)
         except asyncio.TimeoutError:
             self.slow_seen = True
-            self._record(job, [self._timeout_finding(job)], None)
+            self._record(job, [timeout_finding(job, self.timeout, self.manager)], None)
             try:
                 findings, side = await wrapped
             except Exception:  # noqa: BLE001 - the executor shut down
                 return
-            findings = findings + [self._slow_finding(job)]
+            findings = findings + [slow_finding(job, self.timeout)]
         self._record(job, findings, side)
 
-    def _late(self, job: _Job, future: Any) -> None:
+    def _late(self, job: Job, future: Any) -> None:
         try:
             findings, side = future.result()
         except Exception:  # noqa: BLE001
             return
-        self._record(job, findings + [self._slow_finding(job)], side)
+        self._record(job, findings + [slow_finding(job, self.timeout)], side)
 
-    def _running_plugin(self, job: _Job) -> str | None:
-        """The plugin whose ``gpudask_scheduler_check`` the job's thread is in (from its stack)."""
-        frame = sys._current_frames().get(job.thread) if job.thread is not None else None
-        codes = {}
-        functions = self.manager.hook_functions(HOOK) if self.manager is not None else {}
-        for name, function in functions.items():
-            code = getattr(getattr(function, "__func__", function), "__code__", None)
-            if code is not None:
-                codes[code] = name
-        while frame is not None:
-            if frame.f_code in codes:
-                return codes[frame.f_code]
-            frame = frame.f_back
-        return None
-
-    def _timeout_finding(self, job: _Job) -> Finding:
-        plugin = self._running_plugin(job)
-        if plugin is not None:
-            what = f"plugin {plugin!r}'s {HOOK}"
-        elif job.thread is None:
-            what = f"the check (queued: all {THREADS} check threads are busy with slow checks)"
-        else:
-            what = "the check"
-        return Finding("warning", "check-timeout",
-                       f"{what} did not finish within {self.timeout:g} s ({TIMEOUT_KEY}): the worker was registered "
-                       "without waiting; the check goes on in a thread and its findings replace this one when it ends",
-                       plugin=plugin or "gpudask", subject=job.address, reference="scheduler",
-                       details={"timeout": self.timeout, "hook": HOOK})
-
-    def _slow_finding(self, job: _Job) -> Finding:
-        took = time.monotonic() - job.submitted
-        plugin = getattr(job, "slow_plugin", None)
-        return Finding("warning", "slow-check",
-                       f"the check of this worker took {took:.1f} s, more than {TIMEOUT_KEY} ({self.timeout:g} s)"
-                       + (f", in plugin {plugin!r}'s {HOOK}" if plugin else "")
-                       + "; it ran in a thread, so the scheduler did not wait for it",
-                       plugin=plugin or "gpudask", subject=job.address, reference="scheduler",
-                       details={"seconds": round(took, 3), "timeout": self.timeout, "hook": HOOK})
-
-    def _record(self, job: _Job, findings: list[Finding], side: dict[str, Any] | None) -> list[Finding]:
+    def _record(self, job: Job, findings: list[Finding], side: dict[str, Any] | None) -> list[Finding]:
         """Record and act on one worker's findings (on the event loop), unless the worker
         left or was checked again meanwhile."""
         for f in findings:
             if f.code == "check-timeout" and f.plugin != "gpudask":
-                job.slow_plugin = f.plugin  # type: ignore[attr-defined]
+                job.slow_plugin = f.plugin
         current = self.scheduler.workers.get(job.address) if self.scheduler is not None else None
         if current is not job.ws or self.jobs.get(job.address) is not job:
             job.recorded.set()

@@ -14,7 +14,7 @@ shows it as a ``UserWarning``).  Once per client.  The graph runs as it is: NumP
 arrays rechunk fine with P2P, and the scheduler cannot tell a chunk's type before it runs.
 
 Imports only distributed and the plugin API; installed by the gpu-dask-defaults plugin's
-``gpudask_preload`` hook on the scheduler.
+``gpudask_server_setup`` hook on the scheduler.
 """
 
 from __future__ import annotations

@@ -22,9 +22,14 @@ rechunks with P2P while GPU workers are connected gets one warning naming the fi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import hookimpl
+
+if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
+
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "gpu-dask-defaults"
 priority = 150
@@ -38,7 +43,7 @@ def _installed(ctx: Any, *packages: str) -> list[str]:
 
 
 @hookimpl
-def gpudask_plan_process(ctx, plan):
+def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role not in ("worker", "client"):
         return
     gpu = bool(ctx.gpus)
@@ -74,7 +79,7 @@ def _set_unless_user(ctx: Any, plan: Any, key: str, value: str, why: str) -> Non
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """On the scheduler: tell a client whose graph rechunks with P2P while GPU workers are connected."""
     if plan.role != "scheduler":
         return

@@ -15,7 +15,7 @@ Nothing here imports rmm, cupy, numba or torch at module level: the plan runs in
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import ConfigError, MemoryPlan, hookimpl, tls_enables
 from gpudask.plugins.rmm import setup as rmm_setup
@@ -24,6 +24,11 @@ from gpudask.plugins.rmm.target import (TRANSPORT_NAMES, Target, check_fits, des
 from gpudask.plugins.rmm.options import (DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSettings, explicit,
                                          options, parse_pool_size, read_settings, shown)
 
+if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
+
+    from gpudask.pluginapi import Option, PlanContext, ProcessPlan
+
 name = "rmm"
 priority = 100
 
@@ -31,12 +36,12 @@ __all__ = ["name", "priority", "parse_pool_size"]
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return options()
 
 
 @hookimpl
-def gpudask_validate(ctx):
+def gpudask_validate(ctx: PlanContext) -> None:
     """Settings-only checks (no GPU needed): contradictions between the rmm options."""
     s = read_settings(ctx)
     allocator = s.allocator
@@ -75,7 +80,7 @@ def _same_kind(a: Any, b: Any) -> bool:
 
 
 @hookimpl
-def gpudask_plan_memory(ctx, plan):
+def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role == "worker":
         reset_ucxx_keys(ctx, plan)
         _plan_worker(ctx, plan)
@@ -322,18 +327,18 @@ def _torch_through_rmm(ctx: Any, s: RmmSettings) -> bool:
 
 
 @hookimpl
-def gpudask_setup_memory(ctx, plan):
+def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] | None:
     """Build the planned memory resource in this worker process (or report why not)."""
     return rmm_setup.setup(ctx, plan)
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """Add a ``gpudask-rmm`` worker metric: allocator, initial and current pool size."""
     rmm_setup.add_metric(plan, server)
 
 
 @hookimpl
-def gpudask_applied_state(ctx, plan):
+def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
     """The RMM resource and pool size in place in this worker, read back (proof of effect)."""
     return rmm_setup.applied_state(ctx, plan)

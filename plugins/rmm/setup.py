@@ -1,7 +1,7 @@
 """The rmm plugin's apply side: build the planned RMM memory resource in a worker process.
 
 Part of the rmm plugin (:mod:`gpudask.plugins.rmm.plugin`), which calls :func:`setup` from its
-``gpudask_setup_memory`` hook and :func:`add_metric` from ``gpudask_preload``.  rmm,
+``gpudask_setup_memory`` hook and :func:`add_metric` from ``gpudask_server_setup``.  rmm,
 cupy, numba and torch are imported here only inside functions, in worker processes.
 """
 

@@ -22,10 +22,16 @@ there -- CuPy/cuDF objects in it -- errs every key with that line.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (Finding, Option, applied_role, facts_from_dict, fingerprint, hookimpl, parse_name_list,
                                tls_enables)
+
+if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
+
+    from gpudask.pluginapi import PlanContext, ProcessPlan, ProcessSide
 
 name = "scheduler-parity"
 priority = 200
@@ -58,23 +64,23 @@ _DEFAULT_VERSION_IMPACT = "objects serialised with one version may fail to load 
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [Option(PACKAGES_KEY, list(DEFAULT_PACKAGES),
                    "Packages whose versions the scheduler check compares between the scheduler, the workers and the "
                    "client ('python' is the interpreter).", parse_name_list, "a list of package names")]
 
 
 # ----------------------------------------------------------------------- reading sides
-def _label(side: dict) -> str:
+def _label(side: Mapping[str, Any]) -> str:
     return f"the {side.get('role') or 'other process'}"
 
 
-def _facts(side: Any) -> dict:
+def _facts(side: Any) -> dict[str, Any]:
     facts = side.get("facts") if isinstance(side, dict) else None
     return facts if isinstance(facts, dict) else {}
 
 
-def _visible_gpus(side: dict) -> list[dict]:
+def _visible_gpus(side: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The GPUs CUDA shows the process (``cuda_visible_devices`` applied); the list is shared
     by the checks of the same facts: read it, do not change it."""
     facts = _facts(side)
@@ -95,17 +101,17 @@ def _visible_gpus(side: dict) -> list[dict]:
 # every joining worker, and the workers that published the same facts the same dict
 # (ProcessSide.facts is read-only).  By object first (a reference is held, so an id is not
 # reused), else the indices by fingerprint (equal data); at most 64 of each, oldest forgotten.
-_BY_OBJECT: dict[int, tuple[dict, list[dict]]] = {}
+_BY_OBJECT: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
 _BY_KEY: dict[bytes, list[int]] = {}
 
 
-def _remember(cache: dict, key: Any, value: Any) -> None:
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
     if len(cache) >= 64:
         del cache[next(iter(cache))]
     cache[key] = value
 
 
-def _visible_indices(facts: dict) -> list[int]:
+def _visible_indices(facts: Mapping[str, Any]) -> list[int]:
     key = fingerprint(facts)
     indices = _BY_KEY.get(key) if key is not None else None
     if indices is None:
@@ -115,7 +121,7 @@ def _visible_indices(facts: dict) -> list[int]:
     return indices
 
 
-def _gpu_names(gpus: list[dict]) -> str:
+def _gpu_names(gpus: list[dict[str, Any]]) -> str:
     names = sorted({str(g.get("name") or "GPU") for g in gpus})
     return f"{len(gpus)} GPU(s) ({', '.join(names)})"
 
@@ -125,20 +131,22 @@ def _cuda(version: Any) -> str:
         else str(version)
 
 
-def _min_cc(gpus: list[dict]) -> tuple[int, int] | None:
+def _min_cc(gpus: list[dict[str, Any]]) -> tuple[int, int] | None:
     ccs = [tuple(g["compute_capability"]) for g in gpus
            if isinstance(g.get("compute_capability"), list) and len(g["compute_capability"]) == 2
            and all(isinstance(x, int) for x in g["compute_capability"])]
     return min(ccs) if ccs else None
 
 
-def _packages(side: dict) -> dict:
+def _packages(side: Mapping[str, Any]) -> dict[str, Any]:
     packages = _facts(side).get("packages")
     return packages if isinstance(packages, dict) else {}
 
 
 # ------------------------------------------------------------------------- comparison
-def _gpu_presence(ref: dict, other: dict, protocol: str | None, ref_gpus: list, other_gpus: list, F) -> list:
+def _gpu_presence(ref: Mapping[str, Any], other: Mapping[str, Any], protocol: str | None,
+                  ref_gpus: list[dict[str, Any]], other_gpus: list[dict[str, Any]],
+                  F: Callable[..., Finding]) -> list[Finding]:
     if bool(ref_gpus) == bool(other_gpus):
         return []
     has, lacks = (other, ref) if other_gpus else (ref, other)
@@ -173,8 +181,9 @@ def _gpu_presence(ref: dict, other: dict, protocol: str | None, ref_gpus: list, 
               details)]
 
 
-def _driver_and_cuda(ref: dict, other: dict, ref_gpus: list, other_gpus: list, F) -> list:
-    out: list = []
+def _driver_and_cuda(ref: Mapping[str, Any], other: Mapping[str, Any], ref_gpus: list[dict[str, Any]],
+                     other_gpus: list[dict[str, Any]], F: Callable[..., Finding]) -> list[Finding]:
+    out: list[Finding] = []
     if not (ref_gpus and other_gpus):
         return out  # a side without a GPU is reported above; its driver does not matter
     rf, of = _facts(ref), _facts(other)
@@ -213,7 +222,8 @@ def _driver_and_cuda(ref: dict, other: dict, ref_gpus: list, other_gpus: list, F
     return out
 
 
-def _package_versions(ref: dict, other: dict, names: list[str], F) -> list:
+def _package_versions(ref: Mapping[str, Any], other: Mapping[str, Any], names: list[str],
+                      F: Callable[..., Finding]) -> list[Finding]:
     out = []
     ra, ob = _packages(ref), _packages(other)
     for pkg in names:
@@ -237,15 +247,16 @@ def _package_versions(ref: dict, other: dict, names: list[str], F) -> list:
 
 
 @hookimpl
-def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
-    """Compare the other process (a worker, or the client) with the reference one."""
-    if not isinstance(scheduler_facts, dict) or not isinstance(worker_facts, dict):
+def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
+                            subject: ProcessSide | None) -> list[Finding] | None:
+    """Compare the subject (a worker, or the client) with the reference process."""
+    if not isinstance(reference, dict) or not isinstance(subject, dict):
         return []  # the runner reports processes without (valid) gpudask data itself
 
-    def F(severity, code, message, details=None):  # noqa: N802
+    def F(severity: str, code: str, message: str, details: dict[str, Any] | None = None) -> Finding:  # noqa: N802
         return Finding(severity, code, message, details=details or {})
 
-    ref, other = scheduler_facts, worker_facts
+    ref, other = reference, subject
     protocols = [p for p in (ref.get("protocol"), other.get("protocol")) if isinstance(p, str)]
     protocol = next((p for p in protocols if p in UCX), protocols[0] if protocols else None)
     findings = []
@@ -285,7 +296,7 @@ def worker_has_gpus(extra: Any) -> bool:
 
 
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     if plan.role != "scheduler" or applied_role() not in ("scheduler", None):
         return  # a LocalCluster's scheduler lives in the client's process, with the client's GPU
     problem = relay_problem(ctx, plan)

@@ -35,7 +35,7 @@ until its own timeout.  On such a scheduler only (UCX, no GPU visible, workers w
   limits the rewrite to the update-graph call of the client's own stream.
 
 Imports only distributed and the plugin API; installed by the scheduler-parity plugin's
-``gpudask_preload`` hook.
+``gpudask_server_setup`` hook.
 """
 
 from __future__ import annotations
@@ -311,7 +311,7 @@ class RelayGuard(SchedulerPlugin):
         report.__gpudask_relay__ = guard  # type: ignore[attr-defined]
         return report
 
-    def rewrite(self, call: _Call, msg: dict) -> dict:
+    def rewrite(self, call: _Call, msg: dict[str, Any]) -> dict[str, Any]:
         """A message update-graph reports, with gpudask's line where the graph could not be read here."""
         op = msg.get("op")
         if op == "task-erred" and msg.get("key") in call.keys:

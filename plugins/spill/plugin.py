@@ -7,7 +7,7 @@ Plan (pure, any process): :func:`gpudask_plan_memory` gives every worker with a 
 in the scheduler, client and workers; cuDF then spills its own buffers and gpudask's
 device tier stands aside.
 
-Apply (worker processes): :func:`gpudask_preload` runs at ``dask_setup``, after
+Apply (worker processes): :func:`gpudask_server_setup` runs at ``dask_setup``, after
 ``listen()`` and before the worker registers with the scheduler, so before it holds any
 data.  distributed has built ``Worker.data`` by then (a ``SpillBuffer`` over the
 worker's local directory, from ``memory_limit`` and ``distributed.worker.memory.*``):
@@ -22,9 +22,15 @@ user-facing description.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import ConfigError, Option, hookimpl, parse_bool, parse_bytes, workers_sharing_gpu
+
+if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
+
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "spill"
 priority = 110  # after rmm (100): reads the pool rmm planned
@@ -87,7 +93,7 @@ def parse_stats_level(value: Any) -> int:
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [
         Option(KEY, None,
                "Device memory each worker may hold in GPU objects before the least recently used move to host "
@@ -121,7 +127,7 @@ def _shown(ctx: Any, key: str) -> str:
 
 
 @hookimpl
-def gpudask_validate(ctx):
+def gpudask_validate(ctx: PlanContext) -> None:
     """A bare number below 1 MiB is bytes, but surely not what was meant: refuse it."""
     value = ctx.settings[KEY]
     if isinstance(value, int) and not isinstance(value, bool) and value < MIN_BARE_BYTES:
@@ -146,7 +152,7 @@ def _cudf_spilling(ctx: Any) -> str | None:
 
 # --------------------------------------------------------------------------- planning
 @hookimpl
-def gpudask_plan_process(ctx, plan):
+def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     """CUDF_SPILL where cuDF objects are made or received: workers, client, scheduler."""
     if plan.role == "nanny" or not ctx.settings[CUDF_KEY]:
         return
@@ -180,7 +186,7 @@ def _gib(n: int) -> str:
 
 
 @hookimpl
-def gpudask_plan_memory(ctx, plan):
+def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role != "worker":
         return
     found = _gpu_memory(ctx, plan)
@@ -236,7 +242,7 @@ def _set(plan: Any, limit: int | None, why: str) -> None:
 
 # --------------------------------------------------------------------------- applying
 @hookimpl
-def gpudask_preload(ctx, plan, server):
+def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """Put the device tier in front of the worker's own store (before it holds data)."""
     if plan.role != "worker" or type(server).__name__ == "Nanny":
         return
@@ -256,7 +262,7 @@ def gpudask_preload(ctx, plan, server):
     server.metrics[METRIC] = _metric(store)
 
 
-def _metric(store: Any):
+def _metric(store: Any) -> Callable[..., dict[str, Any]]:
     def metric(worker: Any = None) -> dict[str, Any]:
         return store.metrics()
 

@@ -107,7 +107,7 @@ class HostCopy:
 
     __slots__ = ("header", "frames", "nbytes", "device_nbytes")
 
-    def __init__(self, header: dict, frames: list, device_nbytes: int):
+    def __init__(self, header: dict[str, Any], frames: list[Any], device_nbytes: int):
         self.header = header
         self.frames = list(frames)
         self.nbytes = sum(memoryview(f).nbytes for f in self.frames)
@@ -126,12 +126,12 @@ def _sizeof_host_copy(x: HostCopy) -> int:
 
 
 @dask_serialize.register(HostCopy)
-def _serialize_host_copy(x: HostCopy) -> tuple[dict, list]:
+def _serialize_host_copy(x: HostCopy) -> tuple[dict[str, Any], list[Any]]:
     return {"inner": x.header, "device_nbytes": x.device_nbytes}, x.frames
 
 
 @dask_deserialize.register(HostCopy)
-def _deserialize_host_copy(header: dict, frames: list) -> HostCopy:
+def _deserialize_host_copy(header: dict[str, Any], frames: list[Any]) -> HostCopy:
     return HostCopy(header["inner"], frames, header["device_nbytes"])
 
 
@@ -146,14 +146,16 @@ class SpillCounters:
     unspillable_count: int = 0  # device objects with no host serializer: kept as they were
 
 
-class DeviceHostStore(MutableMapping):
+class DeviceHostStore(MutableMapping[Any, Any]):
     """``Worker.data`` with a device tier of ``device_memory_limit`` bytes over ``host``.
 
     ``host`` is the worker's own store (a ``SpillBuffer``, or a dict when distributed's
     spilling is off); it is kept as it is, keys and all, so the store can also wrap a
     worker that already holds data."""
 
-    def __init__(self, host: MutableMapping, device_memory_limit: int, *, log_spilling: bool = False,
+    host: Any  # distributed's SpillBuffer (its .fast, .slow, .spilled_total), or a dict
+
+    def __init__(self, host: MutableMapping[Any, Any], device_memory_limit: int, *, log_spilling: bool = False,
                  worker_name: str | None = None):
         if isinstance(device_memory_limit, bool) or not isinstance(device_memory_limit, int) \
                 or device_memory_limit <= 0:

@@ -19,11 +19,14 @@ GPUs while an equally near port serves none.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import Option, hookimpl, parse_optional_bool, process_gpu, ucx_supports
 from gpudask.plugins.ucx.rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list,
                                        pick, set_flag)
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "infiniband"
 priority = 70
@@ -34,7 +37,7 @@ NET_DEVICES = "gpudask.transport.net-devices"
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [
         Option(INFINIBAND, None, "rc in UCX_TLS (InfiniBand): null = auto (with an active InfiniBand port), true, "
                "false.", parse_optional_bool, "true, false or null (auto)",
@@ -135,7 +138,7 @@ def _ignored(facts: Any) -> str:
 
 
 @hookimpl
-def gpudask_select_transport(ctx, plan):
+def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     facts = ctx.facts
     ports = active_ports(facts)
     net_devices = ctx.setting(NET_DEVICES)

@@ -18,11 +18,14 @@ Per process (docs/transports.md):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (Option, hookimpl, parse_optional_bool, process_gpu, ucx_supports,
                                ucxx_creates_cuda_context, workers_sharing_gpu)
 from gpudask.plugins.ucx.rules import UCX_AUTO, decide, mode, mode_why, set_flag, user_tls
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "nvlink"
 priority = 60
@@ -35,7 +38,7 @@ CONTEXT_KEYS = ("distributed-ucxx.create-cuda-context", "distributed.comm.ucx.cr
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [
         Option(NVLINK, None, "cuda_ipc in UCX_TLS (NVLink, or workers sharing a GPU): null = auto, true, false.",
                parse_optional_bool, "true, false or null (auto)",
@@ -47,7 +50,7 @@ def gpudask_config_options():
 
 
 @hookimpl
-def gpudask_select_transport(ctx, plan):
+def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     gpu, gpu_why = process_gpu(ctx, plan)
     if gpu is None and plan.role in ("worker", "client") and not ctx.gpus:
         plan.note("skipped", "no GPU visible")

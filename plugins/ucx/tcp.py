@@ -10,12 +10,15 @@ for without distributed-ucxx.  The helpers below are shared with the ``nvlink`` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (ConfigError, Option, choice, hookimpl, parse_optional_bool, process_gpu, ucx_supports,
                                ucx_unused_variables)
 from gpudask.plugins.ucx.rules import (AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why,
                                        parse_name_or_list, pick, set_flag)
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "tcp"
 priority = 50
@@ -42,7 +45,7 @@ def parse_timeout(value: Any) -> float | None:
 
 
 @hookimpl
-def gpudask_config_options():
+def gpudask_config_options() -> list[Option]:
     return [
         Option(MODE, AUTO, "How UCX transports are chosen: auto (from the hardware, per worker), explicit (only the "
                "gpudask.transport.* / distributed-ucxx.* flags the user set to true), ucx-auto (UCX_TLS=all and the "
@@ -67,7 +70,7 @@ def ucxx_package(cuda_major: int | None) -> str:
 
 
 @hookimpl
-def gpudask_validate(ctx):
+def gpudask_validate(ctx: PlanContext) -> None:
     packages = ctx.facts.packages
     if ctx.uses_ucx and "distributed-ucxx" in packages and packages["distributed-ucxx"] is None:
         major = ctx.facts.cuda_major
@@ -84,7 +87,7 @@ def gpudask_validate(ctx):
 
 
 @hookimpl
-def gpudask_select_transport(ctx, plan):
+def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     timeout = ctx.setting(CONNECT_TIMEOUT)
     if timeout is not None and timeout.value is not None:
         plan.set_config(CONNECT_KEY, f"{timeout.value:g}s",

@@ -22,7 +22,7 @@ SLEEPY_CHECK = """
     priority = 500
 
     @hookimpl
-    def gpudask_scheduler_check(ctx, scheduler_facts, worker_facts):
+    def gpudask_scheduler_check(ctx, reference, subject):
         time.sleep(30)
         return []
     """
@@ -198,15 +198,15 @@ def test_idle_check_threads_end_and_a_later_check_starts_one_again(monkeypatch):
     import threading
     import time
 
-    from gpudask.checks import runner
+    from gpudask.checks import jobs
 
-    monkeypatch.setattr(runner, "IDLE_S", 0.05)
-    pool = runner._Threads(2)
+    monkeypatch.setattr(jobs, "IDLE_S", 0.05)
+    pool = jobs.Threads(2)
     assert [f.result(timeout=5) for f in [pool.submit(lambda i=i: i * 2) for i in range(5)]] == [0, 2, 4, 6, 8]
     deadline = time.monotonic() + 5
     while pool.threads and time.monotonic() < deadline:
         time.sleep(0.01)
     assert pool.threads == []
     assert not [t for t in threading.enumerate() if t.name.startswith("gpudask-check-") and t.is_alive()
-                and t not in runner._THREADS.threads]
+                and t not in jobs.POOL.threads]
     assert pool.submit(lambda: "again").result(timeout=5) == "again"

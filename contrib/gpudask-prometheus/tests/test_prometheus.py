@@ -113,7 +113,7 @@ def test_turned_off_by_setting(tmp_path, monkeypatch):
     monkeypatch.setenv("DASK_GPUDASK__PROMETHEUS__ENABLED", "false")
     host = plan_host("tcp", 1, facts_path=_facts(tmp_path), extra_plugins=[plugin])
     before = dict(plugin._COLLECTORS)
-    plugin.gpudask_preload(host.ctx, host.workers[0], server=object())
+    plugin.gpudask_server_setup(host.ctx, host.workers[0], server=object())
     assert plugin._COLLECTORS == before
 
 

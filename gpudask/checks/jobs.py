@@ -1,0 +1,145 @@
+"""The scheduler check's jobs: each worker's check runs in one of a few daemon threads.
+
+The plugins' checks never run on the scheduler's event loop.  A :class:`Job` is one
+worker's comparison; :data:`POOL` runs it on one of :data:`THREADS` daemon threads, which
+end after :data:`IDLE_S` idle seconds.  When a job takes longer than
+``gpudask.scheduler-check.timeout`` (:func:`read_timeout`), :func:`timeout_finding` says so,
+naming the plugin whose ``gpudask_scheduler_check`` the thread is in (read from its stack);
+:func:`slow_finding` says how long it took once it ended.  What the findings mean for the
+worker is :class:`gpudask.checks.runner.SchedulerCheck`'s.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import queue
+import sys
+import threading
+import time
+from typing import Any
+
+from gpudask.errors import GpudaskError
+from gpudask.findings import Finding
+
+TIMEOUT_KEY = "gpudask.scheduler-check.timeout"
+DEFAULT_TIMEOUT_S = 5.0
+THREADS = 4
+IDLE_S = 1.0  # seconds an idle check thread waits for the next check before it ends
+HOOK = "gpudask_scheduler_check"
+
+
+class Threads:
+    """A few daemon threads running the checks: unlike concurrent.futures' pool, a plugin
+    that never returns does not keep the scheduler from exiting (no join at exit)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.threads: list[threading.Thread] = []
+        self.idle = 0
+        self.lock = threading.Lock()
+
+    def submit(self, fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.queue.put((future, fn, args))
+        with self.lock:
+            if self.idle == 0 and len(self.threads) < self.size:
+                thread = threading.Thread(target=self._run, name=f"gpudask-check-{next(_THREAD_IDS)}", daemon=True)
+                self.threads.append(thread)
+                thread.start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                self.idle += 1
+            try:
+                # an idle thread ends: a scheduler that closed leaves none behind (distributed's
+                # own tests fail on a leaked thread), and the next check starts one again
+                future, fn, args = self.queue.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self.lock:
+                    self.idle -= 1
+                    if not self.queue.empty():  # a check came in meanwhile: submit saw this thread idle
+                        continue
+                    self.threads.remove(threading.current_thread())
+                return
+            with self.lock:
+                self.idle -= 1
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
+                future.set_exception(e)
+
+
+_THREAD_IDS = itertools.count()
+POOL = Threads(THREADS)
+_JOB_IDS = itertools.count()
+
+
+class Job:
+    """One worker's check, running in a thread."""
+
+    def __init__(self, address: str, ws: Any):
+        self.id = next(_JOB_IDS)
+        self.address, self.ws = address, ws
+        self.submitted = time.monotonic()
+        self.thread: int | None = None  # the thread running it, once started
+        self.future: concurrent.futures.Future[tuple[list[Finding], dict[str, Any] | None]] | None = None
+        self.recorded = threading.Event()  # a first result (or the timeout finding) is recorded
+        self.slow_plugin: str | None = None  # the plugin a timeout finding named
+
+
+def read_timeout(ctx: Any) -> float:
+    settings: Any = getattr(ctx, "settings", None)
+    try:
+        return float(settings[TIMEOUT_KEY])
+    except (KeyError, TypeError, ValueError, GpudaskError):
+        return DEFAULT_TIMEOUT_S
+
+
+def running_plugin(job: Job, manager: Any) -> str | None:
+    """The plugin whose ``gpudask_scheduler_check`` the job's thread is in (from its stack)."""
+    frame = sys._current_frames().get(job.thread) if job.thread is not None else None
+    codes = {}
+    functions = manager.hook_functions(HOOK) if manager is not None else {}
+    for name, function in functions.items():
+        code = getattr(getattr(function, "__func__", function), "__code__", None)
+        if code is not None:
+            codes[code] = name
+    while frame is not None:
+        if frame.f_code in codes:
+            return codes[frame.f_code]
+        frame = frame.f_back
+    return None
+
+
+def timeout_finding(job: Job, timeout: float, manager: Any) -> Finding:
+    """The ``check-timeout`` warning of a job still running after ``timeout`` seconds."""
+    plugin = running_plugin(job, manager)
+    if plugin is not None:
+        what = f"plugin {plugin!r}'s {HOOK}"
+    elif job.thread is None:
+        what = f"the check (queued: all {THREADS} check threads are busy with slow checks)"
+    else:
+        what = "the check"
+    return Finding("warning", "check-timeout",
+                   f"{what} did not finish within {timeout:g} s ({TIMEOUT_KEY}): the worker was registered "
+                   "without waiting; the check goes on in a thread and its findings replace this one when it ends",
+                   plugin=plugin or "gpudask", subject=job.address, reference="scheduler",
+                   details={"timeout": timeout, "hook": HOOK})
+
+
+def slow_finding(job: Job, timeout: float) -> Finding:
+    """The ``slow-check`` warning added to a job's findings when it ended after ``timeout``."""
+    took = time.monotonic() - job.submitted
+    plugin = job.slow_plugin
+    return Finding("warning", "slow-check",
+                   f"the check of this worker took {took:.1f} s, more than {TIMEOUT_KEY} ({timeout:g} s)"
+                   + (f", in plugin {plugin!r}'s {HOOK}" if plugin else "")
+                   + "; it ran in a thread, so the scheduler did not wait for it",
+                   plugin=plugin or "gpudask", subject=job.address, reference="scheduler",
+                   details={"seconds": round(took, 3), "timeout": timeout, "hook": HOOK})
