@@ -91,7 +91,7 @@ def test_found_ordered_by_priority_and_listed():
     for dist, (name, priority) in PACKAGES.items():
         assert by_name[name]["source"] == "entry point" and by_name[name]["distribution"] == dist
         assert by_name[name]["priority"] == priority
-    assert by_name["torch-rmm"]["hooks"] == ["gpudask_config_options", "gpudask_plan_memory", "gpudask_setup_memory"]
+    assert by_name["torch-rmm"]["hooks"] == ["gpudask_config_options", "gpudask_plan_finish", "gpudask_plan_process", "gpudask_setup_memory"]
     order = [(p["priority"], p["name"]) for p in listed]
     assert order == sorted(order)
     names = [p["name"] for p in listed]
