@@ -18,8 +18,8 @@ tryfirst=True, which gpudask does not run; ...``): the order is the plugin's
 ``priority``.
 
 *Plan hooks* (``gpudask_validate``, ``gpudask_plan_process``,
-``gpudask_select_transport``, ``gpudask_plan_memory``) are pure: they read the frozen
-:class:`~gpudask.plan.PlanContext` and write decisions into a
+``gpudask_select_transport``, ``gpudask_plan_memory``, ``gpudask_plan_finish``) are pure:
+they read the frozen :class:`~gpudask.plan.PlanContext` and write decisions into a
 :class:`~gpudask.plan.ProcessPlan` through its methods, which record the reason and the
 plugin. They run wherever a host plan is built, and must have no side effects. A host
 plan is built by the *planning processes* -- ``dask scheduler``, the ``dask worker``
@@ -55,6 +55,7 @@ module stays as light as ``import gpudask``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -182,12 +183,13 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     composed, so ``plan.ucx_transports`` and ``plan.env["UCX_TLS"]`` are known.
     **Called in:** every process that builds a host plan, as ``gpudask_validate``.
 
-    :return: None (ignored); write the decision with
-        ``plan.set_memory(MemoryPlan(allocator, initial_pool_size, maximum_pool_size, gpu,
-        details), why)``; sizes are validated and resolved to bytes for this process's GPU.
+    :return: None (ignored); write the decision into the plugin's own section with
+        ``plan.set_section({...}, why)`` (the rmm plugin: allocator, pool sizes in bytes
+        resolved for this process's GPU); ``gpudask_setup_memory`` reads it back.
 
-    **Combined:** one memory plan per process: a later plugin's ``set_memory`` replaces
-    an earlier one's (the reasons keep both).  **Failure:** stops the process, as in
+    **Combined:** each plugin writes its own section; a section another plugin wrote in
+    this step is not visible yet (``plan.section`` shows the earlier steps':
+    ``gpudask_plan_finish`` is the step that reads this one's).  **Failure:** stops the process, as in
     ``gpudask_validate``.
     """
 
@@ -221,7 +223,7 @@ def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 @hookspec
 def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] | None:
-    """Apply the memory decision of ``plan.memory`` in a worker process.
+    """Apply the plugin's memory decision (its section of ``plan``) in a worker process.
 
     **When:** an apply hook, called right after ``gpudask_context_init`` when a worker
     process applies its plan -- before the first connection and the first task -- or, in
@@ -328,4 +330,57 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
     the two sides' names.  **Failure:** isolated: a plugin that
     raises, or returns something else, becomes one ``plugin-failed`` warning finding
     and the other plugins still run.
+    """
+
+
+@hookspec
+def gpudask_plan_finish(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """Decide what depends on other plugins' decisions: the last plan step.
+
+    **When, where:** a plan hook (pure), in every process that builds a plan; called for
+    every plan after ``gpudask_plan_memory`` (and before the user's exported variables
+    replace planned ones).
+
+    A plugin reads another plugin's decisions only here or in a later step than the one
+    they were made in, and only through that plugin's *section* of the plan:
+    ``plan.section("rmm")`` is the ``rmm`` plugin's section as the earlier steps left it
+    (the spill plugin caps its device limit by the pool's maximum size this way).  The
+    plugin names the sections it reads in its module attribute ``reads_sections``
+    (``reads_sections = ("rmm",)``); reading one it did not name raises.  So the order
+    between two plugins is the plan's steps', never their priorities.
+
+    :return: None (ignored); decisions are written as in the other plan hooks, a plugin's
+        own with ``plan.set_section(values, why)``.
+
+    **Combined:** every plugin writes into the same plan, in priority order.
+    **Failure:** stops the process, as in ``gpudask_validate``.
+    """
+
+
+@hookspec
+def gpudask_report_rows(plan: Mapping[str, Any], published: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+    """The rows this plugin adds to ``gpudask info``, ``gpudask status`` and the ``/gpudask`` page.
+
+    **When, where:** called wherever a plan is shown: by ``gpudask info`` for each process
+    of the plan it prints, by ``gpudask status`` (in the client) for each worker, and in the
+    scheduler for each worker row of the ``/gpudask`` dashboard page.  Pure: reads its
+    arguments only.
+
+    :param plan: a process plan as published (``ProcessPlan.to_dict()``); the plugin reads
+        its own section, ``plan["sections"][<plugin name>]``.
+    :param published: what the worker published in its startup information
+        (``{"applied": ..., "memory": {plugin: setup report}, ...}``), or None where there
+        is no running process (``gpudask info``).  Both arrived from another process in
+        ``gpudask status`` and on the page: read them defensively (a field of the wrong
+        type is skipped, never raised on); gpudask escapes and bounds what is shown.
+    :return: a list of rows, or None.  A row is a dict: ``column`` (str, the column's
+        header, e.g. ``"pool"``), ``summary`` (str, the short planned form ``gpudask
+        info`` and the page show, e.g. ``"pool 4.0 GiB"``), ``planned`` and ``actual``
+        (JSON values; ``actual`` None where nothing was read back), optional ``note``
+        (str: why the planned value is not in place), ``bytes`` (bool: show the values as
+        sizes) and ``keys`` (the applied-state mismatch keys that mark this column ``!``).
+
+    **Combined:** the rows of all plugins, in priority order; a column named twice keeps
+    the first.  **Failure:** isolated: a plugin that raises, or returns rows of the wrong
+    shape, is left out of the table with one ``warning:`` line; the others are shown.
     """

@@ -85,20 +85,25 @@ class PluginManager(Registry):
         finally:
             self._observe = previous
 
-    def _call(self, hook_name: str, plan: ProcessPlan | None = None, isolate: bool = False,
+    def _call(self, hook_name: str, plan: ProcessPlan | Mapping[str, Any] | None = None, isolate: bool = False,
               **kwargs: Any) -> list[tuple[LoadedPlugin, Any]]:
         """Call each implementation in priority order.  With ``isolate`` a failing plugin's
         PluginError is returned as its result instead of stopping the others."""
         if plan is not None:
             kwargs = dict(kwargs, plan=plan)
+        # a ProcessPlan being built or applied (not a published plan's dict): its reasons name
+        # the acting plugin, and what section() shows is settled at the start of each step
+        tracked = plan if plan is not None and not isinstance(plan, Mapping) else None
         impls = self._impls(hook_name)
+        if tracked is not None:
+            tracked.settle_sections()  # what section() shows: the earlier steps' decisions only
         results = []
         for plugin in self.plugins:
             impl = impls.get(plugin.name)
             if impl is None:
                 continue
-            if plan is not None:
-                plan.acting_plugin = plugin.name
+            if tracked is not None:
+                tracked.acting_plugin, tracked.acting_reads = plugin.name, plugin.reads
             start = time.perf_counter()
             if self.trace:
                 hooktrace = self._pm.trace.root.get("hook")
@@ -118,14 +123,14 @@ class PluginManager(Registry):
                     raise error from e
                 result = error
             finally:
-                if plan is not None:
-                    plan.acting_plugin = "gpudask"
+                if tracked is not None:
+                    tracked.acting_plugin, tracked.acting_reads = "gpudask", ()
                 if self.trace:
                     hooktrace.root.indent -= 1
                 if self._observe is not None:
                     self._observe(plugin.name, hook_name, time.perf_counter() - start)
             if self.trace:
-                where = f" role={plan.role} index={plan.index}" if plan is not None else ""
+                where = f" role={tracked.role} index={tracked.index}" if tracked is not None else ""
                 # pluggy's "finish" line above carries the result; this one names the plugin
                 outcome = "failed" if isinstance(result, PluginError) else "done"
                 self._pm.trace.root.get("gpudask")(
@@ -155,6 +160,27 @@ class PluginManager(Registry):
 
     def plan_memory(self, ctx: PlanContext, plan: ProcessPlan) -> None:
         self._call("gpudask_plan_memory", plan, ctx=ctx)
+
+    def plan_finish(self, ctx: PlanContext, plan: ProcessPlan) -> None:
+        self._call("gpudask_plan_finish", plan, ctx=ctx)
+
+    def report_rows(self, plan: Mapping[str, Any], published: Mapping[str, Any] | None
+                    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """Every plugin's report rows, checked: ``(rows, problems)``; a plugin that raises or
+        returns a malformed row is left out with one problem line (its rows are not shown)."""
+        rows: list[dict[str, Any]] = []
+        problems: list[str] = []
+        seen: set[str] = set()
+        for plugin, result in self._call("gpudask_report_rows", plan, isolate=True, published=published):
+            problem = str(result) if isinstance(result, PluginError) else _report_rows_problem(result)
+            if problem is not None:
+                problems.append(f"plugin {plugin.name}'s report rows left out: {problem}")
+                continue
+            for row in result or []:
+                if row["column"] not in seen:
+                    seen.add(row["column"])
+                    rows.append({"plugin": plugin.name, **row})
+        return rows, problems
 
     def context_init(self, ctx: PlanContext, plan: ProcessPlan) -> None:
         self._call("gpudask_context_init", plan, ctx=ctx)
@@ -216,6 +242,26 @@ def _applied_state_problem(result: Any) -> str | None:
             return f"{type(pair).__name__} for key {key!r:.60}"
         if "planned" not in pair or "actual" not in pair:
             return f"{sorted(map(str, pair))!r:.80} for key {key!r:.60}"
+    return None
+
+
+REPORT_ROW_KEYS: dict[str, type | tuple[type, ...]] = {"column": str, "summary": str, "note": (str, type(None)),
+                                                      "bytes": bool, "keys": (list, tuple)}
+
+
+def _report_rows_problem(result: Any) -> str | None:
+    """What is wrong with a ``gpudask_report_rows`` result, or None."""
+    if result is None:
+        return None
+    if not isinstance(result, (list, tuple)):
+        return f"returned a {type(result).__name__}; expected None or a list of rows"
+    for row in result:
+        if not isinstance(row, Mapping) or not isinstance(row.get("column"), str) or not isinstance(
+                row.get("summary", ""), str):
+            return f"a row {row!r:.80} is not a dict with a string 'column' and 'summary'"
+        for key, kinds in REPORT_ROW_KEYS.items():
+            if key in row and not isinstance(row[key], kinds):
+                return f"a row's {key!r} is a {type(row[key]).__name__}"
     return None
 
 

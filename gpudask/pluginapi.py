@@ -8,9 +8,9 @@ else in ``gpudask`` may move.  Nothing in gpudask's core imports this module.
 * hooks: :data:`hookimpl` (the hooks are documented in docs/hooks.md);
 * settings: :class:`Option` and its parsers; read values with ``ctx.setting(key)``;
 * errors: :class:`GpudaskError`, :class:`ConfigError`, :class:`PluginError`;
-* plans: :class:`PlanContext`, :class:`ProcessPlan`, :class:`HostPlan`,
-  :class:`MemoryPlan`; the checks: :class:`Finding`, :class:`ProcessSide` (what
-  ``gpudask_scheduler_check`` receives);
+* plans: :class:`PlanContext`, :class:`ProcessPlan` (a plugin's own decisions go in its
+  section, ``plan.set_section``), :class:`HostPlan`; the checks: :class:`Finding`,
+  :class:`ProcessSide` (what ``gpudask_scheduler_check`` receives);
 * shared rules: what a ``UCX_TLS`` value means (:func:`parse_ucx_tls`, the one parser,
   :func:`tls_enables`, :func:`ucxx_creates_cuda_context`, :func:`ucx_supports`), which GPU a
   process of the plan uses and who shares it (:func:`process_gpu`, :func:`workers_sharing_gpu`),
@@ -29,7 +29,7 @@ from gpudask.facts import facts_from_dict
 from gpudask.facts.probe import ucx_unused_variables
 from gpudask.findings import Finding, ProcessSide, fingerprint
 from gpudask.hookspecs import hookimpl
-from gpudask.plan import HostPlan, MemoryPlan, PlanContext, ProcessPlan, cpu_ranges
+from gpudask.plan import HostPlan, PlanContext, ProcessPlan, cpu_ranges
 from gpudask.plan.gpus import process_gpu, workers_sharing_gpu
 from gpudask.plan.ucx_tls import parse_ucx_tls, tls_enables, ucx_supports, ucxx_creates_cuda_context
 
@@ -41,7 +41,7 @@ __all__ = [
     # errors
     "GpudaskError", "ConfigError", "PluginError",
     # plans and checks
-    "PlanContext", "ProcessPlan", "HostPlan", "MemoryPlan", "Finding", "ProcessSide", "facts_from_dict",
+    "PlanContext", "ProcessPlan", "HostPlan", "Finding", "ProcessSide", "facts_from_dict",
     "fingerprint",
     # this process
     "applied_role", "ucx_unused_variables",

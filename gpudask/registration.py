@@ -74,10 +74,12 @@ class LoadedPlugin:
     distribution: str | None
     obj: Any
     hooks: list[str] = field(default_factory=list)
+    reads: tuple[str, ...] = ()  # the plan sections of other plugins it reads (its reads_sections)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "priority": self.priority, "source": self.source,
-                "distribution": self.distribution, "hooks": list(self.hooks)}
+                "distribution": self.distribution, "hooks": list(self.hooks),
+                **({"reads_sections": list(self.reads)} if self.reads else {})}
 
 
 def _env_flag(name: str) -> bool:
@@ -215,6 +217,11 @@ class Registry:
         if isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
             raise PluginError(name, distribution, "registration",
                               f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}")
+        reads = getattr(obj, "reads_sections", ())
+        if isinstance(reads, str) or not isinstance(reads, (tuple, list)) or \
+                not all(isinstance(r, str) and r for r in reads):
+            raise PluginError(name, distribution, "registration",
+                              f"reads_sections must be a tuple of plugin names, got {reads!r:.80}")
         if any(p.name == name for p in self.plugins):
             raise PluginError(name, distribution, "registration", "another plugin already has this name")
         renamed = self._renamed(obj)
@@ -237,7 +244,7 @@ class Registry:
             self._pm.unregister(obj)
             raise PluginError(name, distribution, "registration", refused)
         hooks = sorted(caller.name for caller in self._pm.get_hookcallers(obj) or [])
-        plugin = LoadedPlugin(name, priority, source, distribution, obj, hooks)
+        plugin = LoadedPlugin(name, priority, source, distribution, obj, hooks, tuple(reads))
         self.plugins.append(plugin)
         self.plugins.sort(key=lambda p: (p.priority, p.name))
         self._registered()

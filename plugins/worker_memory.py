@@ -60,10 +60,9 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     if setting.value == "distributed":
         plan.note("skipped", f"{LIMIT}=distributed (from {setting.source}): distributed's own default limit")
         return
-    share = 1 / max(1, ctx.nworkers)
-    memory = dict(plan.memory or {})
-    memory["host_memory_fraction"] = round(share, 6)
-    plan.set_memory(memory, f"host memory limit: 1/{ctx.nworkers} of the host's memory (its {ctx.nworkers} "
+    share = round(1 / max(1, ctx.nworkers), 6)
+    plan.set_section({"host_memory_fraction": share}, decision=f"memory: host_memory_fraction={share}",
+                     why=f"host memory limit: 1/{ctx.nworkers} of the host's memory (its {ctx.nworkers} "
                             "worker(s) split it, as dask cuda worker does); distributed's 'auto' gives a worker "
                             "nthreads/CPUs of it and counts GPU arrays against it, spilling them to disk above "
                             "0.6 of it (dask-cuda's dot benchmark 10x slower); an explicit --memory-limit wins")
@@ -71,7 +70,7 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
-    share = (plan.memory or {}).get("host_memory_fraction")
+    share = plan.sections.get(name, {}).get("host_memory_fraction")
     manager = getattr(server, "memory_manager", None)
     if plan.role != "worker" or not share or manager is None or type(server).__name__ == "Nanny":
         return

@@ -84,7 +84,7 @@ def test_preload_scheduler_and_worker_take_options_from_gpudask_toml_and_environ
     for i in (0, 1):
         p = published[i]
         assert "infiniband" not in [x["name"] for x in p["plugins"]]
-        memory = p["plan"]["memory"]
+        memory = p["plan"]["sections"]["rmm"]
         assert memory["initial_pool_size"] == 2 * 10**9  # the environment wins over gpudask.toml
         assert memory["maximum_pool_size"] == 8 * 10**9  # from gpudask.toml
         why = " ".join(r["why"] for r in p["plan"]["reasons"] if r["plugin"] == "rmm")

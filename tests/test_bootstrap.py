@@ -45,7 +45,7 @@ def test_the_same_inputs_are_built_once_and_other_inputs_again():
     other = bootstrap.plan_host("ucx", facts_path=host("h200-single.json"))  # another facts file
     assert bootstrap.builds() == 2 and other.ctx.manager is not one.ctx.manager
     with dask.config.set({"gpudask.rmm.pool-size": "1GiB"}):  # another user config
-        assert bootstrap.plan_host("ucx", facts_path=HGX).workers[0].memory["initial_pool_size"] == 2**30
+        assert bootstrap.plan_host("ucx", facts_path=HGX).workers[0].sections["rmm"]["initial_pool_size"] == 2**30
     assert bootstrap.builds() == 3
     bootstrap.plan_host("ucx", facts_path=HGX)  # back to the first inputs: still cached
     assert bootstrap.builds() == 3

@@ -37,8 +37,8 @@ def test_status_shows_the_pool_the_plugin_published_and_no_alarm_on_healthy_work
     rows = json.loads(as_json.stdout)["workers"]
     assert [r["index"] for r in rows] != [None, None] and len(rows) == 2
     for r in rows:
-        assert r["pool"]["planned"] == 2**30, r["pool"]
-        assert "described" in r["pool"]["note"], r["pool"]  # the plugin said why no pool was built
+        assert r["columns"]["pool"]["planned"] == 2**30, r["columns"]["pool"]
+        assert "described" in r["columns"]["pool"]["note"], r["columns"]["pool"]  # the plugin said why no pool was built
         assert r["mismatches"] == [] and r["problems"] == []
     text = _gpudask("status", cluster.address, env={**env, "COLUMNS": "200"})
     assert text.returncode == 0, text.stderr

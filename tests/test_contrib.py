@@ -91,7 +91,7 @@ def test_found_ordered_by_priority_and_listed():
     for dist, (name, priority) in PACKAGES.items():
         assert by_name[name]["source"] == "entry point" and by_name[name]["distribution"] == dist
         assert by_name[name]["priority"] == priority
-    assert by_name["torch-rmm"]["hooks"] == ["gpudask_config_options", "gpudask_plan_memory", "gpudask_setup_memory"]
+    assert by_name["torch-rmm"]["hooks"] == ["gpudask_config_options", "gpudask_plan_finish", "gpudask_plan_process", "gpudask_setup_memory"]
     order = [(p["priority"], p["name"]) for p in listed]
     assert order == sorted(order)
     names = [p["name"] for p in listed]
@@ -121,7 +121,9 @@ def test_decision_in_gpudask_info_for_a_described_host(tmp_path):
     facts = _facts_with_torch(tmp_path)
     plan = json.loads(gpudask_cli("info", "--json", "--facts", facts))
     for worker in plan["workers"]:
-        (reason,) = [r for r in worker["reasons"] if r["plugin"] == "torch-rmm"]
+        asks, reason = [r for r in worker["reasons"] if r["plugin"] == "torch-rmm"]
+        assert asks["decision"] == "asks rmm: allocates_through=['torch']"  # rmm learns it through the plan
+        assert worker["requests"] == {"rmm": {"torch-rmm": {"allocates_through": ["torch"]}}}
         assert reason["decision"] == "torch allocator: rmm"
     off = json.loads(gpudask_cli("info", "--json", "--facts", facts,
                                  env=contrib_env(DASK_GPUDASK__TORCH_RMM__ENABLED="false")))
@@ -164,7 +166,7 @@ def test_hooks_run_in_the_right_processes_of_a_real_cluster(cluster, tmp_path):
         assert listed["prometheus"]["source"] == "entry point"
         # its decision is in the plan reasons; its worker hook ran in that worker process
         reasons = [r for r in published["plan"]["reasons"] if r["plugin"] == "torch-rmm"]
-        assert [r["decision"] for r in reasons] == ["torch allocator: rmm"]
+        assert [r["decision"] for r in reasons] == ["asks rmm: allocates_through=['torch']", "torch allocator: rmm"]
         memory = published["memory"]["torch-rmm"]
         assert memory["pid"] == pids[address]
         assert memory["torch_allocator"] == "default" and memory["why"].startswith("host described by")

@@ -111,7 +111,8 @@ def test_applied_state_and_published_plan_become_the_row():
                             "mig": {"instances": []}}]},
         "plan": {"gpu": "GPU-a", "gpu_index": 0, "cuda_visible_devices": "0,1",
                  "env": {"UCX_TLS": "tcp,cuda_copy,cuda_ipc"}, "ucx_transports": ["tcp", "cuda_copy", "cuda_ipc"],
-                 "memory": {"allocator": "pool", "initial_pool_size": 2**30, "device_memory_limit": 2**33}},
+                 "sections": {"rmm": {"allocator": "pool", "initial_pool_size": 2**30},
+                              "spill": {"device_memory_limit": 2**33}}},
         "applied": {"cuda_device": "GPU-a", "ucx": {"TLS": ["tcp", "cuda_copy"]}},
     }
     ws = WorkerState(address="ucx://10.0.0.1:1234", status=None, pid=1, name=0, nthreads=1, memory_limit=0,
@@ -124,7 +125,10 @@ def test_applied_state_and_published_plan_become_the_row():
         "planned": {"protocol": "ucx", "UCX_TLS": "tcp,cuda_copy,cuda_ipc",
                     "ucx_transports": ["tcp", "cuda_copy", "cuda_ipc"]},
         "active": {"protocol": "ucx", "UCX_TLS": "tcp,cuda_copy"}}
-    assert row["memory"]["device_memory_limit"] == 2**33
+    assert row["sections"]["spill"]["device_memory_limit"] == 2**33
+    # the plugins say what their sections mean: the rmm and spill plugins' rows
+    assert row["rows"]["pool"]["planned"] == 2**30 and row["rows"]["pool"]["plugin"] == "rmm"
+    assert row["rows"]["spill"]["summary"] == "spill > 8.0 GiB"
     assert row["metrics"] == {"gpudask-rmm": {"pool_size": 2**30, "used": 5}}
     assert row["applied"]["cuda_device"] == "GPU-a" and row["check"]["status"] == "ok"
 
@@ -245,7 +249,8 @@ def test_preloaded_cluster_state_and_worker_metrics(cluster):
             "GPU-00000000-0000-0000-0000-000000000000", "GPU-00000000-0000-0000-0000-000000000001"]
         for address, row in rows.items():
             assert row["gpudask"] and row["gpu"]["name"] == "NVIDIA RTX A6000"
-            assert row["memory"]["allocator"] == "pool" and row["memory"]["initial_pool_size"] == 4 * 2**30
+            assert row["sections"]["rmm"]["allocator"] == "pool"
+            assert row["rows"]["pool"]["planned"] == 4 * 2**30 and row["rows"]["pool"]["summary"] == "pool 4.0 GiB"
             assert row["check"]["status"] == "warning"
             assert "scheduler-no-gpu" in {f["code"] for f in row["check"]["findings"]}
             text = get(info["workers"][address]["services"]["dashboard"], "/metrics").splitlines()

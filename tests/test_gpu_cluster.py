@@ -86,7 +86,7 @@ def test_top_level_import_script_gives_each_worker_its_gpu_pool_and_context(tmp_
         plan = result["plans"][address]
         assert w["cvd"] == plan["cuda_visible_devices"]
         assert w["uuid"] == plan["gpu"]  # the context is on the worker's own GPU
-        memory = plan.get("memory") or {}
+        memory = (plan.get("sections") or {}).get("rmm") or {}
         if memory.get("allocator") in ("pool", "async") and memory.get("initial_pool_size"):
             assert w["resource"] != "CudaMemoryResource"
             if memory["allocator"] == "pool":

@@ -31,7 +31,7 @@ if __name__ == "__main__":
                                  jit_unspill=False, pre_import="json", dashboard_address=":0") as cluster, \\
             Client(cluster) as client:
         (w,) = client.scheduler_info(n_workers=-1)["workers"].values()
-        out = {"memory": w["gpudask"]["plan"]["memory"],
+        out = {"sections": w["gpudask"]["plan"]["sections"],
                "worker_config": list(client.run(lambda: [dask.config.get(k, None) for k in keys]).values())[0],
                "preloads": list(client.run(lambda dask_worker: [p.name for p in dask_worker.preloads]).values())[0],
                "client_config": [dask.config.get(k, None) for k in keys]}
@@ -47,8 +47,9 @@ def test_local_gpu_cluster_takes_local_cuda_cluster_arguments_as_gpudask_setting
                          env=base_env(GPUDASK_FACTS=TWO_GPUS), cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-4000:]
     result = json.loads(out.stdout.split("RESULT ", 1)[1])
-    assert result["memory"]["allocator"] == "pool" and result["memory"]["initial_pool_size"] == 10**9
-    assert result["memory"]["device_memory_limit"] == 2 * 10**9
+    rmm, spill = result["sections"]["rmm"], result["sections"]["spill"]
+    assert rmm["allocator"] == "pool" and rmm["initial_pool_size"] == 10**9
+    assert spill["device_memory_limit"] == 2 * 10**9
     # the worker process runs with the settings (rmm_async=False: dask-cuda's default, nothing set) ...
     assert result["worker_config"] == ["1GB", "2GB", True, True, None]
     assert result["preloads"] == ["gpudask", "json"]  # pre_import, after gpudask

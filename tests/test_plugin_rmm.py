@@ -133,7 +133,7 @@ def test_negative_sizes_say_so():
     ("1000001", 1000001 // 256 * 256), (0.3, int(0.3 * H200) // 256 * 256), ("50%", H200 // 2),
 ])
 def test_sizes_resolve_to_bytes_rounded_down_to_256(value, nbytes):
-    memory = worker(config={"gpudask.rmm.pool-size": value}).memory
+    memory = worker(config={"gpudask.rmm.pool-size": value}).sections.get("rmm")
     assert memory["allocator"] == "pool" and memory["initial_pool_size"] == nbytes
     assert nbytes % 256 == 0
 
@@ -142,19 +142,19 @@ def test_environment_variable_fraction_is_a_float_and_works():
     env = {"DASK_GPUDASK__RMM__POOL_SIZE": "0.5"}
     assert dask.config.collect_env(env) == {"gpudask": {"rmm": {"pool_size": 0.5}}}  # dask's literal_eval
     w = worker(env=env)
-    assert w.memory["initial_pool_size"] == H200 // 2 // 256 * 256
+    assert w.sections.get("rmm")["initial_pool_size"] == H200 // 2 // 256 * 256
     assert "$DASK_GPUDASK__RMM__POOL_SIZE" in reason(w, "memory:")
 
 
 def test_environment_variable_bytes_and_fraction_strings():
-    assert worker(env={"DASK_GPUDASK__RMM__POOL_SIZE": "4GiB"}).memory["initial_pool_size"] == 2**32
-    assert worker(env={"DASK_GPUDASK__RMM__POOL_SIZE": "'0.25'"}).memory["initial_pool_size"] == H200 // 4
+    assert worker(env={"DASK_GPUDASK__RMM__POOL_SIZE": "4GiB"}).sections.get("rmm")["initial_pool_size"] == 2**32
+    assert worker(env={"DASK_GPUDASK__RMM__POOL_SIZE": "'0.25'"}).sections.get("rmm")["initial_pool_size"] == H200 // 4
 
 
 def test_fraction_of_a_mig_instance_is_of_the_instance():
     w = worker("mig.json", config={"gpudask.rmm.pool-size": 0.5})
     instance = 21072183296
-    assert w.memory["initial_pool_size"] == instance // 2 // 256 * 256
+    assert w.sections.get("rmm")["initial_pool_size"] == instance // 2 // 256 * 256
     assert "MIG instance" in reason(w, "memory:")
 
 
@@ -166,23 +166,23 @@ def test_mig_instance_too_small_for_the_pool_is_an_error():
 # --------------------------------------------------------------------------- legacy keys
 def test_legacy_distributed_rmm_pool_size_is_honoured():
     w = worker(protocol="tcp", config={"distributed.rmm.pool-size": "4GB"})
-    assert w.memory["initial_pool_size"] == 4_000_000_000
+    assert w.sections.get("rmm")["initial_pool_size"] == 4_000_000_000
     assert "legacy key distributed.rmm.pool-size" in reason(w, "memory:")
 
 
 def test_legacy_distributed_ucxx_key_is_honoured_first():
     w = worker(config={"distributed-ucxx.rmm.pool-size": "2GB", "distributed.rmm.pool-size": "4GB"})
-    assert w.memory["initial_pool_size"] == 2_000_000_000
+    assert w.sections.get("rmm")["initial_pool_size"] == 2_000_000_000
 
 
 def test_gpudask_key_beats_legacy_keys():
     w = worker(config={"gpudask.rmm.pool-size": "1GB", "distributed.rmm.pool-size": "4GB"})
-    assert w.memory["initial_pool_size"] == 1_000_000_000
+    assert w.sections.get("rmm")["initial_pool_size"] == 1_000_000_000
 
 
 def test_legacy_environment_variable_is_honoured():
     w = worker(env={"DASK_DISTRIBUTED__RMM__POOL_SIZE": "3GB"})
-    assert w.memory["initial_pool_size"] == 3_000_000_000
+    assert w.sections.get("rmm")["initial_pool_size"] == 3_000_000_000
 
 
 @pytest.mark.parametrize("protocol", ["ucx", "tcp"])
@@ -194,18 +194,18 @@ def test_every_plan_unsets_distributed_ucxx_pool_keys(protocol):
         for key in POOL_KEYS:
             assert key in p.config and p.config[key] is None, (p.role, key)
     assert "nanny would hold one" in reason(host_plan.nanny, "distributed-ucxx.rmm.pool-size=")
-    assert host_plan.workers[0].memory["initial_pool_size"] == 4_000_000_000
-    assert host_plan.nanny.memory is None and host_plan.client.memory is None
+    assert host_plan.workers[0].sections.get("rmm")["initial_pool_size"] == 4_000_000_000
+    assert host_plan.nanny.sections.get("rmm") is None and host_plan.client.sections.get("rmm") is None
     # the scheduler: distributed-ucxx's own key, honoured over UCX (init_once builds it), refused in one line over tcp
     scheduler = host_plan.scheduler
     if protocol == "ucx":
         assert scheduler.config["distributed.rmm.pool-size"] == "4GB"
         assert "distributed-ucxx.rmm.pool-size" not in scheduler.config  # ucxx falls back to the key given
         assert "set by you" in reason(scheduler, "distributed.rmm.pool-size=")
-        assert scheduler.memory["initial_pool_size"] == 4_000_000_000
-        assert scheduler.memory["built_by"] == "distributed-ucxx"
+        assert scheduler.sections.get("rmm")["initial_pool_size"] == 4_000_000_000
+        assert scheduler.sections.get("rmm")["built_by"] == "distributed-ucxx"
     else:
-        assert scheduler.config["distributed.rmm.pool-size"] is None and scheduler.memory is None
+        assert scheduler.config["distributed.rmm.pool-size"] is None and scheduler.sections.get("rmm") is None
         refused = reason(scheduler, "distributed.rmm.pool-size=")
         assert "refused" in refused and "protocol tcp does not start UCX" in refused
         assert refused in host_plan.warnings and "\n" not in refused
@@ -217,7 +217,7 @@ def test_scheduler_pool_key_from_the_environment_is_honoured(key):
     env = {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): "2GB"}
     scheduler = make(env=env).scheduler
     assert dask.config.get(key, config=nested(scheduler.config)) == "2GB"
-    assert scheduler.memory["initial_pool_size"] == 2_000_000_000
+    assert scheduler.sections.get("rmm")["initial_pool_size"] == 2_000_000_000
     assert "init_once" in reason(scheduler, "memory:")
 
 
@@ -244,34 +244,34 @@ def test_tcp_without_legacy_keys_leaves_distributed_config_alone():
 def test_pool_is_on_by_default_with_ucx_over_nvlink_or_infiniband(transports, named):
     host_plan = make("hgx-4gpu-2ib.json", "ucx", None, None, fabric(*transports))
     for w in host_plan.workers:
-        assert w.memory["allocator"] == "pool"
-        assert w.memory["initial_pool_size"] == 85520809984 // 2 // 256 * 256
-        assert w.memory["maximum_pool_size"] is None
-        assert w.memory["libraries"] == ["cupy"]
+        assert w.sections.get("rmm")["allocator"] == "pool"
+        assert w.sections.get("rmm")["initial_pool_size"] == 85520809984 // 2 // 256 * 256
+        assert w.sections.get("rmm")["maximum_pool_size"] is None
+        assert w.sections.get("rmm")["libraries"] == ["cupy"]
         why = reason(w, "memory:")
         assert named in why and "one mapping" in why and "default size 0.5" in why
-    assert host_plan.workers[1].memory["gpu"] == load_facts(host("hgx-4gpu-2ib.json")).gpus[1].uuid
+    assert host_plan.workers[1].sections.get("rmm")["gpu"] == load_facts(host("hgx-4gpu-2ib.json")).gpus[1].uuid
 
 
 def test_the_design_example_h200_default_pool():
     w = worker("h200-single.json", "ucx", None, None, fabric("cuda_ipc"))
-    assert w.memory["initial_pool_size"] == 75377410048 and w.memory["maximum_pool_size"] is None
+    assert w.sections.get("rmm")["initial_pool_size"] == 75377410048 and w.sections.get("rmm")["maximum_pool_size"] is None
 
 
 def test_no_pool_by_default_with_ucx_over_tcp_only():
     w = worker("single-gpu.json", "ucx", None, None, fabric("tcp", "cuda_copy"))
-    assert w.memory is None
+    assert w.sections.get("rmm") is None
     assert "no pool: UCX without NVLink or InfiniBand" in reason(w, "memory: none")
 
 
 def test_no_pool_by_default_without_ucx():
     w = worker("hgx-4gpu-2ib.json", "tcp", None, None, fabric("cuda_ipc", "rc"))
-    assert w.memory is None and "protocol tcp" in reason(w, "memory: none")
+    assert w.sections.get("rmm") is None and "protocol tcp" in reason(w, "memory: none")
 
 
 def test_user_ucx_tls_without_nvlink_or_ib_means_no_default_pool():
     w = worker("hgx-4gpu-2ib.json", "ucx", None, {"UCX_TLS": "tcp,cuda_copy"}, fabric("cuda_ipc", "rc"))
-    assert w.memory is None
+    assert w.sections.get("rmm") is None
 
 
 def test_real_plugins_pool_matches_the_transports_they_chose():
@@ -283,33 +283,33 @@ def test_real_plugins_pool_matches_the_transports_they_chose():
         for w in host_plan.workers:
             fast = {"cuda_ipc", "rc"} & set(w.ucx_transports) or any(t.startswith("rc") for t in w.ucx_transports)
             # (the spill plugin adds a device_memory_limit to every GPU worker: a pool has an allocator)
-            assert ((w.memory or {}).get("allocator") is not None) == bool(fast), (facts, w.index, w.ucx_transports)
+            assert ((w.sections.get("rmm") or {}).get("allocator") is not None) == bool(fast), (facts, w.index, w.ucx_transports)
 
 
 def test_explicit_pool_without_ucx():
     w = worker(protocol="tcp", config={"gpudask.rmm.pool-size": "2GB"})
-    assert w.memory["initial_pool_size"] == 2_000_000_000
+    assert w.sections.get("rmm")["initial_pool_size"] == 2_000_000_000
 
 
 @pytest.mark.parametrize("off", [False, "off", 0])
 def test_pool_can_be_turned_off_even_with_nvlink(off):
     w = worker("hgx-4gpu-2ib.json", "ucx", {"gpudask.rmm.pool-size": off}, None, fabric("cuda_ipc"))
-    assert w.memory is None and "no pool: gpudask.rmm.pool-size" in reason(w, "memory: none")
+    assert w.sections.get("rmm") is None and "no pool: gpudask.rmm.pool-size" in reason(w, "memory: none")
 
 
 def test_allocator_pool_alone_asks_for_a_default_sized_pool():
     w = worker(protocol="tcp", config={"gpudask.rmm.allocator": "pool"})
-    assert w.memory["allocator"] == "pool" and w.memory["initial_pool_size"] == H200 // 2
+    assert w.sections.get("rmm")["allocator"] == "pool" and w.sections.get("rmm")["initial_pool_size"] == H200 // 2
 
 
 def test_maximum_alone_asks_for_a_pool_and_lowers_the_default_initial_size():
     w = worker(protocol="tcp", config={"gpudask.rmm.maximum-pool-size": "8GB"})
-    assert w.memory["initial_pool_size"] == 8_000_000_000 == w.memory["maximum_pool_size"]
+    assert w.sections.get("rmm")["initial_pool_size"] == 8_000_000_000 == w.sections.get("rmm")["maximum_pool_size"]
 
 
 def test_default_pool_is_split_between_workers_sharing_a_gpu():
     host_plan = make("single-gpu.json", "ucx", None, None, fabric("cuda_ipc"), nworkers=2)
-    sizes = [w.memory["initial_pool_size"] for w in host_plan.workers]
+    sizes = [w.sections.get("rmm")["initial_pool_size"] for w in host_plan.workers]
     assert sizes == [int(RTX * 0.25) // 256 * 256] * 2
     assert "split between the 2 workers" in reason(host_plan.workers[0], "memory:")
 
@@ -322,27 +322,33 @@ def test_explicit_pools_of_workers_sharing_a_gpu_must_fit_together():
 def test_pytorch_installed_caps_the_default_pool(tmp_path):
     facts = described(tmp_path, torch="2.9.0")
     w = worker(facts, "ucx", None, None, fabric("cuda_ipc"))
-    assert w.memory["maximum_pool_size"] == w.memory["initial_pool_size"] == H200 // 2
+    assert w.sections.get("rmm")["maximum_pool_size"] == w.sections.get("rmm")["initial_pool_size"] == H200 // 2
     assert "PyTorch 2.9.0 is installed" in reason(w, "memory:")
     # routed through RMM: one allocator, no cap needed
     w = worker(facts, "ucx", {"gpudask.rmm.libraries": ["cupy", "torch"]}, None, fabric("cuda_ipc"))
-    assert w.memory["maximum_pool_size"] is None
+    assert w.sections.get("rmm")["maximum_pool_size"] is None
     # a size the user chose is not capped
     w = worker(facts, "ucx", {"gpudask.rmm.pool-size": 0.7}, None, fabric("cuda_ipc"))
-    assert w.memory["maximum_pool_size"] is None
-    # a loaded plugin that points PyTorch at RMM (contrib/gpudask-torch-rmm declares this setting)
-    torch_rmm = types.SimpleNamespace(name="torch-rmm", priority=110, gpudask_config_options=hookimpl(
+    assert w.sections.get("rmm")["maximum_pool_size"] is None
+    # a plugin that points PyTorch at RMM asks rmm through the plan (a request made in
+    # gpudask_plan_process, read by rmm in the later memory step): its priority does not matter
+    for priority in (5, 500):
+        torch_rmm = types.SimpleNamespace(name="torch-rmm", priority=priority, gpudask_plan_process=hookimpl(
+            lambda plan: plan.request("rmm", {"allocates_through": ["torch"]}, "points PyTorch at RMM")))
+        w = worker(facts, "ucx", None, None, fabric("cuda_ipc"), torch_rmm)
+        assert w.sections["rmm"]["maximum_pool_size"] is None, priority
+        assert w.requests == {"rmm": {"torch-rmm": {"allocates_through": ["torch"]}}}
+    # a plugin that only declares the contrib plugin's setting asks nothing: rmm knows no contrib key
+    declares = types.SimpleNamespace(name="torch-rmm", priority=110, gpudask_config_options=hookimpl(
         lambda: [Option("gpudask.torch-rmm.enabled", True, "doc", parse_bool)]))
-    w = worker(facts, "ucx", None, None, fabric("cuda_ipc"), torch_rmm)
-    assert w.memory["maximum_pool_size"] is None
-    w = worker(facts, "ucx", {"gpudask.torch-rmm.enabled": False}, None, fabric("cuda_ipc"), torch_rmm)
-    assert w.memory["maximum_pool_size"] == w.memory["initial_pool_size"]
+    w = worker(facts, "ucx", None, None, fabric("cuda_ipc"), declares)
+    assert w.sections["rmm"]["maximum_pool_size"] == w.sections["rmm"]["initial_pool_size"]
 
 
 def test_no_gpu_host_skips_even_an_explicit_pool():
     host_plan = make("no-gpu.json", "tcp", {"gpudask.rmm.pool-size": "4GB"})
     w = host_plan.workers[0]
-    assert w.memory is None
+    assert w.sections.get("rmm") is None
     assert any(r.plugin == "rmm" and r.decision == "skipped" and "no GPU" in r.why for r in w.reasons)
 
 
@@ -351,7 +357,7 @@ def test_other_options_reach_the_plan(tmp_path):
         "gpudask.rmm.pool-size": "1GB", "gpudask.rmm.maximum-pool-size": "2GB",
         "gpudask.rmm.log-directory": str(tmp_path), "gpudask.rmm.track-allocations": True,
         "gpudask.rmm.libraries": "cupy,numba"})
-    m = w.memory
+    m = w.sections.get("rmm")
     assert (m["initial_pool_size"], m["maximum_pool_size"]) == (1_000_000_000, 2_000_000_000)
     assert os.path.dirname(m["log_file"]) == str(tmp_path)
     assert os.path.basename(m["log_file"]).startswith("rmm-") and m["log_file"].endswith("-worker-0.log")
@@ -361,14 +367,14 @@ def test_other_options_reach_the_plan(tmp_path):
 def test_async_allocator_with_release_threshold():
     w = worker(protocol="tcp", config={"gpudask.rmm.allocator": "async", "gpudask.rmm.pool-size": "1GB",
                                        "gpudask.rmm.release-threshold": 0.25})
-    assert w.memory["allocator"] == "async" and w.memory["release_threshold"] == H200 // 4
+    assert w.sections.get("rmm")["allocator"] == "async" and w.sections.get("rmm")["release_threshold"] == H200 // 4
 
 
 def test_managed_memory_pool_and_plain_managed():
     w = worker(protocol="tcp", config={"gpudask.rmm.allocator": "managed", "gpudask.rmm.pool-size": "1GB"})
-    assert w.memory["allocator"] == "pool" and w.memory["managed_memory"] is True
+    assert w.sections.get("rmm")["allocator"] == "pool" and w.sections.get("rmm")["managed_memory"] is True
     w = worker(protocol="tcp", config={"gpudask.rmm.allocator": "managed"})
-    assert w.memory["allocator"] == "managed" and w.memory["initial_pool_size"] is None
+    assert w.sections.get("rmm")["allocator"] == "managed" and w.sections.get("rmm")["initial_pool_size"] is None
 
 
 def test_unknown_library_is_an_error():
@@ -397,7 +403,7 @@ def test_an_empty_pool_size_is_refused():
 
 
 def test_a_large_bare_number_is_bytes():
-    assert worker(config={"gpudask.rmm.pool-size": "4000000000"}).memory["initial_pool_size"] == 4 * 10**9
+    assert worker(config={"gpudask.rmm.pool-size": "4000000000"}).sections.get("rmm")["initial_pool_size"] == 4 * 10**9
 
 
 def test_maximum_larger_than_the_gpu():
@@ -432,7 +438,7 @@ def test_managed_memory_with_nvlink():
     assert "gpudask.rmm.managed-memory" in message
     # managed memory over InfiniBand alone is accepted
     assert worker("hgx-4gpu-2ib.json", "ucx", {"gpudask.rmm.managed-memory": True}, None,
-                  fabric("rc")).memory["managed_memory"] is True
+                  fabric("rc")).sections.get("rmm")["managed_memory"] is True
 
 
 def test_default_allocator_with_a_pool_size():
@@ -452,7 +458,7 @@ def test_explicit_pool_without_rmm_installed_is_an_error(tmp_path):
 def test_default_pool_without_rmm_installed_warns(tmp_path):
     facts = described(tmp_path, rmm=None)
     host_plan = make(facts, "ucx", None, None, fabric("cuda_ipc"))
-    assert host_plan.workers[0].memory is None
+    assert host_plan.workers[0].sections.get("rmm") is None
     assert any("rmm is not installed" in w for w in host_plan.warnings)
 
 
@@ -476,7 +482,7 @@ def test_gpudask_info_json_shows_the_memory_plan():
                           host("h200-single.json")], capture_output=True, text=True, timeout=120,
                          env=base_env(DASK_GPUDASK__RMM__POOL_SIZE="0.5"))
     assert out.returncode == 0, out.stderr
-    memory = json.loads(out.stdout)["workers"][0]["memory"]
+    memory = json.loads(out.stdout)["workers"][0]["sections"]["rmm"]
     assert memory["allocator"] == "pool" and memory["initial_pool_size"] == 75377410048
     assert memory["maximum_pool_size"] is None
 
@@ -486,23 +492,23 @@ def test_scheduler_pool_only_when_asked_and_built_by_distributed_ucxx():
     host_plan = make(config={"gpudask.rmm.scheduler-pool-size": "1GiB"})
     s = host_plan.scheduler
     assert s.config["distributed-ucxx.rmm.pool-size"] == 2**30 and s.config["distributed.rmm.pool-size"] is None
-    assert s.memory["initial_pool_size"] == 2**30 and s.memory["built_by"] == "distributed-ucxx"
+    assert s.sections.get("rmm")["initial_pool_size"] == 2**30 and s.sections.get("rmm")["built_by"] == "distributed-ucxx"
     assert host_plan.nanny.config["distributed-ucxx.rmm.pool-size"] is None
-    assert make().scheduler.memory is None
+    assert make().scheduler.sections.get("rmm") is None
 
 
 def test_scheduler_pool_ignored_when_the_scheduler_ucx_has_no_cuda_transport():
     host_plan = make(config={"gpudask.rmm.scheduler-pool-size": "1GiB"}, env={"UCX_TLS": "rc,tcp"})
-    assert host_plan.scheduler.memory is None
+    assert host_plan.scheduler.sections.get("rmm") is None
     assert "has no cuda transport" in reason(host_plan.scheduler, "no scheduler pool")
     assert any("scheduler-pool-size" in w for w in host_plan.warnings)
     assert make(config={"gpudask.rmm.scheduler-pool-size": "1GiB"},
-                env={"UCX_TLS": "tcp,cuda_copy"}).scheduler.memory["initial_pool_size"] == 2**30
+                env={"UCX_TLS": "tcp,cuda_copy"}).scheduler.sections.get("rmm")["initial_pool_size"] == 2**30
 
 
 def test_scheduler_pool_ignored_without_ucx():
     s = make(protocol="tcp", config={"gpudask.rmm.scheduler-pool-size": "1GiB"}).scheduler
-    assert s.memory is None and "only a UCX scheduler" in reason(s, "no scheduler pool")
+    assert s.sections.get("rmm") is None and "only a UCX scheduler" in reason(s, "no scheduler pool")
 
 
 def test_scheduler_pool_larger_than_the_gpu():
@@ -653,7 +659,7 @@ def test_gpu_second_setup_reports_and_does_not_rebuild(cluster, tmp_path):
         s = session.current()
         before = rmm.mr.get_current_device_resource()
         report = session.setup_memory(s.manager, s.ctx, s.plan)["rmm"]
-        return report, s.memory["rmm"], rmm.mr.get_current_device_resource() is before
+        return report, s.sections.get("rmm")["rmm"], rmm.mr.get_current_device_resource() is before
 
     with _gpu_cluster(cluster, tmp_path, DASK_GPUDASK__RMM__POOL_SIZE="256MiB") as client:
         ((report, first, same_resource),) = client.run(again).values()
@@ -691,10 +697,10 @@ def test_gpu_nanny_holds_no_pool(cluster, tmp_path):
 def test_tracking_logging_and_libraries_are_honoured_without_a_pool(tmp_path):
     w = worker(config={"gpudask.rmm.pool-size": False, "gpudask.rmm.track-allocations": True,
                        "gpudask.rmm.log-directory": str(tmp_path)})
-    assert w.memory["allocator"] == "default" and w.memory["initial_pool_size"] is None
-    assert w.memory["track_allocations"] is True and w.memory["log_file"].startswith(str(tmp_path))
+    assert w.sections.get("rmm")["allocator"] == "default" and w.sections.get("rmm")["initial_pool_size"] is None
+    assert w.sections.get("rmm")["track_allocations"] is True and w.sections.get("rmm")["log_file"].startswith(str(tmp_path))
     rmm_why = " ".join(r.why for r in w.reasons if r.plugin == "rmm")
     assert "no pool, but gpudask.rmm.track-allocations" in rmm_why and "as dask-cuda does without a pool" in rmm_why
     w = worker(config={"gpudask.rmm.pool-size": False, "gpudask.rmm.libraries": ["cupy", "numba"]})
-    assert w.memory["allocator"] == "default" and w.memory["libraries"] == ["cupy", "numba"]
-    assert worker(config={"gpudask.rmm.pool-size": False}).memory is None  # nothing asked for: no RMM setup
+    assert w.sections.get("rmm")["allocator"] == "default" and w.sections.get("rmm")["libraries"] == ["cupy", "numba"]
+    assert worker(config={"gpudask.rmm.pool-size": False}).sections.get("rmm") is None  # nothing asked for: no RMM setup

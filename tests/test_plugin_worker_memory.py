@@ -18,17 +18,17 @@ def _reason(plan):
 def test_each_gpu_worker_gets_its_share_of_the_host(facts, nworkers, share):
     h = plan_on(host(facts), "ucx", nworkers)
     for w in h.workers:
-        assert w.memory["host_memory_fraction"] == share
+        assert w.sections["worker-memory"]["host_memory_fraction"] == share
         assert "split it, as dask cuda worker does" in _reason(w).why
-    assert h.scheduler.memory is None or "host_memory_fraction" not in h.scheduler.memory
+    assert "worker-memory" not in h.scheduler.sections
 
 
 def test_distributed_keeps_distributeds_own_limit_and_a_cpu_host_is_left_alone():
     w = plan_on(host("workstation-2gpu-pcie.json"), "ucx", **{"gpudask.worker-memory.limit": "distributed"}).workers[0]
-    assert "host_memory_fraction" not in (w.memory or {})
+    assert "worker-memory" not in w.sections
     assert "distributed's own default limit" in _reason(w).why
     cpu = plan_on(host("no-gpu.json"), "tcp").workers[0]
-    assert "host_memory_fraction" not in (cpu.memory or {})
+    assert "worker-memory" not in cpu.sections
 
 
 def test_a_bad_value_is_refused():

@@ -107,7 +107,8 @@ def test_unpinned_workers_all_share_device_0_for_nvlink_and_rmm_alike():
         assert w.gpu_index is None
         assert "cuda_ipc" in w.ucx_transports  # nvlink: another worker on the same GPU
         gpu0 = host.facts.gpus[0]
-        assert w.memory["gpu"] == gpu0.uuid and w.memory["initial_pool_size"] == gpu0.memory_total // 4 // 256 * 256
+        rmm = w.sections["rmm"]
+        assert rmm["gpu"] == gpu0.uuid and rmm["initial_pool_size"] == gpu0.memory_total // 4 // 256 * 256
 
 
 def test_infiniband_and_rmm_read_a_users_ucx_tls_the_same_way():

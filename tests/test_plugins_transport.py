@@ -232,7 +232,7 @@ def test_scheduler_with_a_gpu_relays_cuda_copy_cuda_ipc_and_its_context():
     assert "NVLink peers" in why(s, "nvlink", "UCX transport cuda_ipc")
     assert "UCX_NET_DEVICES" not in s.env and s.interface is None  # it talks to every worker: every port
     assert s.env["UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES"] == "cuda"
-    assert s.memory is None  # no RMM pool unless asked
+    assert "rmm" not in s.sections  # no RMM pool unless asked
     assert any(r.plugin == "cuda-context" and "520 MiB" in r.why for r in s.reasons)
     assert "CUDA_VISIBLE_DEVICES" not in s.env and s.gpu is None  # not pinned: device 0 of what it sees
     s = plan(SINGLE).scheduler  # one GPU, shared with worker 0 of this host

@@ -25,7 +25,7 @@ def _user_env(monkeypatch):
 
 
 def limits(host_plan) -> list:
-    return [(w.memory or {}).get("device_memory_limit") for w in host_plan.workers]
+    return [w.sections.get("spill", {}).get("device_memory_limit") for w in host_plan.workers]
 
 
 def spill_reasons(plan) -> list[str]:
@@ -60,14 +60,14 @@ def test_limit_appears_in_gpudask_info_json_next_to_the_pool():
                          env=base_env(DASK_GPUDASK__RMM__POOL_SIZE="0.25"))
     assert out.returncode == 0, out.stderr
     for w in json.loads(out.stdout)["workers"]:
-        assert w["memory"]["device_memory_limit"] == int(0.8 * H200 / 2)
-        assert w["memory"]["allocator"] == "pool"  # the rmm plugin's keys are kept
+        assert w["sections"]["spill"] == {"device_memory_limit": int(0.8 * H200 / 2)}
+        assert w["sections"]["rmm"]["allocator"] == "pool"  # each plugin's section beside the others
 
 
 def test_without_a_pool_the_memory_plan_is_the_limit_alone():
     (w,) = plan_on(host("h200-single.json"), "tcp").workers
-    assert {k: v for k, v in w.memory.items() if k != "host_memory_fraction"} == {
-        "device_memory_limit": int(0.8 * H200)}  # no pool keys; the host limit is worker-memory's
+    assert w.sections == {"spill": {"device_memory_limit": int(0.8 * H200)},
+                          "worker-memory": {"host_memory_fraction": 1.0}}  # no rmm section: no pool
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -96,19 +96,19 @@ def test_fraction_of_a_mig_instance_is_of_the_instance():
 @pytest.mark.parametrize("off", [0, "0", False, "false", "off"])
 def test_zero_or_false_turns_spilling_off(off):
     (w,) = plan_on(host("h200-single.json"), "tcp", **{KEY: off}).workers
-    assert w.memory["device_memory_limit"] is None and "allocator" not in w.memory
+    assert w.sections["spill"]["device_memory_limit"] is None and "rmm" not in w.sections
     assert "spilling off" in spill_reasons(w)[0]
 
 
 def test_no_gpu_no_spill_plan():
     h = plan_on(host("no-gpu.json"), "tcp", **{KEY: "8GB"})
-    assert all(w.memory is None for w in h.workers)
+    assert all("spill" not in w.sections for w in h.workers)
     assert spill_reasons(h.workers[0]) == ["skipped -- no GPU visible: no device memory limit, nothing to spill"]
 
 
 def test_only_workers_get_a_limit():
     h = plan_on(host("h200-single.json"), "tcp")
-    assert h.scheduler.memory is None and h.client.memory is None and h.nanny.memory is None
+    assert all("spill" not in p.sections for p in (h.scheduler, h.client, h.nanny))
 
 
 # -- refused before the worker starts ---------------------------------------------------------
@@ -145,14 +145,14 @@ def test_limit_above_a_fixed_maximum_pool_is_refused():
 
 def test_default_limit_follows_a_smaller_maximum_pool():
     (w,) = plan_on(host("h200-single.json"), "tcp", **{"gpudask.rmm.maximum-pool-size": "32GB"}).workers
-    assert w.memory["maximum_pool_size"] == 32 * 10**9
-    assert w.memory["device_memory_limit"] == int(0.8 * 32 * 10**9)
+    assert w.sections["rmm"]["maximum_pool_size"] == 32 * 10**9
+    assert w.sections["spill"]["device_memory_limit"] == int(0.8 * 32 * 10**9)
     assert "RMM pool's maximum size" in spill_reasons(w)[0]
 
 
 def test_limit_below_a_fixed_maximum_pool_is_fine():
     (w,) = plan_on(host("h200-single.json"), "tcp", **{KEY: "16GB", "gpudask.rmm.maximum-pool-size": "32GB"}).workers
-    assert w.memory["device_memory_limit"] == 16 * 10**9
+    assert w.sections["spill"]["device_memory_limit"] == 16 * 10**9
 
 
 def test_gpudask_info_refuses_a_bad_limit_in_one_line():
@@ -180,7 +180,7 @@ def test_cudf_spilling_sets_cudf_spill_everywhere_it_matters_and_the_device_tier
 def test_cudf_spill_exported_by_the_user_also_sets_the_device_tier_aside(monkeypatch):
     monkeypatch.setenv("CUDF_SPILL", "on")
     (w,) = plan_on(host("h200-single.json"), "tcp").workers
-    assert w.memory["device_memory_limit"] is None and "CUDF_SPILL=on is set" in spill_reasons(w)[0]
+    assert w.sections["spill"]["device_memory_limit"] is None and "CUDF_SPILL=on is set" in spill_reasons(w)[0]
 
 
 def test_cudf_with_cudf_installed_gives_no_warning(tmp_path):

@@ -32,7 +32,7 @@ def test_store_replaces_worker_data_before_any_task_and_spills_under_distributed
 
     host_plan = plan_on(host("h200-single.json"), "tcp", **{KEY: "4MB", "gpudask.spill.log": True})
     plan = host_plan.workers[0]
-    assert plan.memory["device_memory_limit"] == 4 * MB
+    assert plan.sections["spill"]["device_memory_limit"] == 4 * MB
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
                       memory_limit="2GB", local_directory=str(tmp_path)) as cluster, Client(cluster) as client:
         (worker,) = cluster.workers.values()

@@ -123,7 +123,8 @@ class _Families:
         if gpu.get("memory_total") is not None:
             self.gpu_memory.add_metric([*values, str(plan.get("gpu"))], float(gpu["memory_total"]))
         self.visible.add_metric(values, float(len(facts.get("gpus") or [])))
-        memory = plan.get("memory") or {}
+        sections = plan.get("sections") if isinstance(plan.get("sections"), dict) else {}
+        memory = sections.get("rmm") if isinstance(sections.get("rmm"), dict) else {}  # the rmm plugin's section
         for size in ("initial_pool_size", "maximum_pool_size"):
             if isinstance(memory.get(size), (int, float)):
                 self.pool.add_metric([*values, str(memory.get("allocator")), size.split("_")[0]],

@@ -7,7 +7,10 @@ RMM (``rmm.allocators.torch.rmm_torch_allocator`` through
 
 * Plan (any process, pure): for each worker, decide and say why -- on only when the
   worker has a GPU, ``torch`` and ``rmm`` are installed and ``gpudask.torch-rmm.enabled``
-  is true.  The decision is a reason line of the worker's plan (``gpudask info``).
+  is true.  In ``gpudask_plan_process`` it asks the ``rmm`` plugin through the plan
+  (``plan.request("rmm", {"allocates_through": ["torch"]})``); in ``gpudask_plan_finish``
+  it reads rmm's section (``plan.section("rmm")``) and records the decision as a reason
+  line of the worker's plan (``gpudask info``).
 * Apply (worker processes only, ``gpudask_setup_memory``): right after the ``rmm``
   plugin built the pool (priority 110 > 100), before ``listen()`` and any task -- the
   allocator can only be changed before PyTorch allocates.  On a described host
@@ -29,7 +32,10 @@ if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "torch-rmm"
-priority = 110  # after rmm (100): the pool exists when PyTorch is pointed at it
+priority = 110  # gpudask_setup_memory after rmm's (100): the pool exists when PyTorch is pointed at it
+# the rmm plugin's section (its libraries, its pool), read in gpudask_plan_finish, the step
+# after rmm decides; rmm learns that PyTorch allocates through it from this plugin's request
+reads_sections = ("rmm",)
 
 ENABLED = "gpudask.torch-rmm.enabled"
 DECISION = "torch allocator: rmm"
@@ -46,8 +52,8 @@ def gpudask_config_options() -> list[Option]:
                    "workers and a GPU).", parse_bool, "true or false")]
 
 
-def decide(ctx: Any, plan: Any) -> tuple[bool, str]:
-    """(on, why) for one worker plan.  Pure: reads the settings, the facts and the plan."""
+def wanted(ctx: Any) -> tuple[bool, str]:
+    """(on, why) from the settings and the facts alone (before rmm decided)."""
     setting = ctx.setting(ENABLED)
     if not setting.value:
         return False, f"{ENABLED} is false (from {setting.source})"
@@ -56,16 +62,38 @@ def decide(ctx: Any, plan: Any) -> tuple[bool, str]:
     missing = [p for p in ("torch", "rmm") if not ctx.facts.packages.get(p)]
     if missing:
         return False, f"{' and '.join(missing)} not installed on this host"
-    if "torch" in ((plan.memory or {}).get("libraries") or []):
+    return True, ""
+
+
+def decide(ctx: Any, plan: Any) -> tuple[bool, str]:
+    """(on, why) for one worker plan, once rmm decided.  Pure: reads the settings, the facts
+    and the rmm plugin's section of the plan."""
+    on, why = wanted(ctx)
+    if not on:
+        return on, why
+    rmm = plan.section("rmm")
+    if "torch" in (rmm.get("libraries") or []):
         return False, "the rmm plugin already points PyTorch at RMM (gpudask.rmm.libraries lists torch)"
-    pool = (plan.memory or {}).get("initial_pool_size")
+    pool = rmm.get("initial_pool_size")
     shared = f"the worker's RMM pool ({pool} bytes)" if pool else "RMM's current memory resource"
     return True, (f"torch {ctx.facts.packages['torch']} and rmm {ctx.facts.packages['rmm']} installed: PyTorch's "
                   f"CUDA caching allocator is replaced by rmm_torch_allocator, so PyTorch allocates from {shared}")
 
 
 @hookimpl
-def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
+def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """Ask the rmm plugin, through the plan, to count PyTorch among its pool's users (a
+    default pool is then not capped for PyTorch's sake)."""
+    if plan.role != "worker":
+        return
+    on, _ = wanted(ctx)
+    if on:
+        plan.request("rmm", {"allocates_through": ["torch"]},
+                     "PyTorch's CUDA allocations will come from RMM's current resource (torch-rmm)")
+
+
+@hookimpl
+def gpudask_plan_finish(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role != "worker":
         return
     on, why = decide(ctx, plan)

@@ -16,8 +16,8 @@ Two ways onto a scheduler's HTTP server:
 
 Everything the page shows comes from :func:`cluster_state`: the one place that knows
 where the data lives on the scheduler.  Dicts it does not know (a worker's applied state,
-``gpudask-*`` worker metrics, the plan's memory section) are shown as generic key/values,
-so plugins can add to the page without touching it.
+``gpudask-*`` worker metrics) are shown as generic key/values, and the plugins' sections of
+the plan through their ``gpudask_report_rows``, so plugins add to the page without touching it.
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None) -> 
                         "ucx_transports": plan.get("ucx_transports") or []},
             "active": _active_transports(address, applied),
         },
-        "memory": _dict(plan.get("memory")),
+        "sections": _dict(plan.get("sections")),
+        "rows": _plugin_rows(plan, published),
         "metrics": {k: v for k, v in sorted(ws.metrics.items()) if k.startswith(METRIC_PREFIX)},
         "applied": applied if isinstance(applied, dict) else None,
         "check": {"status": (check_result or {}).get("status"),
@@ -124,6 +125,33 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None) -> 
     # what a worker published is bounded (gpudask.checks.published): one worker's row
     # never floods or breaks the page, and it is always valid JSON
     return bound(row)  # type: ignore[no-any-return]
+
+
+def _plugin_rows(plan: dict[str, Any], published: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The plugins' rows for this worker (``gpudask_report_rows``), by column: the plugins
+    say what their sections mean; the page shows each row's summary."""
+    if not published:
+        return {}
+    from gpudask.apply import process
+
+    session = process.current()
+    manager = session.manager if session is not None and session.manager is not None else _manager()
+    rows, problems = manager.report_rows(plan, published)
+    out = {r["column"]: {k: r.get(k) for k in ("summary", "planned", "actual", "note", "plugin")} for r in rows}
+    if problems:
+        out["problems"] = {"summary": "; ".join(problems)}
+    return out
+
+
+_MANAGER: list[Any] = []  # a scheduler gpudask did not plan in (dashboard only): its plugins, loaded once
+
+
+def _manager() -> Any:
+    if not _MANAGER:
+        from gpudask.manager import PluginManager
+
+        _MANAGER.append(PluginManager.from_environment())
+    return _MANAGER[0]
 
 
 def _gpu(plan: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ _PAGE = """<!DOCTYPE html>
 <h2>Workers</h2>
 <table id="workers">
 <thead><tr><th>Worker</th><th>GPU</th><th>Transports planned</th><th>Transports active</th>
-<th>Memory plan</th><th>Live metrics</th><th>Applied</th><th>Check</th></tr></thead>
+<th>Plugins' plan</th><th>Live metrics</th><th>Applied</th><th>Check</th></tr></thead>
 <tbody></tbody>
 </table>
 <h2>Findings of the scheduler check</h2>
@@ -125,7 +125,9 @@ function workerRow(w) {
     [planned.UCX_TLS ? null : "muted", planned.UCX_TLS ? "UCX_TLS=" + planned.UCX_TLS : "no UCX_TLS"]]));
   tr.appendChild(lines(el("td", "mono"), [[null, active.protocol],
     [active.UCX_TLS ? null : "muted", active.UCX_TLS ? "UCX_TLS=" + active.UCX_TLS : "UCX_TLS not reported"]]));
-  tr.appendChild(kv(w.memory, "no device-memory plan"));
+  const rows = {};
+  for (const [column, row] of Object.entries(w.rows || {})) rows[column] = (row || {}).summary;
+  tr.appendChild(kv(rows, "no plugin decisions"));
   tr.appendChild(kv(w.metrics, "none reported", true));
   tr.appendChild(kv(w.applied, "not reported"));
   const check = el("td");

@@ -54,7 +54,7 @@ def publish(host: HostPlan) -> None:
 
 def decided_anything(host: HostPlan) -> bool:
     """Did gpudask decide anything for this host (a CPU host with tcp: nothing)?"""
-    return any(p.env or p.config or p.cpu_affinity or p.memory or p.multiprocessing_method or p.resources
+    return any(p.env or p.config or p.cpu_affinity or p.sections or p.multiprocessing_method or p.resources
                for p in host.processes())
 
 

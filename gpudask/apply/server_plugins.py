@@ -252,9 +252,9 @@ class WorkerPlugin(_dp.WorkerPlugin):
             else:
                 session.bind_cpus(plan.cpu_affinity, ctx)
                 applied.append("cpu_affinity")
-        if plan.memory is not None and not ctx.facts.described and not _gpu_matches(plan, ctx):
+        if plan.sections and not ctx.facts.described and not _gpu_matches(plan, ctx):
             needs.append(_item(
-                "memory", plan.memory, None, "the memory setup is for the worker's own GPU, which this process "
+                "memory", {name: dict(values) for name, values in plan.sections.items()}, None, "the memory setup is for the worker's own GPU, which this process "
                 "does not use yet: building it now would allocate on another GPU", plugin_of(plan, "memory:")))
         else:
             try:

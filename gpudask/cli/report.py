@@ -103,15 +103,14 @@ def wrap_text(text: str, width: int | None = -1, indent: str = "  ") -> str:
                      for line in text.splitlines())
 
 
-def _memory(plan: ProcessPlan) -> str:
-    if not plan.memory:
+def _memory(plan: ProcessPlan, host: HostPlan) -> str:
+    """The plugins' short forms of their decisions for this process (``gpudask_report_rows``:
+    the rmm plugin's pool, the spill plugin's limit), or ``-``."""
+    manager = getattr(host.ctx, "manager", None)
+    if manager is None or not plan.sections:
         return "-"
-    m = plan.memory
-    size, limit = m.get("initial_pool_size"), m.get("device_memory_limit")
-    parts = [m["allocator"] + (f" {size / 2**30:.1f} GiB" if isinstance(size, int) else "")] if m.get("allocator") else []
-    if isinstance(limit, int):
-        parts.append(f"spill > {limit / 2**30:.1f} GiB")
-    return ", ".join(parts) or "-"
+    rows, _ = manager.report_rows(plan.to_dict(), None)
+    return ", ".join(r["summary"] for r in rows if r.get("summary")) or "-"
 
 
 def _header(host: HostPlan) -> list[str]:
@@ -130,21 +129,21 @@ def _header(host: HostPlan) -> list[str]:
 # columns of the worker table: header, the value for one worker, and the prefixes of the
 # changes it shows (those are left out of the list of changes under it)
 _WORKER_COLUMNS: list[tuple[str, Any, tuple[str, ...]]] = [
-    ("gpu", lambda w: w.gpu_index if w.gpu_index is not None else "-", ()),
-    ("CUDA_VISIBLE_DEVICES", lambda w: w.cuda_visible_devices or "-", ("CUDA_VISIBLE_DEVICES=",)),
-    ("UCX_TLS", lambda w: w.env.get("UCX_TLS", "-"), ("UCX_TLS=",)),
-    ("UCX_NET_DEVICES", lambda w: w.env.get("UCX_NET_DEVICES", "-"), ("UCX_NET_DEVICES=",)),
-    ("interface", lambda w: w.interface or "-", ("interface=",)),
-    ("cpus", lambda w: _cpu_ranges(w.cpu_affinity) if w.cpu_affinity else "-", ("cpu_affinity=",)),
+    ("gpu", lambda w, h: w.gpu_index if w.gpu_index is not None else "-", ()),
+    ("CUDA_VISIBLE_DEVICES", lambda w, h: w.cuda_visible_devices or "-", ("CUDA_VISIBLE_DEVICES=",)),
+    ("UCX_TLS", lambda w, h: w.env.get("UCX_TLS", "-"), ("UCX_TLS=",)),
+    ("UCX_NET_DEVICES", lambda w, h: w.env.get("UCX_NET_DEVICES", "-"), ("UCX_NET_DEVICES=",)),
+    ("interface", lambda w, h: w.interface or "-", ("interface=",)),
+    ("cpus", lambda w, h: _cpu_ranges(w.cpu_affinity) if w.cpu_affinity else "-", ("cpu_affinity=",)),
     ("memory", _memory, ("memory ",)),
-    ("start", lambda w: w.multiprocessing_method or "-", ("multiprocessing_method=",)),
+    ("start", lambda w, h: w.multiprocessing_method or "-", ("multiprocessing_method=",)),
 ]
 
 
 def _table_columns(host: HostPlan) -> list[tuple[str, list[str], tuple[str, ...]]]:
     """The worker-table columns worth a column: the GPU, and what differs between workers (all
     that is set, for a single worker).  A value every worker shares goes to the list of changes."""
-    columns = [(name, [str(value(w)) for w in host.workers], prefixes) for name, value, prefixes in _WORKER_COLUMNS]
+    columns = [(name, [str(value(w, host)) for w in host.workers], prefixes) for name, value, prefixes in _WORKER_COLUMNS]
     single = len(host.workers) == 1
     return [(n, v, p) for n, v, p in columns
             if n == "gpu" or len(set(v)) > 1 or (single and v[0] != "-")]
@@ -156,7 +155,7 @@ def _worker_table(host: HostPlan, width: int | None) -> str:
     return table(["worker", *(n for n, _, _ in columns)], rows, width)
 
 
-def _changes(plan: ProcessPlan, user_env: Any, user_config: Any) -> list[tuple[str, str]]:
+def _changes(plan: ProcessPlan, host: HostPlan, user_env: Any, user_config: Any) -> list[tuple[str, str]]:
     """(decision, plugin) for what this process does differently from stock dask run in the
     same environment and dask config: env variables and config values set, and the process
     settings (GPU, interface, CPUs, memory, start method, resources).  Notes that change
@@ -171,8 +170,8 @@ def _changes(plan: ProcessPlan, user_env: Any, user_config: Any) -> list[tuple[s
     seen: dict[str, str] = {}
     for r in plan.reasons:
         if r.decision.startswith("memory:"):
-            if plan.memory:  # named in bytes in the decision: the short form reads better here
-                seen.setdefault(f"memory {_memory(plan)}", r.plugin)
+            if plan.sections:  # named in bytes in the decision: the plugins' short forms read better
+                seen.setdefault(f"memory {_memory(plan, host)}", r.plugin)
         elif r.decision in final or r.decision.startswith(settings):
             seen.setdefault(r.decision, r.plugin)
     return list(seen.items())
@@ -201,7 +200,7 @@ def _changes_table(host: HostPlan, width: int | None) -> str:
     found: dict[str, tuple[list[str], list[str]]] = {}  # decision -> (processes, plugins)
     for plan in [host.scheduler, host.nanny, host.client, *host.workers]:
         title = plan.role + (f" {plan.index}" if plan.index is not None else "")
-        for decision, plugin in _changes(plan, user_env, user_config):
+        for decision, plugin in _changes(plan, host, user_env, user_config):
             if plan.role == "worker" and decision.startswith(shown_in_table):
                 continue
             where, plugins = found.setdefault(decision, ([], []))
@@ -250,7 +249,7 @@ def plan_table(host: HostPlan, interface: str | None = None, width: int | None =
         width = terminal_width()
     rows = []
     for w in host.workers:
-        rows.append([w.index, *(value(w) for _, value, _ in _WORKER_COLUMNS)])
+        rows.append([w.index, *(value(w, host) for _, value, _ in _WORKER_COLUMNS)])
     out = [wrap_text("\n".join(_header(host)), width), "",
            table(["worker", *(n for n, _, _ in _WORKER_COLUMNS)], rows, width)]
     for plan in [host.scheduler, host.nanny, host.client, *host.workers]:

@@ -79,33 +79,26 @@ def _mismatches(published: Mapping[str, Any], problems: list[str]) -> list[dict[
     return out
 
 
-def _pool(plan: Mapping[str, Any], published: Mapping[str, Any], applied: Mapping[str, Any]) -> dict[str, Any]:
-    """The memory pool, planned (``plan.memory``) and actual: what the plugin that set up
-    memory read back (``applied.plugins.<plugin>.pool_size``), else its setup report
-    (``memory.<plugin>``: the pool size it built, or why it built none).  Plugins are
-    found by what they publish, never by name."""
-    memory = plan.get("memory") if isinstance(plan.get("memory"), Mapping) else {}
-    out: dict[str, Any] = {"planned": memory.get("initial_pool_size"), "actual": None, "note": None}
-    for items in (applied.get("plugins") or {}).values() if isinstance(applied.get("plugins"), Mapping) else ():
-        pair = items.get("pool_size") if isinstance(items, Mapping) else None
-        if isinstance(pair, Mapping):
-            out["actual"] = pair.get("actual")
-            return out
-    reports = published.get("memory") if isinstance(published.get("memory"), Mapping) else {}
-    for report in reports.values():
-        if not isinstance(report, Mapping) or "initial_pool_size" not in report:
-            continue
-        if report.get("pool_size") is not None:
-            out["actual"] = report["pool_size"]
-        elif report.get("applied") is False and out["planned"] is not None:
-            out["note"] = report.get("skipped") or report.get("why") or "not built"
-        return out
-    return out
+def _plugin_columns(plan: Mapping[str, Any], published: Mapping[str, Any], manager: Any,
+                    problems: list[str]) -> dict[str, dict[str, Any]]:
+    """The plugins' columns (``gpudask_report_rows``): column -> planned, actual, note, how to
+    show it and the mismatch keys that mark it.  The core knows none of them by name."""
+    rows, failed = manager.report_rows(plan, published)
+    problems.extend(failed)
+    return {r["column"]: {"planned": r.get("planned"), "actual": r.get("actual"), "note": r.get("note"),
+                          "bytes": bool(r.get("bytes")), "keys": tuple(str(k) for k in r.get("keys") or ()),
+                          "plugin": r["plugin"]}
+            for r in rows}
 
 
-def worker_row(address: str, info: Any) -> dict[str, Any]:
+def worker_row(address: str, info: Any, manager: Any = None) -> dict[str, Any]:
     """One worker: planned and actual, from what it published (``{}`` when it runs no
-    gpudask); ``problems`` lists each published field of the wrong shape."""
+    gpudask); ``problems`` lists each published field of the wrong shape.  ``manager`` (the
+    plugin manager whose plugins supply their columns) is loaded when not given."""
+    if manager is None:
+        from gpudask.manager import PluginManager
+
+        manager = PluginManager.from_environment()
     problems: list[str] = []
     published: Any = info.get("gpudask") if isinstance(info, Mapping) else None
     if published is not None and not isinstance(published, Mapping):
@@ -118,7 +111,7 @@ def worker_row(address: str, info: Any) -> dict[str, Any]:
     context = _mapping(applied, "cuda_context", "applied.", problems)
     env = _mapping(applied, "env", "applied.", problems)
     plan_env = _mapping(plan, "env", "plan.", problems)
-    _mapping(plan, "memory", "plan.", problems)
+    _mapping(plan, "sections", "plan.", problems)
     cpus = {"planned": plan.get("cpu_affinity"), "actual": applied.get("cpu_affinity")}
     for side, value in list(cpus.items()):
         try:
@@ -138,7 +131,7 @@ def worker_row(address: str, info: Any) -> dict[str, Any]:
         "gpu": {"planned": plan.get("gpu"), "actual": context.get("uuid") if context.get("exists") else None},
         "cuda_visible_devices": {"planned": plan.get("cuda_visible_devices"), "actual": env.get("CUDA_VISIBLE_DEVICES")},
         "transports": {"planned": plan_env.get("UCX_TLS"), "actual": ucx.get("TLS")},
-        "pool": _pool(plan, published, applied),
+        "columns": _plugin_columns(plan, published, manager, problems) if published else {},
         "plugins_state": applied.get("plugins") if isinstance(applied.get("plugins"), Mapping) else {},
         "cpu_affinity": cpus,
         "start_method": {"planned": plan.get("multiprocessing_method"),
@@ -151,22 +144,36 @@ def worker_row(address: str, info: Any) -> dict[str, Any]:
 def cluster_status(client: Any) -> dict[str, Any]:
     """Every worker's row, the number of mismatches and of malformed published fields."""
     info = client.scheduler_info(n_workers=-1)
-    rows = [worker_row(str(a), w) for a, w in sorted(info["workers"].items())]
+    from gpudask.manager import PluginManager
+
+    manager = PluginManager.from_environment()
+    rows = [worker_row(str(a), w, manager) for a, w in sorted(info["workers"].items())]
     return {"scheduler": info.get("address"), "workers": rows,
             "mismatches": sum(len(r["mismatches"]) for r in rows),
             "problems": sum(len(r["problems"]) for r in rows)}
 
 
-# the mismatch keys (gpudask.apply.state.compare) each column shows
+# the mismatch keys (gpudask.apply.state.compare) each of the core's columns shows; a
+# plugin's column names its own (its report rows' ``keys``)
 _COLUMN_KEYS = {"gpu": ("cuda_context",), "cuda_visible_devices": ("CUDA_VISIBLE_DEVICES",),
-                "transports": ("ucx TLS", "UCX_TLS"), "pool": ("pool_size",), "cpu_affinity": ("cpu_affinity",),
+                "transports": ("ucx TLS", "UCX_TLS"), "cpu_affinity": ("cpu_affinity",),
                 "start_method": ("multiprocessing_method",)}
 
 
 def _pair(row: dict[str, Any], column: str, show: Any = escaped) -> str:
     d = row[column]
+    return _shown_pair(d, any(m["key"] in _COLUMN_KEYS[column] for m in row["mismatches"]), show)
+
+
+def _plugin_pair(row: dict[str, Any], column: str) -> str:
+    d = row["columns"].get(column)
+    if d is None:
+        return "-"
+    return _shown_pair(d, any(m["key"] in d["keys"] for m in row["mismatches"]), _gib if d["bytes"] else escaped)
+
+
+def _shown_pair(d: Mapping[str, Any], mismatch: bool, show: Any) -> str:
     planned, actual = d.get("planned"), d.get("actual")
-    mismatch = any(m["key"] in _COLUMN_KEYS[column] for m in row["mismatches"])
     if planned is None:
         return "-" if actual is None else f"not set ({show(actual)})"
     if d.get("note"):
@@ -187,15 +194,19 @@ def _gpu(row: dict[str, Any]) -> str:
 
 
 def format_status(status: dict[str, Any], table: Any) -> str:
-    headers = ["worker", "#", "gpu (planned -> actual)", "CUDA_VISIBLE_DEVICES", "UCX_TLS", "pool", "cpus",
-               "start", "ok"]
+    plugin_columns: list[str] = []  # the plugins' columns, in the order they first appear
+    for r in status["workers"]:
+        plugin_columns += [c for c in r.get("columns") or {} if c not in plugin_columns]
+    headers = ["worker", "#", "gpu (planned -> actual)", "CUDA_VISIBLE_DEVICES", "UCX_TLS",
+               *(escaped(c, 20) for c in plugin_columns), "cpus", "start", "ok"]
     rows = []
     for r in status["workers"]:
         name = escaped(r["worker"])
         if not r["gpudask"]:
-            rows.append([name, "-", "no gpudask in this worker", "", "", "", "", "", "?"])
+            rows.append([name, "-", "no gpudask in this worker", "", "", *("" for _ in plugin_columns), "", "", "?"])
             continue
-        cells = [_gpu(r), _pair(r, "cuda_visible_devices"), _pair(r, "transports"), _pair(r, "pool", _gib),
+        cells = [_gpu(r), _pair(r, "cuda_visible_devices"), _pair(r, "transports"),
+                 *(_plugin_pair(r, c) for c in plugin_columns),
                  _pair(r, "cpu_affinity", _ranges), _pair(r, "start_method")]
         ok = (f"{len(r['mismatches'])} mismatch(es)" if r["mismatches"]
               else f"{len(r['problems'])} malformed" if r["problems"] else "yes")

@@ -9,7 +9,7 @@ plan is plain data: it is printed by ``gpudask info``, applied by the apply stag
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,50 +26,6 @@ class Reason:
         return dataclasses.asdict(self)
 
 
-@dataclass(frozen=True)
-class MemoryPlan(Mapping[str, Any]):
-    """The device-memory decision for one process (written by a ``gpudask_plan_memory`` hook).
-
-    The typed part is what any allocator has: its kind, the pool's initial and maximum
-    sizes in bytes, the GPU (UUID) it lives on.  ``details`` holds the deciding plugin's
-    own keys, published as they are.  It reads like the published dict
-    (``plan.memory["initial_pool_size"]``), which is what ``gpudask info --json`` prints.
-    """
-
-    allocator: str | None = None  # None: no allocator decided (only other plugins' keys)
-    initial_pool_size: int | None = None
-    maximum_pool_size: int | None = None
-    gpu: str | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MemoryPlan:
-        core = ("allocator", "initial_pool_size", "maximum_pool_size", "gpu")
-        allocator = data.get("allocator")
-        return cls(None if allocator is None else str(allocator), data.get("initial_pool_size"),
-                   data.get("maximum_pool_size"), data.get("gpu"), {k: v for k, v in data.items() if k not in core})
-
-    def to_dict(self) -> dict[str, Any]:
-        if self.allocator is None:
-            return {**self.details, **({"gpu": self.gpu} if self.gpu is not None else {})}
-        return {"allocator": self.allocator, "initial_pool_size": self.initial_pool_size,
-                "maximum_pool_size": self.maximum_pool_size, **self.details, "gpu": self.gpu}
-
-    def summary(self) -> str:
-        return (f"allocator={self.allocator}, initial_pool_size={self.initial_pool_size}, "
-                f"maximum_pool_size={self.maximum_pool_size}")
-
-    # -- read like the published dict ------------------------------------------------
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_dict())
-
-    def __len__(self) -> int:
-        return len(self.to_dict())
-
-
 @dataclass
 class ProcessPlan:
     role: str
@@ -81,13 +37,21 @@ class ProcessPlan:
     config: dict[str, Any] = field(default_factory=dict)
     interface: str | None = None
     cpu_affinity: list[int] | None = None
-    memory: MemoryPlan | None = None
+    # each plugin's own decisions, by plugin name (written with set_section)
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # what a plugin asks another to take into account: {owner: {requester: values}} (request())
+    requests: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     multiprocessing_method: str | None = None
     resources: dict[str, float] = field(default_factory=dict)
     ucx_transports: list[str] = field(default_factory=list)
     reasons: list[Reason] = field(default_factory=list)
     # set by the plugin manager around each hook call, so reasons name the plugin
     acting_plugin: str = field(default="gpudask", repr=False, compare=False)
+    # the sections as the previous plan steps left them: what section() reads (set by the
+    # plugin manager at the start of each step, so a reader never depends on priority)
+    _settled: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    # the sections the acting plugin declared it reads (its ``reads_sections``)
+    acting_reads: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def __str__(self) -> str:  # short, for traces and messages
         return self.role + (f" {self.index}" if self.index is not None else "") + " plan"
@@ -127,20 +91,57 @@ class ProcessPlan:
         self.multiprocessing_method = method
         self.note(f"multiprocessing_method={method}", why)
 
-    def set_memory(self, memory: MemoryPlan | Mapping[str, Any] | None, why: str) -> None:
-        """The memory decision (a :class:`MemoryPlan`; a dict with its keys is converted).
-        Several plugins add to one plan (rmm's pool, spill's device limit, worker-memory's
-        host share): the decision line names what this call changed."""
-        if memory is not None and not isinstance(memory, MemoryPlan):
-            memory = MemoryPlan.from_dict(memory)
-        previous = self.memory.to_dict() if self.memory is not None else {}
-        self.memory = memory
-        now = memory.to_dict() if memory is not None else {}
-        changed = {k: v for k, v in now.items() if k not in previous or previous[k] != v}
-        keys = ("allocator", "initial_pool_size", "maximum_pool_size", "device_memory_limit")
-        shown = "none" if memory is None else ", ".join(f"{k}={changed[k]}" for k in keys if k in changed) or \
-            ", ".join(f"{k}={v}" for k, v in changed.items()) or "unchanged"
-        self.note(f"memory: {shown}", why)
+    def set_section(self, values: Mapping[str, Any], why: str, decision: str | None = None) -> None:
+        """Write decisions into the acting plugin's own section (``plan.sections[plugin]``),
+        which ``to_dict()`` publishes as it is (``gpudask info --json``, the worker's startup
+        information).  ``values`` are merged into what the plugin wrote before; the reason
+        line is ``decision`` or ``<plugin>: key=value, ...`` of what changed."""
+        owner = self.acting_plugin
+        section = self.sections.setdefault(owner, {})
+        changed = {k: v for k, v in values.items() if k not in section or section[k] != v}
+        section.update(values)
+        shown = ", ".join(f"{k}={v}" for k, v in changed.items()) or "unchanged"
+        self.note(decision if decision is not None else f"{owner}: {shown}", why)
+
+    def section(self, owner: str) -> Mapping[str, Any]:
+        """Plugin ``owner``'s section as the *previous* plan steps left it (read-only, empty
+        when it wrote none): a plugin reads another's decisions only through the sections
+        it declares in its ``reads_sections``, and only those of earlier steps, so the order
+        is the plan's steps', never the plugins' priorities.  A plugin reads its own section
+        as it is now."""
+        from types import MappingProxyType
+
+        if owner == self.acting_plugin:
+            return MappingProxyType(self.sections.get(owner, {}))
+        if self.acting_plugin != "gpudask" and owner not in self.acting_reads:
+            from gpudask.errors import GpudaskError
+
+            raise GpudaskError(f"plugin {self.acting_plugin!r} reads the plan section of {owner!r} without "
+                               f"declaring it; accepted: name it in the plugin's reads_sections "
+                               f"(now {list(self.acting_reads)})")
+        settled = self.sections if self._settled is None else self._settled
+        return MappingProxyType(settled.get(owner, {}))
+
+    def request(self, owner: str, values: Mapping[str, Any], why: str) -> None:
+        """Ask plugin ``owner`` to take ``values`` into account (merged into what this plugin
+        asked before).  The owner documents the requests it reads and reads them with
+        :meth:`requests_for` in a later step, so neither needs the other's settings."""
+        asked = self.requests.setdefault(owner, {}).setdefault(self.acting_plugin, {})
+        asked.update(values)
+        self.note(f"asks {owner}: " + ", ".join(f"{k}={v}" for k, v in values.items()), why)
+
+    def requests_for(self, owner: str) -> Mapping[str, Mapping[str, Any]]:
+        """``{requester: values}`` addressed to ``owner`` by the earlier plan steps (read-only)."""
+        from types import MappingProxyType
+
+        settled = self.requests if self._settled is None else self._settled.get("\0requests", {})
+        return MappingProxyType({k: MappingProxyType(v) for k, v in settled.get(owner, {}).items()})
+
+    def settle_sections(self) -> None:
+        """Freeze what :meth:`section` shows other plugins: called at the start of each plan step."""
+        import copy
+
+        self._settled = {**copy.deepcopy(self.sections), "\0requests": copy.deepcopy(self.requests)}
 
     def set_resource(self, name: str, amount: float, why: str) -> None:
         self.resources[name] = amount
@@ -168,7 +169,8 @@ class ProcessPlan:
             "config": dict(self.config),
             "interface": self.interface,
             "cpu_affinity": self.cpu_affinity,
-            "memory": None if self.memory is None else self.memory.to_dict(),
+            "sections": {name: dict(values) for name, values in self.sections.items()},
+            "requests": {owner: {k: dict(v) for k, v in asked.items()} for owner, asked in self.requests.items()},
             "multiprocessing_method": self.multiprocessing_method,
             "resources": dict(self.resources),
             "ucx_transports": list(self.ucx_transports),
@@ -180,9 +182,10 @@ class ProcessPlan:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ProcessPlan:
         """The inverse of :meth:`to_dict` (a worker process reads its plan from its parent's)."""
-        fields = {k: v for k, v in data.items() if k not in ("reasons", "memory")}
-        memory = data.get("memory")
-        return cls(**fields, memory=None if memory is None else MemoryPlan.from_dict(memory),
+        fields = {k: v for k, v in data.items() if k not in ("reasons", "sections", "requests")}
+        sections = {str(k): dict(v) for k, v in (data.get("sections") or {}).items()}
+        requests = {str(o): {str(k): dict(v) for k, v in a.items()} for o, a in (data.get("requests") or {}).items()}
+        return cls(**fields, sections=sections, requests=requests,
                    reasons=[Reason(**r) for r in data.get("reasons", [])])
 
 

@@ -3,7 +3,8 @@ changes the process.
 
 The steps, in order, each for every process of the host: ``gpudask_validate`` once,
 ``gpudask_plan_process``, ``gpudask_select_transport``, UCX_TLS composed from the
-plugins' contributions, ``gpudask_plan_memory``, then the user's explicit environment
+plugins' contributions, ``gpudask_plan_memory``, ``gpudask_plan_finish`` (which may read
+the sections the earlier steps wrote), then the user's explicit environment
 and ``--interface`` win over what was detected.
 """
 
@@ -27,7 +28,8 @@ INTERNAL_ENV_PREFIX = "GPUDASK_"
 # A plan hook call at least this long is warned about (plugin, hook, seconds).  Plan hooks
 # are plain Python calls in the planning process: nothing can stop one that is slow.
 SLOW_PLAN_HOOK_S = 1.0
-PLAN_HOOKS = ("gpudask_validate", "gpudask_plan_process", "gpudask_select_transport", "gpudask_plan_memory")
+PLAN_HOOKS = ("gpudask_validate", "gpudask_plan_process", "gpudask_select_transport", "gpudask_plan_memory",
+              "gpudask_plan_finish")
 
 
 def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None = None,
@@ -60,7 +62,7 @@ def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None =
     with _timed_plan_hooks(manager, ctx):
         manager.validate(ctx)
         for step in (manager.plan_process, manager.select_transport, _compose_ucx_tls, manager.plan_memory,
-                     _explicit_env_wins, _explicit_interface_wins):
+                     manager.plan_finish, _explicit_env_wins, _explicit_interface_wins):
             for plan in plans:
                 step(ctx, plan)
     scheduler, nanny, client, *workers = plans

@@ -1,7 +1,7 @@
 """RMM pools in worker processes.
 
 Plan (pure, any process): :func:`gpudask_plan_memory` turns the ``gpudask.rmm.*``
-settings, the worker's GPU and the UCX transports in effect into ``plan.memory``
+settings, the worker's GPU and the UCX transports in effect into its section of the plan (``plan.sections["rmm"]``)
 (allocator, initial and maximum pool size in bytes, ...), or into no memory setup.
 Apply (worker processes only): :func:`gpudask_setup_memory` builds that RMM memory
 resource at import time of the preload, before ``listen()`` and the first task, points
@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import ConfigError, MemoryPlan, hookimpl, tls_enables
+from gpudask.pluginapi import ConfigError, hookimpl, tls_enables
+from gpudask.plugins.rmm import report as rmm_report
 from gpudask.plugins.rmm import setup as rmm_setup
 from gpudask.plugins.rmm.target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib,
                                         reset_ucxx_keys, resolve, target_of)
@@ -25,6 +26,8 @@ from gpudask.plugins.rmm.options import (DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSe
                                          options, parse_pool_size, read_settings, shown)
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from distributed import Nanny, Scheduler, Worker
 
     from gpudask.pluginapi import Option, PlanContext, ProcessPlan
@@ -32,7 +35,21 @@ if TYPE_CHECKING:
 name = "rmm"
 priority = 100
 
-__all__ = ["name", "priority", "parse_pool_size"]
+__all__ = ["name", "priority", "parse_pool_size", "SECTION_KEYS"]
+
+# This plugin's section of a process plan (``plan.sections["rmm"]``), read by other plugins
+# through ``plan.section("rmm")`` from gpudask_plan_finish on (the spill plugin reads
+# maximum_pool_size, torch-rmm reads libraries): allocator (pool, async, managed, default),
+# initial_pool_size and maximum_pool_size (bytes or None), then the details (managed_memory,
+# release_threshold, log_file, track_allocations, libraries, gpu_memory; built_by for a
+# scheduler pool distributed-ucxx builds) and gpu (the UUID the pool lives on).
+SECTION_KEYS = ("allocator", "initial_pool_size", "maximum_pool_size", "gpu")
+
+# The requests this plugin reads (``plan.request("rmm", {...}, why)``, made in
+# gpudask_plan_process or gpudask_select_transport): ``allocates_through`` -- a list of
+# libraries another plugin points at RMM's current resource (torch-rmm: ["torch"]), so a
+# default pool need not be capped for them.
+REQUEST_ALLOCATES_THROUGH = "allocates_through"
 
 
 @hookimpl
@@ -122,7 +139,7 @@ def _plan_scheduler(ctx: Any, plan: Any) -> tuple[str, ...]:
            f"receives CUDA frames sent through it into device memory; distributed-ucxx builds this pool "
            f"right after UCX starts (first listen), so the scheduler holds a CUDA context on this GPU")
     plan.set_config("distributed-ucxx.rmm.pool-size", size, why)
-    plan.set_memory(MemoryPlan("pool", size, None, target.uuid, {"built_by": "distributed-ucxx"}), why)
+    _set_memory(plan, "pool", size, None, target.uuid, {"built_by": "distributed-ucxx"}, why)
     return ("distributed-ucxx.rmm.pool-size",)
 
 
@@ -165,7 +182,7 @@ def _scheduler_ucxx_pool(ctx: Any, plan: Any) -> tuple[str, ...]:
            "for the GPU frames the scheduler relays")
     for key, value in user.items():
         plan.set_config(key, value, why)
-    plan.set_memory(MemoryPlan("pool", size, None, gpu.uuid, {"built_by": "distributed-ucxx"}), why)
+    _set_memory(plan, "pool", size, None, gpu.uuid, {"built_by": "distributed-ucxx"}, why)
     return UCXX_POOL_KEYS  # distributed-ucxx reads the other key first, then falls back to the one given
 
 
@@ -194,7 +211,7 @@ def _plan_worker(ctx: Any, plan: Any) -> None:
     if kind is None:
         plan.note("memory: none", "; ".join(reasons))
         return
-    initial, maximum, threshold = _sizes(ctx, s, target, who, kind, want_pool, by_default, reasons)
+    initial, maximum, threshold = _sizes(ctx, plan, s, target, who, kind, want_pool, by_default, reasons)
     _refuse_what_fails_at_run_time(ctx, s, target, who, kind, managed, fast)
     if not ctx.facts.packages.get("rmm"):
         what = f"an RMM {kind} allocator on {target.label} of {who}"
@@ -220,7 +237,15 @@ def _plan_worker(ctx: Any, plan: Any) -> None:
     details = {"managed_memory": managed and kind in ("pool", "managed"), "release_threshold": threshold,
                "log_file": log_file, "track_allocations": s.track, "libraries": list(s.libraries),
                "gpu_memory": target.memory}
-    plan.set_memory(MemoryPlan(kind, initial, maximum, target.uuid, details), "; ".join(reasons))
+    _set_memory(plan, kind, initial, maximum, target.uuid, details, "; ".join(reasons))
+
+
+def _set_memory(plan: Any, kind: str, initial: int | None, maximum: int | None, gpu: str, details: dict[str, Any],
+                why: str) -> None:
+    """This plugin's section: the memory resource gpudask_setup_memory builds."""
+    plan.set_section({"allocator": kind, "initial_pool_size": initial, "maximum_pool_size": maximum, **details,
+                      "gpu": gpu}, why, decision=f"memory: allocator={kind}, initial_pool_size={initial}, "
+                                                 f"maximum_pool_size={maximum}")
 
 
 def _fast_text(fast: list[str]) -> str:
@@ -258,7 +283,7 @@ def _allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | Non
     return None
 
 
-def _sizes(ctx: Any, s: RmmSettings, target: Target, who: str, kind: str, want_pool: bool, by_default: bool,
+def _sizes(ctx: Any, plan: Any, s: RmmSettings, target: Target, who: str, kind: str, want_pool: bool, by_default: bool,
            reasons: list[str]) -> tuple[int | None, int | None, int | None]:
     """(initial, maximum, release threshold) in bytes for this worker's GPU; adds the reasons."""
     initial = maximum = threshold = None
@@ -288,7 +313,7 @@ def _sizes(ctx: Any, s: RmmSettings, target: Target, who: str, kind: str, want_p
         reasons.append(f"{shown(ctx, 'gpudask.rmm.maximum-pool-size')} = {describe_size(s.maximum, maximum)}")
     elif kind == "pool":
         torch = ctx.facts.packages.get("torch")
-        if torch and by_default and not _torch_through_rmm(ctx, s):
+        if torch and by_default and not _torch_through_rmm(s, plan):
             maximum = initial
             reasons.append(f"maximum = initial size: PyTorch {torch} is installed and does not allocate through RMM "
                            f"(gpudask.rmm.libraries, the torch-rmm plugin), so a growing pool could starve it; set "
@@ -313,17 +338,13 @@ def _refuse_what_fails_at_run_time(ctx: Any, s: RmmSettings, target: Target, who
                           f"or UCX without cuda_ipc")
 
 
-# A plugin that points PyTorch at RMM may declare this setting (contrib/gpudask-torch-rmm does).
-TORCH_RMM_SETTING = "gpudask.torch-rmm.enabled"
-
-
-def _torch_through_rmm(ctx: Any, s: RmmSettings) -> bool:
-    """Will PyTorch allocate from the pool: listed in gpudask.rmm.libraries, or a loaded
-    torch-rmm plugin says it points PyTorch at RMM?"""
+def _torch_through_rmm(s: RmmSettings, plan: Any) -> bool:
+    """Will PyTorch allocate from the pool: listed in gpudask.rmm.libraries, or another
+    plugin asked (``allocates_through``: it points PyTorch at RMM, e.g. torch-rmm)?"""
     if "torch" in s.libraries:
         return True
-    torch_rmm = ctx.setting(TORCH_RMM_SETTING)
-    return bool(torch_rmm is not None and torch_rmm.value)
+    return any("torch" in (asked.get(REQUEST_ALLOCATES_THROUGH) or ())
+               for asked in plan.requests_for(name).values())
 
 
 @hookimpl
@@ -342,3 +363,10 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
 def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
     """The RMM resource and pool size in place in this worker, read back (proof of effect)."""
     return rmm_setup.applied_state(ctx, plan)
+
+
+@hookimpl
+def gpudask_report_rows(plan: Mapping[str, Any],
+                        published: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+    """The ``pool`` column: the planned initial size against the pool in place."""
+    return rmm_report.rows(plan, published)

@@ -14,6 +14,7 @@ from typing import Any
 from gpudask.pluginapi import GpudaskError
 
 _STATE: dict[str, Any] | None = None  # what this process set up on a real GPU (JSON-compatible)
+SECTION = "rmm"  # the plugin's section of the plan: what to build (plugins/rmm/plugin.py)
 _MR: Any = None  # the memory resource in use (for the metric)
 _REPORT: dict[str, Any] | None = None  # the last report, whatever happened (for the metric)
 
@@ -30,8 +31,8 @@ def setup(ctx: Any, plan: Any) -> dict[str, Any]:
 
 def _setup(ctx: Any, plan: Any) -> dict[str, Any]:
     global _STATE, _MR
-    memory = plan.memory
-    if memory is None or memory.get("allocator") is None:  # other plugins (spill) add keys of their own
+    memory = plan.sections.get(SECTION)
+    if memory is None or memory.get("allocator") is None:
         return {"allocator": None, "applied": False, "why": "no memory setup planned (see gpudask info)"}
     report: dict[str, Any] = dict(memory)
     if ctx.facts.described:
@@ -182,7 +183,7 @@ def applied_state(ctx: Any, plan: Any) -> dict[str, dict[str, Any]] | None:
     """The RMM resource in place in this process, read back, against the plan."""
     import sys
 
-    memory = plan.memory
+    memory = plan.sections.get(SECTION)
     if plan.role != "worker" or memory is None or memory.get("allocator") is None or ctx.facts.described:
         return None
     kind = memory["allocator"]

@@ -1,7 +1,7 @@
 """Device memory limit and spilling of GPU objects, device -> host -> disk, on stock workers.
 
-Plan (pure, any process): :func:`gpudask_plan_memory` gives every worker with a GPU a
-``device_memory_limit`` in bytes (``plan.memory["device_memory_limit"]``): by default
+Plan (pure, any process): :func:`gpudask_plan_finish` gives every worker with a GPU a
+``device_memory_limit`` in bytes (its section: ``plan.sections["spill"]["device_memory_limit"]``): by default
 0.8 of the worker's share of its GPU (workers sharing a GPU divide it), or what
 ``gpudask.spill.device-memory-limit`` says.  ``gpudask.spill.cudf`` sets ``CUDF_SPILL``
 in the scheduler, client and workers; cuDF then spills its own buffers and gpudask's
@@ -28,12 +28,17 @@ from typing import TYPE_CHECKING, Any
 from gpudask.pluginapi import ConfigError, Option, hookimpl, parse_bool, parse_bytes, workers_sharing_gpu
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from distributed import Nanny, Scheduler, Worker
 
     from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "spill"
-priority = 110  # after rmm (100): reads the pool rmm planned
+priority = 110
+# reads the rmm plugin's section (its maximum_pool_size) in gpudask_plan_finish, the step
+# after rmm's gpudask_plan_memory: the order is the plan's steps', not the priorities
+reads_sections = ("rmm",)
 
 KEY = "gpudask.spill.device-memory-limit"
 CUDF_KEY = "gpudask.spill.cudf"
@@ -186,7 +191,7 @@ def _gib(n: int) -> str:
 
 
 @hookimpl
-def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
+def gpudask_plan_finish(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role != "worker":
         return
     found = _gpu_memory(ctx, plan)
@@ -208,7 +213,7 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
                                 f"out of memory")
     sharing = workers_sharing_gpu(ctx, plan)
     k = max(1, len(sharing))
-    pool_max = (plan.memory or {}).get("maximum_pool_size")
+    pool_max = plan.section("rmm").get("maximum_pool_size")
     if value is None:
         limit = int(DEFAULT_FRACTION * memory / k)
         why = (f"default {DEFAULT_FRACTION:g} of {label}"
@@ -237,7 +242,20 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 
 def _set(plan: Any, limit: int | None, why: str) -> None:
-    plan.set_memory({**(plan.memory or {}), "device_memory_limit": limit}, why)
+    plan.set_section({"device_memory_limit": limit}, why, decision=f"memory: device_memory_limit={limit}")
+
+
+@hookimpl
+def gpudask_report_rows(plan: Mapping[str, Any],
+                        published: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+    """The ``spill`` column: the device memory limit above which GPU objects move to host."""
+    sections = plan.get("sections") if isinstance(plan, dict) else None
+    section = sections.get(name) if isinstance(sections, dict) else None
+    limit = section.get("device_memory_limit") if isinstance(section, dict) else None
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return None
+    return [{"column": "spill", "summary": f"spill > {limit / 2**30:.1f} GiB", "planned": limit, "actual": None,
+             "bytes": True, "keys": []}]
 
 
 # --------------------------------------------------------------------------- applying
@@ -247,7 +265,7 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     if plan.role != "worker" or type(server).__name__ == "Nanny":
         return
     manager = getattr(server, "memory_manager", None)
-    limit = (plan.memory or {}).get("device_memory_limit")
+    limit = plan.sections.get(name, {}).get("device_memory_limit")
     if manager is None or not isinstance(limit, int) or limit <= 0:
         return
     from gpudask.plugins.spill.store import DeviceHostStore  # distributed and zict: worker processes only

@@ -219,7 +219,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
         return
     interface = ctx.setting(INTERFACE)
     if interface is not None and interface.value is not None:
-        return  # the tcp plugin set the user's
+        return  # explicit settings win: the user's gpudask.transport.interface, no detection (applied by tcp)
     if not port.netdev:
         plan.note("interface not set", f"{port.name} has no network interface (netdev) in the facts")
     elif not facts.net_interfaces.get(port.netdev):

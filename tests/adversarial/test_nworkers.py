@@ -40,7 +40,7 @@ def test_a_negative_nworkers_gives_every_worker_a_plan_for_the_resolved_count(cl
     assert sorted(p["index"] for p in plans) == [0, 1]
     assert len({p["gpu"] for p in plans}) == 2  # two distinct GPUs
     # each worker takes half the host's memory, never "the whole host" and "a half"
-    assert [p["memory"]["host_memory_fraction"] for p in plans] == [0.5, 0.5]
+    assert [p["sections"]["worker-memory"]["host_memory_fraction"] for p in plans] == [0.5, 0.5]
     from distributed.system import MEMORY_LIMIT
 
     assert sum(w["memory_limit"] for w in workers) <= MEMORY_LIMIT

@@ -74,7 +74,7 @@ def test_100000_mismatches_become_a_bounded_number_of_findings():
 def test_a_row_with_nan_infinity_and_floods_is_valid_bounded_json():
     ws = WorkerState(address="tcp://127.0.0.1:1", status=None, pid=1, name="w", nthreads=1, memory_limit=0,
                      local_directory="/tmp", nanny=None, server_id="x", extra={})
-    ws.extra["gpudask"] = {"version": "1", "plan": {"memory": {"pool": math.inf}, "env": {"UCX_TLS": "x" * 10**6}},
+    ws.extra["gpudask"] = {"version": "1", "plan": {"sections": {"rmm": {"allocator": "pool", "initial_pool_size": math.inf}}, "env": {"UCX_TLS": "x" * 10**6}},
                            "applied": {"plugins": {"p": {f"k{i}": {"planned": math.nan, "actual": i}
                                                          for i in range(100_000)}}},
                            "mismatches": [{"key": "k", "actual": "z" * 20_000_000}] * 100_000}
@@ -83,7 +83,7 @@ def test_a_row_with_nan_infinity_and_floods_is_valid_bounded_json():
     text = json.dumps(row, allow_nan=False)
     _strict_json(text)
     assert len(text) < 2_000_000
-    assert row["memory"]["pool"] == "inf" and row["metrics"]["gpudask-x"]["v"] == "nan"
+    assert row["sections"]["rmm"]["initial_pool_size"] == "inf" and row["metrics"]["gpudask-x"]["v"] == "nan"
 
 
 # ------------------------------------------------------------------ real processes

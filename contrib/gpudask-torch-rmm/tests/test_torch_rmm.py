@@ -58,7 +58,8 @@ def _plan(facts_path=None, nworkers=None):
 
 
 def _reasons(plan):
-    return [r for r in plan.reasons if r.plugin == "torch-rmm"]
+    """The plugin's decision lines (its request to rmm is checked on its own)."""
+    return [r for r in plan.reasons if r.plugin == "torch-rmm" and not r.decision.startswith("asks rmm")]
 
 
 def test_gpu_host_with_torch_and_rmm_points_torch_at_rmm(tmp_path):
@@ -69,8 +70,11 @@ def test_gpu_host_with_torch_and_rmm_points_torch_at_rmm(tmp_path):
         (reason,) = _reasons(worker)
         assert reason.decision == plugin.DECISION
         assert "torch 2.9.0 and rmm 26.10.0" in reason.why
+        # rmm learns it through the plan: a request, not a setting of this plugin
+        assert worker.requests == {"rmm": {"torch-rmm": {"allocates_through": ["torch"]}}}
+        assert worker.sections.get("rmm", {}).get("maximum_pool_size") is None  # never capped for PyTorch
     for other in (host.scheduler, host.nanny, host.client):
-        assert _reasons(other) == []
+        assert _reasons(other) == [] and other.requests == {}
 
 
 def test_ordered_after_the_rmm_pool(tmp_path):

@@ -1,0 +1,46 @@
+"""The rmm plugin's rows in ``gpudask info``, ``gpudask status`` and the ``/gpudask`` page.
+
+Reads the plugin's own section of a published plan and, for a running worker, what the
+plugin published there: its read-back (``applied.plugins.rmm.pool_size``) or its setup
+report (``memory.rmm``: the pool it built, or why it built none).  Published data comes
+from another process: anything of the wrong type is skipped, never raised on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+SECTION = "rmm"
+
+
+def _mapping(value: Any, key: str) -> Mapping[str, Any]:
+    found = value.get(key) if isinstance(value, Mapping) else None
+    return found if isinstance(found, Mapping) else {}
+
+
+def _size(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def rows(plan: Mapping[str, Any], published: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+    section = _mapping(_mapping(plan, "sections"), SECTION)
+    allocator = section.get("allocator")
+    if not isinstance(allocator, str):
+        return None
+    planned = _size(section.get("initial_pool_size"))
+    row: dict[str, Any] = {"column": "pool", "summary": allocator + (f" {planned / 2**30:.1f} GiB" if planned else ""),
+                           "planned": planned, "actual": None, "note": None, "bytes": True, "keys": ["pool_size"]}
+    if published is None:
+        return [row]
+    pair = _mapping(_mapping(_mapping(_mapping(published, "applied"), "plugins"), SECTION), "pool_size")
+    if pair:
+        row["actual"] = pair.get("actual")
+        return [row]
+    report = _mapping(_mapping(published, "memory"), SECTION)
+    if report.get("pool_size") is not None:
+        row["actual"] = report["pool_size"]
+    elif report.get("applied") is False and planned is not None:
+        note = report.get("skipped") or report.get("why") or "not built"
+        row["note"] = note if isinstance(note, str) else repr(note)
+    return [row]
