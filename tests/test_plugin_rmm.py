@@ -659,7 +659,7 @@ def test_gpu_second_setup_reports_and_does_not_rebuild(cluster, tmp_path):
         s = session.current()
         before = rmm.mr.get_current_device_resource()
         report = session.setup_memory(s.manager, s.ctx, s.plan)["rmm"]
-        return report, s.sections.get("rmm")["rmm"], rmm.mr.get_current_device_resource() is before
+        return report, s.memory["rmm"], rmm.mr.get_current_device_resource() is before
 
     with _gpu_cluster(cluster, tmp_path, DASK_GPUDASK__RMM__POOL_SIZE="256MiB") as client:
         ((report, first, same_resource),) = client.run(again).values()
