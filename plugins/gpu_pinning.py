@@ -84,15 +84,15 @@ def _entry_uuid(entry: str, gpu: Any) -> str:
         ids = entry.split("/")[1:]
         for inst in instances:
             if [str(inst.get("gpu_instance_id")), str(inst.get("compute_instance_id"))] == ids:
-                return inst["uuid"]
+                return str(inst["uuid"])
         return entry
     if entry.startswith("MIG-"):
         for inst in instances:
-            if inst["uuid"].lower().startswith(entry.lower()):
-                return inst["uuid"]
+            if str(inst["uuid"]).lower().startswith(entry.lower()):
+                return str(inst["uuid"])
         return entry
     # a MIG-enabled GPU named by index or GPU UUID: CUDA shows its first instance
-    return instances[0]["uuid"] if instances else gpu.uuid
+    return str(instances[0]["uuid"]) if instances else gpu.uuid
 
 
 def rotation(units: list[Unit], index: int) -> list[Unit]:
@@ -103,7 +103,7 @@ def rotation(units: list[Unit], index: int) -> list[Unit]:
 
 @hookimpl
 def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
-    if plan.role != "worker":
+    if plan.role != "worker" or plan.index is None:  # a worker's plan always has its number
         return
     # no GPU for CUDA (NVML sees none, whatever CUDA_VISIBLE_DEVICES says): nothing to pin
     units = visible_units(ctx.facts) if ctx.gpus else []

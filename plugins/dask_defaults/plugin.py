@@ -81,9 +81,11 @@ def _set_unless_user(ctx: Any, plan: Any, key: str, value: str, why: str) -> Non
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """On the scheduler: tell a client whose graph rechunks with P2P while GPU workers are connected."""
-    if plan.role != "scheduler":
+    from distributed import Scheduler
+
+    if plan.role != "scheduler" or not isinstance(server, Scheduler):
         return
-    from gpudask.plugins.dask_defaults.p2p import NAME, P2PRechunkWarning
+    from .p2p import NAME, P2PRechunkWarning
 
     if NAME not in server.plugins:
         server.add_plugin(P2PRechunkWarning(), name=NAME, idempotent=True)

@@ -18,11 +18,11 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import ConfigError, hookimpl, tls_enables
-from gpudask.plugins.rmm import report as rmm_report
-from gpudask.plugins.rmm import setup as rmm_setup
-from gpudask.plugins.rmm.target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib,
+from . import report as rmm_report
+from . import setup as rmm_setup
+from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib,
                                         reset_ucxx_keys, resolve, target_of)
-from gpudask.plugins.rmm.options import (DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSettings, explicit,
+from .options import (DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSettings, explicit,
                                          options, parse_pool_size, read_settings, shown)
 
 if TYPE_CHECKING:
@@ -240,8 +240,8 @@ def _plan_worker(ctx: Any, plan: Any) -> None:
     _set_memory(plan, kind, initial, maximum, target.uuid, details, "; ".join(reasons))
 
 
-def _set_memory(plan: Any, kind: str, initial: int | None, maximum: int | None, gpu: str, details: dict[str, Any],
-                why: str) -> None:
+def _set_memory(plan: ProcessPlan, kind: str, initial: int | None, maximum: int | None, gpu: str | None,
+                details: dict[str, Any], why: str) -> None:
     """This plugin's section: the memory resource gpudask_setup_memory builds."""
     plan.set_section({"allocator": kind, "initial_pool_size": initial, "maximum_pool_size": maximum, **details,
                       "gpu": gpu}, why, decision=f"memory: allocator={kind}, initial_pool_size={initial}, "

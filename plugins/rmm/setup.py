@@ -124,7 +124,7 @@ def _allocated(mr: Any) -> int | None:
 def _log_file(rmm: Any, mr: Any) -> str | None:
     for m in _upstreams(mr):
         if isinstance(m, rmm.mr.LoggingResourceAdaptor):
-            return m.get_file_name()
+            return str(m.get_file_name())
     return None
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudask.pluginapi import ConfigError, process_gpu, tls_enables, workers_sharing_gpu
-from gpudask.plugins.rmm.options import ALIGNMENT, UCXX_POOL_KEYS, shown
+from .options import ALIGNMENT, UCXX_POOL_KEYS, shown
 
 @dataclass
 class Target:

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
     from gpudask.pluginapi import PlanContext, ProcessPlan
 
+    from .store import DeviceHostStore
+
 name = "spill"
 priority = 110
 # reads the rmm plugin's section (its maximum_pool_size) in gpudask_plan_finish, the step
@@ -262,13 +264,15 @@ def gpudask_report_rows(plan: Mapping[str, Any],
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """Put the device tier in front of the worker's own store (before it holds data)."""
-    if plan.role != "worker" or type(server).__name__ == "Nanny":
-        return
-    manager = getattr(server, "memory_manager", None)
+    from distributed import Worker
+
+    if plan.role != "worker" or not isinstance(server, Worker):
+        return  # the nanny (--preload-nanny) holds no data
+    manager = server.memory_manager
     limit = plan.sections.get(name, {}).get("device_memory_limit")
-    if manager is None or not isinstance(limit, int) or limit <= 0:
+    if not isinstance(limit, int) or limit <= 0:
         return
-    from gpudask.plugins.spill.store import DeviceHostStore  # distributed and zict: worker processes only
+    from .store import DeviceHostStore  # distributed and zict: worker processes only
 
     if isinstance(manager.data, DeviceHostStore):
         return  # already in place (the WorkerPlugin after the preload)
@@ -280,7 +284,7 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     server.metrics[METRIC] = _metric(store)
 
 
-def _metric(store: Any) -> Callable[..., dict[str, Any]]:
+def _metric(store: DeviceHostStore) -> Callable[..., dict[str, Any]]:
     def metric(worker: Any = None) -> dict[str, Any]:
         return store.metrics()
 

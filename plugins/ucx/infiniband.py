@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import Option, hookimpl, parse_optional_bool, process_gpu, ucx_supports
-from gpudask.plugins.ucx.rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list,
+from .rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list,
                                        pick, set_flag)
 
 if TYPE_CHECKING:
@@ -141,8 +141,8 @@ def _ignored(facts: Any) -> str:
 def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     facts = ctx.facts
     ports = active_ports(facts)
-    net_devices = ctx.setting(NET_DEVICES)
-    explicit_devices = net_devices is not None and net_devices.value is not None
+    net_devices = ctx.require(NET_DEVICES)
+    explicit_devices = net_devices.value is not None
     if explicit_devices and ctx.uses_ucx and (plan.role == "worker" or not isinstance(net_devices.value, list)):
         plan.set_env("UCX_NET_DEVICES", pick(net_devices.value, plan.index),
                      f"{NET_DEVICES}={net_devices.value!r} (from {net_devices.source}): explicit settings win")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (Option, hookimpl, parse_optional_bool, process_gpu, ucx_supports,
                                ucxx_creates_cuda_context, workers_sharing_gpu)
-from gpudask.plugins.ucx.rules import UCX_AUTO, decide, mode, mode_why, set_flag, user_tls
+from .rules import UCX_AUTO, decide, mode, mode_why, set_flag, user_tls
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan

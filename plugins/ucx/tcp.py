@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (ConfigError, Option, choice, hookimpl, parse_optional_bool, process_gpu, ucx_supports,
                                ucx_unused_variables)
-from gpudask.plugins.ucx.rules import (AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why,
+from .rules import (AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why,
                                        parse_name_or_list, pick, set_flag)
 
 if TYPE_CHECKING:
