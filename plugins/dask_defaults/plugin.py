@@ -38,7 +38,7 @@ RECHUNK_KEY = "array.rechunk.method"
 SHUFFLE_KEY = "dataframe.shuffle.method"
 
 
-def _installed(ctx: Any, *packages: str) -> list[str]:
+def _installed(ctx: PlanContext, *packages: str) -> list[str]:
     return [p for p in packages if ctx.facts.packages.get(p)]
 
 
@@ -69,7 +69,7 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
                          f"data; the method is chosen when the graph is lowered ({lowered})")
 
 
-def _set_unless_user(ctx: Any, plan: Any, key: str, value: str, why: str) -> None:
+def _set_unless_user(ctx: PlanContext, plan: ProcessPlan, key: str, value: str, why: str) -> None:
     user = ctx.user_dask_config(key)
     if user is not None:
         plan.note(f"{key} kept at {user!r}", f"set by the user (explicit settings win); gpudask would choose "

@@ -276,7 +276,7 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
 
 
 # ------------------------------------------------------------------ the relay guard
-def relay_problem(ctx: Any, plan: Any) -> str | None:
+def relay_problem(ctx: PlanContext, plan: ProcessPlan) -> str | None:
     """Why this UCX scheduler cannot receive GPU frames, or None when it can (or is not UCX)."""
     if not ctx.uses_ucx:
         return None
