@@ -99,7 +99,9 @@ def gpudask_config_options() -> list[Option]:
         configuration reference), a parser that turns raw values into typed ones
         and raises :class:`ValueError` with the accepted form, and optional
         ``legacy`` keys (other dask config keys honoured when the gpudask key is
-        not set explicitly).  Plugins read values with ``ctx.setting(key)``.
+        not set explicitly).  Plugins read values with ``ctx.require(key)`` or
+        ``ctx.value(key)`` (one line naming the key when no loaded plugin declares
+        it), or ``ctx.setting(key)`` (None then) for another plugin's option.
 
     **Combined:** the lists of all plugins are concatenated after gpudask's core options.
     **Failure:** raising, or returning something that is not an ``Option`` under

@@ -25,7 +25,7 @@ from dask.utils import format_bytes, parse_bytes
 
 from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_optional_bool, parse_optional_float
 from gpudask.errors import ConfigError, GpudaskError, PluginError
-from gpudask.facts import facts_from_dict
+from gpudask.facts import GPU, Facts, IBDevice, facts_from_dict
 from gpudask.facts.probe import ucx_unused_variables
 from gpudask.findings import Finding, ProcessSide, fingerprint
 from gpudask.hookspecs import hookimpl
@@ -43,6 +43,8 @@ __all__ = [
     # plans and checks
     "PlanContext", "ProcessPlan", "HostPlan", "Finding", "ProcessSide", "facts_from_dict",
     "fingerprint",
+    # what ctx.facts holds (for annotations)
+    "Facts", "GPU", "IBDevice",
     # this process
     "applied_role", "ucx_unused_variables",
     # shared rules

@@ -34,7 +34,7 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.gpu_index is None:
         plan.note("skipped", "no GPU visible" if not ctx.gpus else "this worker has no GPU of its own")
         return
-    setting = ctx.setting(ENABLED)
+    setting = ctx.require(ENABLED)
     if not setting.value:
         plan.note("skipped", f"{ENABLED}=false (from {setting.source})")
         return
@@ -48,4 +48,4 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     if ctx.facts.described:
         plan.note("CPU binding not applied here",
                   f"the host is described ({ctx.facts.origin}): its CPUs "
-                  f"{cpu_ranges(plan.cpu_affinity)} are not this machine's")
+                  f"{cpu_ranges(sorted(gpu.cpu_affinity))} are not this machine's")

@@ -91,7 +91,7 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
                   f"the host is described ({ctx.facts.origin}): nothing touching a device runs")
 
 
-def planned_context(ctx: Any, plan: Any) -> bool:
+def planned_context(ctx: PlanContext, plan: ProcessPlan) -> bool:
     """Does UCX create a CUDA context in this process, by its plan (the user's explicit values included)?"""
     if not ctx.uses_ucx:
         return False
@@ -102,10 +102,10 @@ def planned_context(ctx: Any, plan: Any) -> bool:
     return ucx_wants_context(plan.env if "UCX_TLS" in plan.env else dict(ctx.user_env), config_get)
 
 
-def own_gpu(ctx: Any, plan: Any) -> tuple[str, int] | None:
+def own_gpu(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, int] | None:
     """(UUID, index) of the GPU this process's CUDA context belongs on: a worker's own GPU,
     the scheduler's device 0 of its visible GPUs; None elsewhere."""
-    if plan.role == "worker" and plan.gpu is not None:
+    if plan.role == "worker" and plan.gpu is not None and plan.gpu_index is not None:  # set_gpu sets both
         return plan.gpu, plan.gpu_index
     if plan.role == "scheduler" and ctx.gpus:
         return ctx.gpus[0].uuid, ctx.gpus[0].index
@@ -118,7 +118,7 @@ def existing_context() -> Any:
     from distributed.diagnostics import nvml
 
     try:
-        found = nvml.has_cuda_context()
+        found = nvml.has_cuda_context()  # type: ignore[no-untyped-call]  # distributed is untyped
     except Exception as e:  # noqa: BLE001 - NVML errors must not stop a process
         logger.debug("gpudask: NVML could not list CUDA contexts: %s", e)
         return None
@@ -135,7 +135,7 @@ def _uuid_of(info: Any) -> str:
     return info.uuid.decode() if isinstance(info.uuid, bytes) else str(info.uuid)
 
 
-def _same_device(uuid: str, plan: Any, ctx: Any) -> bool:
+def _same_device(uuid: str, plan: ProcessPlan, ctx: PlanContext) -> bool:
     """Does ``uuid`` (GPU-, MIG- or bare) name the worker's GPU (or its MIG instance's parent)?"""
     def norm(u: str) -> str:
         u = u.lower()
@@ -154,13 +154,13 @@ def _same_device(uuid: str, plan: Any, ctx: Any) -> bool:
     return norm(uuid) in mine
 
 
-def _where(plan: Any) -> str:
+def _where(plan: ProcessPlan) -> str:
     names = {"worker": f"worker {plan.index}", "nanny": "the dask worker process hosting the nannies",
              "scheduler": "the scheduler", "client": "this client process"}
     return f"{names[plan.role]} (pid {os.getpid()})"
 
 
-def _cause_and_fix(plan: Any) -> str:
+def _cause_and_fix(plan: ProcessPlan) -> str:
     if plan.role == "client":
         return ("Likely cause: something touched the GPU (a CuPy/cuDF/Numba call, or an import that initialises "
                 "CUDA) before gpudask.initialize(). Fix: call gpudask.initialize() and start the cluster and the "
@@ -171,14 +171,14 @@ def _cause_and_fix(plan: Any) -> str:
             "RAPIDS_NO_INITIALIZE=1, list gpudask first in --preload, or move the import into the tasks.")
 
 
-def report(ctx: Any, plan: Any, message: str) -> None:
+def report(ctx: PlanContext, plan: ProcessPlan, message: str) -> None:
     text = f"{message} {_cause_and_fix(plan)}"
-    if ctx.setting(ON_EXISTING).value == "error":
+    if ctx.value(ON_EXISTING) == "error":
         raise GpudaskError(f"{text} ({ON_EXISTING}=error)")
     logger.warning("gpudask: %s", text)
 
 
-def check_existing(ctx: Any, plan: Any, when: str) -> None:
+def check_existing(ctx: PlanContext, plan: ProcessPlan, when: str) -> None:
     """Report a CUDA context this process should not have at this point."""
     info = existing_context()
     if info is None:
@@ -230,7 +230,7 @@ def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
             create_context(ctx, plan)
 
 
-def create_context(ctx: Any, plan: Any) -> None:
+def create_context(ctx: PlanContext, plan: ProcessPlan) -> None:
     """The process's context on device 0 of its CUDA_VISIBLE_DEVICES (its own GPU), then checked."""
     try:
         try:

@@ -57,7 +57,7 @@ def gpudask_config_options() -> list[Option]:
 
 def _decide(ctx: PlanContext) -> tuple[bool, str]:
     """(use forkserver?, why) -- the same answer for every plan of the host."""
-    setting = ctx.setting(ENABLED)
+    setting = ctx.require(ENABLED)
     ib = [f"{d.name}:{d.port}" for d in ctx.facts.ib_devices if d.is_infiniband]
     if setting.value is True:
         return True, f"{ENABLED}=true (from {setting.source})"
@@ -100,7 +100,7 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
                          "compare the driver and CUDA runtime versions")
     elif plan.role == "nanny":
         plan.note("forkserver not used", why)
-    if ctx.setting(DIAGNOSE).value:
+    if ctx.value(DIAGNOSE):
         plan.set_env("UCX_IB_FORK_INIT", "n",
                      f"{DIAGNOSE}=true: UCX skips ibv_fork_init() and warns at any fork() after it opened "
                      "InfiniBand; gpudask names the process and the code that forked")
@@ -113,7 +113,7 @@ _WATCHING = False
 @hookimpl
 def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
     global _WATCHING
-    if not ctx.setting(DIAGNOSE).value or _WATCHING:
+    if not ctx.value(DIAGNOSE) or _WATCHING:
         return
     _WATCHING = True
     where = plan.role + (f" {plan.index}" if plan.index is not None else "")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gpudask.pluginapi import hookimpl
 
 if TYPE_CHECKING:
-    from gpudask.pluginapi import PlanContext, ProcessPlan
+    from gpudask.pluginapi import GPU, Facts, PlanContext, ProcessPlan
 
 name = "gpu-pinning"
 priority = 10
@@ -31,7 +31,7 @@ class Unit:
     """One thing a worker can own: a GPU, or a MIG instance of one."""
 
     entry: str  # as written in CUDA_VISIBLE_DEVICES
-    gpu: Any  # gpudask.facts.GPU (the physical GPU)
+    gpu: GPU  # the physical GPU
     uuid: str  # GPU-... or, for a MIG instance, MIG-...
 
     @property
@@ -41,7 +41,7 @@ class Unit:
         return f"GPU {self.gpu.index} ({self.uuid})"
 
 
-def visible_units(facts: Any) -> list[Unit]:
+def visible_units(facts: Facts) -> list[Unit]:
     """The GPUs (and MIG instances) workers of this host share out, in CUDA's order."""
     cvd = facts.cuda_visible_devices
     if cvd is None:
@@ -61,7 +61,7 @@ def visible_units(facts: Any) -> list[Unit]:
     return units
 
 
-def _all_units(facts: Any) -> list[Unit]:
+def _all_units(facts: Facts) -> list[Unit]:
     gpus = sorted(facts.gpus, key=lambda g: g.index)
     # MIG instances can only be named by UUID; CUDA_VISIBLE_DEVICES then uses UUIDs throughout
     by_uuid = any(_mig_instances(g) for g in gpus)
@@ -74,25 +74,25 @@ def _all_units(facts: Any) -> list[Unit]:
     return units
 
 
-def _mig_instances(gpu: Any) -> list[dict[str, Any]]:
+def _mig_instances(gpu: GPU) -> list[dict[str, Any]]:
     return list(gpu.mig.get("instances") or []) if gpu.mig.get("enabled") else []
 
 
-def _entry_uuid(entry: str, gpu: Any) -> str:
+def _entry_uuid(entry: str, gpu: GPU) -> str:
     instances = _mig_instances(gpu)
     if entry.startswith("MIG-GPU-"):  # old form MIG-GPU-<uuid>/<gi>/<ci>
         ids = entry.split("/")[1:]
         for inst in instances:
             if [str(inst.get("gpu_instance_id")), str(inst.get("compute_instance_id"))] == ids:
-                return inst["uuid"]
+                return str(inst["uuid"])
         return entry
     if entry.startswith("MIG-"):
         for inst in instances:
-            if inst["uuid"].lower().startswith(entry.lower()):
-                return inst["uuid"]
+            if str(inst["uuid"]).lower().startswith(entry.lower()):
+                return str(inst["uuid"])
         return entry
     # a MIG-enabled GPU named by index or GPU UUID: CUDA shows its first instance
-    return instances[0]["uuid"] if instances else gpu.uuid
+    return str(instances[0]["uuid"]) if instances else gpu.uuid
 
 
 def rotation(units: list[Unit], index: int) -> list[Unit]:
@@ -103,7 +103,7 @@ def rotation(units: list[Unit], index: int) -> list[Unit]:
 
 @hookimpl
 def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
-    if plan.role != "worker":
+    if plan.role != "worker" or plan.index is None:  # a worker's plan always has its number
         return
     # no GPU for CUDA (NVML sees none, whatever CUDA_VISIBLE_DEVICES says): nothing to pin
     units = visible_units(ctx.facts) if ctx.gpus else []

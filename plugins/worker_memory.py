@@ -56,7 +56,7 @@ def gpudask_config_options() -> list[Option]:
 def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role != "worker" or plan.gpu is None:
         return
-    setting = ctx.setting(LIMIT)
+    setting = ctx.require(LIMIT)
     if setting.value == "distributed":
         plan.note("skipped", f"{LIMIT}=distributed (from {setting.source}): distributed's own default limit")
         return
@@ -71,9 +71,11 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     share = plan.sections.get(name, {}).get("host_memory_fraction")
-    manager = getattr(server, "memory_manager", None)
-    if plan.role != "worker" or not share or manager is None or type(server).__name__ == "Nanny":
-        return
+    from distributed import Worker
+
+    if plan.role != "worker" or not share or not isinstance(server, Worker):
+        return  # the nanny (--preload-nanny) has its own limit: _tell_nanny below
+    manager = server.memory_manager
     from distributed import system
     from distributed.worker_memory import parse_memory_limit
 
@@ -93,7 +95,7 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     _tell_nanny(server, limit, auto)
 
 
-def _set_nanny_limit(limit: int, auto: int, dask_worker: object = None) -> bool:
+def _set_nanny_limit(limit: int, auto: int | None, dask_worker: object = None) -> bool:
     """Run in the nanny (distributed's ``run`` handler): its memory monitor restarts the
     worker above ``distributed.worker.memory.terminate`` of the nanny's *own* limit, which
     ``dask worker`` set to the ``auto`` one; a worker allowed more than that would be
@@ -105,8 +107,8 @@ def _set_nanny_limit(limit: int, auto: int, dask_worker: object = None) -> bool:
     return True
 
 
-def _tell_nanny(server: object, limit: int, auto: int) -> None:
-    nanny = getattr(server, "nanny", None)
+def _tell_nanny(server: Worker, limit: int, auto: int | None) -> None:
+    nanny = server.nanny
     if not nanny:
         return
     import asyncio
@@ -115,8 +117,9 @@ def _tell_nanny(server: object, limit: int, auto: int) -> None:
 
     async def tell() -> None:
         try:
-            await server.rpc(nanny).run(function=pickle.dumps(_set_nanny_limit),  # type: ignore[attr-defined]
-                                        args=pickle.dumps((limit, auto)))
+            # distributed's pickle is untyped: dumps returns bytes
+            await server.rpc(nanny).run(function=pickle.dumps(_set_nanny_limit),  # type: ignore[no-untyped-call]
+                                        args=pickle.dumps((limit, auto)))  # type: ignore[no-untyped-call]
         except Exception as e:  # noqa: BLE001 - a nanny that cannot be told keeps its own limit: say so
             logger.warning("gpudask: worker-memory: the nanny %s keeps its own host memory limit %s (%s: %s); "
                            "it restarts the worker above %s", nanny, _fmt(auto), type(e).__name__, e, _fmt(auto))

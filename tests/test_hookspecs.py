@@ -121,3 +121,43 @@ def test_the_annotation_check_sees_an_untyped_implementation():
 
     sig = inspect.signature(gpudask_validate)
     assert sig.parameters["ctx"].annotation != inspect.signature(hookspecs.gpudask_validate).parameters["ctx"].annotation
+
+
+# ------------------------------------------------- helpers take the plan's types, not Any
+# mypy's strict tier (pyproject.toml, run by .ci/run after pytest) refuses an unannotated
+# function in plugins/ and the contrib plugins; what it cannot see is a helper that takes the
+# plan context or a plan as ``Any``, which switches the checking of its body off (it hid
+# unnarrowed ``ctx.setting(key)`` values in rmm).  So: a parameter named ctx or plan is
+# annotated, and not as Any (PlanContext, ProcessPlan; gpudask_report_rows's plan is the
+# published one, a Mapping), in every function of those modules.
+PLAN_PARAMETERS = ("ctx", "plan")
+UNCHECKED = (None, "Any", "Any | None", "object")
+ROOT = pathlib.Path(__file__).parents[1]
+TYPED_SOURCES = sorted([*(ROOT / "plugins").rglob("*.py"), *(ROOT / "contrib").glob("*/gpudask_*.py")])
+
+
+def _plan_parameters_not_typed(path: pathlib.Path) -> list[str]:
+    import ast
+
+    wrong = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                shown = ast.unparse(arg.annotation) if arg.annotation is not None else None
+                if arg.arg in PLAN_PARAMETERS and shown in UNCHECKED:
+                    wrong.append(f"line {node.lineno}: {node.name}({arg.arg}: {shown})")
+    return wrong
+
+
+@pytest.mark.parametrize("path", TYPED_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_helpers_take_the_plan_context_and_plans_typed(path):
+    wrong = _plan_parameters_not_typed(path)
+    assert wrong == [], f"{path.relative_to(ROOT)}: annotate ctx as PlanContext, plan as ProcessPlan, not Any: {wrong}"
+
+
+def test_the_plan_types_check_sees_any_and_missing_annotations(tmp_path):
+    mod = tmp_path / "mod.py"
+    mod.write_text("def a(ctx: Any, plan: ProcessPlan) -> None: ...\ndef b(ctx, plan: Any): ...\n"
+                   "async def c(*, ctx: PlanContext | None = None, plan: Mapping[str, Any]) -> None: ...\n")
+    assert _plan_parameters_not_typed(mod) == ["line 1: a(ctx: Any)", "line 2: b(ctx: None)", "line 2: b(plan: Any)"]
+    assert len(TYPED_SOURCES) >= 20 and any(p.name == "gpudask_prometheus.py" for p in TYPED_SOURCES)

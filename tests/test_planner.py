@@ -13,7 +13,7 @@ import pytest
 from conftest import host
 
 from gpudask import hookimpl
-from gpudask.config import CORE_OPTIONS, Settings
+from gpudask.config import CORE_OPTIONS, Option, Settings
 from gpudask.facts import load_facts
 from gpudask.manager import PluginManager
 from gpudask.plan import PlanInputs, build_plan
@@ -102,7 +102,7 @@ def test_info_json_has_the_design_shape():
     assert len(data["workers"]) == 4
     for w in data["workers"]:
         assert set(w) >= {"index", "gpu", "cuda_visible_devices", "env", "config", "interface", "cpu_affinity",
-                          "memory", "multiprocessing_method", "reasons"}
+                          "sections", "multiprocessing_method", "reasons"}
         assert all(set(r) == {"plugin", "decision", "why"} for r in w["reasons"])
 
 
@@ -177,3 +177,40 @@ def test_the_plan_context_is_a_frozen_snapshot():
         p.ctx.protocol = "tcp"  # type: ignore[misc]
     with pytest.raises(TypeError):
         p.ctx.user_env["UCX_TLS"] = "x"  # type: ignore[index]
+
+
+# ------------------------------------------------------------- reading settings (ctx.value / ctx.require)
+LEVEL = "gpudask.probe.level"
+
+
+def _with_level(*plugins, config=None):
+    options = [*CORE_OPTIONS, Option(LEVEL, 1, "how deep", int, "an integer")]
+    settings = Settings(options, config=config if config is not None else {"gpudask": {"probe": {"level": "3"}}})
+    inputs = PlanInputs(load_facts(host("hgx-4gpu-2ib.json")), settings, manager(*plugins), {})
+    return build_plan(inputs, "tcp", 1)
+
+
+def test_a_plugin_reads_a_declared_option_through_the_typed_accessors():
+    seen = []
+
+    def read(ctx):
+        setting = ctx.require(LEVEL)
+        seen.append((ctx.value(LEVEL), setting.value, setting.source, setting.explicit, ctx.setting("gpudask.no.such")))
+
+    _with_level(plugin("probe", 50, gpudask_validate=read))
+    _with_level(plugin("probe", 50, gpudask_validate=read), config={})
+    assert seen == [(3, 3, "dask config", True, None), (1, 1, "default", False, None)]
+
+
+@pytest.mark.parametrize("key, hint", [
+    ("gpudask.probe.levle", "did you mean 'gpudask.probe.level'?"),
+    ("gpudask.zzz.qqq", "is the plugin that declares it disabled?"),
+])
+def test_requiring_an_option_no_plugin_declares_is_one_line_naming_plugin_hook_and_key(key, hint):
+    from gpudask.errors import PluginError
+
+    for read in (lambda ctx: ctx.value(key), lambda ctx: ctx.require(key)):
+        with pytest.raises(PluginError) as info:
+            _with_level(plugin("probe", 50, gpudask_validate=read))
+        assert str(info.value) == (f"gpudask plugin 'probe' failed in gpudask_validate: no loaded plugin declares "
+                                   f"the option {key!r}; {hint}")

@@ -49,7 +49,7 @@ def gpudask_config_options() -> list[Option]:
 
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
-    if not ctx.setting(ENABLED).value:
+    if not ctx.value(ENABLED):
         return
     try:
         import prometheus_client  # noqa: F401
@@ -123,10 +123,10 @@ class _Families:
         if gpu.get("memory_total") is not None:
             self.gpu_memory.add_metric([*values, str(plan.get("gpu"))], float(gpu["memory_total"]))
         self.visible.add_metric(values, float(len(facts.get("gpus") or [])))
-        sections = plan.get("sections") if isinstance(plan.get("sections"), dict) else {}
-        memory = sections.get("rmm") if isinstance(sections.get("rmm"), dict) else {}  # the rmm plugin's section
+        sections = plan.get("sections")
+        memory = sections.get("rmm") if isinstance(sections, dict) else None  # the rmm plugin's section
         for size in ("initial_pool_size", "maximum_pool_size"):
-            if isinstance(memory.get(size), (int, float)):
+            if isinstance(memory, dict) and isinstance(memory.get(size), (int, float)):
                 self.pool.add_metric([*values, str(memory.get("allocator")), size.split("_")[0]],
                                      float(memory[size]))
         if plan.get("cpu_affinity"):
@@ -182,8 +182,9 @@ def cluster_metrics(workers: dict[str, Any], namespace: str | None = None) -> li
                     by_severity[f["severity"]] += 1
             for severity, n in by_severity.items():
                 findings.add_metric([address, severity], float(n))
-            status.add_metric([address], float(["ok", "info", "warning", "error"].index(check.get("status"))
-                                               if check.get("status") in ("ok", "info", "warning", "error") else 0))
+            levels, state = ["ok", "info", "warning", "error"], check.get("status")
+            level = levels.index(state) if isinstance(state, str) and state in levels else 0
+            status.add_metric([address], float(level))
     for key, n in counts.items():
         running.add_metric([key], float(n))
     return [*fam.families(), running, findings, status]

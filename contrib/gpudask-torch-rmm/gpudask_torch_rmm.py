@@ -52,9 +52,9 @@ def gpudask_config_options() -> list[Option]:
                    "workers and a GPU).", parse_bool, "true or false")]
 
 
-def wanted(ctx: Any) -> tuple[bool, str]:
+def wanted(ctx: PlanContext) -> tuple[bool, str]:
     """(on, why) from the settings and the facts alone (before rmm decided)."""
-    setting = ctx.setting(ENABLED)
+    setting = ctx.require(ENABLED)
     if not setting.value:
         return False, f"{ENABLED} is false (from {setting.source})"
     if not ctx.gpus:
@@ -65,7 +65,7 @@ def wanted(ctx: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def decide(ctx: Any, plan: Any) -> tuple[bool, str]:
+def decide(ctx: PlanContext, plan: ProcessPlan) -> tuple[bool, str]:
     """(on, why) for one worker plan, once rmm decided.  Pure: reads the settings, the facts
     and the rmm plugin's section of the plan."""
     on, why = wanted(ctx)
@@ -112,7 +112,7 @@ def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] 
     return result
 
 
-def _setup(ctx: Any, plan: Any) -> dict[str, Any]:
+def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
     on, why = decide(ctx, plan)
     if not on:
         return {"torch_allocator": "default", "why": why}

@@ -11,10 +11,12 @@ list grows while the plan is built.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
+
+from gpudask.errors import GpudaskError
 
 if TYPE_CHECKING:
     from gpudask.config import Setting, Settings
@@ -72,6 +74,20 @@ class PlanContext:
         except KeyError:
             return None
 
+    def require(self, key: str) -> Setting:
+        """The typed value of option ``key`` with its source, like :meth:`setting`, for an
+        option the calling plugin declares (or one of a plugin it cannot run without): raises
+        :class:`~gpudask.errors.GpudaskError`, in one line naming ``key``, when no loaded
+        plugin declares it -- a typo in the key, or the declaring plugin disabled."""
+        try:
+            return self.settings.get(key)
+        except KeyError:
+            raise GpudaskError(_undeclared(key, self.settings.options)) from None
+
+    def value(self, key: str) -> Any:
+        """``require(key).value``: the parsed value of an option a plugin declares."""
+        return self.require(key).value
+
     def warn(self, message: str) -> None:
         if message not in self.warnings:
             self.warnings.append(message)
@@ -83,6 +99,14 @@ class PlanContext:
         value = dask.config.get(key, default=None, config=dict(self.user_config))
         base = dask.config.get(key, default=None, config=_dask_defaults())
         return default if value is None or value == base else value
+
+
+def _undeclared(key: str, declared: Iterable[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(declared), n=1)
+    hint = f"did you mean {close[0]!r}?" if close else "is the plugin that declares it disabled?"
+    return f"no loaded plugin declares the option {key!r}; {hint}"
 
 
 def _snapshot(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -109,7 +109,7 @@ class P2PRechunkWarning(SchedulerPlugin):
 
         self.warned.add(client)
         line = message(list(self.gpu_workers))
-        event = {"message": pickle.dumps(line), "category": pickle.dumps(UserWarning)}
+        event = {"message": pickle.dumps(line), "category": pickle.dumps(UserWarning)}  # type: ignore[no-untyped-call]
         # the message distributed's Broker sends for topic "warn"; plain clients warn with it
         comm.send({"op": "event", "topic": "warn", "event": (time(), event)})
         logger.warning("%s (told client %s)", line, client)

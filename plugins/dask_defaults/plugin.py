@@ -38,7 +38,7 @@ RECHUNK_KEY = "array.rechunk.method"
 SHUFFLE_KEY = "dataframe.shuffle.method"
 
 
-def _installed(ctx: Any, *packages: str) -> list[str]:
+def _installed(ctx: PlanContext, *packages: str) -> list[str]:
     return [p for p in packages if ctx.facts.packages.get(p)]
 
 
@@ -69,7 +69,7 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
                          f"data; the method is chosen when the graph is lowered ({lowered})")
 
 
-def _set_unless_user(ctx: Any, plan: Any, key: str, value: str, why: str) -> None:
+def _set_unless_user(ctx: PlanContext, plan: ProcessPlan, key: str, value: str, why: str) -> None:
     user = ctx.user_dask_config(key)
     if user is not None:
         plan.note(f"{key} kept at {user!r}", f"set by the user (explicit settings win); gpudask would choose "
@@ -81,9 +81,11 @@ def _set_unless_user(ctx: Any, plan: Any, key: str, value: str, why: str) -> Non
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """On the scheduler: tell a client whose graph rechunks with P2P while GPU workers are connected."""
-    if plan.role != "scheduler":
+    from distributed import Scheduler
+
+    if plan.role != "scheduler" or not isinstance(server, Scheduler):
         return
-    from gpudask.plugins.dask_defaults.p2p import NAME, P2PRechunkWarning
+    from .p2p import NAME, P2PRechunkWarning
 
     if NAME not in server.plugins:
         server.add_plugin(P2PRechunkWarning(), name=NAME, idempotent=True)

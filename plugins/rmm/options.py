@@ -8,9 +8,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import Option, parse_bool, parse_name_list
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 ALLOCATORS = ("pool", "async", "managed", "default")
 LIBRARIES = ("cupy", "torch", "numba")
@@ -185,9 +188,9 @@ class RmmSettings:
     scheduler_pool: Any
 
 
-def read_settings(ctx: Any) -> RmmSettings:
+def read_settings(ctx: PlanContext) -> RmmSettings:
     def value(option: str) -> Any:
-        return ctx.setting(f"gpudask.rmm.{option}").value
+        return ctx.value(f"gpudask.rmm.{option}")
 
     return RmmSettings(
         value("pool-size"), value("maximum-pool-size"), value("allocator"), value("managed-memory"),
@@ -195,11 +198,11 @@ def read_settings(ctx: Any) -> RmmSettings:
         value("scheduler-pool-size"))
 
 
-def shown(ctx: Any, key: str) -> str:
+def shown(ctx: PlanContext, key: str) -> str:
     """``key = <value as the user wrote it> (from <source>)`` for messages and reasons."""
     import dask.config
 
-    setting = ctx.setting(key)
+    setting = ctx.require(key)
     where = key
     if setting.source.startswith("legacy key "):
         where = setting.source[len("legacy key "):]
@@ -209,5 +212,5 @@ def shown(ctx: Any, key: str) -> str:
     return f"{key} = {raw!r} (from {setting.source})"
 
 
-def explicit(ctx: Any, key: str) -> bool:
-    return bool(ctx.setting(key).explicit)
+def explicit(ctx: PlanContext, key: str) -> bool:
+    return ctx.require(key).explicit

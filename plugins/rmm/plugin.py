@@ -18,12 +18,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import ConfigError, hookimpl, tls_enables
-from gpudask.plugins.rmm import report as rmm_report
-from gpudask.plugins.rmm import setup as rmm_setup
-from gpudask.plugins.rmm.target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib,
-                                        reset_ucxx_keys, resolve, target_of)
-from gpudask.plugins.rmm.options import (DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSettings, explicit,
-                                         options, parse_pool_size, read_settings, shown)
+
+from . import report as rmm_report
+from . import setup as rmm_setup
+from .options import (DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSettings, explicit, options, parse_pool_size, read_settings,
+                      shown)
+from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib, reset_ucxx_keys, resolve,
+                     target_of)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -108,7 +109,7 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
         reset_ucxx_keys(ctx, plan)
 
 
-def _plan_scheduler(ctx: Any, plan: Any) -> tuple[str, ...]:
+def _plan_scheduler(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, ...]:
     s = read_settings(ctx)
     if s.scheduler_pool is None:
         return ()
@@ -143,7 +144,7 @@ def _plan_scheduler(ctx: Any, plan: Any) -> tuple[str, ...]:
     return ("distributed-ucxx.rmm.pool-size",)
 
 
-def _scheduler_ucxx_pool(ctx: Any, plan: Any) -> tuple[str, ...]:
+def _scheduler_ucxx_pool(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, ...]:
     """distributed-ucxx's own pool key given to the scheduler (``DASK_DISTRIBUTED__RMM__POOL_SIZE``,
     ``distributed-ucxx.rmm.pool-size``): honoured where distributed-ucxx can build it, else refused in
     one line -- never dropped in silence."""
@@ -187,7 +188,7 @@ def _scheduler_ucxx_pool(ctx: Any, plan: Any) -> tuple[str, ...]:
 
 
 
-def _plan_worker(ctx: Any, plan: Any) -> None:
+def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
     s = read_settings(ctx)
     who = f"worker {plan.index}"
     target = target_of(ctx, plan)
@@ -240,8 +241,8 @@ def _plan_worker(ctx: Any, plan: Any) -> None:
     _set_memory(plan, kind, initial, maximum, target.uuid, details, "; ".join(reasons))
 
 
-def _set_memory(plan: Any, kind: str, initial: int | None, maximum: int | None, gpu: str, details: dict[str, Any],
-                why: str) -> None:
+def _set_memory(plan: ProcessPlan, kind: str, initial: int | None, maximum: int | None, gpu: str | None,
+                details: dict[str, Any], why: str) -> None:
     """This plugin's section: the memory resource gpudask_setup_memory builds."""
     plan.set_section({"allocator": kind, "initial_pool_size": initial, "maximum_pool_size": maximum, **details,
                       "gpu": gpu}, why, decision=f"memory: allocator={kind}, initial_pool_size={initial}, "
@@ -252,7 +253,7 @@ def _fast_text(fast: list[str]) -> str:
     return " and ".join(TRANSPORT_NAMES[t] for t in fast)
 
 
-def _want_pool(ctx: Any, s: RmmSettings, fast: list[str]) -> tuple[bool, bool, list[str]]:
+def _want_pool(ctx: PlanContext, s: RmmSettings, fast: list[str]) -> tuple[bool, bool, list[str]]:
     """(a pool?, only because UCX uses NVLink/InfiniBand?, the reasons so far)."""
     if s.pool_size is False:
         return False, False, [f"no pool: {shown(ctx, 'gpudask.rmm.pool-size')}"]
@@ -283,7 +284,7 @@ def _allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | Non
     return None
 
 
-def _sizes(ctx: Any, plan: Any, s: RmmSettings, target: Target, who: str, kind: str, want_pool: bool, by_default: bool,
+def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, who: str, kind: str, want_pool: bool, by_default: bool,
            reasons: list[str]) -> tuple[int | None, int | None, int | None]:
     """(initial, maximum, release threshold) in bytes for this worker's GPU; adds the reasons."""
     initial = maximum = threshold = None
@@ -329,7 +330,7 @@ def _sizes(ctx: Any, plan: Any, s: RmmSettings, target: Target, who: str, kind: 
     return initial, maximum, threshold
 
 
-def _refuse_what_fails_at_run_time(ctx: Any, s: RmmSettings, target: Target, who: str, kind: str, managed: bool,
+def _refuse_what_fails_at_run_time(ctx: PlanContext, s: RmmSettings, target: Target, who: str, kind: str, managed: bool,
                                    fast: list[str]) -> None:
     if managed and "cuda_ipc" in fast:
         key = "gpudask.rmm.allocator" if s.allocator == "managed" else "gpudask.rmm.managed-memory"
@@ -338,7 +339,7 @@ def _refuse_what_fails_at_run_time(ctx: Any, s: RmmSettings, target: Target, who
                           f"or UCX without cuda_ipc")
 
 
-def _torch_through_rmm(s: RmmSettings, plan: Any) -> bool:
+def _torch_through_rmm(s: RmmSettings, plan: ProcessPlan) -> bool:
     """Will PyTorch allocate from the pool: listed in gpudask.rmm.libraries, or another
     plugin asked (``allocates_through``: it points PyTorch at RMM, e.g. torch-rmm)?"""
     if "torch" in s.libraries:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import GpudaskError
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 _STATE: dict[str, Any] | None = None  # what this process set up on a real GPU (JSON-compatible)
 SECTION = "rmm"  # the plugin's section of the plan: what to build (plugins/rmm/plugin.py)
@@ -19,7 +22,7 @@ _MR: Any = None  # the memory resource in use (for the metric)
 _REPORT: dict[str, Any] | None = None  # the last report, whatever happened (for the metric)
 
 
-def setup(ctx: Any, plan: Any) -> dict[str, Any]:
+def setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
     """Build the planned memory resource in this worker process (or report why not).
 
     The core calls the hook once per process and keeps its result, so this never
@@ -29,7 +32,7 @@ def setup(ctx: Any, plan: Any) -> dict[str, Any]:
     return _REPORT
 
 
-def _setup(ctx: Any, plan: Any) -> dict[str, Any]:
+def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
     global _STATE, _MR
     memory = plan.sections.get(SECTION)
     if memory is None or memory.get("allocator") is None:
@@ -124,7 +127,7 @@ def _allocated(mr: Any) -> int | None:
 def _log_file(rmm: Any, mr: Any) -> str | None:
     for m in _upstreams(mr):
         if isinstance(m, rmm.mr.LoggingResourceAdaptor):
-            return m.get_file_name()
+            return str(m.get_file_name())
     return None
 
 
@@ -155,7 +158,7 @@ def _point_library(lib: str) -> str:
         return f"not pointed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-def add_metric(plan: Any, server: Any) -> None:
+def add_metric(plan: ProcessPlan, server: Any) -> None:
     """A ``gpudask-rmm`` worker metric: allocator, initial and current pool size."""
     metrics = getattr(server, "metrics", None)
     if plan.role != "worker" or not isinstance(metrics, dict) or type(server).__name__ == "Nanny":
@@ -179,7 +182,7 @@ _RESOURCE_OF = {"pool": "PoolMemoryResource", "async": "CudaAsyncMemoryResource"
                 "default": "CudaMemoryResource"}
 
 
-def applied_state(ctx: Any, plan: Any) -> dict[str, dict[str, Any]] | None:
+def applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
     """The RMM resource in place in this process, read back, against the plan."""
     import sys
 

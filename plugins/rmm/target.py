@@ -8,10 +8,15 @@ will use in the process; distributed-ucxx's own pool keys reset where gpudask bu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import ConfigError, process_gpu, tls_enables, workers_sharing_gpu
-from gpudask.plugins.rmm.options import ALIGNMENT, UCXX_POOL_KEYS, shown
+
+from .options import ALIGNMENT, UCXX_POOL_KEYS, shown
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
+
 
 @dataclass
 class Target:
@@ -28,7 +33,7 @@ def gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def target_of(ctx: Any, plan: Any) -> Target | None:
+def target_of(ctx: PlanContext, plan: ProcessPlan) -> Target | None:
     if not ctx.gpus:
         return None
     gpu = None
@@ -65,7 +70,7 @@ def describe_size(value: float | int, nbytes: int) -> str:
     return f"{nbytes} bytes ({gib(nbytes)})"
 
 
-def fast_transports(ctx: Any, plan: Any) -> list[str]:
+def fast_transports(ctx: PlanContext, plan: ProcessPlan) -> list[str]:
     """Which of NVLink (cuda_ipc) and InfiniBand (rc) UCX will use in this process."""
     if not ctx.uses_ucx:
         return []
@@ -79,7 +84,7 @@ def fast_transports(ctx: Any, plan: Any) -> list[str]:
 TRANSPORT_NAMES = {"cuda_ipc": "NVLink (cuda_ipc)", "rc": "InfiniBand (rc)"}
 
 
-def reset_ucxx_keys(ctx: Any, plan: Any, keep: tuple[str, ...] = ()) -> None:
+def reset_ucxx_keys(ctx: PlanContext, plan: ProcessPlan, keep: tuple[str, ...] = ()) -> None:
     """Unset distributed-ucxx's pool keys so ``init_once`` builds no pool in this process."""
     import dask.config
 
@@ -102,7 +107,7 @@ def reset_ucxx_keys(ctx: Any, plan: Any, keep: tuple[str, ...] = ()) -> None:
             plan.set_config(key, None, why)
 
 
-def check_fits(ctx: Any, key: str, nbytes: int, target: Target, who: str, shared: bool = True) -> None:
+def check_fits(ctx: PlanContext, key: str, nbytes: int, target: Target, who: str, shared: bool = True) -> None:
     """``nbytes`` (times the workers sharing the GPU, for initial pools) must fit the GPU."""
     if nbytes <= 0:
         raise ConfigError(f"{shown(ctx, key)} rounds down to 0 bytes on {target.label} of {who}; "

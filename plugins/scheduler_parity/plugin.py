@@ -276,7 +276,7 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
 
 
 # ------------------------------------------------------------------ the relay guard
-def relay_problem(ctx: Any, plan: Any) -> str | None:
+def relay_problem(ctx: PlanContext, plan: ProcessPlan) -> str | None:
     """Why this UCX scheduler cannot receive GPU frames, or None when it can (or is not UCX)."""
     if not ctx.uses_ucx:
         return None
@@ -297,12 +297,14 @@ def worker_has_gpus(extra: Any) -> bool:
 
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
-    if plan.role != "scheduler" or applied_role() not in ("scheduler", None):
+    from distributed import Scheduler
+
+    if plan.role != "scheduler" or not isinstance(server, Scheduler) or applied_role() not in ("scheduler", None):
         return  # a LocalCluster's scheduler lives in the client's process, with the client's GPU
     problem = relay_problem(ctx, plan)
     if problem is None:
         return
-    from gpudask.plugins.scheduler_parity.relay import NAME, RelayGuard
+    from .relay import NAME, RelayGuard
 
     if NAME not in server.plugins:
         # a scheduler without a GPU cannot unpickle GPU objects either: graphs holding them err with the line

@@ -239,7 +239,7 @@ class RelayGuard(SchedulerPlugin):
             self.warned.discard(client)
             return
         line = message(self.cause, self.protocol, list(self.gpu_workers))
-        event = {"message": pickle.dumps(line), "category": pickle.dumps(UserWarning)}
+        event = {"message": pickle.dumps(line), "category": pickle.dumps(UserWarning)}  # type: ignore[no-untyped-call]
         # the message distributed's Broker sends for topic "warn"; plain clients warn with it
         comm.send({"op": "event", "topic": "warn", "event": (time(), event)})
         logger.warning("%s (told client %s)", line, client)
@@ -286,7 +286,7 @@ class RelayGuard(SchedulerPlugin):
         guard = self
 
         async def update_graph(**kwargs: Any) -> Any:
-            token = _CALL.set(_Call(kwargs.get("client"), kwargs.get("keys") or ()))
+            token = _CALL.set(_Call(str(kwargs.get("client", "")), kwargs.get("keys") or ()))  # a str in distributed
             try:
                 result = original(**kwargs)
                 if inspect.isawaitable(result):
@@ -340,7 +340,7 @@ class RelayGuard(SchedulerPlugin):
         from distributed.protocol import pickle
 
         try:
-            error = pickle.loads(data)  # error_message() checked it loads here
+            error = pickle.loads(data)  # type: ignore[no-untyped-call]  # error_message() checked it loads here
         except Exception:  # noqa: BLE001 - not ours to explain
             return None
         if not (isinstance(error, RuntimeError) and GRAPH_ERROR in str(error)):

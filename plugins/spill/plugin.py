@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
     from gpudask.pluginapi import PlanContext, ProcessPlan
 
+    from .store import DeviceHostStore
+
 name = "spill"
 priority = 110
 # reads the rmm plugin's section (its maximum_pool_size) in gpudask_plan_finish, the step
@@ -118,23 +120,23 @@ def gpudask_config_options() -> list[Option]:
 
 
 # --------------------------------------------------------------------------- checks
-def _raw(ctx: Any, key: str) -> Any:
+def _raw(ctx: PlanContext, key: str) -> Any:
     import dask.config
 
-    setting = ctx.settings.get(key)
+    setting = ctx.require(key)
     if not setting.explicit:
         return setting.value
     return dask.config.get(key, default=setting.value, config=dict(ctx.user_config or {}))
 
 
-def _shown(ctx: Any, key: str) -> str:
-    return f"{key} = {_raw(ctx, key)!r} (from {ctx.settings.get(key).source})"
+def _shown(ctx: PlanContext, key: str) -> str:
+    return f"{key} = {_raw(ctx, key)!r} (from {ctx.require(key).source})"
 
 
 @hookimpl
 def gpudask_validate(ctx: PlanContext) -> None:
     """A bare number below 1 MiB is bytes, but surely not what was meant: refuse it."""
-    value = ctx.settings[KEY]
+    value = ctx.value(KEY)
     if isinstance(value, int) and not isinstance(value, bool) and value < MIN_BARE_BYTES:
         guesses = [f"'{value}GB'"]
         if value < 10:
@@ -145,10 +147,10 @@ def gpudask_validate(ctx: PlanContext) -> None:
                           f"{' or '.join(guesses)}? accepted: at least {MIN_BARE_BYTES} bytes, or {ACCEPTED}")
 
 
-def _cudf_spilling(ctx: Any) -> str | None:
+def _cudf_spilling(ctx: PlanContext) -> str | None:
     """Why cuDF spills its own buffers in this cluster, or None."""
-    if ctx.settings[CUDF_KEY]:
-        return f"{CUDF_KEY} = true (from {ctx.settings.get(CUDF_KEY).source})"
+    if ctx.value(CUDF_KEY):
+        return f"{CUDF_KEY} = true (from {ctx.require(CUDF_KEY).source})"
     env = (ctx.user_env or {}).get("CUDF_SPILL")
     if env is not None and env.strip().lower() in _TRUE_ENV:
         return f"CUDF_SPILL={env} is set in the environment"
@@ -159,21 +161,21 @@ def _cudf_spilling(ctx: Any) -> str | None:
 @hookimpl
 def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     """CUDF_SPILL where cuDF objects are made or received: workers, client, scheduler."""
-    if plan.role == "nanny" or not ctx.settings[CUDF_KEY]:
+    if plan.role == "nanny" or not ctx.value(CUDF_KEY):
         return
     where = {"worker": "cuDF spills this worker's device buffers to host itself",
              "client": "cuDF objects made or received in the client spill the same way as in workers",
              "scheduler": "cuDF objects the scheduler deserialises spill the same way as in workers "
                           "(dask-cuda only warns about this process)"}[plan.role]
     plan.set_env("CUDF_SPILL", "1", f"{_shown(ctx, CUDF_KEY)}: {where}")
-    level = ctx.settings[CUDF_STATS_KEY]
+    level = ctx.value(CUDF_STATS_KEY)
     if level:
         plan.set_env("CUDF_SPILL_STATS", str(level), f"{_shown(ctx, CUDF_STATS_KEY)}")
     if plan.role == "worker" and not ctx.facts.packages.get("cudf"):
         ctx.warn(f"{CUDF_KEY} is on but cudf is not installed on this host: CUDF_SPILL has no effect")
 
 
-def _gpu_memory(ctx: Any, plan: Any) -> tuple[int, str] | None:
+def _gpu_memory(ctx: PlanContext, plan: ProcessPlan) -> tuple[int, str] | None:
     """Device memory of the worker's own GPU (or MIG instance) and a label for messages."""
     gpus = ctx.gpus
     if not gpus:
@@ -204,7 +206,7 @@ def gpudask_plan_finish(ctx: PlanContext, plan: ProcessPlan) -> None:
         return
     who = f"worker {plan.index}"
     cudf = _cudf_spilling(ctx)
-    value = ctx.settings[KEY]
+    value = ctx.value(KEY)
     if cudf:
         return _set(plan, None, f"no device tier: {cudf}, so cuDF moves its own buffers to host; a second "
                                 f"spiller over the same memory would move them twice")
@@ -241,7 +243,7 @@ def gpudask_plan_finish(ctx: PlanContext, plan: ProcessPlan) -> None:
                             "disk under distributed's memory limit")
 
 
-def _set(plan: Any, limit: int | None, why: str) -> None:
+def _set(plan: ProcessPlan, limit: int | None, why: str) -> None:
     plan.set_section({"device_memory_limit": limit}, why, decision=f"memory: device_memory_limit={limit}")
 
 
@@ -262,17 +264,19 @@ def gpudask_report_rows(plan: Mapping[str, Any],
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """Put the device tier in front of the worker's own store (before it holds data)."""
-    if plan.role != "worker" or type(server).__name__ == "Nanny":
-        return
-    manager = getattr(server, "memory_manager", None)
+    from distributed import Worker
+
+    if plan.role != "worker" or not isinstance(server, Worker):
+        return  # the nanny (--preload-nanny) holds no data
+    manager = server.memory_manager
     limit = plan.sections.get(name, {}).get("device_memory_limit")
-    if manager is None or not isinstance(limit, int) or limit <= 0:
+    if not isinstance(limit, int) or limit <= 0:
         return
-    from gpudask.plugins.spill.store import DeviceHostStore  # distributed and zict: worker processes only
+    from .store import DeviceHostStore  # distributed and zict: worker processes only
 
     if isinstance(manager.data, DeviceHostStore):
         return  # already in place (the WorkerPlugin after the preload)
-    store = DeviceHostStore(manager.data, limit, log_spilling=bool(ctx.settings[LOG_KEY]),
+    store = DeviceHostStore(manager.data, limit, log_spilling=bool(ctx.value(LOG_KEY)),
                             worker_name=str(getattr(server, "name", None) or getattr(server, "address", "")))
     # Worker.data reads the memory manager's; the state machine keeps its own reference
     manager.data = store
@@ -280,7 +284,7 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     server.metrics[METRIC] = _metric(store)
 
 
-def _metric(store: Any) -> Callable[..., dict[str, Any]]:
+def _metric(store: DeviceHostStore) -> Callable[..., dict[str, Any]]:
     def metric(worker: Any = None) -> dict[str, Any]:
         return store.metrics()
 

@@ -66,7 +66,7 @@ def is_device_object(value: Any) -> bool:
     if _is_device_leaf(value):
         return True
     items = _items(value)
-    return bool(items) and any(_is_device_leaf(v) for v in items)
+    return items is not None and any(_is_device_leaf(v) for v in items)
 
 
 def device_nbytes(value: Any) -> int:
@@ -96,7 +96,7 @@ def _release_cupy_cache() -> bool:
     pool = cupy.get_default_memory_pool()
     cached = pool.free_bytes()
     pool.free_all_blocks()
-    return cached > 0
+    return bool(cached > 0)
 
 
 class HostCopy:
@@ -114,23 +114,24 @@ class HostCopy:
         self.device_nbytes = device_nbytes
 
     def restore(self) -> Any:
-        return deserialize(self.header, self.frames)
+        return deserialize(self.header, self.frames)  # type: ignore[no-untyped-call]  # distributed is untyped
 
     def __repr__(self) -> str:
         return f"<HostCopy of {format_bytes(self.device_nbytes)} of device memory>"
 
 
-@sizeof.register(HostCopy)
+# dask's and distributed's dispatchers are untyped: the functions they register keep their types
+@sizeof.register(HostCopy)  # type: ignore[untyped-decorator, no-untyped-call]
 def _sizeof_host_copy(x: HostCopy) -> int:
     return x.nbytes
 
 
-@dask_serialize.register(HostCopy)
+@dask_serialize.register(HostCopy)  # type: ignore[untyped-decorator, no-untyped-call]
 def _serialize_host_copy(x: HostCopy) -> tuple[dict[str, Any], list[Any]]:
     return {"inner": x.header, "device_nbytes": x.device_nbytes}, x.frames
 
 
-@dask_deserialize.register(HostCopy)
+@dask_deserialize.register(HostCopy)  # type: ignore[untyped-decorator, no-untyped-call]
 def _deserialize_host_copy(header: dict[str, Any], frames: list[Any]) -> HostCopy:
     return HostCopy(header["inner"], frames, header["device_nbytes"])
 
@@ -177,7 +178,7 @@ class DeviceHostStore(MutableMapping[Any, Any]):
 
     def _move_to_host(self, key: Any, value: Any) -> None:
         """LRU eviction: serialise to host frames and store them in the host tier."""
-        nbytes = self.device.weights.get(key) or device_nbytes(value)
+        nbytes = int(self.device.weights.get(key) or device_nbytes(value))  # the weights are _weight's ints
         start = time.perf_counter()
         try:
             header, frames = serialize(value, serializers=HOST_SERIALIZERS, on_error="raise")

@@ -22,11 +22,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import Option, hookimpl, parse_optional_bool, process_gpu, ucx_supports
-from gpudask.plugins.ucx.rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list,
-                                       pick, set_flag)
+
+from .rules import EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick, set_flag
 
 if TYPE_CHECKING:
-    from gpudask.pluginapi import PlanContext, ProcessPlan
+    from gpudask.pluginapi import GPU, Facts, IBDevice, PlanContext, ProcessPlan
 
 name = "infiniband"
 priority = 70
@@ -73,14 +73,14 @@ def _common(a: list[str], b: list[str]) -> int:
     return n
 
 
-def nearness(gpu: Any, port: Any) -> tuple[int, int]:
+def nearness(gpu: GPU, port: IBDevice) -> tuple[int, int]:
     """(shared PCI path components, same NUMA node): larger is nearer, compared in that order."""
     shared = _common(_pci_components(gpu.pci_path), _pci_components(port.pci_path))
     same_numa = int(gpu.numa_node is not None and gpu.numa_node == port.numa_node)
     return shared, same_numa
 
 
-def _describe(gpu: Any, port: Any) -> str:
+def _describe(gpu: GPU, port: IBDevice) -> str:
     shared, same_numa = nearness(gpu, port)
     parts = _pci_components(gpu.pci_path)
     if shared >= 3:
@@ -98,18 +98,18 @@ def _describe(gpu: Any, port: Any) -> str:
     return f"{port.name}: no PCIe or NUMA locality with GPU {gpu.index} is known (no active port is nearer)"
 
 
-def active_ports(facts: Any) -> list[Any]:
+def active_ports(facts: Facts) -> list[IBDevice]:
     return sorted((d for d in facts.ib_devices if d.is_infiniband), key=lambda d: (d.name, d.port))
 
 
-def port_label(port: Any) -> str:
+def port_label(port: IBDevice) -> str:
     return f"{port.name}:{port.port}"
 
 
-def nearest_ports(gpus: list[Any], ports: list[Any]) -> dict[int, tuple[Any, str]]:
+def nearest_ports(gpus: list[GPU], ports: list[IBDevice]) -> dict[int, tuple[IBDevice, str]]:
     """GPU index -> (port, why), spreading GPUs over equally near ports."""
     load: dict[str, int] = {port_label(p): 0 for p in ports}
-    out: dict[int, tuple[Any, str]] = {}
+    out: dict[int, tuple[IBDevice, str]] = {}
     for gpu in sorted(gpus, key=lambda g: g.index):
         best = max(nearness(gpu, p) for p in ports)
         tied = [p for p in ports if nearness(gpu, p) == best]  # in name order
@@ -124,7 +124,7 @@ def nearest_ports(gpus: list[Any], ports: list[Any]) -> dict[int, tuple[Any, str
 
 
 # -- the hook ---------------------------------------------------------------------------
-def _ignored(facts: Any) -> str:
+def _ignored(facts: Facts) -> str:
     out = []
     for d in sorted(facts.ib_devices, key=lambda d: (d.name, d.port)):
         if d.is_infiniband:
@@ -141,8 +141,8 @@ def _ignored(facts: Any) -> str:
 def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     facts = ctx.facts
     ports = active_ports(facts)
-    net_devices = ctx.setting(NET_DEVICES)
-    explicit_devices = net_devices is not None and net_devices.value is not None
+    net_devices = ctx.require(NET_DEVICES)
+    explicit_devices = net_devices.value is not None
     if explicit_devices and ctx.uses_ucx and (plan.role == "worker" or not isinstance(net_devices.value, list)):
         plan.set_env("UCX_NET_DEVICES", pick(net_devices.value, plan.index),
                      f"{NET_DEVICES}={net_devices.value!r} (from {net_devices.source}): explicit settings win")
@@ -229,7 +229,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
                                         f"chosen for GPU {gpu.index}: listen there so rdmacm connects over it")
 
 
-def _rdmacm(ctx: Any, plan: Any) -> None:
+def _rdmacm(ctx: PlanContext, plan: ProcessPlan) -> None:
     user = ctx.user_env.get("UCX_SOCKADDR_TLS_PRIORITY")
     s = ctx.setting(RDMACM)
     if user:

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (Option, hookimpl, parse_optional_bool, process_gpu, ucx_supports,
                                ucxx_creates_cuda_context, workers_sharing_gpu)
-from gpudask.plugins.ucx.rules import UCX_AUTO, decide, mode, mode_why, set_flag, user_tls
+
+from .rules import UCX_AUTO, decide, mode, mode_why, set_flag, user_tls
 
 if TYPE_CHECKING:
-    from gpudask.pluginapi import PlanContext, ProcessPlan
+    from gpudask.pluginapi import GPU, PlanContext, ProcessPlan
 
 name = "nvlink"
 priority = 60
@@ -106,7 +107,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
         context_flag(ctx, plan, False, "no CUDA transport")
 
 
-def user_context_flag(ctx: Any) -> tuple[str, bool] | None:
+def user_context_flag(ctx: PlanContext) -> tuple[str, bool] | None:
     """``(key, value)`` of a create-cuda-context the user set (env DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT or
     config), None when unset."""
     for key in CONTEXT_KEYS:
@@ -118,7 +119,7 @@ def user_context_flag(ctx: Any) -> tuple[str, bool] | None:
     return None
 
 
-def context_flag(ctx: Any, plan: Any, value: bool, why: str) -> None:
+def context_flag(ctx: PlanContext, plan: ProcessPlan, value: bool, why: str) -> None:
     """distributed-ucxx.create-cuda-context: gpudask's value, or the user's (explicit settings win)."""
     user = user_context_flag(ctx)
     if user is None:
@@ -131,7 +132,7 @@ def context_flag(ctx: Any, plan: Any, value: bool, why: str) -> None:
                                        f"plan {value}: {why})")
 
 
-def _ipc_detection(ctx: Any, plan: Any, gpu: Any) -> tuple[bool, str]:
+def _ipc_detection(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> tuple[bool, str]:
     if (plan.gpu or "").startswith("MIG-") or (gpu.mig.get("enabled") and plan.gpu is None):
         return False, f"GPU {gpu.index} is split into MIG instances: CUDA IPC does not work between them"
     if ucx_supports(ctx.facts, "cuda_ipc") is False:
@@ -157,7 +158,7 @@ def _ipc_detection(ctx: Any, plan: Any, gpu: Any) -> tuple[bool, str]:
     return False, f"GPU {gpu.index}: {peers_txt} and no other worker of this host uses it"
 
 
-def _no_cuda(ctx: Any, plan: Any, why: str) -> None:
+def _no_cuda(ctx: PlanContext, plan: ProcessPlan, why: str) -> None:
     """Nanny host, GPU-less processes: UCX without CUDA, and no CUDA context from UCX."""
     role_why = {"nanny": "the nanny process initialises UCX at listen() and moves no GPU data",
                 "scheduler": "the scheduler sees no GPU, so it cannot receive GPU frames"}.get(plan.role)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (ConfigError, Option, choice, hookimpl, parse_optional_bool, process_gpu, ucx_supports,
                                ucx_unused_variables)
-from gpudask.plugins.ucx.rules import (AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why,
-                                       parse_name_or_list, pick, set_flag)
+
+from .rules import AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick, set_flag
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
@@ -119,7 +119,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     set_flag(plan, "tcp", on, "tcp in UCX_TLS" if on else "no tcp in UCX_TLS")
 
 
-def _quiet_ucx(ctx: Any, plan: Any) -> None:
+def _quiet_ucx(ctx: PlanContext, plan: ProcessPlan) -> None:
     """UCX warns about every UCX_* variable no component reads -- including those ucxx sets
     itself when imported (UCX_MEMTYPE_CACHE): every UCX process printed it.  Turn the
     warning off in gpudask's processes and report the user's own unused variables instead,
@@ -144,7 +144,7 @@ def _quiet_ucx(ctx: Any, plan: Any) -> None:
                  + (f" (did you mean {maybe}?)" if maybe else "") + ": UCX ignores it")
 
 
-def _ucx_auto(ctx: Any, plan: Any) -> None:
+def _ucx_auto(ctx: PlanContext, plan: ProcessPlan) -> None:
     """UCX chooses: UCX_TLS=all where GPU data moves, all but CUDA elsewhere (no CUDA context there)."""
     gpu, why = process_gpu(ctx, plan)
     if gpu is not None:
