@@ -155,7 +155,7 @@ def test_preload_argv_is_left_to_the_users_own_click_preload(cluster, tmp_path):
         (greeting,) = client.run(lambda dask_worker: dask_worker.greeting).values()
         (published,) = _published(client).values()
     assert greeting == "hello"
-    assert published["plan"]["memory"]["initial_pool_size"] == 10**9
+    assert published["plan"]["sections"]["rmm"]["initial_pool_size"] == 10**9
 
 
 # ------------------------------------------------------ 1b. LocalGPUCluster / cluster_kwargs
