@@ -52,6 +52,12 @@ class Option:
     parse: Callable[[Any], Any] = lambda value: value
     accepts: str = "any value"
     legacy: tuple[str, ...] = ()
+    # the keyword argument of dask-cuda's LocalCUDACluster this setting stands for:
+    # LocalGPUCluster takes it as this setting (docs/migrating-from-dask-cuda.md), its value
+    # turned into the setting's by ``dask_cuda_convert`` (None: as given; a converted None:
+    # not set)
+    dask_cuda_kwarg: str | None = None
+    dask_cuda_convert: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)

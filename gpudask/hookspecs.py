@@ -383,6 +383,7 @@ def gpudask_report_rows(plan: Mapping[str, Any], published: Mapping[str, Any] | 
         sizes) and ``keys`` (the applied-state mismatch keys that mark this column ``!``).
 
     **Combined:** the rows of all plugins, in priority order; a column named twice keeps
-    the first.  **Failure:** isolated: a plugin that raises, or returns rows of the wrong
+    the first plugin's row, and a warning naming both plugins is given once per process.
+    **Failure:** isolated: a plugin that raises, or returns rows of the wrong
     shape, is left out of the table with one ``warning:`` line; the others are shown.
     """

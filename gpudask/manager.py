@@ -170,16 +170,18 @@ class PluginManager(Registry):
         returns a malformed row is left out with one problem line (its rows are not shown)."""
         rows: list[dict[str, Any]] = []
         problems: list[str] = []
-        seen: set[str] = set()
+        seen: dict[str, str] = {}  # column -> the plugin that has it
         for plugin, result in self._call("gpudask_report_rows", plan, isolate=True, published=published):
             problem = str(result) if isinstance(result, PluginError) else _report_rows_problem(result)
             if problem is not None:
                 problems.append(f"plugin {plugin.name}'s report rows left out: {problem}")
                 continue
             for row in result or []:
-                if row["column"] not in seen:
-                    seen.add(row["column"])
+                first = seen.setdefault(row["column"], plugin.name)
+                if first == plugin.name:
                     rows.append({"plugin": plugin.name, **row})
+                else:
+                    _warn_column_twice(row["column"], first, plugin.name)
         return rows, problems
 
     def context_init(self, ctx: PlanContext, plan: ProcessPlan) -> None:
@@ -247,6 +249,21 @@ def _applied_state_problem(result: Any) -> str | None:
 
 REPORT_ROW_KEYS: dict[str, type | tuple[type, ...]] = {"column": str, "summary": str, "note": (str, type(None)),
                                                       "bytes": bool, "keys": (list, tuple)}
+
+
+_COLUMNS_WARNED: set[tuple[str, str, str]] = set()
+
+
+def _warn_column_twice(column: str, first: str, second: str) -> None:
+    """A report column two plugins name: the first keeps it, said once per process."""
+    if (column, first, second) in _COLUMNS_WARNED:
+        return
+    _COLUMNS_WARNED.add((column, first, second))
+    import warnings
+
+    warnings.warn(f"report column {column!r} of plugin {second!r} left out: plugin {first!r} (earlier in "
+                  "priority order) already has a column of that name; accepted: a column name of its own",
+                  UserWarning, stacklevel=3)
 
 
 def _report_rows_problem(result: Any) -> str | None:

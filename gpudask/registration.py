@@ -75,6 +75,9 @@ class LoadedPlugin:
     obj: Any
     hooks: list[str] = field(default_factory=list)
     reads: tuple[str, ...] = ()  # the plan sections of other plugins it reads (its reads_sections)
+    # prefixes of the dask config keys it sets that are read once, when the process starts or
+    # first connects (its config_read_at_start): set late in a running process, they need a new one
+    read_at_start: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "priority": self.priority, "source": self.source,
@@ -222,6 +225,16 @@ class Registry:
                 not all(isinstance(r, str) and r for r in reads):
             raise PluginError(name, distribution, "registration",
                               f"reads_sections must be a tuple of plugin names, got {reads!r:.80}")
+        read_at_start = getattr(obj, "config_read_at_start", ())
+        if isinstance(read_at_start, str) or not isinstance(read_at_start, (tuple, list)) or \
+                not all(isinstance(r, str) and r for r in read_at_start):
+            raise PluginError(name, distribution, "registration", "config_read_at_start must be a tuple of dask "
+                              f"config key prefixes, got {read_at_start!r:.80}")
+        refused_args = getattr(obj, "dask_cuda_refused", {})
+        if not isinstance(refused_args, dict) or \
+                not all(isinstance(k, str) and k and isinstance(v, str) and v for k, v in refused_args.items()):
+            raise PluginError(name, distribution, "registration", "dask_cuda_refused must be a dict {LocalCUDACluster "
+                              f"argument: what to use instead}} of strings, got {refused_args!r:.80}")
         if any(p.name == name for p in self.plugins):
             raise PluginError(name, distribution, "registration", "another plugin already has this name")
         renamed = self._renamed(obj)
@@ -244,7 +257,7 @@ class Registry:
             self._pm.unregister(obj)
             raise PluginError(name, distribution, "registration", refused)
         hooks = sorted(caller.name for caller in self._pm.get_hookcallers(obj) or [])
-        plugin = LoadedPlugin(name, priority, source, distribution, obj, hooks, tuple(reads))
+        plugin = LoadedPlugin(name, priority, source, distribution, obj, hooks, tuple(reads), tuple(read_at_start))
         self.plugins.append(plugin)
         self.plugins.sort(key=lambda p: (p.priority, p.name))
         self._registered()

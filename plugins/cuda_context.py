@@ -17,6 +17,11 @@ frames), with cuda.core (what ucxx uses), and checks the device UUID.  A schedul
 nanny host whose plan has a context (UCX needs one there) is not reported for having
 it.  Nothing here runs on a described host (``GPUDASK_FACTS``): its GPUs are not this
 machine's.
+
+Its plan section, for the scheduler and the nanny host of a GPU host, says which GPU
+their CUDA context is planned on (``plan.sections["cuda-context"]["context_gpu"]``: a
+UUID, or None for no context); its ``gpudask_applied_state`` compares that with the
+context NVML finds (a worker's context is compared with its plan's GPU by the core).
 """
 
 from __future__ import annotations
@@ -78,6 +83,12 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Runs after transport selection: UCX_TLS is known, so is whether UCX needs a context."""
     if plan.role == "client" or not ctx.gpus:
         return
+    if plan.role in ("scheduler", "nanny"):
+        planned = planned_context_gpu(ctx, plan)
+        plan.set_section({CONTEXT_GPU: planned},
+                         "UCX needs one here (UCX_TLS names a cuda transport or create-cuda-context is set), on "
+                         "device 0 of CUDA_VISIBLE_DEVICES" if planned else
+                         "no CUDA context in this process: UCX needs none here", f"CUDA context: {planned or 'none'}")
     own = own_gpu(ctx, plan)
     if own is not None and ctx.uses_ucx and planned_context(ctx, plan):
         plan.note(f"CUDA context on {own[0]} before UCX",
@@ -89,6 +100,19 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     if ctx.facts.described:
         plan.note("CUDA context check not run here",
                   f"the host is described ({ctx.facts.origin}): nothing touching a device runs")
+
+
+CONTEXT_GPU = "context_gpu"  # this plugin's section: the GPU a scheduler's / nanny host's context is on
+
+
+def planned_context_gpu(ctx: PlanContext, plan: ProcessPlan) -> str | None:
+    """The GPU (UUID) the CUDA context of a scheduler or nanny host is planned on, None for no
+    context: distributed-ucxx's own rule (``init_once``), a context on device 0 of
+    CUDA_VISIBLE_DEVICES when UCX needs one -- as the plan (the user's explicit values
+    included) has it."""
+    if not ctx.uses_ucx or not ctx.gpus or not planned_context(ctx, plan):
+        return None
+    return str(ctx.gpus[0].uuid)
 
 
 def planned_context(ctx: PlanContext, plan: ProcessPlan) -> bool:
@@ -274,6 +298,47 @@ def _quiet_ucxx_about(uuids: list[str]) -> None:
     ucxx_logger = logging.getLogger("distributed_ucxx.ucxx")
     if not any(isinstance(f, _OwnContextFilter) for f in ucxx_logger.filters):
         ucxx_logger.addFilter(_OwnContextFilter(uuids))
+
+
+def _same_gpu(planned: str, actual: str, ctx: Any) -> bool:
+    """``actual`` (NVML: GPU- or MIG- UUID) is the planned GPU or one of its MIG instances."""
+    def norm(u: str) -> str:
+        return u.lower().removeprefix("gpu-").removeprefix("mig-").replace("-", "")
+
+    gpu = next((g for g in ctx.gpus if norm(g.uuid) == norm(planned)), None)
+    mine = {norm(planned)} | {norm(str(i.get("uuid"))) for i in ((gpu.mig.get("instances") or []) if gpu else [])
+                              if i.get("uuid")}
+    return norm(actual) in mine
+
+
+def compare_context(ctx: Any, plan: Any, actual: str | None) -> dict[str, dict[str, Any]] | None:
+    """The planned CUDA context of a scheduler or nanny host (this plugin's section) against
+    ``actual`` (the UUID NVML found, None: no context): ``{"cuda_context": {planned, actual}}``,
+    the two equal when the context is where it was planned (a MIG instance of the planned GPU
+    included); None where this plugin planned nothing."""
+    section = plan.sections.get(name) or {}
+    if plan.role not in ("scheduler", "nanny") or CONTEXT_GPU not in section:
+        return None
+    planned = section[CONTEXT_GPU]
+    if planned and actual and _same_gpu(planned, actual, ctx):
+        actual = planned
+    return {"cuda_context": {"planned": planned, "actual": actual}}
+
+
+@hookimpl
+def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
+    """A scheduler's CUDA context where its plan has it (NVML: creates none)."""
+    if plan.role not in ("scheduler", "nanny") or not ctx.gpus or ctx.facts.described:
+        return None
+    from distributed.diagnostics import nvml
+
+    try:
+        found = nvml.has_cuda_context()
+    except Exception as e:  # noqa: BLE001 - NVML missing or failing: nothing to compare
+        logger.debug("gpudask: NVML could not list CUDA contexts: %s", e)
+        return None
+    info = found.device_info if found.has_context else None
+    return compare_context(ctx, plan, _uuid_of(info) if info is not None else None)
 
 
 _CHECKED_AFTER_LISTEN = False

@@ -51,7 +51,7 @@ def test_workers_get_exactly_what_gpudask_info_prints(cluster):
         real_env = client.run(lambda: {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "UCX_TLS")})
         cvd = {w["gpudask"]["plan"]["index"]: real_env[addr]["CUDA_VISIBLE_DEVICES"] for addr, w in workers.items()}
     for i in (0, 1):
-        for field in ("gpu", "cuda_visible_devices", "env", "config", "interface", "cpu_affinity", "memory",
+        for field in ("gpu", "cuda_visible_devices", "env", "config", "interface", "cpu_affinity", "sections",
                       "multiprocessing_method"):
             assert plans[i][field] == expected[i][field], (i, field)
         assert cvd[i] == expected[i]["env"].get("CUDA_VISIBLE_DEVICES")

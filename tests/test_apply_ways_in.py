@@ -20,6 +20,7 @@ import pytest
 from conftest import base_env, host
 
 import gpudask
+from gpudask.apply import running
 from gpudask.apply import server_plugins as distributed_plugins
 from gpudask.plan import ProcessPlan
 
@@ -154,7 +155,7 @@ def test_preload_argv_is_left_to_the_users_own_click_preload(cluster, tmp_path):
         (greeting,) = client.run(lambda dask_worker: dask_worker.greeting).values()
         (published,) = _published(client).values()
     assert greeting == "hello"
-    assert published["plan"]["memory"]["initial_pool_size"] == 10**9
+    assert published["plan"]["sections"]["rmm"]["initial_pool_size"] == 10**9
 
 
 # ------------------------------------------------------ 1b. LocalGPUCluster / cluster_kwargs
@@ -360,10 +361,56 @@ def test_compare_sorts_late_config_from_what_needs_a_restart(monkeypatch):
         facts = type("F", (), {"described": True, "net_interfaces": {}})()
 
     with dask.config.set({"array.rechunk.method": "p2p"}):
-        needs, late = distributed_plugins.missing_in_running_process(plan, Ctx())
+        needs, late = running.missing_in_running_process(plan, Ctx())
     assert [(i["what"], i["planned"], i["actual"], i["plugin"]) for i in needs] == [
         ("UCX_TLS", "tcp,cuda_copy", None, "tcp"), ("distributed-ucxx.nvlink", True, None, "tcp")]
     assert late == {"array.rechunk.method": "tasks"}
+
+
+def test_config_a_plugin_declares_read_at_start_needs_a_restart_and_goes_with_the_plugin(monkeypatch):
+    """rmm's keys (distributed.rmm.*) are read by distributed-ucxx when UCX starts: the rmm
+    plugin says so (config_read_at_start), the core does not know them."""
+    import dask
+
+    from gpudask.manager import PluginManager
+
+    plan = ProcessPlan("scheduler")
+    plan.acting_plugin = "rmm"
+    plan.set_config("distributed.rmm.pool-size", "4GB", "set by you")
+    with dask.config.set({"distributed.rmm.pool-size": None}):
+        assert "distributed.rmm." not in running.CORE_READ_AT_START
+        loaded = running.read_at_start(PluginManager.from_environment())
+        needs, late = running.missing_in_running_process(plan, None, None, loaded)
+        assert [(i["what"], i["plugin"]) for i in needs] == [("distributed.rmm.pool-size", "rmm")] and late == {}
+        monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "rmm")
+        without = running.read_at_start(PluginManager.from_environment())
+        assert without == running.CORE_READ_AT_START
+        assert running.missing_in_running_process(plan, None, None, without) == (
+            [], {"distributed.rmm.pool-size": "4GB"})
+
+
+@pytest.mark.parametrize("bad", ["distributed.rmm.", ("",), (1,), {"a": 1}])
+def test_config_read_at_start_of_the_wrong_shape_is_refused_at_registration(bad):
+    import types
+
+    from gpudask.errors import PluginError
+    from gpudask.manager import PluginManager
+
+    plugin = types.SimpleNamespace(name="odd", priority=300, config_read_at_start=bad)
+    with pytest.raises(PluginError, match="config_read_at_start must be a tuple of dask config key prefixes"):
+        PluginManager().register(plugin)
+
+
+@pytest.mark.parametrize("bad", [("jit_unspill",), {"jit_unspill": 1}, {"": "x"}])
+def test_dask_cuda_refused_of_the_wrong_shape_is_refused_at_registration(bad):
+    import types
+
+    from gpudask.errors import PluginError
+    from gpudask.manager import PluginManager
+
+    plugin = types.SimpleNamespace(name="odd", priority=300, dask_cuda_refused=bad)
+    with pytest.raises(PluginError, match="dask_cuda_refused must be a dict"):
+        PluginManager().register(plugin)
 
 
 def test_lazy_names_resolve_to_the_plugin_classes():
@@ -381,8 +428,8 @@ def test_memory_waits_for_the_planned_gpu(monkeypatch):
     worker1 = SimpleNamespace(cuda_visible_devices="1,0")
     worker0 = SimpleNamespace(cuda_visible_devices="0,1")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert distributed_plugins._gpu_matches(worker0, ctx) and not distributed_plugins._gpu_matches(worker1, ctx)
+    assert running.gpu_matches(worker0, ctx) and not running.gpu_matches(worker1, ctx)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert distributed_plugins._gpu_matches(worker1, ctx) and not distributed_plugins._gpu_matches(worker0, ctx)
+    assert running.gpu_matches(worker1, ctx) and not running.gpu_matches(worker0, ctx)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert not distributed_plugins._gpu_matches(worker0, ctx)
+    assert not running.gpu_matches(worker0, ctx)

@@ -67,7 +67,8 @@ def test_local_gpu_cluster_takes_local_cuda_cluster_arguments_as_gpudask_setting
                                 "valid; accepted: a size"),
     ({"device_memory_limit": "1 parsec"}, "device_memory_limit='1 parsec': gpudask.spill.device-memory-limit"),
     ({"rmm_pol_size": "1GB"}, "rmm_pol_size: not an argument of LocalCluster, Nanny or Worker; accepted: theirs, "
-                              "and in LocalGPUCluster dask-cuda's LocalCUDACluster arguments (rmm_pool_size,"),
+                              "and in LocalGPUCluster dask-cuda's LocalCUDACluster arguments (cudf_spill_stats, "
+                              "device_memory_limit, enable_cudf_spill,"),
 ])
 def test_local_gpu_cluster_refuses_what_has_no_gpudask_equivalent_in_one_line_before_starting(monkeypatch, kwargs,
                                                                                               says):
@@ -83,3 +84,54 @@ def test_an_argument_whose_plugin_is_disabled_is_refused_naming_the_setting(monk
     with pytest.raises(ConfigError, match=r"rmm_pool_size='1GB' sets gpudask.rmm.pool-size, which no loaded gpudask "
                                           r"plugin provides"):
         gpudask.LocalGPUCluster(n_workers=0, rmm_pool_size="1GB")
+
+
+def _migration_rows() -> dict[str, str]:
+    """docs/migrating-from-dask-cuda.md's LocalCUDACluster table: argument -> its gpudask cell."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "migrating-from-dask-cuda.md").read_text()
+    table = text.split("## `LocalCUDACluster` parameters", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2:
+            for name in re.findall(r"`([A-Za-z_]+)`", cells[0]):
+                rows[name] = cells[1]
+    return rows
+
+
+def test_the_migration_guide_lists_every_argument_the_plugins_declare_with_its_setting(monkeypatch):
+    from gpudask.apply import dask_cuda
+
+    monkeypatch.setenv("GPUDASK_FACTS", TWO_GPUS)
+    table = dask_cuda.table()
+    rows = _migration_rows()
+    # the plugins declare them: rmm's, spill's and the transports' arguments are all there
+    assert {"rmm_pool_size", "rmm_async", "device_memory_limit", "enable_nvlink", "enable_rdmacm"} <= set(table.arguments)
+    for arg in table.arguments.values():
+        assert arg.name in rows and f"`{arg.key}" in rows[arg.name], (arg.name, arg.key)
+    for name in table.refused:
+        assert name in rows and "refused" in rows[name], name
+
+
+def test_a_refusal_and_a_setting_of_a_disabled_plugin_are_still_named(monkeypatch):
+    from gpudask.apply import dask_cuda
+
+    monkeypatch.setenv("GPUDASK_FACTS", TWO_GPUS)
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "spill")
+    with pytest.raises(ConfigError, match=r"jit_unspill=True \(a dask-cuda LocalCUDACluster argument\) is not "
+                                          r"supported by LocalGPUCluster; instead: gpudask has no JIT-unspill"):
+        gpudask.LocalGPUCluster(n_workers=0, jit_unspill=True)
+    with pytest.raises(ConfigError, match=r"device_memory_limit='2GB' sets gpudask.spill.device-memory-limit, which "
+                                          r"no loaded gpudask plugin provides"):
+        gpudask.LocalGPUCluster(n_workers=0, device_memory_limit="2GB")
+    # the arguments a refusal line offers are the loaded plugins' only
+    assert "device_memory_limit" not in dask_cuda.accepted_names() and "rmm_pool_size" in dask_cuda.accepted_names()
+    kwargs = {"rmm_async": True, "rmm_allocator_external_lib_list": "cupy, torch", "jit_unspill": False,
+              "device_memory_limit": None, "n_workers": 0}
+    assert dask_cuda.take_arguments(kwargs) == (
+        {"gpudask.rmm.allocator": "async", "gpudask.rmm.libraries": ["cupy", "torch"]},
+        {"gpudask.rmm.allocator": "rmm_async=True", "gpudask.rmm.libraries": "rmm_allocator_external_lib_list='cupy, torch'"})
+    assert kwargs == {"n_workers": 0}

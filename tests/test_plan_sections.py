@@ -129,3 +129,26 @@ def test_a_plugin_whose_rows_are_malformed_is_left_out_with_one_warning(monkeypa
     row = worker_row("tcp://w:1", _published({"rmm": {"allocator": "pool", "initial_pool_size": 2**30}}), manager)
     assert list(row["columns"]) == ["pool"]
     assert any("broken" in p for p in row["problems"]) and any("raising" in p for p in row["problems"])
+
+
+def test_a_column_named_twice_keeps_the_first_and_warns_once_naming_both(monkeypatch):
+    from gpudask import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "_COLUMNS_WARNED", set())
+    row = {"column": "pool", "summary": "mine", "planned": 1, "actual": None}
+    first = types.SimpleNamespace(name="first", priority=1, gpudask_report_rows=hookimpl(lambda plan: [row]))
+    second = types.SimpleNamespace(name="second", priority=2, gpudask_report_rows=hookimpl(
+        lambda plan: [{**row, "summary": "theirs"}]))
+    manager = PluginManager.from_environment(extra=[second, first])
+    plan = {"role": "worker", "sections": {}}
+    with pytest.warns(UserWarning) as caught:
+        rows, problems = manager.report_rows(plan, None)
+    pool = [r for r in rows if r["column"] == "pool"]
+    assert [(r["plugin"], r["summary"]) for r in pool] == [("first", "mine")] and problems == []
+    [w] = [w for w in caught if "report column" in str(w.message)]
+    assert "'pool' of plugin 'second' left out: plugin 'first'" in str(w.message) and "\n" not in str(w.message)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert manager.report_rows(plan, None)[0] == rows  # once per process: no second warning

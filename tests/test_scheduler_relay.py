@@ -20,6 +20,7 @@ import pytest
 from conftest import base_env, host, plan_on, real_gpu_count
 
 from gpudask.apply import state
+from gpudask.plugins import cuda_context
 from gpudask.plugins.scheduler_parity import plugin as scheduler_parity
 from gpudask.plugins.scheduler_parity.relay import RelayGuard, gpu_type, message
 
@@ -33,37 +34,61 @@ def _session(facts: str, role: str = "scheduler", **config):
     return types.SimpleNamespace(plan=h.for_role(role), ctx=h.ctx)
 
 
-def _live(session, context):
+def _live(session, actual):
+    """The live state with the CUDA context NVML would find (``actual``: its UUID, or None):
+    the cuda-context plugin's read-back of it, as ``gpudask_applied_state`` returns it."""
+    found = cuda_context.compare_context(session.ctx, session.plan, actual)
     return {"env": dict(session.plan.env), "config": dict(session.plan.config),
             "multiprocessing_method": session.plan.multiprocessing_method,
-            "cuda_context": context}
+            "cuda_context": {"exists": actual is not None, "uuid": actual},
+            **({"plugins": {"cuda-context": found}} if found else {})}
 
 
 def test_scheduler_context_on_its_own_gpu_is_the_plan_not_a_mismatch():
     s = _session(H200)
     uuid = s.ctx.gpus[0].uuid
-    assert state.find_mismatches(s, _live(s, {"exists": True, "uuid": uuid})) == []
-    [missing] = state.find_mismatches(s, _live(s, {"exists": False, "uuid": None}))
-    assert missing["key"] == "cuda_context" and missing["planned"] == uuid and missing["plugin"] == "nvlink"
-    [elsewhere] = state.find_mismatches(s, _live(s, {"exists": True, "uuid": "GPU-00000000-0000-0000-0000-000000000000"}))
+    # the plugin says in its section which GPU the context is planned on
+    assert s.plan.sections["cuda-context"] == {"context_gpu": uuid}
+    assert state.find_mismatches(s, _live(s, uuid)) == []
+    [missing] = state.find_mismatches(s, _live(s, None))
+    assert missing["key"] == "cuda_context" and missing["planned"] == uuid and missing["plugin"] == "cuda-context"
+    [elsewhere] = state.find_mismatches(s, _live(s, "GPU-00000000-0000-0000-0000-000000000000"))
     assert elsewhere["planned"] == uuid
 
 
 def test_nanny_context_is_still_a_mismatch_and_an_explicit_one_is_not(monkeypatch):
     s = _session(H200, "nanny")
     uuid = s.ctx.gpus[0].uuid
-    [m] = state.find_mismatches(s, _live(s, {"exists": True, "uuid": uuid}))
+    assert s.plan.sections["cuda-context"] == {"context_gpu": None}
+    [m] = state.find_mismatches(s, _live(s, uuid))
     assert m["planned"] is None and m["plugin"] == "cuda-context"
     s = _session(H200, "nanny", **{"distributed-ucxx.create-cuda-context": True})  # set by you
-    assert state.find_mismatches(s, _live(s, {"exists": True, "uuid": uuid})) == []
+    assert state.find_mismatches(s, _live(s, uuid)) == []
 
 
 def test_scheduler_with_explicit_tcp_plans_no_context(monkeypatch):
     monkeypatch.setenv("UCX_TLS", "tcp")
     s = _session(H200)
-    assert state.find_mismatches(s, _live(s, {"exists": False, "uuid": None})) == []
-    [m] = state.find_mismatches(s, _live(s, {"exists": True, "uuid": s.ctx.gpus[0].uuid}))
+    assert state.find_mismatches(s, _live(s, None)) == []
+    [m] = state.find_mismatches(s, _live(s, s.ctx.gpus[0].uuid))
     assert m["planned"] is None
+
+
+def test_a_context_on_a_mig_instance_of_the_planned_gpu_is_the_plan():
+    s = _session(host("mig.json"))
+    planned = s.plan.sections["cuda-context"]["context_gpu"]
+    gpu = next(g for g in s.ctx.gpus if g.uuid == planned)
+    instances = [i["uuid"] for i in gpu.mig.get("instances") or [] if i.get("uuid")]
+    if planned.startswith("MIG-") or not instances:
+        pytest.skip("the described MIG host's first visible GPU is an instance: nothing to map")
+    assert state.find_mismatches(s, _live(s, instances[0])) == []
+
+
+def test_no_section_on_a_described_host_without_gpus_and_no_read_back_there():
+    s = _session(NO_GPU)
+    assert "cuda-context" not in s.plan.sections
+    assert cuda_context.compare_context(s.ctx, s.plan, None) is None
+    assert cuda_context.gpudask_applied_state(s.ctx, s.plan) is None
 
 
 # ------------------------------------------------------------------ who gets the guard

@@ -28,75 +28,10 @@ from typing import Any
 from distributed import LocalCluster
 from dask.system import CPU_COUNT
 
+from gpudask.apply import dask_cuda
 from gpudask.errors import ConfigError
 
 PRELOAD = "gpudask"
-
-# dask-cuda's LocalCUDACluster arguments -> the gpudask setting each one is.  This is
-# migration knowledge about another project's API (the same table as
-# docs/migrating-from-dask-cuda.md), not planning: nothing here decides anything.  The core
-# still learns no plugin's settings from it -- each key is looked up in the settings
-# registry the loaded plugins contribute (`gpudask config`), and an argument whose
-# setting no loaded plugin provides (a plugin disabled) is refused in one line naming it.
-# (argument, setting, how the value becomes the setting's; None: the value as given)
-_DASK_CUDA_SETTINGS: tuple[tuple[str, str, Any], ...] = (
-    ("rmm_pool_size", "gpudask.rmm.pool-size", None),
-    ("rmm_maximum_pool_size", "gpudask.rmm.maximum-pool-size", None),
-    ("rmm_managed_memory", "gpudask.rmm.managed-memory", bool),
-    ("rmm_async", "gpudask.rmm.allocator", lambda v: "async" if v else None),
-    ("rmm_allocator_external_lib_list", "gpudask.rmm.libraries",
-     lambda v: [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v),
-    ("rmm_release_threshold", "gpudask.rmm.release-threshold", None),
-    ("rmm_log_directory", "gpudask.rmm.log-directory", None),
-    ("rmm_track_allocations", "gpudask.rmm.track-allocations", bool),
-    ("device_memory_limit", "gpudask.spill.device-memory-limit", lambda v: None if v == "default" else v),
-    ("enable_cudf_spill", "gpudask.spill.cudf", bool),
-    ("cudf_spill_stats", "gpudask.spill.cudf-stats", None),
-    ("log_spilling", "gpudask.spill.log", bool),
-    ("enable_tcp_over_ucx", "gpudask.transport.tcp", None),
-    ("enable_infiniband", "gpudask.transport.infiniband", None),
-    ("enable_nvlink", "gpudask.transport.nvlink", None),
-    ("enable_rdmacm", "gpudask.transport.rdmacm", None),
-)
-# LocalCUDACluster arguments gpudask has no equivalent for: what to use instead
-_DASK_CUDA_REFUSED = {
-    "CUDA_VISIBLE_DEVICES": "set the CUDA_VISIBLE_DEVICES environment variable of this process before creating the "
-                            "cluster (gpudask reads it when it plans)",
-    "jit_unspill": "gpudask has no JIT-unspill proxy objects; spilling is gpudask.spill.device-memory-limit",
-    "shared_filesystem": "it only serves dask-cuda's JIT unspilling, which gpudask does not have; leave it out",
-}
-
-
-def _dask_cuda_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Take LocalCUDACluster's arguments out of ``kwargs``: ``{setting: value}`` for those
-    that map to a gpudask setting (None values, dask-cuda's "not given", are dropped).
-
-    :raises ConfigError: one line for an argument gpudask has no equivalent for, or whose
-        setting no loaded plugin provides.
-    """
-    for name, instead in _DASK_CUDA_REFUSED.items():
-        if name in kwargs and kwargs[name] is not None and not (name == "jit_unspill" and kwargs[name] is False):
-            raise ConfigError(f"{name}={kwargs[name]!r} (a dask-cuda LocalCUDACluster argument) is not supported by "
-                              f"LocalGPUCluster; instead: {instead}")
-        kwargs.pop(name, None)
-    given = [(arg, key, convert) for arg, key, convert in _DASK_CUDA_SETTINGS if arg in kwargs]
-    if not given:
-        return {}
-    from gpudask import bootstrap
-
-    # the bootstrap registers the plugins' defaults: leaving this cluster's settings puts them back
-    known = set(bootstrap.inputs().settings.options)
-    settings: dict[str, Any] = {}
-    for arg, key, convert in given:
-        value = kwargs.pop(arg)
-        if key not in known:
-            raise ConfigError(f"{arg}={value!r} sets {key}, which no loaded gpudask plugin provides (is its plugin "
-                              f"disabled? `gpudask plugins` lists them); accepted: enable the plugin or leave {arg} out")
-        value = value if convert is None or value is None else convert(value)
-        if value is not None:
-            settings[key] = value
-    return settings
-
 
 def _nested(settings: dict[str, Any]) -> dict[str, Any]:
     """{"a.b.c": v} -> {"a": {"b": {"c": v}}} (the form of a Nanny's ``config``)."""
@@ -196,7 +131,7 @@ def _check_arguments(kwargs: dict[str, Any]) -> None:
     if unknown:
         raise ConfigError(f"{', '.join(unknown)}: not an argument of LocalCluster, Nanny or Worker; accepted: theirs, "
                           f"and in LocalGPUCluster dask-cuda's LocalCUDACluster arguments ("
-                          f"{', '.join(a for a, _, _ in _DASK_CUDA_SETTINGS)}, pre_import)")
+                          f"{', '.join(dask_cuda.accepted_names())})")
 
 
 def _is_nanny(cls: Any) -> bool:
@@ -225,9 +160,9 @@ class LocalGPUCluster(LocalCluster):
     pool.  ``scale(n)`` adds workers with the lowest free names and worker numbers.
 
     Parameters are those of :func:`cluster_kwargs` (and so of ``LocalCluster``), and
-    dask-cuda's ``LocalCUDACluster`` arguments: each becomes its gpudask setting for this
-    cluster (``rmm_pool_size="1GB"`` is ``gpudask.rmm.pool-size: 1GB``; the table is in
-    the migration guide), ``pre_import`` is added to ``preload``; one gpudask has no
+    dask-cuda's ``LocalCUDACluster`` arguments: each becomes the gpudask setting its plugin
+    declares it stands for, for this cluster (:mod:`gpudask.apply.dask_cuda`; the table
+    is in the migration guide), ``pre_import`` is added to ``preload``; one gpudask has no
     equivalent for is refused in one line naming what to use instead.
     """
 
@@ -235,7 +170,7 @@ class LocalGPUCluster(LocalCluster):
                  threads_per_worker: int | None = None, **kwargs: Any):
         import dask.config
 
-        settings = _dask_cuda_arguments(kwargs)
+        settings, given_as = dask_cuda.take_arguments(kwargs)
         pre_import = kwargs.pop("pre_import", None)
         if pre_import:
             items = pre_import.split(",") if isinstance(pre_import, str) else list(pre_import)
@@ -249,8 +184,7 @@ class LocalGPUCluster(LocalCluster):
                 self._gpudask_init(n_workers, protocol, threads_per_worker, kwargs)
         except ConfigError as e:
             # name the argument the user typed, not only the setting it became
-            given = next((f"{arg}={v!r}" for arg, key, _ in _DASK_CUDA_SETTINGS for k, v in settings.items()
-                          if k == key and key in str(e)), None)
+            given = next((arg for key, arg in given_as.items() if key in str(e)), None)
             if given is None:
                 raise
             raise ConfigError(f"{given}: {e}") from None

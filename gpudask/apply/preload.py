@@ -156,6 +156,12 @@ def initialize(protocol: str | None = None, nworkers: int | None = None) -> proc
 
 
 _PLAN_ONLY: dict[tuple[str, str], process.Session] = {}
+# the dask config keys (beyond gpudask.*) the plans made in this process depend on: the
+# plugins' legacy keys and every key a plan set (the user's value wins, so the plan reads
+# it) -- learnt from the plans themselves, so the core names no plugin's keys
+_PLAN_KEYS: set[str] = set()
+# distributed's own key the plan's start method reads (a core field of the plan)
+_CORE_KEYS = ("gpudask", "distributed.worker.multiprocessing-method")
 
 
 def _session_for(role: str) -> process.Session:
@@ -171,26 +177,34 @@ def _session_for(role: str) -> process.Session:
     if key not in _PLAN_ONLY:
         if len(_PLAN_ONLY) >= 8:  # inputs keep changing (a test suite): forget the oldest
             del _PLAN_ONLY[next(iter(_PLAN_ONLY))]
-        _PLAN_ONLY[key] = process.start(role, apply=False)
+        made = process.start(role, apply=False)
+        known = len(_PLAN_KEYS)
+        _PLAN_KEYS.update(plan_keys(made))
+        # keyed by what it depends on: with keys learnt from this plan, by the inputs now
+        _PLAN_ONLY[key if len(_PLAN_KEYS) == known else (role, _inputs())] = made
+        return made
     return _PLAN_ONLY[key]
+
+
+def plan_keys(s: process.Session) -> set[str]:
+    """The dask config keys ``s``'s host plan depends on beyond gpudask.*: the loaded
+    options' legacy keys and the keys any of its processes sets."""
+    legacy = {key for option in s.ctx.settings.options.values() for key in option.legacy}
+    return legacy | set(s.host.user_values.config)
 
 
 def _inputs() -> str:
     """What a plan depends on in this process: gpudask's, UCX's and CUDA's variables and the
-    config sections gpudask and its plugins read (not the rest of dask's config, which test
-    suites and adaptive clusters change all the time)."""
+    config keys gpudask and its plugins read (:func:`plan_keys`; not the rest of dask's
+    config, which test suites and adaptive clusters change all the time)."""
     import json
 
     import dask.config
 
     env = sorted((k, v) for k, v in os.environ.items()
                  if k.startswith(("GPUDASK_", "DASK_GPUDASK", "DASK_DISTRIBUTED_UCXX", "UCX_", "CUDA_", "RAPIDS_")))
-    sections = {key: dask.config.get(key, default=None) for key in _PLAN_SECTIONS}
+    sections = {key: dask.config.get(key, default=None) for key in sorted({*_CORE_KEYS, *_PLAN_KEYS})}
     return json.dumps([env, sections], sort_keys=True, default=repr)
-
-
-_PLAN_SECTIONS = ("gpudask", "distributed-ucxx", "distributed.comm.ucx", "distributed.comm.timeouts.connect",
-                  "distributed.rmm", "distributed.worker.multiprocessing-method", "array.rechunk")
 
 
 def dask_setup(server: Any) -> Any:

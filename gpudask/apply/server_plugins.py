@@ -40,10 +40,9 @@ import dask.config
 from distributed.diagnostics import plugin as _dp
 
 from gpudask.apply import process as session
-from gpudask.apply import runtime
+from gpudask.apply import running, runtime
 from gpudask.apply.state import plugin_of
 from gpudask.errors import GpudaskError
-from gpudask.plan.planner import INTERNAL_ENV_PREFIX
 
 logger = logging.getLogger("distributed.gpudask")
 
@@ -52,128 +51,11 @@ PRELOAD = "gpudask"
 METADATA_KEY = "gpudask"  # client.get_metadata(["gpudask", "workers"]) / ["gpudask", "scheduler"]
 PUBLISH_HANDLER = "gpudask_publish"  # scheduler handler added by SchedulerPlugin
 
-# dask config read once, when the process starts or first connects: changing it in a
-# running process has no effect.
-RESTART_CONFIG_PREFIXES = ("distributed-ucxx.", "distributed.comm.ucx.", "distributed.rmm.",
-                           "distributed.worker.multiprocessing-method", "distributed.nanny.")
-
-_WHY_ENV = {
-    "CUDA_VISIBLE_DEVICES": "the GPU of a process is fixed when CUDA initialises: GPU pinning needs a new "
-                            "worker process",
-    "UCX_": "UCX reads its environment once, at the process's first listen/connect: the transport needs a new "
-            "worker process",
-}
-_WHY_ENV_OTHER = "environment variables are read by libraries when they load: needs a new worker process"
-_WHY_CONFIG = "read when the process starts or opens its first connection: needs a new worker process"
-_HOW = ("register gpudask.NannyPlugin() and call client.restart(), or start the workers with "
-        "`dask worker --preload gpudask`")
-
 
 def _scheme(address: Any) -> str | None:
     from gpudask.checks import scheme
 
     return scheme(address)
-
-
-def _item(what: str, planned: Any, actual: Any, why: str, plugin: str | None) -> dict[str, Any]:
-    return {"what": what, "planned": planned, "actual": actual, "why": why, "plugin": plugin}
-
-
-def missing_in_running_process(plan: Any, ctx: Any, address: str | None = None
-                               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """What of ``plan`` this running process (one gpudask was registered on late) does not have.
-
-    :return: ``(needs_restart, late_config)``: the items only a new process can apply,
-        and the dask config keys that can still be set now (key -> planned value).
-    """
-    needs: list[dict[str, Any]] = []
-    late: dict[str, Any] = {}
-    for name, value in plan.env.items():
-        if name.startswith(INTERNAL_ENV_PREFIX):
-            continue
-        actual = os.environ.get(name)
-        if actual != value:
-            why = next((w for prefix, w in _WHY_ENV.items() if name.startswith(prefix)), _WHY_ENV_OTHER)
-            needs.append(_item(name, value, actual, why, plugin_of(plan, f"{name}=")))
-    for key, value in plan.config.items():
-        actual = dask.config.get(key, default=None)
-        if actual == value:
-            continue
-        if key.startswith(RESTART_CONFIG_PREFIXES):
-            needs.append(_item(key, value, actual, _WHY_CONFIG, plugin_of(plan, f"{key}=")))
-        else:
-            late[key] = value
-    method = plan.multiprocessing_method
-    actual_method = dask.config.get("distributed.worker.multiprocessing-method", default=None)
-    if method and plan.role in ("worker", "nanny") and actual_method != method:
-        needs.append(_item("multiprocessing_method", method, actual_method,
-                           "worker processes are started by the `dask worker` process (the nanny host): it must "
-                           "run with --preload gpudask (or distributed.worker.multiprocessing-method set) from "
-                           "its start", plugin_of(plan, "multiprocessing_method=")))
-    if plan.interface and not ctx.facts.described and address:
-        from distributed.comm.addressing import get_address_host
-
-        host = get_address_host(address)
-        ips = ctx.facts.net_interfaces.get(plan.interface) or []
-        if host not in ips:
-            needs.append(_item("interface", plan.interface, host,
-                               "a server listens on its interface from its start: needs a new worker process",
-                               plugin_of(plan, "interface=")))
-    return needs, late
-
-
-def _gpu_matches(plan: Any, ctx: Any) -> bool:
-    """Does CUDA in this process pick the planned GPU as device 0?"""
-    planned = (plan.cuda_visible_devices or "").split(",")[0].strip()
-    if not planned:
-        return True
-    actual = (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0].strip()
-    if actual:
-        return actual == planned
-    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
-        return False
-    gpus = sorted(ctx.facts.gpus, key=lambda g: g.index)
-    return bool(gpus) and planned in (str(gpus[0].index), gpus[0].uuid)
-
-
-def _context_check(plan: Any, ctx: Any) -> dict[str, Any] | None:
-    """A CUDA context on another GPU than planned (NVML: creates no context)."""
-    if ctx.facts.described or not plan.gpu:
-        return None
-    try:
-        from distributed.diagnostics.nvml import has_cuda_context
-
-        found = has_cuda_context()
-    except Exception:  # noqa: BLE001 - NVML missing or failing: nothing to say
-        return None
-    if not getattr(found, "has_context", False):
-        return None
-    info = getattr(found, "device_info", None)
-    uuid = getattr(info, "uuid", None)
-    if isinstance(uuid, bytes):
-        uuid = uuid.decode()
-    if uuid and uuid != plan.gpu:
-        return _item("cuda_context", plan.gpu, uuid, "this process already has a CUDA context on another GPU: "
-                     "needs a new worker process", plugin_of(plan, "CUDA_VISIBLE_DEVICES="))
-    return None
-
-
-def _publishable(s: Any, report: dict[str, Any]) -> dict[str, Any]:
-    published = s.published()
-    published["late"] = report
-    return published
-
-
-def _log_report(what: str, report: dict[str, Any]) -> None:
-    needs = report["needs_restart"]
-    applied = ", ".join(report["applied"]) or "nothing"
-    if needs:
-        items = "; ".join(f"{i['what']}={i['planned']!r} (now {i['actual']!r})" for i in needs)
-        logger.warning("gpudask: %s: registered on a running process; applied %s; needs a restart: %s -- %s",
-                       what, applied, items, _HOW)
-    else:
-        logger.info("gpudask: %s: registered on a running process; applied %s; nothing needs a restart",
-                    what, applied)
 
 
 # ----------------------------------------------------------------------- worker
@@ -207,19 +89,20 @@ class WorkerPlugin(_dp.WorkerPlugin):
             s = await asyncio.to_thread(_plan_worker, worker)
         report: dict[str, Any] = {"worker": worker.address, "index": s.plan.index, "preloaded": preloaded,
                                   "applied": [], "needs_restart": [], "notes": []}
-        needs, late = missing_in_running_process(s.plan, s.ctx, worker.address)
+        needs, late = running.missing_in_running_process(s.plan, s.ctx, worker.address,
+                                                       running.read_at_start(s.manager))
         if preloaded:
             report["applied"].append("the whole plan, at import time (--preload gpudask)")
         else:
             await self._apply_late(s, worker, report, needs, late)
-            found = _context_check(s.plan, s.ctx)
+            found = running.context_check(s.plan, s.ctx)
             if found:
                 needs.append(found)
         report["needs_restart"] = needs
         if needs:
-            report["notes"].append(f"to apply the rest: {_HOW}")
+            report["notes"].append(f"to apply the rest: {running.HOW}")
         self.report = report
-        published = _publishable(s, report)
+        published = running.publishable(s, report)
         worker.startup_information["gpudask"] = lambda _worker: published
         from gpudask.apply.prometheus import register_worker_collector
 
@@ -232,7 +115,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
                 await worker.scheduler.gpudask_publish(worker=worker.address, published=published)
         except Exception as e:  # noqa: BLE001 - publishing is best effort; the report stays on the worker
             report["notes"].append(f"not published to the scheduler: {type(e).__name__}: {e}")
-        _log_report(f"worker {worker.address} (gpudask worker {s.plan.index})", report)
+        running.log_report(f"worker {worker.address} (gpudask worker {s.plan.index})", report)
 
     async def _apply_late(self, s: Any, worker: Any, report: dict[str, Any], needs: list[dict[str, Any]],
                           late: dict[str, Any]) -> None:
@@ -252,8 +135,8 @@ class WorkerPlugin(_dp.WorkerPlugin):
             else:
                 session.bind_cpus(plan.cpu_affinity, ctx)
                 applied.append("cpu_affinity")
-        if plan.sections and not ctx.facts.described and not _gpu_matches(plan, ctx):
-            needs.append(_item(
+        if plan.sections and not ctx.facts.described and not running.gpu_matches(plan, ctx):
+            needs.append(running.item(
                 "memory", {name: dict(values) for name, values in plan.sections.items()}, None, "the memory setup is for the worker's own GPU, which this process "
                 "does not use yet: building it now would allocate on another GPU", plugin_of(plan, "memory:")))
         else:
@@ -379,7 +262,8 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         s = current if preloaded else await asyncio.to_thread(_plan_scheduler, _scheme(scheduler.address))
         report: dict[str, Any] = {"scheduler": scheduler.address, "preloaded": preloaded, "applied": [],
                                   "needs_restart": [], "notes": []}
-        needs, late = missing_in_running_process(s.plan, s.ctx, scheduler.address)
+        needs, late = running.missing_in_running_process(s.plan, s.ctx, scheduler.address,
+                                                       running.read_at_start(s.manager))
         if preloaded:
             report["applied"].append("the whole plan, at import time (--preload gpudask)")
         else:
@@ -413,9 +297,9 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
 
         dashboard.install(scheduler)
         prometheus.register_scheduler_collector(scheduler)
-        self.published = _publishable(s, report)
+        self.published = running.publishable(s, report)
         scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
-        _log_report(f"scheduler {scheduler.address}", report)
+        running.log_report(f"scheduler {scheduler.address}", report)
 
     def restart(self, scheduler: Any) -> None:
         """``client.restart()`` clears the scheduler's metadata: publish again."""

@@ -4,7 +4,8 @@ After setup, each server process records its *applied state* -- the environment
 variables its plan sets, the CUDA context that exists (NVML, which creates none) and its
 GPU, the dask config keys of its plan, the CPU affinity, the start method, ucxx's
 configuration once UCX is up, and what plugins read back through
-``gpudask_applied_state`` -- and compares it with its plan.  Each difference is a
+``gpudask_applied_state`` (a scheduler's planned CUDA context is the cuda-context plugin's:
+its section and its read-back) -- and compares it with its plan.  Each difference is a
 *mismatch* naming process, key, planned and actual value; the scheduler check reports
 mismatches as error findings, and ``gpudask status`` shows them per worker.
 """
@@ -104,12 +105,6 @@ def find_mismatches(session: Any, live: dict[str, Any]) -> list[dict[str, Any]]:
     context = live.get("cuda_context") or {}
     if plan.gpu and context.get("exists") and context.get("uuid") and context["uuid"] != plan.gpu:
         differs("cuda_context", plan.gpu, context["uuid"], plugin_of(plan, "CUDA_VISIBLE_DEVICES="))
-    if plan.role in ("scheduler", "nanny") and "cuda_context" in live and context.get("exists") is not None:
-        planned = _planned_context_gpu(plan, ctx)
-        actual = context.get("uuid") if context.get("exists") else None
-        if (planned is None) != (actual is None) or (planned and actual and not _same_gpu(planned, actual, ctx)):
-            differs("cuda_context", planned, actual,
-                    plugin_of(plan, f"{CONTEXT_KEY}=") if planned else "cuda-context")
     ucx = live.get("ucx") or {}
     planned_tls = plan.env.get("UCX_TLS")
     if planned_tls and ucx.get("TLS") and ucx["TLS"] != planned_tls:
@@ -119,37 +114,6 @@ def find_mismatches(session: Any, live: dict[str, Any]) -> list[dict[str, Any]]:
             if pair.get("planned") != pair.get("actual"):
                 differs(key, pair.get("planned"), pair.get("actual"), plugin)
     return out
-
-
-CONTEXT_KEY = "distributed-ucxx.create-cuda-context"
-
-
-def _planned_context_gpu(plan: Any, ctx: Any) -> str | None:
-    """The GPU a scheduler's or nanny host's CUDA context is planned on, None for no context.
-
-    distributed-ucxx's own rule (``init_once``): a context on device 0 of
-    CUDA_VISIBLE_DEVICES when create-cuda-context is true or UCX_TLS names a cuda
-    transport -- as the plan (the user's explicit values included) has them."""
-    from gpudask.plan.ucx_tls import ucxx_creates_cuda_context
-
-    if not ctx.uses_ucx or not ctx.gpus:
-        return None
-    flag = plan.config.get(CONTEXT_KEY, ctx.user_dask_config(CONTEXT_KEY))
-    tls = plan.env.get("UCX_TLS", ctx.user_env.get("UCX_TLS"))
-    if flag is True or ucxx_creates_cuda_context(tls):
-        return str(ctx.gpus[0].uuid)
-    return None
-
-
-def _same_gpu(planned: str, actual: str, ctx: Any) -> bool:
-    """``actual`` (NVML: GPU- or MIG- UUID) is the planned GPU or one of its MIG instances."""
-    def norm(u: str) -> str:
-        return u.lower().removeprefix("gpu-").removeprefix("mig-").replace("-", "")
-
-    gpu = next((g for g in ctx.gpus if norm(g.uuid) == norm(planned)), None)
-    mine = {norm(planned)} | {norm(str(i.get("uuid"))) for i in ((gpu.mig.get("instances") or []) if gpu else [])
-                              if i.get("uuid")}
-    return norm(actual) in mine
 
 
 def record(session: Any, server: Any = None) -> list[dict[str, Any]]:

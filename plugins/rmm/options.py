@@ -133,6 +133,16 @@ def parse_log_directory(value: Any) -> str | None:
     raise ValueError("a directory path or null")
 
 
+def _async_allocator(value: Any) -> str | None:
+    """dask-cuda's ``rmm_async=True`` is the async allocator; False (its default) sets nothing."""
+    return "async" if value else None
+
+
+def _library_list(value: Any) -> Any:
+    """dask-cuda's ``rmm_allocator_external_lib_list="cupy,torch"`` (a string or a list)."""
+    return [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else value
+
+
 def options() -> list[Option]:
     """The gpudask.rmm.* settings (declared by the rmm plugin's gpudask_config_options)."""
     return [
@@ -141,30 +151,33 @@ def options() -> list[Option]:
                "null/'auto': a pool of 0.5 of the GPU when UCX uses NVLink or InfiniBand, else none; "
                "false/'off'/0: no pool.",
                parse_pool_size, SIZE_FORM + ", 'auto'/null, or false/'off'/0 (no pool)",
-               legacy=UCXX_POOL_KEYS),
+               legacy=UCXX_POOL_KEYS, dask_cuda_kwarg="rmm_pool_size"),
         Option("gpudask.rmm.maximum-pool-size", None,
                "Largest size the pool may grow to (same forms as pool-size); null: no limit.",
-               parse_optional_size, SIZE_FORM + " or null (no limit)"),
+               parse_optional_size, SIZE_FORM + " or null (no limit)", dask_cuda_kwarg="rmm_maximum_pool_size"),
         Option("gpudask.rmm.allocator", None,
                "pool (RMM pool), async (cudaMallocAsync), managed (CUDA managed memory), "
                "default (cudaMalloc through RMM, no pool); null: pool when a pool is wanted.",
-               parse_allocator, " | ".join(ALLOCATORS) + " or null (auto)"),
+               parse_allocator, " | ".join(ALLOCATORS) + " or null (auto)",
+               dask_cuda_kwarg="rmm_async", dask_cuda_convert=_async_allocator),
         Option("gpudask.rmm.managed-memory", False,
                "Back the pool with CUDA managed memory (like dask-cuda's --rmm-managed-memory).",
-               parse_bool, "true or false"),
+               parse_bool, "true or false", dask_cuda_kwarg="rmm_managed_memory", dask_cuda_convert=bool),
         Option("gpudask.rmm.release-threshold", None,
                "async allocator only: memory kept reserved by the driver's pool (same forms as pool-size).",
-               parse_threshold, SIZE_FORM + " or null"),
+               parse_threshold, SIZE_FORM + " or null", dask_cuda_kwarg="rmm_release_threshold"),
         Option("gpudask.rmm.log-directory", None,
                "Write one RMM allocation log per worker into this directory "
                "(rmm-<host>-worker-<n>.dev0.log); slows allocation.",
-               parse_log_directory, "a directory path or null"),
+               parse_log_directory, "a directory path or null", dask_cuda_kwarg="rmm_log_directory"),
         Option("gpudask.rmm.track-allocations", False,
                "Wrap the allocator in RMM's TrackingResourceAdaptor: distributed's rmm-used metric then "
-               "shows live bytes.", parse_bool, "true or false"),
+               "shows live bytes.", parse_bool, "true or false", dask_cuda_kwarg="rmm_track_allocations",
+               dask_cuda_convert=bool),
         Option("gpudask.rmm.libraries", ["cupy"],
                "Libraries whose GPU allocations go through RMM in workers (cupy, numba, torch).",
-               parse_libraries, "a list among cupy, numba, torch (or [])"),
+               parse_libraries, "a list among cupy, numba, torch (or [])",
+               dask_cuda_kwarg="rmm_allocator_external_lib_list", dask_cuda_convert=_library_list),
         Option("gpudask.rmm.scheduler-pool-size", None,
                "A pool in the scheduler, built by distributed-ucxx when the scheduler uses UCX "
                "(it then receives CUDA frames into device memory); null: none.",

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from gpudask.pluginapi import Option, PlanContext, ProcessPlan
 
 name = "rmm"
+# distributed-ucxx reads its rmm keys, and their legacy distributed.rmm.* names, once: when
+# UCX initialises at the first listen/connect (set late in a running process, they need a new one)
+config_read_at_start = ("distributed-ucxx.rmm.", "distributed.rmm.")
 priority = 100
 
 __all__ = ["name", "priority", "parse_pool_size", "SECTION_KEYS"]

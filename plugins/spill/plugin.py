@@ -38,6 +38,13 @@ if TYPE_CHECKING:
 
 name = "spill"
 priority = 110
+# dask-cuda's LocalCUDACluster arguments about spilling that gpudask has no equivalent for:
+# LocalGPUCluster refuses them (None or False, their "not used", is accepted) saying what
+# to use instead (docs/migrating-from-dask-cuda.md)
+dask_cuda_refused = {
+    "jit_unspill": "gpudask has no JIT-unspill proxy objects; spilling is gpudask.spill.device-memory-limit",
+    "shared_filesystem": "it only serves dask-cuda's JIT unspilling, which gpudask does not have; leave it out",
+}
 # reads the rmm plugin's section (its maximum_pool_size) in gpudask_plan_finish, the step
 # after rmm's gpudask_plan_memory: the order is the plan's steps', not the priorities
 reads_sections = ("rmm",)
@@ -106,16 +113,20 @@ def gpudask_config_options() -> list[Option]:
                "Device memory each worker may hold in GPU objects before the least recently used move to host "
                "memory (then to disk under distributed's own limits): bytes ('8GB', '8GiB') or a fraction of "
                "the worker's GPU (0.8); null/'auto': 0.8 of the worker's share of its GPU; 0/false: off.",
-               parse_limit, ACCEPTED),
+               parse_limit, ACCEPTED, dask_cuda_kwarg="device_memory_limit",
+               dask_cuda_convert=lambda v: None if v == "default" else v),
         Option(CUDF_KEY, False,
                "Let cuDF spill its own buffers: CUDF_SPILL=1 in workers, client and scheduler; gpudask's device "
-               "tier then stands aside (like dask-cuda's --enable-cudf-spill).", parse_bool, "true or false"),
+               "tier then stands aside (like dask-cuda's --enable-cudf-spill).", parse_bool, "true or false",
+               dask_cuda_kwarg="enable_cudf_spill", dask_cuda_convert=bool),
         Option(CUDF_STATS_KEY, 0,
                "cuDF's spill statistics level (CUDF_SPILL_STATS) when gpudask.spill.cudf is on "
-               "(like dask-cuda's --cudf-spill-stats).", parse_stats_level, "an integer >= 0"),
+               "(like dask-cuda's --cudf-spill-stats).", parse_stats_level, "an integer >= 0",
+               dask_cuda_kwarg="cudf_spill_stats"),
         Option(LOG_KEY, False,
                "Log every move between device and host at INFO on the distributed.worker logger "
-               "(like dask-cuda's log_spilling).", parse_bool, "true or false"),
+               "(like dask-cuda's log_spilling).", parse_bool, "true or false",
+               dask_cuda_kwarg="log_spilling", dask_cuda_convert=bool),
     ]
 
 

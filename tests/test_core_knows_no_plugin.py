@@ -1,0 +1,154 @@
+"""The core (``gpudask/``) holds no plugin's key names: every setting, legacy key, dask-cuda
+argument, plan-section key and config key a built-in plugin owns is named in ``plugins/`` only.
+
+The keys are collected from the plugins themselves -- their ``gpudask_config_options`` and the
+plans they make for every described host in ``tests/hosts`` -- so the test follows a new
+plugin or a new key.  Each module of ``gpudask/`` is parsed with ``ast``; its string
+constants (docstrings excluded: they may say what a plugin does) and its names (variables,
+attributes, arguments, functions) are searched.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "gpudask"
+HOSTS = sorted((ROOT / "tests" / "hosts").glob("*.json"))
+
+# The registries of which built-ins exist and which are essential name plugins by module path
+# and name, never their keys: the one place the core lists them.
+REGISTRIES = {"gpudask/registration.py"}
+# A built-in plugin's name that is also a word of another project, where the core uses it as
+# that word: (module or "*", name) -> why that is no plugin knowledge.
+NOT_PLUGIN_WORDS = {
+    ("*", "tcp"): "distributed's protocol name (tcp://), which the core parses and defaults to",
+    ("*", "forkserver"): "multiprocessing's start method, a core field of the plan (multiprocessing_method)",
+    ("gpudask/facts/probe.py", "rmm"): "an installed distribution whose version is a fact of the host",
+    ("gpudask/facts/probe.py", "infiniband"): "the sysfs class of the host's InfiniBand ports, a fact of the host",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _plugin_knowledge() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """(dotted keys, identifier keys, plugin names) the built-in plugins own."""
+    import os
+
+    from gpudask.bootstrap import plan_host
+    from gpudask.config import CORE_OPTIONS
+    from gpudask.errors import GpudaskError
+    from gpudask.manager import PluginManager
+    from gpudask.registration import BUILTIN_PLUGINS
+
+    options = PluginManager.from_environment().config_options()
+    core = {o.key for o in CORE_OPTIONS}
+    plugin_options = [o for o in options if o.key not in core]
+    core_sections = {".".join(k.split(".")[:2]) for k in core}
+    dotted = {o.key for o in plugin_options} | {k for o in plugin_options for k in o.legacy}
+    dotted |= {".".join(o.key.split(".")[:2]) for o in plugin_options} - core_sections  # gpudask.rmm, ...
+    words = {o.dask_cuda_kwarg for o in plugin_options if o.dask_cuda_kwarg}
+    sections: set[str] = set()
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("UCX_", "DASK_", "GPUDASK_"))
+             or k == "CUDA_VISIBLE_DEVICES"}
+    try:
+        for facts in HOSTS:
+            for protocol in ("tcp", "ucx"):
+                try:
+                    host = plan_host(protocol, 2, facts_path=str(facts))
+                except GpudaskError:
+                    continue  # a host described without what the protocol needs (ucx-missing.json)
+                for plan in host.processes():
+                    dotted |= set(plan.config)  # distributed-ucxx.*, array.rechunk.method, ...
+                    for owner, values in plan.sections.items():
+                        sections.add(owner)
+                        words |= set(values)
+    finally:
+        os.environ.update(saved)
+    # the prefix of a plugin's legacy keys: distributed.rmm (its config_read_at_start says so too)
+    dotted |= {"distributed.rmm"}
+    # a section key of one plain word (gpu, allocator, libraries) is an ordinary word: only
+    # compound ones (initial_pool_size, device_memory_limit) are a plugin's
+    words = {w for w in words if "_" in w}
+    names = {name for name, _ in BUILTIN_PLUGINS} | sections
+    return frozenset(dotted), frozenset(words), frozenset(names)
+
+
+def _texts(tree: ast.AST):
+    """(line, text, exact) for every string constant but docstrings, and every name."""
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                    isinstance(first.value.value, str):
+                docstrings.add(id(first.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+        elif isinstance(node, ast.Name):
+            yield node.lineno, node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.lineno, node.attr
+        elif isinstance(node, ast.arg):
+            yield node.lineno, node.arg
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield node.lineno, node.arg
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node.lineno, node.name
+
+
+def _pattern(words: frozenset[str], before: str, after: str) -> re.Pattern[str]:
+    alternatives = "|".join(map(re.escape, sorted(words, key=len, reverse=True)))
+    return re.compile(rf"(?<!{before})({alternatives})(?!{after})")
+
+
+def hits(package: pathlib.Path = PACKAGE) -> list[str]:
+    dotted, words, names = _plugin_knowledge()
+    find_dotted = _pattern(dotted, r"[\w.-]", r"[\w-]")  # a prefix ("distributed.rmm.") counts
+    find_word = _pattern(words, r"[\w-]", r"[\w-]")
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        module = str(path.relative_to(package.parent))
+        if module in REGISTRIES:
+            continue
+        for line, text in _texts(ast.parse(path.read_text(), module)):
+            found = [m.group(1) for m in find_dotted.finditer(text)] + [m.group(1) for m in find_word.finditer(text)]
+            if text in names and (module, text) not in NOT_PLUGIN_WORDS and ("*", text) not in NOT_PLUGIN_WORDS:
+                found.append(text)
+            out += [f"{module}:{line}: {key!r}" for key in found]
+    return out
+
+
+def test_the_core_names_no_key_of_a_builtin_plugin():
+    assert hits() == []
+
+
+def test_the_guard_finds_a_plugin_key_where_the_core_would_name_one(tmp_path):
+    """The collected keys are the real ones: a module naming them is caught."""
+    dotted, words, names = _plugin_knowledge()
+    assert {"gpudask.rmm.pool-size", "distributed.rmm.pool-size", "distributed.rmm", "gpudask.spill",
+            "distributed-ucxx.create-cuda-context"} <= dotted
+    assert {"initial_pool_size", "device_memory_limit", "rmm_pool_size", "context_gpu"} <= words
+    assert {"cuda-context", "rmm", "spill"} <= names
+    (tmp_path / "gpudask").mkdir()
+    module = tmp_path / "gpudask" / "_guard_probe_tmp.py"
+    module.write_text('"""gpudask.rmm.pool-size in a docstring is fine."""\n'
+                      'KEY = "gpudask.rmm.pool-size"\nPREFIX = ("distributed.rmm.",)\nNAME = "cuda-context"\n'
+                      'def f(initial_pool_size): return f"{initial_pool_size} of spill"\n')
+    found = hits(tmp_path / "gpudask")
+    # the docstring and the f-string's words are not hits; the argument and its use are
+    assert sorted(h.split(": ", 1)[1] for h in found) == sorted([
+        "'gpudask.rmm.pool-size'", "'distributed.rmm'", "'cuda-context'", "'initial_pool_size'",
+        "'initial_pool_size'"]), found
+
+
+@pytest.mark.parametrize("word", sorted({w for _, w in NOT_PLUGIN_WORDS}))
+def test_every_exception_is_a_builtin_plugin_name(word):
+    from gpudask.registration import BUILTIN_PLUGINS
+
+    assert word in {name for name, _ in BUILTIN_PLUGINS}
