@@ -300,7 +300,7 @@ def _quiet_ucxx_about(uuids: list[str]) -> None:
         ucxx_logger.addFilter(_OwnContextFilter(uuids))
 
 
-def _same_gpu(planned: str, actual: str, ctx: Any) -> bool:
+def _same_gpu(planned: str, actual: str, ctx: PlanContext) -> bool:
     """``actual`` (NVML: GPU- or MIG- UUID) is the planned GPU or one of its MIG instances."""
     def norm(u: str) -> str:
         return u.lower().removeprefix("gpu-").removeprefix("mig-").replace("-", "")
@@ -311,7 +311,7 @@ def _same_gpu(planned: str, actual: str, ctx: Any) -> bool:
     return norm(actual) in mine
 
 
-def compare_context(ctx: Any, plan: Any, actual: str | None) -> dict[str, dict[str, Any]] | None:
+def compare_context(ctx: PlanContext, plan: ProcessPlan, actual: str | None) -> dict[str, dict[str, Any]] | None:
     """The planned CUDA context of a scheduler or nanny host (this plugin's section) against
     ``actual`` (the UUID NVML found, None: no context): ``{"cuda_context": {planned, actual}}``,
     the two equal when the context is where it was planned (a MIG instance of the planned GPU
@@ -333,7 +333,7 @@ def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict
     from distributed.diagnostics import nvml
 
     try:
-        found = nvml.has_cuda_context()
+        found = nvml.has_cuda_context()  # type: ignore[no-untyped-call]  # distributed is untyped
     except Exception as e:  # noqa: BLE001 - NVML missing or failing: nothing to compare
         logger.debug("gpudask: NVML could not list CUDA contexts: %s", e)
         return None
