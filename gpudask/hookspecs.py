@@ -339,9 +339,9 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
 def gpudask_plan_finish(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Decide what depends on other plugins' decisions: the last plan step.
 
-    **When, where:** a plan hook (pure), in every process that builds a plan; called for
-    every plan after ``gpudask_plan_memory`` (and before the user's exported variables
-    replace planned ones).
+    **When:** a plan hook (pure), called for every plan of the host after
+    ``gpudask_plan_memory`` (and before the user's exported variables replace planned ones).
+    **Called in:** every process that builds a host plan, as ``gpudask_validate``.
 
     A plugin reads another plugin's decisions only here or in a later step than the one
     they were made in, and only through that plugin's *section* of the plan:
@@ -363,10 +363,10 @@ def gpudask_plan_finish(ctx: PlanContext, plan: ProcessPlan) -> None:
 def gpudask_report_rows(plan: Mapping[str, Any], published: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
     """The rows this plugin adds to ``gpudask info``, ``gpudask status`` and the ``/gpudask`` page.
 
-    **When, where:** called wherever a plan is shown: by ``gpudask info`` for each process
-    of the plan it prints, by ``gpudask status`` (in the client) for each worker, and in the
-    scheduler for each worker row of the ``/gpudask`` dashboard page.  Pure: reads its
-    arguments only.
+    **When:** called wherever a plan is shown, once per process shown.  Pure: reads its
+    arguments only.  **Called in:** ``gpudask info`` (each process of the plan it prints),
+    the client of ``gpudask status`` (each worker), and the scheduler serving the
+    ``/gpudask`` dashboard page (each worker row).
 
     :param plan: a process plan as published (``ProcessPlan.to_dict()``); the plugin reads
         its own section, ``plan["sections"][<plugin name>]``.
