@@ -27,8 +27,9 @@ import os
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from distributed_suite import outcomes  # the same junit reader (this script runs from bench/)
 
 PRELOAD_VARS = {
     "DASK_DISTRIBUTED__SCHEDULER__PRELOAD": '["gpudask"]',
@@ -69,18 +70,6 @@ def run_once(tests: Path, out: Path, mode: str, i: int, k: str | None) -> float:
     wall = time.monotonic() - start
     (out / f"{mode}-{i}.wall").write_text(f"{wall:.1f}\n")
     return wall
-
-
-def outcomes(xml: Path) -> dict[str, str]:
-    """Test id -> passed/failed/skipped from a junit XML (error counts as failed)."""
-    if not xml.exists():
-        return {}
-    result = {}
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        test_id = f"{case.get('classname')}::{case.get('name')}"
-        tags = {child.tag for child in case}
-        result[test_id] = "failed" if tags & {"failure", "error"} else "skipped" if "skipped" in tags else "passed"
-    return result
 
 
 def summary(out: Path) -> tuple[str, int]:

@@ -23,8 +23,7 @@ RECHUNK, SHUFFLE = "array.rechunk.method", "dataframe.shuffle.method"
 def make(facts="h200-single.json", config=None, env=None, protocol="tcp"):
     env = dict(env or {})
     cfg: dict = {}
-    for key, value in (config or {}).items():
-        dask.config.update(cfg, _nested(key, value))
+    dask.config.set(dict(config or {}), config=cfg)  # dotted keys into cfg, the global config untouched
     dask.config.update(cfg, dask.config.collect_env(env), priority="new")
     m = PluginManager()
     m.register(plugin)
@@ -32,15 +31,6 @@ def make(facts="h200-single.json", config=None, env=None, protocol="tcp"):
     facts_obj = load_facts(host(facts)) if isinstance(facts, str) else facts
     return build_plan(PlanInputs(facts_obj, settings, m, env, cfg), protocol, None)
 
-
-def _nested(key, value):
-    out: dict = {}
-    node = out
-    *parents, leaf = key.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
-    return out
 
 
 def described(tmp_path, base="h200-single.json", **packages):

@@ -50,12 +50,7 @@ def fabric(*transports: str, roles=("worker",)):
 
 def nested(flat: dict) -> dict:
     out: dict = {}
-    for key, value in flat.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+    dask.config.set(flat, config=out)  # dotted keys into a fresh dict, the global config untouched
     return out
 
 

@@ -34,14 +34,12 @@ from gpudask.errors import ConfigError
 PRELOAD = "gpudask"
 
 def _nested(settings: dict[str, Any]) -> dict[str, Any]:
-    """{"a.b.c": v} -> {"a": {"b": {"c": v}}} (the form of a Nanny's ``config``)."""
+    """{"a.b.c": v} -> {"a": {"b": {"c": v}}} (the form of a Nanny's ``config``), by dask's own
+    dotted-key setter writing into a fresh dict (the global config is not touched)."""
+    import dask.config
+
     out: dict[str, Any] = {}
-    for key, value in settings.items():
-        *parents, last = key.split(".")
-        node = out
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
+    dask.config.set(settings, config=out)
     return out
 
 

@@ -9,7 +9,6 @@ gpudask's plugins ran).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from distributed import Client
@@ -18,13 +17,7 @@ import workflows
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--scheduler-file", required=True)
-    p.add_argument("--array", default="numpy")
-    p.add_argument("--workflows", required=True)
-    p.add_argument("--timeout", type=float, default=60)
-    p.add_argument("--nworkers", type=int, default=2)
-    a = p.parse_args()
+    a = workflows.arguments(("--scheduler-file", {"required": True}))
     xp = workflows.array_module(a.array)
     emit = workflows.emitter()
     with Client(scheduler_file=a.scheduler_file, timeout=a.timeout) as client:

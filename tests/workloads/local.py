@@ -5,7 +5,6 @@
 
 import gpudask  # noqa: I001 - at the top, as the docs tell users
 
-import argparse
 import sys
 
 from distributed import Client
@@ -14,13 +13,7 @@ import workflows
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--protocol", default="tcp")
-    p.add_argument("--array", default="numpy")
-    p.add_argument("--workflows", required=True)
-    p.add_argument("--timeout", type=float, default=60)
-    p.add_argument("--nworkers", type=int, default=2)
-    a = p.parse_args()
+    a = workflows.arguments(("--protocol", {"default": "tcp"}))
     xp = workflows.array_module(a.array)
     emit = workflows.emitter()
     with gpudask.LocalGPUCluster(n_workers=a.nworkers, threads_per_worker=1, protocol=a.protocol,

@@ -162,32 +162,23 @@ class Form:
 
     def processes(self, names: list[str]) -> None:
         main = [n for n in names if n not in STOCK_ONLY]
-        p = self.a.protocol
         if main:
-            c = self.cluster("gpudask")
-            try:
-                c.scheduler("--preload", "gpudask", protocol=p, timeout=self.a.timeout * 2)
-                c.worker("--preload", "gpudask", "--protocol", p, "--nworkers", "2", "--nthreads", "1")
-                self.drive(self.client_argv(c), main, "client", c.workdir)
-            except RuntimeError as e:
-                for name in main:
-                    self.emit({"workflow": name, "status": "error", "error": str(e).splitlines()[0]})
-            finally:
-                self.stopped(c)
-        self.stock(names)
-
-    def stock(self, names: list[str]) -> None:
+            self.on_processes("gpudask", main, "client", preload=("--preload", "gpudask"))
         stock = [n for n in names if n in STOCK_ONLY]
-        if not stock:
-            return
-        c = self.cluster("stock")
-        env = self.env
+        if stock:
+            self.on_processes("stock", stock, "stock-client", preload=())
+
+    def on_processes(self, sub: str, names: list[str], role: str, preload: tuple[str, ...]) -> None:
+        """``names`` from a plain client of ``dask scheduler`` + ``dask worker --nworkers 2``
+        (with ``preload`` on both); a cluster that does not start errs every one of them."""
+        c = self.cluster(sub)
+        p = self.a.protocol
         try:
-            c.scheduler(protocol=self.a.protocol, env=env, timeout=self.a.timeout * 2)
-            c.worker("--protocol", self.a.protocol, "--nworkers", "2", "--nthreads", "1", env=env)
-            self.drive(self.client_argv(c), stock, "stock-client", c.workdir)
+            c.scheduler(*preload, protocol=p, env=self.env, timeout=self.a.timeout * 2)
+            c.worker(*preload, "--protocol", p, "--nworkers", "2", "--nthreads", "1", env=self.env)
+            self.drive(self.client_argv(c), names, role, c.workdir)
         except RuntimeError as e:
-            for name in stock:
+            for name in names:
                 self.emit({"workflow": name, "status": "error", "error": str(e).splitlines()[0]})
         finally:
             self.stopped(c)

@@ -335,6 +335,21 @@ def run(client: Any, xp: Any, names: list[str], timeout: float, emit: Callable[[
     return bad
 
 
+def arguments(*extra: tuple[str, dict[str, Any]]) -> Any:
+    """The arguments every client script of the suite takes (array, workflows, timeout,
+    nworkers), plus the script's own ``(flag, keywords)`` pairs, parsed from ``sys.argv``."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    for flag, kwargs in extra:
+        p.add_argument(flag, **kwargs)
+    p.add_argument("--array", default="numpy")
+    p.add_argument("--workflows", required=True)
+    p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--nworkers", type=int, default=2)
+    return p.parse_args()
+
+
 def array_module(name: str) -> Any:
     import importlib
 
