@@ -146,12 +146,22 @@ class Registry:
             else core["gpudask.plugins.enable"]
         disable = set(core["gpudask.plugins.disable"]) | set(parse_name_list(os.environ.get("GPUDASK_DISABLE_PLUGINS")))
         autoload = core["gpudask.plugins.autoload"] and not _env_flag("GPUDASK_DISABLE_PLUGIN_AUTOLOAD")
+        # entry points loaded whether or not autoload is on (pytest's ``-p NAME``): a test
+        # session turns autoload off and still loads the plugin it tests
+        load = parse_name_list(os.environ.get("GPUDASK_LOAD_PLUGINS"))
         if core["gpudask.plugins.trace"] or _env_flag("GPUDASK_TRACE_PLUGINS"):
             manager.enable_tracing()
 
         third_party = _third_party_entry_points()
         extra = list(extra)
         known = {n for n, _ in BUILTIN_PLUGINS} | set(third_party) | {getattr(p, "name", "") for p in extra}
+        for name in load:
+            if name not in third_party:
+                close = difflib.get_close_matches(name, sorted(third_party), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"$GPUDASK_LOAD_PLUGINS names {name!r}, which is no entry point of the "
+                                  f"'{ENTRY_POINT_GROUP}' group (installed: {', '.join(sorted(third_party)) or 'none'})"
+                                  f"{hint}; built-ins always load")
         for name in [*enable, *disable]:
             if name not in known:
                 close = difflib.get_close_matches(name, sorted(known), n=1)
@@ -181,8 +191,8 @@ class Registry:
                 broken.append(error)
                 continue
             manager.register(obj, name=name, source="builtin", distribution=BUILTIN_DISTRIBUTION)
-        if autoload:
-            for name, (ep, dist) in sorted(third_party.items()):
+        for name, (ep, dist) in sorted(third_party.items()):
+            if autoload or name in load:
                 try:
                     manager._load_entry_point(name, dist)
                 except PluginError as e:

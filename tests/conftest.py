@@ -95,6 +95,10 @@ def _clean_gpudask_env(monkeypatch, tmp_path):
     for name in list(os.environ):
         if name.startswith("GPUDASK_") or name.startswith("DASK_GPUDASK__"):
             monkeypatch.delenv(name)
+    # hermetic: third-party plugins installed beside gpudask do not load (a test that installs
+    # one loads it by name, GPUDASK_LOAD_PLUGINS: third_party_plugin below); carried to the
+    # processes the tests start (gpudask.testing.processes.clean_env keeps it)
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.chdir(tmp_path)  # no stray gpudask.toml
     import copy
 
@@ -149,7 +153,8 @@ def third_party_plugin(tmp_path: pathlib.Path, body: str, name: str = "bad") -> 
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}plug\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[gpudask]\n{name} = {name}plug\n")
     (site / f"{name}plug.py").write_text(textwrap.dedent(body))
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+            "GPUDASK_LOAD_PLUGINS": name}
 
 def base_env(**extra: str) -> dict[str, str]:
     """The environment of a process under test: this one's without gpudask's bookkeeping

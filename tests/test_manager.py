@@ -180,11 +180,26 @@ def test_a_third_party_plugin_loads_through_its_entry_point(tmp_path, monkeypatc
                        {"gpudask_extra_mod": "from gpudask.pluginapi import hookimpl\nname = 'extra'\npriority = 300\n"
                                              "@hookimpl\ndef gpudask_plan_process(plan):\n    plan.note('x', 'y')\n"})
     monkeypatch.syspath_prepend(str(tmp_path))
-    m = PluginManager.from_environment()
-    (extra,) = [p for p in m.plugins if p.name == "extra"]
-    assert (extra.source, extra.distribution, extra.hooks) == ("entry point", "gpudask-extra", ["gpudask_plan_process"])
-    monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "extra")  # blocked through pluggy: never imported
+    # the test session turns autoload off (tests/conftest.py): installed, not loaded ...
     assert "extra" not in PluginManager.from_environment().names()
+    # ... unless named (pytest's -p), or with autoload on
+    for name, value in (("GPUDASK_LOAD_PLUGINS", "extra"), ("GPUDASK_DISABLE_PLUGIN_AUTOLOAD", "0")):
+        with monkeypatch.context() as m:
+            m.setenv(name, value)
+            (extra,) = [p for p in PluginManager.from_environment().plugins if p.name == "extra"]
+            assert (extra.source, extra.distribution, extra.hooks) == ("entry point", "gpudask-extra",
+                                                                       ["gpudask_plan_process"])
+            m.setenv("GPUDASK_DISABLE_PLUGINS", "extra")  # blocked through pluggy: never imported
+            assert "extra" not in PluginManager.from_environment().names()
+
+
+def test_loading_a_plugin_by_name_refuses_a_name_no_entry_point_has(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, "gpudask-extra", {"extra": "gpudask_extra_mod"}, {"gpudask_extra_mod": "name = 'extra'\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("GPUDASK_LOAD_PLUGINS", "extar")
+    with pytest.raises(ConfigError) as info:
+        PluginManager.from_environment()
+    assert "\n" not in str(info.value) and "'extar'" in str(info.value) and "did you mean 'extra'?" in str(info.value)
 
 
 def test_a_third_party_plugin_with_a_builtin_name_is_refused_in_one_line(tmp_path, monkeypatch):

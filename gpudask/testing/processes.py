@@ -34,14 +34,21 @@ def dask_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "dask", *args]
 
 
+# which installed plugins load: the test session's choice carries to the processes it starts
+# (gpudask's own tests turn autoload off and load only the plugins a test installs)
+KEPT_VARIABLES = ("GPUDASK_DISABLE_PLUGIN_AUTOLOAD", "GPUDASK_LOAD_PLUGINS")
+
+
 def clean_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
     """The environment for a cluster under test: ``base`` (default: this process's) without
     gpudask's bookkeeping (``GPUDASK_*``: a parent's host plan, worker group, facts) or
-    gpudask settings (``DASK_GPUDASK__*``: a test sets its own), with unbuffered output (whole
+    gpudask settings (``DASK_GPUDASK__*``: a test sets its own) -- but with the choice of
+    which installed plugins load (:data:`KEPT_VARIABLES`) --, with unbuffered output (whole
     logs), UCX quiet about variables it does not use, and worker processes that may start
     processes of their own (``distributed.worker.daemon: False``); then ``extra``."""
     source = os.environ if base is None else base
-    env = {k: v for k, v in source.items() if not k.startswith(("GPUDASK_", "DASK_GPUDASK__"))}
+    env = {k: v for k, v in source.items()
+           if not k.startswith(("GPUDASK_", "DASK_GPUDASK__")) or k in KEPT_VARIABLES}
     env.update(PYTHONUNBUFFERED="1", UCX_WARN_UNUSED_ENV_VARS="n", DASK_DISTRIBUTED__WORKER__DAEMON="False")
     env.update(extra)
     return env
