@@ -62,6 +62,7 @@ def test_wheel_installed_alone_lists_every_builtin_plugin(tmp_path):
         names = z.namelist()
         entry_points = next((z.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt")), "")
     assert "gpudask/testing/processes.py" in names and "gpudask/testing/plugin.py" in names
+    assert "gpudask/testing/hosts/hgx-4gpu-2ib.json" in names  # the example hosts, package data
     assert not [n for n in names if n.startswith(("gpudask/bench/", "gpudask_bench"))], "the bench is in the wheel"
     assert "bench" not in entry_points and "gpudask.commands" not in entry_points, entry_points
     venv = tmp_path / "venv"
@@ -95,6 +96,11 @@ def test_wheel_installed_alone_lists_every_builtin_plugin(tmp_path):
     facts.write_text((ROOT / "tests" / "hosts" / "hgx-4gpu-2ib.json").read_text())
     plan = json.loads(gpudask("info", "--facts", str(facts), "--json"))
     assert [w["gpu_index"] for w in plan["workers"]] == [0, 1, 2, 3]
+    # ... and so does an example host shipped with gpudask.testing
+    kit = subprocess.run([python, "-c", "from gpudask.testing import plan_for; "
+                          "print([w.gpu_index for w in plan_for('hgx-4gpu-2ib').workers])"],
+                         cwd=where, env=env, capture_output=True, text=True, timeout=120)
+    assert kit.stdout.strip() == "[0, 1, 2, 3]", kit.stderr[-3000:]
     # without gpudask-bench: one line that says how to get the command, no usage text, exit 2
     bench = subprocess.run([str(venv / "bin" / "gpudask"), "bench", "--quick"], cwd=where, env=env,
                            capture_output=True, text=True, timeout=120)

@@ -1,0 +1,102 @@
+"""Plans for described hosts, for a plugin's tests: no GPU, no process, no gpudask internals.
+
+* :func:`example_hosts` / :func:`example_host` -- the described hosts gpudask ships (package
+  data: a single GPU, PCIe and NVSwitch boxes, InfiniBand, MIG, no GPU ...), the ones
+  gpudask's own tests and golden plans use;
+* :func:`facts_file` -- a facts file of your own: an example host (or a dict of facts) with
+  changes, written to a new file in a directory you give (``tmp_path``);
+* :func:`plan_for` -- the host plan (:class:`gpudask.pluginapi.HostPlan`) gpudask builds for a
+  described host, with your plugin registered, as ``gpudask info --facts FILE --json``
+  shows it: the same bootstrap and the same hooks a ``dask worker --preload gpudask``
+  process runs.
+
+Imports nothing heavy at import time; only the standard library until :func:`plan_for` runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import json
+import os
+import pathlib
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpudask.plan import HostPlan
+
+__all__ = ["example_host", "example_hosts", "facts_file", "plan_for"]
+
+_AUTOLOAD = "GPUDASK_DISABLE_PLUGIN_AUTOLOAD"
+
+
+def _hosts_dir() -> pathlib.Path:
+    return pathlib.Path(str(importlib.resources.files("gpudask.testing") / "hosts"))
+
+
+def example_hosts() -> list[str]:
+    """The names of the described hosts gpudask ships (``example_host(name)`` reads one)."""
+    return sorted(p.stem for p in _hosts_dir().glob("*.json"))
+
+
+def example_host(name: str) -> pathlib.Path:
+    """The facts file of the shipped example host ``name`` (e.g. ``"dgx-8gpu-nvswitch-4ib"``)."""
+    path = _hosts_dir() / f"{name.removesuffix('.json')}.json"
+    if not path.is_file():
+        raise ValueError(f"no example host {name!r}; accepted: {', '.join(example_hosts())}")
+    return path
+
+
+def facts_file(directory: str | os.PathLike[str], base: str | Mapping[str, Any] = "single-gpu",
+               **changes: Any) -> pathlib.Path:
+    """A new facts file in ``directory``: ``base`` (an example host's name, or the facts as a
+    dict) with the top-level keys in ``changes`` replaced -- ``facts_file(tmp_path,
+    "hgx-4gpu-2ib", ib_devices=[])``.  Each call writes a file of its own (facts are read
+    once per path)."""
+    data = dict(base) if isinstance(base, Mapping) else json.loads(example_host(base).read_text())
+    data.update(changes)
+    folder = pathlib.Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = data.get("hostname") if isinstance(data.get("hostname"), str) else "host"
+    n = 0
+    while (folder / f"{stem}-{n}.json").exists():
+        n += 1
+    path = folder / f"{stem}-{n}.json"
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def plan_for(facts: str | os.PathLike[str], protocol: str = "ucx", nworkers: int | None = None, *,
+             plugins: Iterable[Any] = (), config: Mapping[str, Any] | None = None,
+             autoload: bool = False) -> HostPlan:
+    """The host plan for the described host ``facts`` (a path, or an example host's name):
+    the built-in plugins and ``plugins`` (modules or objects, registered as
+    ``gpudask.pluginapi.hookimpl`` plugins), with the dask config ``config`` set.
+
+    ``autoload`` (default off): also load the plugins installed through entry points --
+    off, an installed copy of the plugin under test is not loaded beside ``plugins``, and
+    another installed plugin changes nothing.  The result is what ``gpudask info --facts
+    FILE --protocol P --json`` prints (``plan.to_dict()``)."""
+    import dask.config
+
+    from gpudask.bootstrap import plan_host
+
+    path = os.fspath(facts)
+    if not os.path.exists(path) and os.sep not in path:
+        path = os.fspath(example_host(path))
+    with dask.config.set(dict(config or {})), _autoload(autoload):
+        return plan_host(protocol, nworkers, facts_path=path, extra_plugins=tuple(plugins))
+
+
+@contextlib.contextmanager
+def _autoload(on: bool) -> Iterator[None]:
+    before = os.environ.get(_AUTOLOAD)
+    os.environ[_AUTOLOAD] = "0" if on else "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_AUTOLOAD, None)
+        else:
+            os.environ[_AUTOLOAD] = before
