@@ -16,7 +16,10 @@ else in ``gpudask`` may move.  Nothing in gpudask's core imports this module.
   process of the plan uses and who shares it (:func:`process_gpu`, :func:`workers_sharing_gpu`),
   :func:`cpu_ranges`, :func:`format_bytes` / :func:`parse_bytes` (dask's);
 * facts of another process: :func:`facts_from_dict` (validates published facts),
-  :func:`fingerprint` (an exact key for plain data, to read the same facts once).
+  :func:`fingerprint` (an exact key for plain data, to read the same facts once);
+* what a process publishes (typed: :class:`Published`, :class:`PublishedPlan`,
+  :class:`AppliedState`, :class:`Mismatch`, ...; under :data:`PUBLISHED_KEY` of a worker's
+  startup information): what ``gpudask_report_rows`` receives and a test reads back.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from gpudask.findings import Finding, ProcessSide, fingerprint
 from gpudask.hookspecs import hookimpl
 from gpudask.plan import HostPlan, PlanContext, ProcessPlan, cpu_ranges
 from gpudask.plan.gpus import process_gpu, workers_sharing_gpu
+from gpudask.plan.published import (PUBLISHED_KEY, AppliedState, CudaContextState, Mismatch, PlannedActual, PluginInfo,
+                                    Published, PublishedPlan, PublishedReason)
 from gpudask.plan.ucx_tls import parse_ucx_tls, tls_enables, ucx_supports, ucxx_creates_cuda_context
 
 __all__ = [
@@ -43,6 +48,9 @@ __all__ = [
     # plans and checks
     "PlanContext", "ProcessPlan", "HostPlan", "Finding", "ProcessSide", "facts_from_dict",
     "fingerprint",
+    # what a process publishes (typed dicts)
+    "PUBLISHED_KEY", "Published", "PublishedPlan", "PublishedReason", "AppliedState", "CudaContextState",
+    "PlannedActual", "Mismatch", "PluginInfo",
     # what ctx.facts holds (for annotations)
     "Facts", "GPU", "IBDevice",
     # this process

@@ -155,11 +155,11 @@ class Registry:
         third_party = _third_party_entry_points()
         extra = list(extra)
         known = {n for n, _ in BUILTIN_PLUGINS} | set(third_party) | {getattr(p, "name", "") for p in extra}
-        for name in load:
-            if name not in third_party:
-                close = difflib.get_close_matches(name, sorted(third_party), n=1)
+        for wanted in load:
+            if wanted not in third_party:
+                close = difflib.get_close_matches(wanted, sorted(third_party), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"$GPUDASK_LOAD_PLUGINS names {name!r}, which is no entry point of the "
+                raise ConfigError(f"$GPUDASK_LOAD_PLUGINS names {wanted!r}, which is no entry point of the "
                                   f"'{ENTRY_POINT_GROUP}' group (installed: {', '.join(sorted(third_party)) or 'none'})"
                                   f"{hint}; built-ins always load")
         for name in [*enable, *disable]:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from gpudask import bootstrap
 from gpudask.apply import hostfile, runtime
 from gpudask.bootstrap import plan_host
 from gpudask.plan import HostPlan, ProcessPlan, UserValues
+from gpudask.plan.published import Published
 
 logger = logging.getLogger("distributed.gpudask")
 
@@ -50,14 +51,17 @@ class Session:
     def ctx(self) -> Any:
         return self.host.ctx
 
-    def published(self) -> dict[str, Any]:
-        """JSON-compatible summary for the worker's startup information / scheduler."""
+    def published(self) -> Published:
+        """JSON-compatible summary for the worker's startup information / scheduler (its
+        shape: :class:`gpudask.pluginapi.Published`)."""
         from gpudask._version import __version__
 
-        return {"version": __version__, "role": self.role, "protocol": self.host.protocol,
-                "facts": self.host.facts.to_dict(), "facts_origin": self.host.facts.origin,
-                "plugins": self.host.plugins, "plan": self.plan.to_dict(), "memory": self.memory,
-                "applied": self.state, "mismatches": self.mismatches}
+        # the parts are built as plain dicts; tests/test_published_shape.py holds them to the type
+        return cast(Published, {
+            "version": __version__, "role": self.role, "protocol": self.host.protocol,
+            "facts": self.host.facts.to_dict(), "facts_origin": self.host.facts.origin,
+            "plugins": self.host.plugins, "plan": self.plan.to_dict(), "memory": self.memory,
+            "applied": self.state, "mismatches": self.mismatches})
 
 
 _SESSION: Session | None = None

@@ -14,6 +14,7 @@ from typing import Any
 from gpudask._version import __version__
 from gpudask.errors import FactsError, GpudaskError
 from gpudask.findings import SEVERITIES, Finding, MalformedData, fingerprint, json_safe
+from gpudask.plan.published import PUBLISHED_KEY  # what a worker's gpudask puts in its startup information
 
 ACTIONS = ("warn", "error", "refuse")
 ACTION_KEY = "gpudask.scheduler-check.action"
@@ -22,7 +23,6 @@ EVENT_TOPIC = "gpudask"  # client.get_events("gpudask") / client.subscribe_topic
 CLIENT_WARN_TOPIC = "warn"  # distributed's clients turn events of this topic into warnings
 EXTRA_KEY = "gpudask-check"  # WorkerState.extra key -> scheduler_info()["workers"][addr]
 HANDLER = "gpudask_check"  # scheduler RPC handler returning the report
-PUBLISHED_KEY = "gpudask"  # what a worker's gpudask puts in its startup information
 
 _ABSENT = object()
 
