@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from gpudask.plan import HostPlan, PlanInputs, UserValues, build_plan, check_protocol
 
 if TYPE_CHECKING:
+    from gpudask.config import Settings
     from gpudask.errors import PluginError
     from gpudask.manager import PluginManager
 
@@ -45,9 +46,10 @@ _BOOKKEEPING = ("GPUDASK_HOST_PLAN", "GPUDASK_GROUP")
 _MAX_CACHED = 16  # inputs keep changing (a test suite): the oldest are forgotten
 
 _CACHE: collections.OrderedDict[str, PlanInputs] = collections.OrderedDict()
+_PLUGINS: collections.OrderedDict[str, _Plugins] = collections.OrderedDict()  # the same, facts aside
 _LOCK = threading.RLock()  # the scheduler check plans off the event loop, in threads
 _KEPT: UserValues | None = None  # the user's values of what gpudask applied in this process
-_BUILDS = 0  # how many times this process built plan inputs (a manager and its settings)
+_BUILDS = 0  # how many times this process built a plugin manager and its settings
 
 
 def inputs(facts_path: str | os.PathLike[str] | None = None, config_file: str | os.PathLike[str] | None = None,
@@ -129,39 +131,88 @@ def reset() -> None:
     global _KEPT, _BUILDS
     with _LOCK:
         _CACHE.clear()
+        _PLUGINS.clear()
         _KEPT = None
         _BUILDS = 0
 
 
 def builds() -> int:
-    """How many times this process built plan inputs (a plugin manager and its settings)."""
+    """How many times this process built a plugin manager and its settings (plan inputs
+    for another facts file share them)."""
     return _BUILDS
 
 
-def _build(facts_path: str | os.PathLike[str] | None, config_file: str | os.PathLike[str] | None,
-           extras: tuple[Any, ...], user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
-           kept: UserValues | None) -> PlanInputs:
+def manager(config_file: str | os.PathLike[str] | None = None, extra_plugins: Iterable[Any] = ()) -> PluginManager:
+    """The plugin manager of this process -- the one its plan inputs hold, built once with
+    the settings -- without reading facts: ``gpudask status`` and the ``/gpudask`` page ask
+    the plugins for their report rows through it."""
+    return _plugins(config_file, tuple(extra_plugins), None, None, None).manager
+
+
+class _Plugins:
+    """The part of the plan inputs that does not depend on the facts: one plugin manager and
+    one :class:`~gpudask.config.Settings`, and the user's view they were built from."""
+
+    def __init__(self, manager: PluginManager, settings: Settings, env: dict[str, str],
+                 config: dict[str, Any]) -> None:
+        self.manager, self.settings, self.env, self.config = manager, settings, env, config
+
+
+def _plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any, ...],
+             user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
+             kept: UserValues | None) -> _Plugins:
+    """The plugins and settings for these inputs (facts aside), built once per process."""
+    with _LOCK:
+        key = _key(None, config_file, extras, user_env, user_config, kept)
+        found = _PLUGINS.get(key)
+        if found is not None:
+            _PLUGINS.move_to_end(key)
+            return found
+        built = _build_plugins(config_file, extras, user_env, user_config, kept)
+        # loading config and registering defaults changed dask.config: the same inputs, asked
+        # for again, now look like this
+        for k in (key, _key(None, config_file, extras, user_env, user_config, kept)):
+            _PLUGINS[k] = built
+        while len(_PLUGINS) > _MAX_CACHED:
+            _PLUGINS.popitem(last=False)
+        return built
+
+
+def _build_plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any, ...],
+                   user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
+                   kept: UserValues | None) -> _Plugins:
     global _BUILDS
-    from gpudask.config import Settings, load_dask_config, register_defaults, warn_unknown
-    from gpudask.facts import get_facts
+    from gpudask.config import CORE_OPTIONS, Settings, load_dask_config, register_defaults, warn_unknown
     from gpudask.manager import PluginManager
 
     load_dask_config(config_file)
     env, config = user_view(kept)
     env = dict(user_env) if user_env is not None else env
     config = _snapshot(user_config) if user_config is not None else config
-    manager = PluginManager.from_environment(extras)
+    # one Settings: the core's options decide which plugins load, the plugins add theirs
+    settings = Settings(CORE_OPTIONS, config=config, environ=env)
+    manager = PluginManager.from_environment(extras, core=settings)
     options = manager.config_options()
+    settings.add_options(options)
     # before the plugins' defaults are merged in: they would replace a section given one value
-    Settings(options, config=config, environ=env).check_sections()
+    settings.check_sections()
     register_defaults(options)
     if user_config is None:
         config = user_view(kept)[1]  # with the plugins' defaults, as dask.config.get sees them
-    settings = Settings(options, config=config, environ=env)
+        settings.read_config(config)
     warn_unknown(settings.validate_all())
-    facts = get_facts(facts_path)
     _BUILDS += 1
-    return PlanInputs(facts, settings, manager, env, config)
+    return _Plugins(manager, settings, env, config)
+
+
+def _build(facts_path: str | os.PathLike[str] | None, config_file: str | os.PathLike[str] | None,
+           extras: tuple[Any, ...], user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
+           kept: UserValues | None) -> PlanInputs:
+    from gpudask.facts import get_facts
+
+    plugins = _plugins(config_file, extras, user_env, user_config, kept)
+    facts = get_facts(facts_path)
+    return PlanInputs(facts, plugins.settings, plugins.manager, plugins.env, plugins.config)
 
 
 def _key(facts_path: str | os.PathLike[str] | None, config_file: str | os.PathLike[str] | None,

@@ -183,6 +183,16 @@ class Settings:
         self._environ = os.environ if environ is None else environ
         self._cache: dict[str, Setting] = {}
 
+    def add_options(self, options: Iterable[Option]) -> None:
+        """Add options (the plugins', once they are loaded: the core's decide which load)."""
+        self.options.update((o.key, o) for o in options)
+        self._cache.clear()
+
+    def read_config(self, config: dict[str, Any]) -> None:
+        """Read from ``config`` from now on (the user's view once the plugins' defaults are in)."""
+        self._config = config
+        self._cache.clear()
+
     def _raw(self, key: str) -> Any:
         import dask.config
 

@@ -135,13 +135,16 @@ class Registry:
 
     # -- loading ---------------------------------------------------------------
     @classmethod
-    def from_environment(cls: type[_R], extra: Iterable[Any] = (), broken: list[PluginError] | None = None) -> _R:
+    def from_environment(cls: type[_R], extra: Iterable[Any] = (), broken: list[PluginError] | None = None,
+                         core: Settings | None = None) -> _R:
         """Load built-ins and entry points, honouring enable/disable lists and autoload.
 
         A plugin that cannot be loaded raises :class:`PluginError`; with ``broken`` (a
-        list), it is recorded there instead and the others load (``gpudask plugins``)."""
+        list), it is recorded there instead and the others load (``gpudask plugins``).
+        ``core``: the settings holding the core's options (the bootstrap's one Settings of
+        the process); left out, read from dask's config."""
         manager = cls()
-        core = Settings(CORE_OPTIONS)
+        core = Settings(CORE_OPTIONS) if core is None else core
         enable = parse_name_list(os.environ["GPUDASK_PLUGINS"]) if os.environ.get("GPUDASK_PLUGINS") \
             else core["gpudask.plugins.enable"]
         disable = set(core["gpudask.plugins.disable"]) | set(parse_name_list(os.environ.get("GPUDASK_DISABLE_PLUGINS")))

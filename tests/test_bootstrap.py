@@ -42,16 +42,46 @@ def test_the_same_inputs_are_built_once_and_other_inputs_again():
     one = bootstrap.plan_host("ucx", facts_path=HGX)
     two = bootstrap.plan_host("ucx", 2, facts_path=HGX)
     assert bootstrap.builds() == 1 and one.ctx.manager is two.ctx.manager and one.ctx.settings is two.ctx.settings
-    other = bootstrap.plan_host("ucx", facts_path=host("h200-single.json"))  # another facts file
-    assert bootstrap.builds() == 2 and other.ctx.manager is not one.ctx.manager
+    # another facts file: other plan inputs, the same plugins and settings
+    other = bootstrap.plan_host("ucx", facts_path=host("h200-single.json"))
+    assert bootstrap.builds() == 1 and other.ctx.manager is one.ctx.manager and other.ctx.facts is not one.ctx.facts
+    assert bootstrap.manager() is one.ctx.manager  # status and the dashboard ask this one
     with dask.config.set({"gpudask.rmm.pool-size": "1GiB"}):  # another user config
         assert bootstrap.plan_host("ucx", facts_path=HGX).workers[0].sections["rmm"]["initial_pool_size"] == 2**30
-    assert bootstrap.builds() == 3
+    assert bootstrap.builds() == 2
     bootstrap.plan_host("ucx", facts_path=HGX)  # back to the first inputs: still cached
-    assert bootstrap.builds() == 3
+    assert bootstrap.builds() == 2
     bootstrap.reset()
     bootstrap.plan_host("ucx", facts_path=HGX)
     assert bootstrap.builds() == 1
+
+
+def test_a_bootstrap_builds_one_plugin_manager_and_one_settings(monkeypatch):
+    from gpudask import config, registration
+
+    made = {"settings": 0, "managers": 0}
+    settings_init, registry_init = config.Settings.__init__, registration.Registry.__init__
+
+    def count_settings(self, *args, **kwargs):
+        made["settings"] += 1
+        settings_init(self, *args, **kwargs)
+
+    def count_managers(self, *args, **kwargs):
+        made["managers"] += 1
+        registry_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(config.Settings, "__init__", count_settings)
+    monkeypatch.setattr(registration.Registry, "__init__", count_managers)
+    inputs = bootstrap.inputs(facts_path=HGX)
+    assert made == {"settings": 1, "managers": 1}
+    # the core's options and the plugins', in the same Settings
+    assert {"gpudask.plugins.autoload", "gpudask.rmm.pool-size"} <= set(inputs.settings.options)
+    bootstrap.plan_host("ucx", 2, facts_path=HGX)
+    bootstrap.manager()
+    from gpudask.cli.status import worker_row
+
+    worker_row("tcp://w", {})
+    assert made == {"settings": 1, "managers": 1}
 
 
 def test_a_changed_gpudask_toml_is_read_again(tmp_path):

@@ -30,6 +30,7 @@ from typing import Any
 
 from distributed.http.utils import RequestHandler
 
+from gpudask import bootstrap
 from gpudask.checks import EXTRA_KEY as CHECK_EXTRA_KEY
 from gpudask.checks import PLUGIN_NAME as CHECK_PLUGIN_NAME
 from gpudask.checks import PUBLISHED_KEY
@@ -135,23 +136,14 @@ def _plugin_rows(plan: dict[str, Any], published: dict[str, Any]) -> dict[str, d
     from gpudask.apply import process
 
     session = process.current()
-    manager = session.manager if session is not None and session.manager is not None else _manager()
+    # the plugins this process planned with, or (a scheduler gpudask did not plan in) the
+    # bootstrap's plugin manager of this process
+    manager = session.manager if session is not None and session.manager is not None else bootstrap.manager()
     rows, problems = manager.report_rows(plan, published)
     out = {r["column"]: {k: r.get(k) for k in ("summary", "planned", "actual", "note", "plugin")} for r in rows}
     if problems:
         out["problems"] = {"summary": "; ".join(problems)}
     return out
-
-
-_MANAGER: list[Any] = []  # a scheduler gpudask did not plan in (dashboard only): its plugins, loaded once
-
-
-def _manager() -> Any:
-    if not _MANAGER:
-        from gpudask.manager import PluginManager
-
-        _MANAGER.append(PluginManager.from_environment())
-    return _MANAGER[0]
 
 
 def _gpu(plan: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:

@@ -96,9 +96,9 @@ def worker_row(address: str, info: Any, manager: Any = None) -> dict[str, Any]:
     gpudask); ``problems`` lists each published field of the wrong shape.  ``manager`` (the
     plugin manager whose plugins supply their columns) is loaded when not given."""
     if manager is None:
-        from gpudask.manager import PluginManager
+        from gpudask import bootstrap
 
-        manager = PluginManager.from_environment()
+        manager = bootstrap.manager()
     problems: list[str] = []
     published: Any = info.get("gpudask") if isinstance(info, Mapping) else None
     if published is not None and not isinstance(published, Mapping):
@@ -144,9 +144,9 @@ def worker_row(address: str, info: Any, manager: Any = None) -> dict[str, Any]:
 def cluster_status(client: Any) -> dict[str, Any]:
     """Every worker's row, the number of mismatches and of malformed published fields."""
     info = client.scheduler_info(n_workers=-1)
-    from gpudask.manager import PluginManager
+    from gpudask import bootstrap
 
-    manager = PluginManager.from_environment()
+    manager = bootstrap.manager()  # this process's plugins, gpudask.toml read: their report columns
     rows = [worker_row(str(a), w, manager) for a, w in sorted(info["workers"].items())]
     return {"scheduler": info.get("address"), "workers": rows,
             "mismatches": sum(len(r["mismatches"]) for r in rows),
