@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -49,27 +50,41 @@ class PluginManager(Registry):
 
     def __init__(self) -> None:
         super().__init__()
-        self._callers: dict[str, dict[str, pluggy.HookImpl]] = {}
+        self._impls_of: dict[str, dict[str, pluggy.HookImpl]] = {}
+        self._callers: dict[tuple[str, str], pluggy.HookCaller] = {}
         self.trace = False
         self._observe: Callable[[str, str, float], None] | None = None
 
     def _registered(self) -> None:
+        self._impls_of.clear()
         self._callers.clear()
 
     # -- tracing ---------------------------------------------------------------
     def enable_tracing(self) -> None:
-        """Log every hook call (through pluggy's tracer, in the lines of its
-        ``enable_tracing``) and, per plugin, its result and duration."""
-        self.trace = True
-        self._pm.trace.root.setwriter(_trace_write)
+        """Log every hook call, through pluggy's ``add_hookcall_monitoring``: the hook, its
+        arguments and its result in the lines of pluggy's own tracer, then one line naming
+        the plugin, the process role, the worker number and the duration."""
+        if not self.trace:
+            self.trace = True
+            self._pm.add_hookcall_monitoring(_trace_before, _trace_after)
 
     # -- calling ---------------------------------------------------------------
     def _impls(self, hook_name: str) -> dict[str, pluggy.HookImpl]:
         """plugin name -> its implementation of ``hook_name`` (pluggy's public HookImpl)."""
-        if hook_name not in self._callers:
+        if hook_name not in self._impls_of:
             caller = getattr(self._pm.hook, hook_name)
-            self._callers[hook_name] = {impl.plugin_name: impl for impl in caller.get_hookimpls()}
-        return self._callers[hook_name]
+            self._impls_of[hook_name] = {impl.plugin_name: impl for impl in caller.get_hookimpls()}
+        return self._impls_of[hook_name]
+
+    def _caller(self, hook_name: str, plugin: LoadedPlugin) -> pluggy.HookCaller:
+        """pluggy's hook caller of ``hook_name`` for ``plugin``'s implementation alone
+        (``subset_hook_caller`` without every other plugin): each plugin is called on its
+        own, so a failure names it, its reasons are its own and the others can still run."""
+        key = (hook_name, plugin.name)
+        if key not in self._callers:
+            others = [p.registered for p in self.plugins if p.name != plugin.name and p.name in self._impls(hook_name)]
+            self._callers[key] = self._pm.subset_hook_caller(hook_name, remove_plugins=others)
+        return self._callers[key]
 
     def hook_functions(self, hook_name: str) -> dict[str, Callable[..., Any]]:
         """plugin name -> the function implementing ``hook_name`` (e.g. to tell which
@@ -87,8 +102,9 @@ class PluginManager(Registry):
 
     def _call(self, hook_name: str, plan: ProcessPlan | Mapping[str, Any] | None = None, isolate: bool = False,
               **kwargs: Any) -> list[tuple[LoadedPlugin, Any]]:
-        """Call each implementation in priority order.  With ``isolate`` a failing plugin's
-        PluginError is returned as its result instead of stopping the others."""
+        """Call each implementation in priority order, each through pluggy's hook caller for
+        that plugin alone.  With ``isolate`` a failing plugin's PluginError is returned as
+        its result instead of stopping the others."""
         if plan is not None:
             kwargs = dict(kwargs, plan=plan)
         # a ProcessPlan being built or applied (not a published plan's dict): its reasons name
@@ -99,22 +115,16 @@ class PluginManager(Registry):
             tracked.settle_sections()  # what section() shows: the earlier steps' decisions only
         results = []
         for plugin in self.plugins:
-            impl = impls.get(plugin.name)
-            if impl is None:
+            if plugin.name not in impls:
                 continue
             if tracked is not None:
                 tracked.acting_plugin, tracked.acting_reads = plugin.name, plugin.reads
             start = time.perf_counter()
-            if self.trace:
-                hooktrace = self._pm.trace.root.get("hook")
-                hooktrace.root.indent += 1
-                hooktrace(hook_name, kwargs)
             try:
-                # an implementation takes any subset of the hook's arguments (pluggy checked
-                # them against the spec at registration)
-                result: Any = impl.function(*[kwargs[arg] for arg in impl.argnames])
-                if self.trace:
-                    hooktrace("finish", hook_name, "-->", [result])
+                # pluggy hands the implementation the arguments it names (checked against
+                # the spec at registration); None results are left out of its list
+                returned = self._caller(hook_name, plugin)(**kwargs)
+                result: Any = returned[0] if returned else None
             except Exception as e:  # noqa: BLE001
                 # a plugin's own one-line error keeps its text; anything else its type too
                 error = PluginError(plugin.name, plugin.distribution, hook_name,
@@ -125,16 +135,8 @@ class PluginManager(Registry):
             finally:
                 if tracked is not None:
                     tracked.acting_plugin, tracked.acting_reads = "gpudask", ()
-                if self.trace:
-                    hooktrace.root.indent -= 1
                 if self._observe is not None:
                     self._observe(plugin.name, hook_name, time.perf_counter() - start)
-            if self.trace:
-                where = f" role={tracked.role} index={tracked.index}" if tracked is not None else ""
-                # pluggy's "finish" line above carries the result; this one names the plugin
-                outcome = "failed" if isinstance(result, PluginError) else "done"
-                self._pm.trace.root.get("gpudask")(
-                    f"{hook_name} -> {plugin.name}{where}: {outcome} in {(time.perf_counter() - start) * 1e3:.1f} ms")
             results.append((plugin, result))
         return results
 
@@ -291,3 +293,31 @@ def _trace_write(message: str) -> None:
         trace_logger.propagate = False
     for line in message.rstrip("\n").splitlines():
         trace_logger.info(line)
+
+
+_TRACE_STARTS = threading.local()  # when each traced call began (calls nest: a stack per thread)
+
+
+def _trace_before(hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
+    """pluggy's ``add_hookcall_monitoring`` before: the call and its arguments, in the lines
+    of pluggy's tracer."""
+    starts = _TRACE_STARTS.__dict__.setdefault("stack", [])
+    _trace_write("  " * (len(starts) + 1) + f"{hook_name} [hook]")
+    for key, value in kwargs.items():
+        _trace_write("  " * (len(starts) + 3) + f"{key}: {value}")
+    starts.append(time.perf_counter())
+
+
+def _trace_after(outcome: pluggy.Result[Any], hook_name: str, impls: Sequence[pluggy.HookImpl],
+                 kwargs: Mapping[str, Any]) -> None:
+    """pluggy's ``add_hookcall_monitoring`` after: the result, then which plugin ran where and how long."""
+    starts = _TRACE_STARTS.__dict__.setdefault("stack", [])
+    began = starts.pop() if starts else time.perf_counter()
+    failed = outcome.exception is not None
+    if not failed:
+        _trace_write("  " * (len(starts) + 1) + f"finish {hook_name} --> {outcome.get_result()!r} [hook]")
+    plan = kwargs.get("plan")
+    where = f" role={plan.role} index={plan.index}" if plan is not None and not isinstance(plan, Mapping) else ""
+    for impl in impls:
+        _trace_write(f"{hook_name} -> {impl.plugin_name}{where}: {'failed' if failed else 'done'} in "
+                     f"{(time.perf_counter() - began) * 1e3:.1f} ms [gpudask]")

@@ -21,6 +21,7 @@ import importlib
 import importlib.metadata
 import inspect
 import os
+import types
 from dataclasses import dataclass, field
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -78,11 +79,36 @@ class LoadedPlugin:
     # prefixes of the dask config keys it sets that are read once, when the process starts or
     # first connects (its config_read_at_start): set late in a running process, they need a new one
     read_at_start: tuple[str, ...] = ()
+    # what pluggy holds: ``obj``, or a hashable view of it (pluggy's subset hook callers keep
+    # the plugins they leave out in a set; a SimpleNamespace cannot be hashed)
+    registered: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "priority": self.priority, "source": self.source,
                 "distribution": self.distribution, "hooks": list(self.hooks),
                 **({"reads_sections": list(self.reads)} if self.reads else {})}
+
+
+def _hashable(obj: Any) -> bool:
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _hashable_copy(obj: Any, name: str) -> types.ModuleType:
+    """What pluggy holds for a plugin object that cannot be hashed (a ``SimpleNamespace``):
+    a module with its attributes, hooks included.  pluggy's subset hook callers keep the
+    plugins they leave out in a set, and pluggy reads hooks statically (no proxy)."""
+    copy = types.ModuleType(f"gpudask-plugin-{name}")
+    for attr in dir(obj):
+        if not attr.startswith("__"):
+            try:
+                setattr(copy, attr, getattr(obj, attr))
+            except Exception:  # noqa: BLE001 - an attribute that cannot be read is pluggy's to report
+                continue
+    return copy
 
 
 def _env_flag(name: str) -> bool:
@@ -210,7 +236,7 @@ class Registry:
 
     def _load_entry_point(self, name: str, dist: str | None) -> None:
         """One entry point through pluggy, which skips blocked names; failures name the plugin."""
-        self.loading_dist = dist
+        self.loading_dist = dist  # for the one-line errors of its registration
         try:
             self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
         except PluginError:
@@ -219,6 +245,11 @@ class Registry:
             raise PluginError(name, dist, "import", e) from e
         finally:
             self.loading_dist = None
+        # the distribution it came from, as pluggy recorded it
+        for obj, distribution in self._pm.list_plugin_distributions():
+            for plugin in self.plugins:
+                if plugin.obj is obj and plugin.source == "entry point":
+                    plugin.distribution = distribution.metadata["name"]
 
     def register(self, obj: Any, name: str | None = None, source: str = "registered",
                  distribution: str | None = None) -> LoadedPlugin | None:
@@ -253,9 +284,10 @@ class Registry:
         renamed = self._renamed(obj)
         if renamed is not None:
             raise PluginError(name, distribution, "registration", renamed)
+        target = obj if _hashable(obj) else _hashable_copy(obj, name)
         self._pm.direct = True
         try:
-            self._pm.register(obj, name=name)
+            self._pm.register(target, name=name)
         except (pluggy.PluginValidationError, ValueError) as e:
             raise PluginError(name, distribution, "registration", " ".join(str(e).split())) from e
         finally:
@@ -263,14 +295,15 @@ class Registry:
         try:
             self._pm.check_pending()
         except pluggy.PluginValidationError as e:
-            self._pm.unregister(obj)
+            self._pm.unregister(target)
             raise PluginError(name, distribution, "registration", self._unknown_hook(e)) from e
-        refused = self._refused_option(obj, name)
+        refused = self._refused_option(target, name)
         if refused is not None:
-            self._pm.unregister(obj)
+            self._pm.unregister(target)
             raise PluginError(name, distribution, "registration", refused)
-        hooks = sorted(caller.name for caller in self._pm.get_hookcallers(obj) or [])
-        plugin = LoadedPlugin(name, priority, source, distribution, obj, hooks, tuple(reads), tuple(read_at_start))
+        hooks = sorted(caller.name for caller in self._pm.get_hookcallers(target) or [])
+        plugin = LoadedPlugin(name, priority, source, distribution, obj, hooks, tuple(reads), tuple(read_at_start),
+                              registered=target)
         self.plugins.append(plugin)
         self.plugins.sort(key=lambda p: (p.priority, p.name))
         self._registered()

@@ -173,8 +173,9 @@ def test_on_a_cpu_host_gpudask_preloaded_everywhere_says_nothing_and_sets_nothin
     assert out.returncode == 0, out.stderr[-3000:]
     variables, imported = json.loads(out.stdout.split("RESULT ", 1)[1])
     assert list(imported.values()) == [1]
-    # the test's own GPUDASK_FACTS is the only one: gpudask exported nothing of its own
-    assert list(variables.values()) == [["GPUDASK_FACTS"]]
+    # the test's own GPUDASK_FACTS (and the session's autoload switch) are the only ones:
+    # gpudask exported nothing of its own
+    assert list(variables.values()) == [["GPUDASK_DISABLE_PLUGIN_AUTOLOAD", "GPUDASK_FACTS"]]
     assert "gpudask" not in out.stderr
 
 

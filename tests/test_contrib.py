@@ -68,8 +68,9 @@ def contrib_installed(tmp_path_factory):
 
 
 def contrib_env(**extra: str) -> dict[str, str]:
-    """A process environment in which the contrib packages are installed."""
-    env = base_env(**extra)
+    """A process environment in which the contrib packages are installed, and loaded by name
+    (the test session's autoload is off: other installed plugins stay out)."""
+    env = base_env(**{"GPUDASK_LOAD_PLUGINS": "torch-rmm,prometheus", **extra})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -110,8 +111,11 @@ def test_disabled_by_environment_config_and_autoload(tmp_path):
     (elsewhere / "gpudask.toml").write_text('[plugins]\ndisable = ["torch-rmm", "prometheus"]\n')
     names = [p["name"] for p in plugins(cwd=str(elsewhere))]
     assert "torch-rmm" not in names and "prometheus" not in names
-    listed = plugins(contrib_env(GPUDASK_DISABLE_PLUGIN_AUTOLOAD="1"))
-    assert all(p["source"] == "builtin" for p in listed)
+    autoloaded = contrib_env(GPUDASK_DISABLE_PLUGIN_AUTOLOAD="0")
+    del autoloaded["GPUDASK_LOAD_PLUGINS"]
+    assert {"torch-rmm", "prometheus"} <= {p["name"] for p in plugins(autoloaded)}
+    autoloaded["GPUDASK_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    assert all(p["source"] == "builtin" for p in plugins(autoloaded))
     # their settings are in `gpudask config` only while they are loaded
     rows = {r["key"] for r in json.loads(gpudask_cli("config", "--json"))}
     assert {"gpudask.torch-rmm.enabled", "gpudask.prometheus.enabled"} <= rows
@@ -202,6 +206,9 @@ def test_disabled_plugin_stays_out_of_a_real_cluster(cluster, tmp_path):
 @pytest.mark.parametrize("dist", sorted(PACKAGES))
 def test_the_packages_own_tests_pass(dist):
     env = contrib_env()
+    # a package's tests register their own module: its installed copy is not loaded by name
+    # beside it (as in a plugin author's checkout: autoload off, nothing named)
+    del env["GPUDASK_LOAD_PLUGINS"]
     # their real-cluster test is the same as test_hooks_run_in_the_right_processes_of_a_real_cluster
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not real_cluster",
                           "tests"],

@@ -369,3 +369,29 @@ def test_the_renames_name_hooks_and_parameters_that_exist():
 
         spec = list(inspect.signature(getattr(hookspecs, hook)).parameters)
         assert not set(params) & set(spec) and set(params.values()) <= set(spec)
+
+
+def test_hooks_are_called_through_pluggys_hook_callers_one_plugin_at_a_time():
+    """Each plugin's implementation is called through pluggy (a subset hook caller holding
+    it alone), so pluggy's own call monitoring sees every call, in priority order."""
+    seen = []
+    m = PluginManager()
+    for name, prio in [("late", 9), ("early", 1)]:
+        m.register(make_plugin(name, prio, gpudask_plan_process=lambda plan, n=name: plan.note(n, "called")))
+    undo = m._pm.add_hookcall_monitoring(lambda hook, impls, kwargs: seen.append((hook, [i.plugin_name for i in impls])),
+                                         lambda outcome, hook, impls, kwargs: None)
+    plan = ProcessPlan("worker", 0)
+    m.plan_process(None, plan)
+    undo()
+    assert seen == [("gpudask_plan_process", ["early"]), ("gpudask_plan_process", ["late"])]
+    assert [(r.plugin, r.decision) for r in plan.reasons] == [("early", "early"), ("late", "late")]
+
+
+def test_an_entry_points_distribution_is_pluggys_record(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, "gpudask-extra", {"extra": "gpudask_extra_mod"}, {"gpudask_extra_mod": "name = 'extra'\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("GPUDASK_LOAD_PLUGINS", "extra")
+    m = PluginManager.from_environment()
+    (extra,) = [p for p in m.plugins if p.name == "extra"]
+    assert [(d.metadata["name"]) for obj, d in m._pm.list_plugin_distributions() if obj is extra.obj] == ["gpudask-extra"]
+    assert extra.distribution == "gpudask-extra"
