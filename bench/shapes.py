@@ -51,6 +51,7 @@ import uuid
 
 MARK = "SHAPES_BENCH_RUN"
 PATHS = ("client-via-scheduler", "client-direct", "worker-pull", "submit-arg")
+MEASURE_ORDER = ("client-direct", "worker-pull", "client-via-scheduler", "submit-arg")  # relayed paths last
 SIDES = ("gpudask", "dask-cuda")
 
 # shape -> side -> how that side starts.  scheduler: "gpudask" (--preload gpudask), "stock"
@@ -233,8 +234,11 @@ class Side:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def op_timeout(self) -> float:
-        return max(3.0, min(self.args.op_timeout, self.left() + 5))
+    def op_timeout(self, n: int | None = None) -> float:
+        """One transfer at most: --op-timeout, less for small sizes (5 s + 20 s per GiB: a 1 MiB transfer
+        that takes seconds is broken, and a relay that hangs must not eat the side's budget)."""
+        t = self.args.op_timeout if n is None else min(self.args.op_timeout, 5.0 + 20.0 * n / 2**30)
+        return max(3.0, min(t, self.left() + 5))
 
     # start ------------------------------------------------------------------------------------
     def start(self) -> int:
@@ -412,7 +416,7 @@ class Side:
                     self.cell(p, n, error=f"source array: {_err(e, 300)}")
                 cells_left -= len(PATHS)
                 continue
-            for p in PATHS:
+            for p in MEASURE_ORDER:
                 cap = min(self.args.cell_cap, self.left() / max(cells_left, 1))
                 cells_left -= 1
                 if p in dead:
@@ -449,9 +453,9 @@ class Side:
         c = self.client
         warm = self.args.warmup if n < 2**30 else max(1, self.args.warmup - 1)
         if p == "worker-pull":
-            budget = min(cap + (self.args.pull_warmup + 1) * self.op_timeout() + 10, max(self.left(), 0) + 15)
+            budget = min(cap + (self.args.pull_warmup + 1) * self.op_timeout(n) + 10, max(self.left(), 0) + 15)
             got = c.sync(c._run, pull, a, src.key, self.args.pull_warmup, self.args.reps_pull, cap,
-                         self.op_timeout(), self.array, workers=[b], callback_timeout=budget)
+                         self.op_timeout(n), self.array, workers=[b], callback_timeout=budget)
             return got[b]
         if p == "submit-arg":
             x = make(n, self.array)
@@ -460,19 +464,19 @@ class Side:
             def once():
                 f = c.submit(checksum, x, pure=False)
                 try:
-                    return f.result(timeout=self.op_timeout())
+                    return f.result(timeout=self.op_timeout(n))
                 finally:
                     f.release()
         elif p == "client-via-scheduler":
             want = None
 
             def once():
-                return src.result(timeout=self.op_timeout())  # direct-to-workers: null (distributed's default)
+                return src.result(timeout=self.op_timeout(n))  # direct-to-workers: null (distributed's default)
         else:
             want = None
 
             def once():
-                return c.sync(c._gather, [src], direct=True, callback_timeout=self.op_timeout())[0]
+                return c.sync(c._gather, [src], direct=True, callback_timeout=self.op_timeout(n))[0]
         times: list[float] = []
         last = None
         t_cell = time.perf_counter()
@@ -652,6 +656,10 @@ def merge(shape: str, recs: dict[str, list[dict]], args) -> list[dict]:
                                        and cd.get("checksum_ok") is not False)
             else:
                 row["result_match"] = None
+            sk = {s: (cells[s] or {}).get("skipped") for s in SIDES}
+            if sk["gpudask"] and sk["gpudask"] == sk["dask-cuda"]:  # one reason for both: said once
+                notes = [n for n in notes if not n.endswith(f"skipped: {sk['gpudask']}")]
+                notes.insert(0, f"both skipped: {sk['gpudask']}")
             row["notes"] = " | ".join(notes) if notes else None
             rows.append(row)
     return rows
