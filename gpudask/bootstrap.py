@@ -209,9 +209,11 @@ def _build(facts_path: str | os.PathLike[str] | None, config_file: str | os.Path
            extras: tuple[Any, ...], user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
            kept: UserValues | None) -> PlanInputs:
     from gpudask.facts import get_facts
+    from gpudask.facts.sections import with_sections
 
     plugins = _plugins(config_file, extras, user_env, user_config, kept)
-    facts = get_facts(facts_path)
+    # the core's facts, then the plugins' own sections (read from a described host, probed on a real one)
+    facts = with_sections(get_facts(facts_path), plugins.manager.facts_sections())
     return PlanInputs(facts, plugins.settings, plugins.manager, plugins.env, plugins.config)
 
 

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
 
     from gpudask.config import Option
+    from gpudask.facts.sections import FactsSection
     from gpudask.findings import Finding, ProcessSide
     from gpudask.plan.context import PlanContext
     from gpudask.plan.model import ProcessPlan
@@ -106,6 +107,33 @@ def gpudask_config_options() -> list[Option]:
     **Combined:** the lists of all plugins are concatenated after gpudask's core options.
     **Failure:** raising, or returning something that is not an ``Option`` under
     ``gpudask.``, stops the process (one line naming the plugin).
+    """
+
+
+@hookspec
+def gpudask_facts_sections() -> list[FactsSection] | None:
+    """Declare the facts this plugin owns: its sections of a host's facts.
+
+    **When:** called when gpudask reads the facts of a host for a plan, after
+    ``gpudask_config_options`` and before ``gpudask_validate``.  **Called in:** every
+    process that builds plan inputs: the planning processes (``dask scheduler``, the nanny
+    host, a client), every worker process, the ``gpudask`` commands that plan (``info``,
+    ``check``) and ``LocalGPUCluster``.
+
+    :return: a list of :class:`gpudask.pluginapi.FactsSection` ``(name, schema, probe)``,
+        or None.  On a real host gpudask calls ``probe(facts)`` (the core's facts: GPUs,
+        interfaces, versions) once per process that probes; on a described host it reads
+        ``{"sections": {name: ...}}`` of the facts file.  Either way the value is checked
+        against ``schema`` (a JSON Schema fragment; its ``x-accepts`` texts are what the
+        error says is accepted), handed on with the facts (a nanny's workers, the
+        published facts) and read with ``ctx.facts.section(name)`` -- None when a described
+        host does not say.
+
+    **Combined:** the sections of all plugins, each name owned by one plugin.
+    **Failure:** raising, returning something that is not a ``FactsSection``, a name
+    another plugin owns, a schema that is not JSON Schema, a probe that raises or a value
+    its schema refuses stops the process (one line naming the plugin, the file or the probe,
+    and the key).
     """
 
 

@@ -35,6 +35,7 @@ from gpudask.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT
                                   LoadedPlugin, Registry)
 
 if TYPE_CHECKING:
+    from gpudask.facts.sections import FactsSection
     from gpudask.findings import ProcessSide
     from gpudask.plan.context import PlanContext
     from gpudask.plan.model import ProcessPlan
@@ -150,6 +151,18 @@ class PluginManager(Registry):
                                       f"got {opt!r}")
                 options.append(opt)
         return options
+
+    def facts_sections(self) -> list[tuple[str, FactsSection]]:
+        """Every plugin's facts sections, checked: ``[(plugin, section)]`` in priority order."""
+        from gpudask.facts.sections import check_declared
+
+        out: list[tuple[str, FactsSection]] = []
+        taken: dict[str, str] = {}
+        for plugin, result in self._call("gpudask_facts_sections"):
+            for section in check_declared(plugin.name, plugin.distribution, result, taken):
+                taken[section.name] = plugin.name
+                out.append((plugin.name, section))
+        return out
 
     def validate(self, ctx: PlanContext) -> None:
         self._call("gpudask_validate", ctx=ctx)

@@ -15,6 +15,8 @@ else in ``gpudask`` may move.  Nothing in gpudask's core imports this module.
   :func:`tls_enables`, :func:`ucxx_creates_cuda_context`, :func:`ucx_supports`), which GPU a
   process of the plan uses and who shares it (:func:`process_gpu`, :func:`workers_sharing_gpu`),
   :func:`cpu_ranges`, :func:`format_bytes` / :func:`parse_bytes` (dask's);
+* facts a plugin owns: :class:`FactsSection` (``gpudask_facts_sections``), read with
+  ``ctx.facts.section(name)``;
 * facts of another process: :func:`facts_from_dict` (validates published facts),
   :func:`fingerprint` (an exact key for plain data, to read the same facts once);
 * what a process publishes (typed: :class:`Published`, :class:`PublishedPlan`,
@@ -29,6 +31,7 @@ from dask.utils import format_bytes, parse_bytes
 from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_optional_bool, parse_optional_float
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 from gpudask.facts import GPU, Facts, IBDevice, facts_from_dict
+from gpudask.facts.sections import FactsSection
 from gpudask.facts.probe import ucx_unused_variables
 from gpudask.facts.statedir import host_lock
 from gpudask.findings import Finding, ProcessSide, fingerprint
@@ -52,8 +55,8 @@ __all__ = [
     # what a process publishes (typed dicts)
     "PUBLISHED_KEY", "Published", "PublishedPlan", "PublishedReason", "AppliedState", "CudaContextState",
     "PlannedActual", "Mismatch", "PluginInfo",
-    # what ctx.facts holds (for annotations)
-    "Facts", "GPU", "IBDevice",
+    # what ctx.facts holds (for annotations), and a plugin's own facts
+    "Facts", "GPU", "IBDevice", "FactsSection",
     # this process
     "applied_role", "ucx_unused_variables", "host_lock",
     # shared rules

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.process  # every test here starts dask processes
 
 ROOT = pathlib.Path(__file__).parents[1]
 CONTRIB = ROOT / "contrib"
-PACKAGES = {"gpudask-torch-rmm": ("torch-rmm", 110), "gpudask-prometheus": ("prometheus", 900)}
+PACKAGES = {"gpudask-torch-rmm": ("torch-rmm", 110), "gpudask-prometheus": ("prometheus", 900),
+            "gpudask-gds": ("gds", 130)}
 
 
 SITE: pathlib.Path | None = None  # where the fixture installed the two packages
@@ -70,7 +71,7 @@ def contrib_installed(tmp_path_factory):
 def contrib_env(**extra: str) -> dict[str, str]:
     """A process environment in which the contrib packages are installed, and loaded by name
     (the test session's autoload is off: other installed plugins stay out)."""
-    env = base_env(**{"GPUDASK_LOAD_PLUGINS": "torch-rmm,prometheus", **extra})
+    env = base_env(**{"GPUDASK_LOAD_PLUGINS": "torch-rmm,prometheus,gds", **extra})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH", "")) if p)
     return env
 

@@ -201,12 +201,18 @@ def test_the_checker_sees_imports_inside_functions():
     assert "gpudask.checks.runner" in GRAPH["gpudask.checks.client"]
 
 
-# Modules still over the limit, each split on another branch of issue 22; an entry goes when
-# its module is split (the test then holds it under the limit).
-LONG: dict[str, str] = {}
-MAX_LINES = 400
+# A guide, not a rule (issue 33): a module is cut where its responsibilities part, not at a
+# line count -- one idea split across files by size (a class split by inheritance, a ctx handed
+# back and forth) costs more than a long module.  The test reports the modules over the guide
+# so a reviewer looks at them; it never fails on a length.
+GUIDE_LINES = 400
 
 
-def test_no_module_is_over_400_lines():
-    over = {m: n for m, p in MODULES.items() if m not in LONG and (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert over == {}, f"split these modules along a seam (at most {MAX_LINES} lines each): {over}"
+def test_modules_over_the_length_guide_are_reported():
+    over = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > GUIDE_LINES}
+    if over:
+        import warnings
+
+        listed = ", ".join(f"{m} ({n})" for m, n in sorted(over.items(), key=lambda kv: -kv[1]))
+        warnings.warn(f"modules over the {GUIDE_LINES}-line guide (look for a seam of responsibility, not of "
+                      f"size): {listed}", UserWarning, stacklevel=1)

@@ -39,15 +39,21 @@ def schema() -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=1)
-def _validator() -> Any:
+def strict_validator() -> Any:
+    """Draft 2020-12, where an integer is a Python int (JSON Schema counts 1.0 as an
+    integer; a facts file means an int, never a bool): the validator class of the facts
+    schema and of the plugins' facts sections."""
     import jsonschema
 
     base = jsonschema.Draft202012Validator
-    # JSON Schema counts 1.0 as an integer; a facts file means a Python int (and never a bool).
     checker = base.TYPE_CHECKER.redefine(
         "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
-    strict = jsonschema.validators.extend(base, type_checker=checker)
-    return strict(schema())
+    return jsonschema.validators.extend(base, type_checker=checker)
+
+
+@functools.lru_cache(maxsize=1)
+def _validator() -> Any:
+    return strict_validator()(schema())
 
 
 def _show(value: Any) -> str:
@@ -83,13 +89,19 @@ def _schema_error(where: str, data: Any) -> FactsError | None:
 
 
 def _first_schema_error(where: str, data: Any) -> FactsError | None:
+    return first_error(_validator(), data, where)
+
+
+def first_error(validator: Any, data: Any, where: str, prefix: Iterable[Any] = ()) -> FactsError | None:
+    """The first violation of ``validator``'s schema in ``data`` as a one-line FactsError
+    naming ``where`` and the key path (under ``prefix``), or None."""
     # a wrong value before a missing key, the outermost first, keys in a stable order
-    errors = sorted(_validator().iter_errors(data),
+    errors = sorted(validator.iter_errors(data),
                     key=lambda e: (e.validator == "required", len(e.absolute_path), str(list(e.absolute_path))))
     if not errors:
         return None
     error = errors[0]
-    path = list(error.absolute_path)
+    path = [*prefix, *error.absolute_path]
     if error.validator == "required":
         missing = next(k for k in error.validator_value if k not in error.instance)
         sub = error.schema.get("properties", {}).get(missing, {})
@@ -175,6 +187,8 @@ def _build(data: dict[str, Any], origin: str) -> Facts:
         cuda_visible_devices=data.get("cuda_visible_devices"),
         ucx_transports=None if data["ucx_transports"] is None else list(data["ucx_transports"]),
         packages=dict(data["packages"]),
+        # the plugins' own facts, by section (validated by each plugin's schema fragment)
+        sections=copy.deepcopy(dict(data.get("sections") or {})),
         origin=origin,
         schema=SCHEMA_VERSION,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpudask.errors import FactsError
@@ -96,10 +96,18 @@ class Facts:
     packages: dict[str, str | None]
     origin: str  # "probed", or the path of the facts file
     schema: int = SCHEMA_VERSION
+    # the plugins' own facts, by section name (gpudask.facts.sections): read with section()
+    sections: dict[str, Any] = field(default_factory=dict)
 
     @property
     def described(self) -> bool:
         return self.origin != "probed"
+
+    def section(self, name: str) -> Any:
+        """The facts section ``name`` a plugin declared (``gpudask_facts_sections``): probed
+        on a real host, read from a described host's ``sections``; None when the described
+        host does not say."""
+        return self.sections.get(name)
 
     @property
     def cuda_major(self) -> int | None:
@@ -118,6 +126,8 @@ class Facts:
             "cuda_visible_devices": self.cuda_visible_devices,
             "ucx_transports": None if self.ucx_transports is None else list(self.ucx_transports),
             "packages": dict(self.packages),
+            # only when a plugin's section is there: facts without one read as before
+            **({"sections": copy.deepcopy(self.sections)} if self.sections else {}),
         }
 
     def gpu_by_index(self, index: int) -> GPU:

@@ -1,0 +1,108 @@
+"""Facts a plugin owns: its section of a host's facts.
+
+A plugin declares a :class:`FactsSection` (``gpudask_facts_sections``): a name, a JSON
+Schema fragment for the section's value and a probe.  On a real host the probe reads the
+section (in the process that probes, like the core's facts); on a described host the
+section is read from the facts file's ``sections`` object, ``{"sections": {name: value}}``.
+Either way the value is validated with the plugin's fragment (one line naming the file or
+the probe, the key path and the fragment's ``x-accepts`` text), kept in
+``facts.sections[name]`` and read with ``ctx.facts.section(name)``.  A described host
+without the section gives None: the plugin says what an unknown fact means.
+
+``jsonschema`` is imported only when a section is validated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from gpudask.errors import FactsError, PluginError
+
+if TYPE_CHECKING:
+    from gpudask.facts.model import Facts
+
+
+@dataclass(frozen=True)
+class FactsSection:
+    """A section of a host's facts owned by one plugin (``facts.section(name)``).
+
+    ``schema``: a JSON Schema (draft 2020-12) fragment for the section's value; its
+    ``x-accepts`` texts (on it or on its properties) are what the one-line errors say is
+    accepted.  ``probe(facts)``: the section's value on this host, from the core's facts
+    (run only on a real host, never on a described one; it must not create a CUDA context).
+    """
+
+    name: str
+    schema: Mapping[str, Any]
+    probe: Callable[[Facts], Any]
+
+
+def check_declared(plugin: str, distribution: str | None, result: Any, taken: Mapping[str, str]) -> list[FactsSection]:
+    """A plugin's ``gpudask_facts_sections`` result, checked: a list of FactsSection with
+    names of their own (``taken``: name -> the plugin that has it) and schemas JSON Schema
+    accepts."""
+    hook = "gpudask_facts_sections"
+    out: list[FactsSection] = []
+    for section in result or []:
+        if not isinstance(section, FactsSection) or not isinstance(section.name, str) or not section.name \
+                or not isinstance(section.schema, Mapping) or not callable(section.probe):
+            raise PluginError(plugin, distribution, hook, f"returned {section!r:.80}; expected "
+                              "gpudask.pluginapi.FactsSection(name, schema, probe) with a JSON Schema mapping")
+        if section.name in taken:
+            raise PluginError(plugin, distribution, hook, f"facts section {section.name!r} is plugin "
+                              f"{taken[section.name]!r}'s; accepted: a section name of its own")
+        problem = _schema_problem(section.schema)
+        if problem is not None:
+            raise PluginError(plugin, distribution, hook, f"facts section {section.name!r}: its schema is not "
+                              f"valid JSON Schema: {problem}")
+        out.append(section)
+    return out
+
+
+def with_sections(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> Facts:
+    """``facts`` with every declared section: taken from the facts (a described host's file,
+    or facts handed on by a planning parent) or probed on a real host, then validated."""
+    sections = dict(facts.sections)
+    for plugin, section in declared:
+        if section.name in sections:
+            value = sections[section.name]
+        elif facts.described:
+            continue  # the file does not describe it: None for the plugin
+        else:
+            try:
+                value = section.probe(facts)
+            except FactsError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a probe's failure names its plugin
+                raise PluginError(plugin, None, f"the probe of facts section {section.name!r}", e) from e
+            sections[section.name] = value
+        error = section_error(facts.where(), section, value, plugin)
+        if error is not None:
+            raise error
+    return facts if sections == facts.sections else replace(facts, sections=sections)
+
+
+def section_error(where: str, section: FactsSection, value: Any, plugin: str) -> FactsError | None:
+    """The first place ``value`` leaves the section's schema, as one line, or None."""
+    from gpudask.facts.loader import first_error
+
+    error = first_error(_validator(section.schema), value, where, ["sections", section.name])
+    return None if error is None else FactsError(f"{error} (facts section of plugin {plugin!r})")
+
+
+def _validator(schema: Mapping[str, Any]) -> Any:
+    from gpudask.facts.loader import strict_validator
+
+    return strict_validator()(dict(schema))
+
+
+def _schema_problem(schema: Mapping[str, Any]) -> str | None:
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(dict(schema))
+    except jsonschema.SchemaError as e:
+        return " ".join(str(e.message).split())[:200]
+    return None
