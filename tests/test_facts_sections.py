@@ -1,0 +1,96 @@
+"""Facts a plugin owns (``gpudask_facts_sections``): probed on a real host, read from a
+described host's ``sections``, validated by the plugin's schema fragment, carried with the
+facts; the core knows none of them."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from conftest import HOSTS
+from gpudask import bootstrap, hookimpl
+from gpudask.errors import FactsError, PluginError
+from gpudask.pluginapi import FactsSection
+from gpudask.testing import facts_file, plan_for
+
+SCHEMA = {"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean", "x-accepts": "true or false"}}}
+
+
+def owner(name="owner", section="thing", schema=SCHEMA, probe=lambda facts: {"ok": True}, calls=None):
+    plugin = types.SimpleNamespace(name=name, priority=300)
+
+    def gpudask_facts_sections():
+        if calls is not None:
+            calls.append(name)
+        return [FactsSection(section, schema, probe)]
+
+    def gpudask_plan_process(ctx, plan):
+        if plan.role == "worker":
+            plan.note(f"thing={ctx.facts.section(section)}", "its facts")
+
+    plugin.gpudask_facts_sections = hookimpl(gpudask_facts_sections)
+    plugin.gpudask_plan_process = hookimpl(gpudask_plan_process)
+    return plugin
+
+
+def test_a_described_host_gives_its_section_and_the_plan_carries_it(tmp_path):
+    path = facts_file(tmp_path, "single-gpu", sections={"thing": {"ok": False}, "nobody's": [1]})
+    host = plan_for(path, "tcp", plugins=[owner()])
+    assert host.facts.section("thing") == {"ok": False} and host.facts.section("nobody's") == [1]  # kept, unread
+    assert "thing={'ok': False}" in [r.decision for r in host.workers[0].reasons]
+    again = type(host).from_json(host.to_json(), bootstrap.inputs(facts_path=path, extra_plugins=()))
+    assert again.facts.section("thing") == {"ok": False}  # a nanny's workers read it from the host plan
+
+
+def test_a_described_host_without_the_section_gives_none():
+    host = plan_for("single-gpu", "tcp", plugins=[owner()])
+    assert host.facts.section("thing") is None and "sections" not in host.facts.to_dict()
+    assert "thing=None" in [r.decision for r in host.workers[0].reasons]
+
+
+def test_a_real_host_is_probed_once_per_bootstrap(monkeypatch):
+    data = json.loads((HOSTS / "single-gpu.json").read_text())
+    monkeypatch.setenv("GPUDASK_PROBED_FACTS", json.dumps(data))  # this host, as a probe found it
+    probed = []
+    plugin = owner(probe=lambda facts: probed.append(facts.hostname) or {"ok": True})
+    one = bootstrap.plan_host("tcp", extra_plugins=[plugin])
+    bootstrap.plan_host("tcp", 2, extra_plugins=[plugin])
+    assert probed == [data["hostname"]] and one.facts.section("thing") == {"ok": True}
+    assert one.to_dict()["facts"]["sections"] == {"thing": {"ok": True}}  # published with the facts
+
+
+@pytest.mark.parametrize("probe, message", [
+    (lambda facts: {"ok": "yes"}, "probed host: key 'sections.thing.ok' must be true or false, got 'yes' "
+                                  "(facts section of plugin 'owner')"),
+    (lambda facts: 1 / 0, "gpudask plugin 'owner' failed in the probe of facts section 'thing': ZeroDivisionError: "),
+])
+def test_a_probe_that_fails_or_returns_what_its_schema_refuses_is_one_line(monkeypatch, probe, message):
+    monkeypatch.setenv("GPUDASK_PROBED_FACTS", (HOSTS / "single-gpu.json").read_text())
+    with pytest.raises((FactsError, PluginError)) as info:
+        bootstrap.plan_host("tcp", extra_plugins=[owner(probe=probe)])
+    assert "\n" not in str(info.value) and str(info.value).startswith(message)
+
+
+def test_a_described_section_its_schema_refuses_is_one_line(tmp_path):
+    path = facts_file(tmp_path, "single-gpu", sections={"thing": {}})
+    with pytest.raises(FactsError) as info:
+        plan_for(path, "tcp", plugins=[owner()])
+    assert str(info.value) == (f"{path}: key 'sections.thing.ok' is missing (expected true or false) "
+                               "(facts section of plugin 'owner')")
+
+
+@pytest.mark.parametrize("plugins, message", [
+    ([owner(), owner(name="second")], "gpudask plugin 'second' failed in gpudask_facts_sections: facts "
+                                      "section 'thing' is plugin 'owner''s; accepted: a section name of its own"),
+    ([owner(schema={"type": "nothing"})], "failed in gpudask_facts_sections: facts section 'thing': its schema is "
+                                          "not valid JSON Schema"),
+    ([types.SimpleNamespace(name="odd", gpudask_facts_sections=hookimpl(lambda: ["thing"]))],
+     "gpudask plugin 'odd' failed in gpudask_facts_sections: returned 'thing'; expected "
+     "gpudask.pluginapi.FactsSection"),
+])
+def test_a_bad_declaration_is_refused_in_one_line(plugins, message):
+    with pytest.raises(PluginError) as info:
+        plan_for("single-gpu", "tcp", plugins=plugins)
+    assert "\n" not in str(info.value) and message in str(info.value)
