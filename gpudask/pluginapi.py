@@ -3,7 +3,8 @@
 Built-in plugins (``gpudask.plugins.*``), ``contrib/`` and third-party plugins import
 from this module only (and from the standard library and third-party libraries); a
 test holds the built-ins and ``contrib/`` to it.  What is here is kept stable; anything
-else in ``gpudask`` may move.  Nothing in gpudask's core imports this module.
+else in ``gpudask`` may move.  Nothing in gpudask's core imports this module, and it imports nothing above the plan
+stage (the apply stage answers :func:`applied_role` through :mod:`gpudask.plan.applied`).
 
 * hooks: :data:`hookimpl` (the hooks are documented in docs/hooks.md);
 * settings: :class:`Option` and its parsers; read values with ``ctx.setting(key)``;
@@ -37,6 +38,7 @@ from gpudask.facts.statedir import host_lock
 from gpudask.findings import Finding, ProcessSide, fingerprint
 from gpudask.hookspecs import hookimpl
 from gpudask.plan import HostPlan, PlanContext, ProcessPlan, cpu_ranges
+from gpudask.plan.applied import applied_role
 from gpudask.plan.gpus import process_gpu, workers_sharing_gpu
 from gpudask.plan.published import (PUBLISHED_KEY, AppliedState, CudaContextState, Mismatch, PlannedActual, PluginInfo,
                                     Published, PublishedPlan, PublishedReason)
@@ -63,13 +65,3 @@ __all__ = [
     "parse_ucx_tls", "tls_enables", "ucxx_creates_cuda_context", "ucx_supports", "process_gpu",
     "workers_sharing_gpu", "cpu_ranges", "format_bytes", "parse_bytes",
 ]
-
-
-def applied_role() -> str | None:
-    """The role whose plan this process applied (``"scheduler"``, ``"nanny"``, ``"worker"``,
-    ``"client"``), or None.  A scheduler or nanny inside a client's process (a LocalCluster)
-    runs with the client's plan: an apply hook checking "this process" asks this first."""
-    from gpudask.apply.process import current
-
-    session = current()
-    return session.role if session is not None and session.applied else None

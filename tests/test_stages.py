@@ -216,3 +216,18 @@ def test_modules_over_the_length_guide_are_reported():
         listed = ", ".join(f"{m} ({n})" for m, n in sorted(over.items(), key=lambda kv: -kv[1]))
         warnings.warn(f"modules over the {GUIDE_LINES}-line guide (look for a seam of responsibility, not of "
                       f"size): {listed}", UserWarning, stacklevel=1)
+
+
+def test_the_plugin_api_depends_on_nothing_above_the_plan_stage():
+    """Issue 33: the stable API a plugin imports pulls in the plan stage and below, not the
+    bootstrap, the checks or the apply stage (the apply stage answers applied_role() through
+    gpudask.plan.applied)."""
+    above = STAGES[STAGES.index("plan") + 1:]
+    reached, todo = set(), ["gpudask.pluginapi"]
+    while todo:
+        module = todo.pop()
+        for target in imports(module):
+            if target in MODULES and target not in reached:
+                reached.add(target)
+                todo.append(target)
+    assert sorted(m for m in reached if stage(m) in above) == []

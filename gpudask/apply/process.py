@@ -22,7 +22,7 @@ from typing import Any, cast
 from gpudask import bootstrap
 from gpudask.apply import hostfile, runtime
 from gpudask.bootstrap import plan_host
-from gpudask.plan import HostPlan, ProcessPlan, UserValues
+from gpudask.plan import HostPlan, ProcessPlan, UserValues, applied
 from gpudask.plan.published import Published
 
 logger = logging.getLogger("distributed.gpudask")
@@ -71,6 +71,13 @@ _MEMORY_SETUP: dict[int, dict[str, Any]] = {}
 
 def current() -> Session | None:
     return _SESSION
+
+
+def _applied_role() -> str | None:
+    return _SESSION.role if _SESSION is not None and _SESSION.applied else None
+
+
+applied.set_role_source(_applied_role)  # what gpudask.pluginapi.applied_role() answers
 
 
 def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = None,
