@@ -1,9 +1,11 @@
 """The plan ``gpudask info --json`` prints for every described host, held against golden files.
 
 The files in ``tests/golden/`` were written before the stage packages moved; a difference
-is a behaviour change and needs the issue that explains it, in the same commit.  Regenerate
-one with ``gpudask info --facts tests/hosts/H.json --protocol P [--nworkers N] --json`` from
-the repository root, with no ``UCX_*``, ``DASK_*`` or ``CUDA_VISIBLE_DEVICES`` exported.
+is a behaviour change and needs the issue that explains it, in the same commit.  They are
+kept per plugin where they can be: each case's plan without its ``plugins`` list, and each
+built-in plugin's entry of that list in ``tests/golden/plugins/NAME.json`` (a new plugin or
+hook changes its own file).  Regenerate them with ``python tests/regenerate_golden.py``
+(autoload off: no installed third-party plugin gets in; it lists what changed, by key path).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import pathlib
 
 import pytest
 from click.testing import CliRunner
+
+from regenerate_golden import PLUGINS, assemble
 
 ROOT = pathlib.Path(__file__).parent.parent
 GOLDEN = sorted((ROOT / "tests" / "golden").glob("*.json"))
@@ -33,8 +37,14 @@ def test_plan_matches_golden(path, monkeypatch):
         args += ["--nworkers", nworkers]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == json.loads(path.read_text())
+    assert json.loads(result.output) == assemble(path)
 
 
 def test_there_are_golden_plans():
     assert len(GOLDEN) >= 70
+
+
+def test_each_builtin_plugin_has_its_golden_entry_and_nothing_else_has_one():
+    from gpudask.registration import BUILTIN_PLUGINS
+
+    assert sorted(p.stem for p in PLUGINS.glob("*.json")) == sorted(name for name, _ in BUILTIN_PLUGINS)
