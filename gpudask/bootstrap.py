@@ -213,7 +213,7 @@ def _build(facts_path: str | os.PathLike[str] | None, config_file: str | os.Path
 
     plugins = _plugins(config_file, extras, user_env, user_config, kept)
     # the core's facts, then the plugins' own sections (read from a described host, probed on a real one)
-    facts = with_sections(get_facts(facts_path), plugins.manager.facts_sections())
+    facts = with_sections(get_facts(facts_path, plugins.manager.facts_packages()), plugins.manager.facts_sections())
     return PlanInputs(facts, plugins.settings, plugins.manager, plugins.env, plugins.config)
 
 

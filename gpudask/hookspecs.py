@@ -138,6 +138,24 @@ def gpudask_facts_sections() -> list[FactsSection] | None:
 
 
 @hookspec
+def gpudask_facts_packages() -> dict[str, list[str]] | None:
+    """Name the installed packages this plugin reads from ``ctx.facts.packages``.
+
+    **When:** called before this host is probed for a plan.  **Called in:** every process
+    that builds plan inputs on a real host (a described host's file lists its packages).
+
+    :return: ``{key: [distribution, ...]}`` or None: ``facts.packages[key]`` is the version of
+        the first of the distributions installed (``{"rmm": ["rmm", "rmm-cu12",
+        "rmm-cu13"]}``), None when none is.  The core probes only its own (``python``,
+        ``dask``, ``distributed``, ``nvidia-ml-py``, ``gpudask``).
+
+    **Combined:** the keys of all plugins; a key two plugins name keeps the first one's
+    distributions (priority order).  **Failure:** raising or returning something else than
+    such a dict stops the process (one line naming the plugin).
+    """
+
+
+@hookspec
 def gpudask_validate(ctx: PlanContext) -> None:
     """Check the settings and the facts before any plugin decides.
 

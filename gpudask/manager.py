@@ -164,6 +164,21 @@ class PluginManager(Registry):
                 out.append((plugin.name, section))
         return out
 
+    def facts_packages(self) -> dict[str, list[str]]:
+        """The packages the plugins read: ``{key: distributions}``, the first plugin's wins."""
+        out: dict[str, list[str]] = {}
+        for plugin, result in self._call("gpudask_facts_packages"):
+            if result is None:
+                continue
+            if not isinstance(result, Mapping) or not all(
+                    isinstance(k, str) and k and isinstance(v, (list, tuple)) and v and all(isinstance(d, str) for d in v)
+                    for k, v in result.items()):
+                raise PluginError(plugin.name, plugin.distribution, "gpudask_facts_packages",
+                                  f"returned {result!r:.80}; expected {{key: [distribution, ...]}} of strings")
+            for key, dists in result.items():
+                out.setdefault(key, list(dists))
+        return out
+
     def validate(self, ctx: PlanContext) -> None:
         self._call("gpudask_validate", ctx=ctx)
 

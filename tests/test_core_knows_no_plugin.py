@@ -29,7 +29,6 @@ REGISTRIES = {"gpudask/registration.py"}
 NOT_PLUGIN_WORDS = {
     ("*", "tcp"): "distributed's protocol name (tcp://), which the core parses and defaults to",
     ("*", "forkserver"): "multiprocessing's start method, a core field of the plan (multiprocessing_method)",
-    ("gpudask/facts/probe.py", "rmm"): "an installed distribution whose version is a fact of the host",
     ("gpudask/facts/probe.py", "infiniband"): "the sysfs class of the host's InfiniBand ports, a fact of the host",
 }
 

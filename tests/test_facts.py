@@ -624,7 +624,7 @@ def test_get_facts_probed_cache(monkeypatch):
 def test_get_facts_probes_once(monkeypatch):
     calls = []
     real = F.probe_facts
-    monkeypatch.setattr(F, "probe_facts", lambda: calls.append(1) or real())
+    monkeypatch.setattr(F, "probe_facts", lambda packages=None: calls.append(1) or real(packages))
     a = F.get_facts()
     b = F.get_facts()
     assert a is b and a.origin == "probed" and calls == [1]

@@ -94,3 +94,27 @@ def test_a_bad_declaration_is_refused_in_one_line(plugins, message):
     with pytest.raises(PluginError) as info:
         plan_for("single-gpu", "tcp", plugins=plugins)
     assert "\n" not in str(info.value) and message in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:unknown gpudask setting")  # rmm disabled after its defaults were registered here
+def test_the_package_list_is_the_plugins(monkeypatch):
+    """The core probes the packages it runs on; each plugin names the ones it reads
+    (gpudask_facts_packages): rmm rmm and torch, tcp the UCX packages, scheduler-parity what it
+    compares -- the keys a probe had before."""
+    from gpudask.facts.probe import CORE_PACKAGES
+
+    assert set(CORE_PACKAGES) == {"dask", "distributed", "nvidia-ml-py", "gpudask"}
+    inputs = bootstrap.inputs()
+    assert set(inputs.facts.packages) == {"python", "dask", "distributed", "nvidia-ml-py", "gpudask", "cupy", "rmm",
+                                          "cudf", "dask-cudf", "ucxx", "distributed-ucxx", "numba", "dask-cuda", "torch"}
+    wanted = inputs.manager.facts_packages()
+    assert wanted["rmm"] == ["rmm", "rmm-cu12", "rmm-cu13"] and "distributed-ucxx" in wanted
+    bootstrap.reset()
+    from gpudask import facts as F
+
+    F.clear_cache()
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "scheduler-parity,rmm")
+    assert "cudf" not in bootstrap.inputs().facts.packages and "torch" not in bootstrap.inputs().facts.packages
+    bad = types.SimpleNamespace(name="bad", gpudask_facts_packages=hookimpl(lambda: {"x": "x-dist"}))
+    with pytest.raises(PluginError, match="failed in gpudask_facts_packages: returned {'x': 'x-dist'}; expected"):
+        bootstrap.inputs(extra_plugins=[bad])

@@ -46,6 +46,12 @@ _RESULT: dict[str, Any] | None = None  # what was done in this process (a second
 
 
 @hookimpl
+def gpudask_facts_packages() -> dict[str, list[str]]:
+    # both must be installed for PyTorch to allocate through RMM
+    return {"torch": ["torch"], "rmm": ["rmm", "rmm-cu12", "rmm-cu13"]}
+
+
+@hookimpl
 def gpudask_config_options() -> list[Option]:
     return [Option(ENABLED, True,
                    "Point PyTorch's CUDA allocator at RMM in workers (plugin torch-rmm; needs torch and rmm in the "

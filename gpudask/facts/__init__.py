@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from gpudask.errors import FactsError
@@ -46,12 +47,14 @@ def _cached_env(text: str) -> Facts:
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_probe() -> Facts:
-    return probe_facts()
+def _cached_probe(packages: tuple[tuple[str, tuple[str, ...]], ...]) -> Facts:
+    return probe_facts(dict(packages))
 
 
-def get_facts(path: str | os.PathLike[str] | None = None) -> Facts:
-    """Facts for this process: ``path`` > $GPUDASK_FACTS > $GPUDASK_PROBED_FACTS > a probe.
+def get_facts(path: str | os.PathLike[str] | None = None,
+              packages: Mapping[str, Sequence[str]] | None = None) -> Facts:
+    """Facts for this process: ``path`` > $GPUDASK_FACTS > $GPUDASK_PROBED_FACTS > a probe
+    (``packages``: the packages the plugins read, probed beside the core's).
 
     Cached per process.  A described file is taken as it is, its
     ``cuda_visible_devices`` included.  Probed facts (fresh or handed in through
@@ -62,7 +65,8 @@ def get_facts(path: str | os.PathLike[str] | None = None) -> Facts:
     if path:
         return _cached_file(os.fspath(path))
     text = os.environ.get("GPUDASK_PROBED_FACTS")
-    facts = _cached_env(text) if text else _cached_probe()
+    wanted = tuple((key, tuple(dists)) for key, dists in (packages or {}).items())
+    facts = _cached_env(text) if text else _cached_probe(wanted)
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     if facts.cuda_visible_devices != cvd:
         facts = replace(facts, cuda_visible_devices=cvd)

@@ -10,6 +10,7 @@ rmm, ucxx, torch) is imported at all.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpudask.facts.model import GPU, Facts, IBDevice
@@ -19,20 +20,13 @@ from gpudask.facts.ucx_info import ucx_unused_variables as ucx_unused_variables
 # Where sysfs lives; tests point $GPUDASK_SYSFS_ROOT at a fake tree instead.
 SYSFS_ROOT = "/sys"
 
-# packages[key] = version of the first of these distributions that is installed.
-_PACKAGE_DISTS: dict[str, tuple[str, ...]] = {
+# packages[key] = version of the first of these distributions that is installed: the core's
+# own (what gpudask itself runs on); each plugin adds the packages it reads
+# (gpudask_facts_packages), so the list is the plugins', not the core's
+CORE_PACKAGES: dict[str, tuple[str, ...]] = {
     "dask": ("dask",),
     "distributed": ("distributed",),
-    "cupy": ("cupy", "cupy-cuda12x", "cupy-cuda13x"),
-    "rmm": ("rmm", "rmm-cu12", "rmm-cu13"),
-    "cudf": ("cudf", "cudf-cu12", "cudf-cu13"),
-    "dask-cudf": ("dask-cudf", "dask-cudf-cu12", "dask-cudf-cu13"),
-    "ucxx": ("ucxx", "ucxx-cu12", "ucxx-cu13"),
-    "distributed-ucxx": ("distributed-ucxx", "distributed-ucxx-cu12", "distributed-ucxx-cu13"),
-    "numba": ("numba",),
     "nvidia-ml-py": ("nvidia-ml-py",),
-    "dask-cuda": ("dask-cuda",),
-    "torch": ("torch",),
     "gpudask": ("gpudask",),
 }
 
@@ -152,11 +146,11 @@ def _probe_net_interfaces() -> dict[str, list[str]]:
     }
 
 
-def _probe_packages() -> dict[str, str | None]:
+def _probe_packages(declared: Mapping[str, Sequence[str]] | None = None) -> dict[str, str | None]:
     import importlib.metadata as md
     import platform
 
-    def version(dists: tuple[str, ...]) -> str | None:
+    def version(dists: Sequence[str]) -> str | None:
         for dist in dists:
             try:
                 return md.version(dist)
@@ -165,7 +159,10 @@ def _probe_packages() -> dict[str, str | None]:
         return None
 
     packages: dict[str, str | None] = {"python": platform.python_version()}
-    packages.update({key: version(dists) for key, dists in _PACKAGE_DISTS.items()})
+    wanted = dict(CORE_PACKAGES)
+    for key, dists in (declared or {}).items():
+        wanted.setdefault(key, tuple(dists))
+    packages.update({key: version(dists) for key, dists in wanted.items()})
     return packages
 
 
@@ -298,8 +295,10 @@ def _probe_nvlink(pynvml: Any, nv: Any, devices: list[tuple[GPU, Any]]) -> None:
         gpu.nvlink_peers = sorted(peers - {gpu.index})
 
 
-def probe_facts() -> Facts:
-    """Probe this host.  Never creates a CUDA context."""
+def probe_facts(packages: Mapping[str, Sequence[str]] | None = None) -> Facts:
+    """Probe this host.  Never creates a CUDA context.  ``packages``: the packages the
+    plugins read, ``{key: distribution names}`` (the first installed one's version), beside
+    the core's own (:data:`CORE_PACKAGES`)."""
     import socket
 
     driver, cuda, gpus = _probe_nvml()
@@ -313,6 +312,6 @@ def probe_facts() -> Facts:
         net_interfaces=_probe_net_interfaces(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         ucx_transports=probe_ucx_transports(),
-        packages=_probe_packages(),
+        packages=_probe_packages(packages),
         origin="probed",
     )

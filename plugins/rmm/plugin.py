@@ -57,6 +57,12 @@ REQUEST_ALLOCATES_THROUGH = "allocates_through"
 
 
 @hookimpl
+def gpudask_facts_packages() -> dict[str, list[str]]:
+    # pools only where rmm is installed; torch's allocator is pointed at RMM when asked
+    return {"rmm": ["rmm", "rmm-cu12", "rmm-cu13"], "torch": ["torch"]}
+
+
+@hookimpl
 def gpudask_config_options() -> list[Option]:
     return options()
 

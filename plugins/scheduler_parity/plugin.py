@@ -39,6 +39,19 @@ priority = 200
 PACKAGES_KEY = "gpudask.scheduler-parity.packages"
 DEFAULT_PACKAGES = ["python", "dask", "distributed", "cupy", "rmm", "cudf", "dask-cudf", "ucxx", "distributed-ucxx",
                     "numba", "nvidia-ml-py"]
+# packages[key] = the version of the first of these distributions installed: every key the
+# comparison may name (the core probes python, dask, distributed, nvidia-ml-py, gpudask itself)
+PACKAGE_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "cupy": ("cupy", "cupy-cuda12x", "cupy-cuda13x"),
+    "rmm": ("rmm", "rmm-cu12", "rmm-cu13"),
+    "cudf": ("cudf", "cudf-cu12", "cudf-cu13"),
+    "dask-cudf": ("dask-cudf", "dask-cudf-cu12", "dask-cudf-cu13"),
+    "ucxx": ("ucxx", "ucxx-cu12", "ucxx-cu13"),
+    "distributed-ucxx": ("distributed-ucxx", "distributed-ucxx-cu12", "distributed-ucxx-cu13"),
+    "numba": ("numba",),
+    "dask-cuda": ("dask-cuda",),
+    "torch": ("torch",),
+}
 UCX = ("ucx", "ucxx")
 # Compute capability below which RAPIDS (rmm, cudf) does not run (Volta, 7.0).
 RAPIDS_MIN_CC = (7, 0)
@@ -61,6 +74,13 @@ _VERSION_IMPACT = {
     "distributed": "messages and graphs may be understood differently (distributed warns as well)",
 }
 _DEFAULT_VERSION_IMPACT = "objects serialised with one version may fail to load with the other"
+
+
+@hookimpl
+def gpudask_facts_packages() -> dict[str, list[str]]:
+    """The packages whose versions the scheduler and the workers are compared on (the keys
+    gpudask.scheduler-parity.packages may name)."""
+    return {key: list(dists) for key, dists in PACKAGE_DISTRIBUTIONS.items()}
 
 
 @hookimpl

@@ -45,6 +45,13 @@ def parse_timeout(value: Any) -> float | None:
 
 
 @hookimpl
+def gpudask_facts_packages() -> dict[str, list[str]]:
+    # a ucx:// plan needs distributed-ucxx (gpudask_validate says which one is missing)
+    return {"ucxx": ["ucxx", "ucxx-cu12", "ucxx-cu13"],
+            "distributed-ucxx": ["distributed-ucxx", "distributed-ucxx-cu12", "distributed-ucxx-cu13"]}
+
+
+@hookimpl
 def gpudask_config_options() -> list[Option]:
     return [
         Option(MODE, AUTO, "How UCX transports are chosen: auto (from the hardware, per worker), explicit (only the "
