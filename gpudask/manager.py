@@ -4,15 +4,16 @@ In the manner of tox's plugin manager, the rest of gpudask calls
 ``manager.select_transport(ctx, plan)``, never ``pm.hook.x``.  Which plugins load and how
 they are registered is :mod:`gpudask.registration`'s (:class:`~gpudask.registration.Registry`,
 :data:`BUILTIN_PLUGINS`, :data:`ESSENTIAL_PLUGINS`, re-exported here); this module calls
-them: one implementation at a time in priority order, so that a failure names the plugin,
-its distribution and the hook, and reasons are attributed to the plugin that made them;
-and traces the calls (``enable_tracing``, through pluggy's tracer).
+them: one plugin at a time in priority order, each through pluggy's hook caller for that
+plugin alone (``PluginManager.subset_hook_caller`` without every other plugin, cached per
+hook and plugin), so that a failure names the plugin, its distribution and the hook, reasons
+are attributed to the plugin that made them, and a hook that isolates failures lets the
+others run; and traces the calls (``enable_tracing``, through pluggy's
+``add_hookcall_monitoring``).
 
-Only pluggy's public API is used: the implementations come from
-``HookCaller.get_hookimpls()`` and gpudask calls each one's ``function`` itself, with the
-arguments it names.  What pluggy would order or wrap differently -- hook wrappers
-(``wrapper=True``, ``hookwrapper=True``) and ``tryfirst``/``trylast`` -- is refused at
-registration: gpudask's order is the plugin's ``priority``.
+Only pluggy's public API is used.  What pluggy would order or wrap differently -- hook
+wrappers (``wrapper=True``, ``hookwrapper=True``) and ``tryfirst``/``trylast`` -- is refused
+at registration: gpudask's order is the plugin's ``priority``.
 """
 
 from __future__ import annotations
