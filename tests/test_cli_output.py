@@ -155,7 +155,8 @@ def test_plugins_lists_a_plugin_that_cannot_be_imported_as_broken_and_exits_1(tm
                                                               "Version: 0.1\n")
     (site / "brokenplug-0.1.dist-info" / "entry_points.txt").write_text("[gpudask]\nbroken = brokenplug\n")
     (site / "brokenplug.py").write_text("import no_such_module_here\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+           "GPUDASK_LOAD_PLUGINS": "broken"}  # the session's autoload is off: loaded by name
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "plugins", "--json"], capture_output=True, text=True,
                          env=env, timeout=60)
     assert out.returncode == 1

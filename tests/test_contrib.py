@@ -138,9 +138,11 @@ def test_decision_in_gpudask_info_for_a_described_host(tmp_path):
 
 
 def _facts_with_torch(tmp_path) -> str:
-    """The 2-GPU workstation, with torch installed (the plugin's condition)."""
+    """The 2-GPU workstation, with torch installed (the plugin's condition) and GPUDirect
+    Storage (gds's own facts section)."""
     data = json.loads((ROOT / "tests" / "hosts" / "workstation-2gpu-pcie.json").read_text())
     data["packages"]["torch"] = "2.9.0"
+    data["sections"] = {"gds": {"nvidia_fs": "2.17.5", "cufile_json": None}}
     path = tmp_path / "workstation-with-torch.json"
     path.write_text(json.dumps(data))
     return str(path)
@@ -172,6 +174,9 @@ def test_hooks_run_in_the_right_processes_of_a_real_cluster(cluster, tmp_path):
         # its decision is in the plan reasons; its worker hook ran in that worker process
         reasons = [r for r in published["plan"]["reasons"] if r["plugin"] == "torch-rmm"]
         assert [r["decision"] for r in reasons] == ["asks rmm: allocates_through=['torch']", "torch allocator: rmm"]
+        # gds's own fact crossed to the worker process with the facts; its decision took effect there
+        assert published["facts"]["sections"] == {"gds": {"nvidia_fs": "2.17.5", "cufile_json": None}}
+        assert published["plan"]["env"]["KVIKIO_COMPAT_MODE"] == "OFF" == published["applied"]["env"]["KVIKIO_COMPAT_MODE"]
         memory = published["memory"]["torch-rmm"]
         assert memory["pid"] == pids[address]
         assert memory["torch_allocator"] == "default" and memory["why"].startswith("host described by")
