@@ -93,7 +93,9 @@ def test_found_ordered_by_priority_and_listed():
     for dist, (name, priority) in PACKAGES.items():
         assert by_name[name]["source"] == "entry point" and by_name[name]["distribution"] == dist
         assert by_name[name]["priority"] == priority
-    assert by_name["torch-rmm"]["hooks"] == ["gpudask_config_options", "gpudask_plan_finish", "gpudask_plan_process", "gpudask_setup_memory"]
+    assert by_name["torch-rmm"]["hooks"] == ["gpudask_config_options", "gpudask_facts_packages", "gpudask_plan_finish",
+                                            "gpudask_plan_process", "gpudask_setup_memory"]
+    assert by_name["gds"]["hooks"] == ["gpudask_facts_sections", "gpudask_plan_process"]
     order = [(p["priority"], p["name"]) for p in listed]
     assert order == sorted(order)
     names = [p["name"] for p in listed]
