@@ -57,7 +57,16 @@ def test_info_summary_shows_workers_changes_and_the_command_lines(cli):
     assert plan["scheduler"]["config"]["distributed.rmm.pool-size"] is None
     assert "distributed.rmm.pool-size" not in out
     assert "  dask scheduler --protocol ucx --preload gpudask" in lines
-    assert "  dask worker ucx://SCHEDULER:8786 --nworkers 4 --preload gpudask" in lines
+    assert "  dask worker ucx://SCHEDULER:8786 --nworkers 4 --nthreads 1 --preload gpudask" in lines
+
+
+def test_info_warns_about_gpus_fewer_workers_leave_idle(cli):
+    """dask-cuda starts one worker per GPU: fewer is said, as more is."""
+    out = cli("info", "--facts", "tests/hosts/hgx-4gpu-2ib.json", "--nworkers", "1", columns=200)
+    assert ("warning: 1 worker(s) on a host with 4 visible GPU(s): 3 GPU(s) stay idle; --nworkers 4 gives one "
+            "worker per GPU") in out
+    assert "stay idle" not in cli("info", "--facts", "tests/hosts/hgx-4gpu-2ib.json")
+    assert "stay idle" not in cli("info", "--facts", "tests/hosts/no-gpu.json", "--nworkers", "1")
 
 
 def test_info_reasons_gives_every_decision(cli):
@@ -68,7 +77,7 @@ def test_info_reasons_gives_every_decision(cli):
         for r in process["reasons"]:
             assert f"  [{r['plugin']}] {r['decision']} -- {r['why']}" in full
     assert len(full.splitlines()) > 150
-    assert "dask worker ucx://SCHEDULER:8786 --nworkers 4 --preload gpudask" in full
+    assert "dask worker ucx://SCHEDULER:8786 --nworkers 4 --nthreads 1 --preload gpudask" in full
 
 
 def test_info_command_line_follows_protocol_nworkers_and_interface(cli):

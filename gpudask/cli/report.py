@@ -218,10 +218,22 @@ def _changes_table(host: HostPlan, width: int | None) -> str:
 def worker_command(host: HostPlan, interface: str | None = None) -> list[str]:
     """The stock command lines that start this host's part of a cluster with gpudask."""
     scheduler = f"{host.protocol}://SCHEDULER:8786"
-    worker = f"dask worker {scheduler} --nworkers {host.nworkers} --preload gpudask"
+    # one thread per GPU worker, as dask-cuda (stock's default is CPUs / workers)
+    threads = " --nthreads 1" if host.facts.visible_gpus() else ""
+    worker = f"dask worker {scheduler} --nworkers {host.nworkers}{threads} --preload gpudask"
     if interface:
         worker += f" --interface {interface}"
     return [f"dask scheduler --protocol {host.protocol} --preload gpudask", worker]
+
+
+def display_warnings(host: HostPlan) -> list[str]:
+    """The plan's warnings, and GPUs the planned workers leave idle (fewer workers than GPUs:
+    the plan warns about more)."""
+    gpus = len(host.facts.visible_gpus())
+    idle = [] if not gpus or host.nworkers >= gpus or host.nworkers == 0 else [
+        f"{host.nworkers} worker(s) on a host with {gpus} visible GPU(s): {gpus - host.nworkers} GPU(s) stay idle; "
+        f"--nworkers {gpus} gives one worker per GPU"]
+    return list(host.warnings) + idle
 
 
 def plan_summary(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
@@ -238,7 +250,7 @@ def plan_summary(host: HostPlan, interface: str | None = None, width: int | None
     out = [wrap_text("\n".join(head), width), "", _worker_table(host, width), "", _changes_table(host, width), "",
            wrap_text("Start it (SCHEDULER: the scheduler's host):", width)]
     out += ["  " + line for line in worker_command(host, interface)]  # never wrapped: they are copied whole
-    out += [wrap_text(f"warning: {w}", width) for w in host.warnings]
+    out += [wrap_text(f"warning: {w}", width) for w in display_warnings(host)]
     return "\n".join(out)
 
 
@@ -263,6 +275,6 @@ def plan_table(host: HostPlan, interface: str | None = None, width: int | None =
         if not plan.reasons:
             out.append("  (no decisions)")
     out += ["", "Start it:", *("  " + line for line in worker_command(host, interface))]
-    for warning in host.warnings:
+    for warning in display_warnings(host):
         out.append("\n" + wrap_text(f"warning: {warning}", width))
     return "\n".join(out)
