@@ -35,7 +35,7 @@ def _wrap_cell(text: str, width: int) -> list[str]:
         if len(line) + len(piece.rstrip()) > width and line:
             lines.append(line.rstrip())
             line = ""
-        while len(piece) > width:  # one word wider than the column: cut it, carry on below
+        while len(piece.rstrip()) > width:  # one word wider than the column: cut it, carry on below
             lines.append(piece[:width])
             piece = piece[width:]
         line += piece
@@ -54,7 +54,13 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
         return natural
     # lines[i][w][r]: how many lines cell (r, i) takes in a column w wide
     # a column narrower than _MIN_COLUMN by nature (a "unit" column) keeps its width: count it too
-    lines = [{w: [len(_wrap_cell(row[i], w)) for row in cells] for w in range(min(_MIN_COLUMN, n), n + 1)}
+    # no column narrower than its longest word (a word is cut only when the longest words
+    # of all columns together are wider than the terminal: then the longest ones first)
+    floors = [min(n, max(_MIN_COLUMN, max(len(piece.rstrip()) for r in cells for piece in _BREAK.split(r[i]))))
+              for i, n in enumerate(natural)]
+    while sum(floors) > budget and max(floors) > _MIN_COLUMN:
+        floors[floors.index(max(floors))] -= 1
+    lines = [{w: [len(_wrap_cell(row[i], w)) for row in cells] for w in range(min(floors[i], n), n + 1)}
              for i, n in enumerate(natural)]
 
     def height(widths: list[int]) -> int:
@@ -65,7 +71,7 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
         need, now = sum(widths) - budget, height(widths)
         moves = []
         for i, w in enumerate(widths):
-            for narrower in range(max(_MIN_COLUMN, w - need), w):
+            for narrower in range(max(floors[i], w - need), w):
                 cost = height(widths[:i] + [narrower] + widths[i + 1:]) - now
                 moves.append((cost / (w - narrower), -(w - narrower), i, narrower))
         if not moves:
@@ -264,16 +270,32 @@ def plan_table(host: HostPlan, interface: str | None = None, width: int | None =
         rows.append([w.index, *(value(w, host) for _, value, _ in _WORKER_COLUMNS)])
     out = [wrap_text("\n".join(_header(host)), width), "",
            table(["worker", *(n for n, _, _ in _WORKER_COLUMNS)], rows, width)]
-    for plan in [host.scheduler, host.nanny, host.client, *host.workers]:
-        title = plan.role + (f" {plan.index}" if plan.index is not None else "")
-        extra = {**plan.env, **{k: repr(v) for k, v in plan.config.items()}}
+    # a setting or decision several processes share is said once, under the processes that
+    # share it ("every process", "all but client", "workers", "worker 0,1"); then each
+    # process's own
+    processes = [host.scheduler, host.nanny, host.client, *host.workers]
+    titles = [p.role + (f" {p.index}" if p.index is not None else "") for p in processes]
+    holders: dict[tuple[str, ...], list[str]] = {}
+    for title, plan in zip(titles, processes):
+        items: list[tuple[str, ...]] = [("set", k, v) for k, v in {**plan.env, **{k: repr(v) for k, v in plan.config.items()}}.items()]
+        for item in items + [("why", r.plugin, r.decision, r.why) for r in plan.reasons]:
+            holders.setdefault(item, []).append(title)
+    groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+    for item, where in holders.items():
+        groups.setdefault(tuple(where), []).append(item)
+    order = sorted(groups, key=lambda where: (titles.index(where[0]), -len(where)))
+    for where in order:
+        name = _where(list(where), host.nworkers)
+        name = {"all": "every process", "workers": f"every worker ({host.nworkers})"}.get(name, name)
+        extra = " ".join(f"{item[1]}={item[2]}" for item in groups[where] if item[0] == "set")
         out.append("")
-        out.append(wrap_text(f"{title}:" + ("  " + " ".join(f"{k}={v}" for k, v in extra.items()) if extra else ""),
-                             width, indent="    "))
-        for r in plan.reasons:
-            out.append(wrap_text(f"  [{r.plugin}] {r.decision} -- {r.why}", width, indent="      "))
-        if not plan.reasons:
-            out.append("  (no decisions)")
+        out.append(wrap_text(f"{name}:" + (f"  {extra}" if extra else ""), width, indent="    "))
+        for item in groups[where]:
+            if item[0] == "why":
+                out.append(wrap_text(f"  [{item[1]}] {item[2]} -- {item[3]}", width, indent="      "))
+    for title, plan in zip(titles, processes):
+        if not plan.reasons and not plan.env and not plan.config:
+            out += ["", f"{title}:", "  (no decisions)"]
     out += ["", "Start it:", *("  " + line for line in worker_command(host, interface))]
     for warning in display_warnings(host):
         out.append("\n" + wrap_text(f"warning: {warning}", width))
