@@ -44,7 +44,8 @@ def _answers(url: str) -> int | None:
         return None
 
 
-def _decisions(published: list[dict[str, Any]], n: int, say: Callable[[str], None]) -> None:
+def _decisions(published: list[dict[str, Any]], n: int, say: Callable[[str], None],
+               raw: Callable[[str], None]) -> None:
     """Every plugin's decisions, a decision the workers share said once (naming them)."""
     from gpudask.cli.report import table
 
@@ -56,7 +57,7 @@ def _decisions(published: list[dict[str, Any]], n: int, say: Callable[[str], Non
     rows = [["all" if len(workers) == n and n > 1 else ",".join(workers), plugin, decision, why]
             for (plugin, decision, why), workers in found.items()]
     say("What every plugin decided (full reasons: gpudask info --reasons):")
-    say(table(["workers", "plugin", "decision", "why"], rows) if rows else "(no decisions)")
+    raw(table(["workers", "plugin", "decision", "why"], rows) if rows else "(no decisions)")
     silent = sorted({pl["name"] for p in published for pl in p.get("plugins", [])} - {r[1] for r in rows})
     if silent:
         say(f"plugins with nothing to decide on this host: {', '.join(silent)}")
@@ -64,9 +65,15 @@ def _decisions(published: list[dict[str, Any]], n: int, say: Callable[[str], Non
 
 def run_demo(nworkers: int | None = None, protocol: str = "tcp",
              echo: Callable[[str], None] | None = print, keep: float = 0) -> dict[str, Any]:
-    say = echo or (lambda _line: None)
+    from gpudask.cli.report import table, wrap_text
+
+    raw = echo or (lambda _line: None)  # tables fit the terminal themselves
+
+    def say(line: str) -> None:  # prose wrapped to the terminal between words
+        body = line.strip("\n")
+        raw(line[:line.index(body)] + wrap_text(body) + line[line.index(body) + len(body):] if body else line)
+
     import gpudask
-    from gpudask.cli.report import table
 
     session = gpudask.initialize(protocol=protocol, nworkers=nworkers)
     facts = session.host.facts
@@ -117,7 +124,7 @@ def run_demo(nworkers: int | None = None, protocol: str = "tcp",
         say(f"\n{n} stock dask worker(s) with gpudask ready in {ready:.1f} s; "
             f"(x + x.T).sum() and a rechunk of a {shape[0]}x{shape[1]} {backend} array in {compute:.2f} s "
             f"(sum {total:.1f}, {rechunked:.1f})\n")
-        _decisions(published, n, say)
+        _decisions(published, n, say, raw)
         if keep > 0:
             say(f"\nthe cluster stays up {keep:g} s (--keep {keep:g}) at the pages above; Ctrl-C closes it")
             try:
