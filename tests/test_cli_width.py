@@ -77,3 +77,36 @@ def test_output_at_100_columns_cuts_no_word_and_repeats_no_line(args):
     assert max(len(line) for line in narrow.splitlines()) <= 100
     assert mid_word_breaks(narrow, whole) == []
     assert repeated_lines(whole) == []  # a decision several processes share is said once
+
+
+def test_gpu_uuids_are_shortened_so_each_is_still_told_apart():
+    from gpudask.cli.status import short_uuids
+
+    fake = [f"GPU-00000000-0000-0000-0000-00000000000{i}" for i in range(8)]
+    short = short_uuids(fake)
+    assert short[fake[1]] == "GPU-0000…0001" and len(set(short.values())) == 8
+    real = ["GPU-3f2a6c1e-1b2c-4d5e-8f90-a1b2c3d49c1e", "GPU-3f2a0000-1b2c-4d5e-8f90-a1b2c3d59c1e"]
+    assert short_uuids(real) == {real[0]: "GPU-3f2a…49c1e", real[1]: "GPU-3f2a…59c1e"}
+    assert short_uuids(["MIG-1"]) == {"MIG-1": "MIG-1"}
+
+
+@pytest.mark.process
+def test_check_and_status_at_100_columns_cut_no_word_and_group_what_workers_share(cluster):
+    """2 workers on a described 2-GPU host, the scheduler without a GPU: the same findings
+    for both workers are one row naming both, and the GPUs stay told apart."""
+    cluster.scheduler("--preload", "gpudask")
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", "--nthreads", "1",
+                   env=base_env(GPUDASK_FACTS=host("workstation-2gpu-pcie.json")))
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=60)
+    for command in ("check", "status"):
+        narrow, whole = (subprocess.run([sys.executable, "-m", "gpudask.cli", command, cluster.address],
+                                        capture_output=True, text=True, timeout=120, env=base_env(**env)).stdout
+                         for env in ({"COLUMNS": "100"}, {}))
+        assert max(len(line) for line in narrow.splitlines()) <= 100, narrow
+        assert mid_word_breaks(narrow, whole) == [], narrow
+        assert repeated_lines(whole) == [], whole
+        if command == "check":
+            assert "every worker (2)" in whole and "scheduler-parity" in narrow
+        else:
+            assert "GPU-0000…0000" in narrow and "GPU-0000…0001" in narrow

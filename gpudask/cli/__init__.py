@@ -206,7 +206,7 @@ def status(address: str | None, address_option: str | None, scheduler_file: str 
     field).  The scheduler: ADDRESS, --address ADDRESS or --scheduler-file FILE."""
     from distributed import Client
 
-    from gpudask.checks.client import _probe, scheduler_address
+    from gpudask.checks.client import _probe, scheduler_address, unreachable
     from gpudask.checks.sides import scheme
     from gpudask.cli.report import table
     from gpudask.cli.status import cluster_status, format_status
@@ -218,7 +218,7 @@ def status(address: str | None, address_option: str | None, scheduler_file: str 
         with Client(target, timeout=timeout, set_as_default=False) as client:
             result = cluster_status(client)
     except OSError as e:
-        raise GpudaskError(f"cannot reach the scheduler at {target} within {timeout:g} s: {e}") from None
+        raise GpudaskError(unreachable(target, timeout, e)) from None
     click.echo(json.dumps(result, indent=1, default=str) if as_json else format_status(result, table))
     sys.exit(1 if result["mismatches"] or result["problems"] else 0)
 

@@ -17,6 +17,7 @@ from gpudask.plan import HostPlan, ProcessPlan, cpu_ranges as _cpu_ranges
 
 _GAP = "  "
 _MIN_COLUMN = 6  # narrower than this a column is unreadable: the table overflows instead
+_WHOLE_WORD = 24  # a word up to this long is never cut
 _BREAK = re.compile(r"(?<=[ ,;:/_=|-])")  # a cell may wrap after any of these
 
 
@@ -26,12 +27,24 @@ def terminal_width() -> int | None:
     return columns if columns > 0 else None
 
 
-def _wrap_cell(text: str, width: int) -> list[str]:
+def _pieces(text: str, header: bool = False) -> list[str]:
+    """``text`` cut where a cell may wrap: between words; a word is cut (after a colon,
+    slash, dash ...) only when it is long (a path, a list without spaces), never an address
+    (``tcp://10.0.0.1:8786``) nor a name (``scheduler-parity``)."""
+    out: list[str] = []
+    for word in re.split(r"(?<=[ ,])", text):
+        # a column's header is a label: it may wrap at its underscores (CUDA_/VISIBLE_/DEVICES)
+        whole = "://" in word or (len(word.rstrip(" ,")) <= _WHOLE_WORD and not header)
+        out += [word] if whole else _BREAK.split(word)
+    return [piece for piece in out if piece]
+
+
+def _wrap_cell(text: str, width: int, header: bool = False) -> list[str]:
     if len(text) <= width:
         return [text]
     lines: list[str] = []
     line = ""
-    for piece in _BREAK.split(text):
+    for piece in _pieces(text, header):
         if len(line) + len(piece.rstrip()) > width and line:
             lines.append(line.rstrip())
             line = ""
@@ -56,11 +69,11 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
     # a column narrower than _MIN_COLUMN by nature (a "unit" column) keeps its width: count it too
     # no column narrower than its longest word (a word is cut only when the longest words
     # of all columns together are wider than the terminal: then the longest ones first)
-    floors = [min(n, max(_MIN_COLUMN, max(len(piece.rstrip()) for r in cells for piece in _BREAK.split(r[i]))))
+    floors = [min(n, max(_MIN_COLUMN, max([len(piece.rstrip()) for k, r in enumerate(cells) for piece in _pieces(r[i], k == 0)] or [0])))
               for i, n in enumerate(natural)]
     while sum(floors) > budget and max(floors) > _MIN_COLUMN:
         floors[floors.index(max(floors))] -= 1
-    lines = [{w: [len(_wrap_cell(row[i], w)) for row in cells] for w in range(min(floors[i], n), n + 1)}
+    lines = [{w: [len(_wrap_cell(row[i], w, k == 0)) for k, row in enumerate(cells)] for w in range(min(floors[i], n), n + 1)}
              for i, n in enumerate(natural)]
 
     def height(widths: list[int]) -> int:
@@ -89,7 +102,7 @@ def table(headers: list[str], rows: list[list[Any]], width: int | None = -1) -> 
     widths = _fit(cells, width)
     lines = []
     for n, row in enumerate(cells):
-        wrapped = [_wrap_cell(c, w) for c, w in zip(row, widths)]
+        wrapped = [_wrap_cell(c, w, n == 0) for c, w in zip(row, widths)]
         for k in range(max(len(parts) for parts in wrapped)):
             lines.append(_GAP.join((parts[k] if k < len(parts) else "").ljust(w)
                                    for parts, w in zip(wrapped, widths)).rstrip())
