@@ -25,7 +25,6 @@ from __future__ import annotations
 import difflib
 import os
 import pathlib
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -281,6 +280,20 @@ class Settings:
         return out
 
 
+_WARNED_ENV = "GPUDASK_WARNED"  # what this process (or the one that started it) has said already
+
+
 def warn_unknown(messages: list[str]) -> None:
+    """``gpudask: warning: ...`` on stderr, once per message: not again in this process, nor
+    in the processes it starts (``dask worker``'s worker processes, a LocalGPUCluster's):
+    they inherit the list of what was said (a short digest of each message)."""
+    import hashlib
+    import sys
+
+    said = set(filter(None, os.environ.get(_WARNED_ENV, "").split(",")))
     for message in messages:
-        warnings.warn(message, UserWarning, stacklevel=3)
+        digest = hashlib.sha1(message.encode()).hexdigest()[:12]
+        if digest not in said:
+            said.add(digest)
+            os.environ[_WARNED_ENV] = ",".join(sorted(said))
+            print(f"gpudask: warning: {message}", file=sys.stderr, flush=True)
