@@ -163,3 +163,13 @@ def test_a_refusal_and_a_setting_of_a_disabled_plugin_are_still_named(monkeypatc
         {"gpudask.rmm.allocator": "async", "gpudask.rmm.libraries": ["cupy", "torch"]},
         {"gpudask.rmm.allocator": "rmm_async=True", "gpudask.rmm.libraries": "rmm_allocator_external_lib_list='cupy, torch'"})
     assert kwargs == {"n_workers": 0}
+
+
+def test_a_plugins_refusal_is_one_exception_not_a_chain_blaming_the_plugin(monkeypatch):
+    """It was two tracebacks ending in "PluginError: gpudask plugin 'tcp' (from gpudask)
+    failed in gpudask_validate: ..." for a protocol the host cannot run."""
+    monkeypatch.setenv("GPUDASK_FACTS", host("ucx-missing.json"))
+    with pytest.raises(ConfigError) as e:
+        gpudask.LocalGPUCluster(n_workers=0, dashboard_address=":0", protocol="ucx")
+    assert str(e.value).startswith("protocol 'ucx' needs distributed-ucxx, which is not installed on no-ucx")
+    assert e.value.__cause__ is None and e.value.__suppress_context__
