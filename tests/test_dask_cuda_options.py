@@ -92,3 +92,13 @@ def test_every_option_gpudask_takes_is_a_row_of_the_migration_guide_naming_its_s
     for option in options:
         assert option.names[0] in rows, option.spelling
         assert option.argument.key in rows[option.names[0]], (option.spelling, rows[option.names[0]])
+
+
+@pytest.mark.process
+def test_a_worker_without_nanny_takes_them_too(cluster):
+    cluster.scheduler("--preload", "gpudask")
+    cluster.worker("--no-nanny", "--preload", "gpudask", "--rmm-pool-size", "2GB", env=base_env(GPUDASK_FACTS=HGX))
+    with cluster.client() as client:
+        client.wait_for_workers(1, timeout=60)
+        (published,) = [w["gpudask"] for w in client.scheduler_info()["workers"].values()]
+    assert published["plan"]["sections"]["rmm"]["initial_pool_size"] == 2 * 10**9
