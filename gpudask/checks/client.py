@@ -76,6 +76,8 @@ def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
                 {"facts": scheduler_side.get("facts"), "protocol": scheduler_side.get("protocol"),
                  "version": scheduler_side.get("gpudask"), "facts_origin": scheduler_side.get("facts_origin")},
                 "scheduler", scheduler_side.get("address")))
+            tls = (sides.get("scheduler") or {}).get("ucx_tls")
+            scheduler_side["ucx_tls"] = tls if isinstance(tls, str) else None
         except ValueError:
             scheduler_side = None
     if me is not None and isinstance(scheduler_side, dict):
