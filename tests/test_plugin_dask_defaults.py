@@ -209,8 +209,10 @@ def test_offload_threshold_is_planned_for_gpu_workers_over_ucx_only():
     assert "distributed.comm.offload" not in h.scheduler.config and "distributed.comm.offload" not in h.client.config
     h = plan_on(host("h200-single.json"), "ucx", 1, **{"gpudask.comm.offload-threshold": "512MiB"})
     assert h.workers[0].config["distributed.comm.offload"] == 512 * 2**20
-    h = plan_on(host("h200-single.json"), "ucx", 1)  # default: distributed's own
-    assert "distributed.comm.offload" not in h.workers[0].config
+    h = plan_on(host("h200-single.json"), "ucx", 1)  # default: 2 GiB, every GPU pull up to 2 GiB inline
+    assert h.workers[0].config["distributed.comm.offload"] == 2 * 2**30
+    h = plan_on(host("h200-single.json"), "ucx", 1, **{"gpudask.comm.offload-threshold": None})
+    assert "distributed.comm.offload" not in h.workers[0].config  # null: distributed's own
     h = plan_on(host("h200-single.json"), "tcp", 1, **{"gpudask.comm.offload-threshold": False})
     assert "distributed.comm.offload" not in h.workers[0].config
     assert any(r.decision == "gpudask.comm.offload-threshold not applied" for r in h.workers[0].reasons)

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
 
 OFFLOAD = "gpudask.comm.offload-threshold"
+# Measured on one H200 (2026-12-01, bench/pull-levers.py, medians of 15 in-worker pulls, ms at 1 MiB /
+# 64 MiB / 1 GiB): distributed's 10 MiB 0.71 / 1.45 / 1.99; 512 MiB 0.57 / 0.58 / 1.73; never 0.91 /
+# 0.96 / 1.35; dask cuda worker 0.98 / 1.78 / 2.42.  2 GiB keeps every GPU pull up to 2 GiB inline
+# while a host message above it is still handed to a thread.
+DEFAULT = "2GiB"
 DISTRIBUTED_KEY = "distributed.comm.offload"
 
 
@@ -48,10 +53,10 @@ def parse_threshold(value: Any) -> int | bool | None:
 
 
 def option() -> Option:
-    return Option(OFFLOAD, None, "distributed.comm.offload for GPU workers over UCX, made to take effect in the "
-                  "worker process: null = distributed's own (10 MiB), false = never hand (de)serialisation to a "
-                  "thread, or a size.", parse_threshold,
-                  'null, false, or a size such as "512MiB"')
+    return Option(OFFLOAD, DEFAULT, "distributed.comm.offload for GPU workers over UCX, made to take effect in "
+                  "the worker process: a size (messages larger are (de)serialised in a thread; default 2GiB: GPU "
+                  "pulls up to 2 GiB stay on the event loop), false = never, null = distributed's own (10 MiB).",
+                  parse_threshold, 'a size such as "2GiB", false, or null')
 
 
 def plan_offload(ctx: PlanContext, plan: ProcessPlan) -> None:
@@ -59,6 +64,8 @@ def plan_offload(ctx: PlanContext, plan: ProcessPlan) -> None:
     setting = ctx.setting(OFFLOAD)
     if setting is None or setting.value is None or plan.role != "worker":
         return
+    if not setting.explicit and not (ctx.uses_ucx and ctx.gpus):
+        return  # the default is for GPU workers over UCX: nothing to say elsewhere
     if not (ctx.uses_ucx and ctx.gpus):
         plan.note(f"{OFFLOAD} not applied", "it is for GPU workers over UCX, whose large messages are GPU frames")
         return
