@@ -133,6 +133,11 @@ CORE_OPTIONS = [
            "($GPUDASK_DISABLE_PLUGIN_AUTOLOAD=1 turns it off).", parse_bool, "true or false"),
     Option("gpudask.plugins.trace", False, "Log every hook call (also $GPUDASK_TRACE_PLUGINS=1).",
            parse_bool, "true or false"),
+    Option("gpudask.plugins.hook-timeout", 60.0,
+           "Seconds one plugin hook called on a process's main thread (where dask servers run their event loop "
+           "and every command plans) may take: past this the call is interrupted and fails with one line naming "
+           "the plugin and the hook.", lambda v: _positive_seconds(v),
+           "a positive number of seconds or a duration such as \"60s\""),
     Option("gpudask.scheduler-check.action", "warn",
            "What the scheduler does with scheduler-check findings: warn (log and 'gpudask' event), error (also "
            "warn every client), refuse (also close the offending worker).", choice("warn", "error", "refuse"),

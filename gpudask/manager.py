@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from gpudask.config import CORE_OPTIONS, Option
-from gpudask.errors import GpudaskError, PluginError
+from gpudask.errors import PluginError
 from gpudask.findings import Finding
+from gpudask.hookcall import PluginStopped, call_isolated
 from gpudask.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
                                   ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
                                   LoadedPlugin, Registry)
@@ -111,16 +112,14 @@ class PluginManager(Registry):
                 hooktrace(hook_name, kwargs)
             try:
                 # an implementation takes any subset of the hook's arguments (pluggy checked
-                # them against the spec at registration)
-                result: Any = impl.function(*[kwargs[arg] for arg in impl.argnames])
+                # them against the spec at registration); gpudask.hookcall isolates the call
+                result: Any = call_isolated(plugin.name, plugin.distribution, hook_name, impl.function,
+                                            [kwargs[arg] for arg in impl.argnames])
                 if self.trace:
                     hooktrace("finish", hook_name, "-->", [result])
-            except Exception as e:  # noqa: BLE001
-                # a plugin's own one-line error keeps its text; anything else its type too
-                error = PluginError(plugin.name, plugin.distribution, hook_name,
-                                    str(e) if isinstance(e, GpudaskError) else e)
-                if not isolate:
-                    raise error from e
+            except PluginError as error:
+                if not isolate or isinstance(error, PluginStopped):
+                    raise
                 result = error
             finally:
                 if tracked is not None:
@@ -141,6 +140,10 @@ class PluginManager(Registry):
     def config_options(self) -> list[Option]:
         options = list(CORE_OPTIONS)
         for plugin, result in self._call("gpudask_config_options"):
+            if result is not None and not isinstance(result, (list, tuple)):
+                raise PluginError(plugin.name, plugin.distribution, "gpudask_config_options",
+                                  f"returned a {type(result).__name__} ({result!r:.60}); expected a list of "
+                                  "gpudask.pluginapi.Option")
             for opt in result or []:
                 if not isinstance(opt, Option) or not opt.key.startswith("gpudask."):
                     raise PluginError(plugin.name, plugin.distribution, "gpudask_config_options",
