@@ -30,6 +30,7 @@ from gpudask.config import CORE_OPTIONS, Option
 from gpudask.errors import PluginError
 from gpudask.findings import Finding
 from gpudask.hookcall import PluginStopped, call_isolated
+from gpudask.plan.values import value_problem
 from gpudask.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
                                   ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
                                   LoadedPlugin, Registry)
@@ -194,7 +195,16 @@ class PluginManager(Registry):
         """Each plugin's ``gpudask_setup_memory`` result: ``{plugin: result}``, Nones left out.
         Runs the hooks at every call: the once-per-process rule is the apply stage's
         (:func:`gpudask.apply.process.setup_memory`)."""
-        return {p.name: r for p, r in self._call("gpudask_setup_memory", plan, ctx=ctx) if r is not None}
+        out = {}
+        for plugin, result in self._call("gpudask_setup_memory", plan, ctx=ctx):
+            if result is None:
+                continue
+            problem = value_problem(result) if isinstance(result, Mapping) else f"a {type(result).__name__}"
+            if problem is not None:  # published by the worker: refused here, not on the wire
+                raise PluginError(plugin.name, plugin.distribution, "gpudask_setup_memory",
+                                  f"returned {problem}; expected None or a dict of JSON values")
+            out[plugin.name] = result
+        return out
 
     def server_setup(self, ctx: PlanContext, plan: ProcessPlan, server: Any) -> None:
         self._call("gpudask_server_setup", plan, ctx=ctx, server=server)
@@ -247,7 +257,8 @@ def _applied_state_problem(result: Any) -> str | None:
             return f"{type(pair).__name__} for key {key!r:.60}"
         if "planned" not in pair or "actual" not in pair:
             return f"{sorted(map(str, pair))!r:.80} for key {key!r:.60}"
-    return None
+    # NaN is allowed (the page shows it as text); an integer msgpack cannot carry is not
+    return value_problem(dict(result), finite=False)
 
 
 REPORT_ROW_KEYS: dict[str, type | tuple[type, ...]] = {"column": str, "summary": str, "note": (str, type(None)),

@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
+import types
 from typing import Any
 
 from distributed.http.utils import RequestHandler
@@ -51,9 +53,65 @@ def cluster_state(scheduler: Any) -> dict[str, Any]:
     """What the page shows: one dict per worker, and the scheduler check's findings.
     JSON-compatible; never raises on odd worker data.  Built as ``/gpudask/json`` is
     (:mod:`gpudask.apply.dashboard_serve`), here in the caller's thread."""
-    from gpudask.apply.dashboard_serve import build, snapshot
-
     return json.loads(build(snapshot(scheduler)))  # type: ignore[no-any-return]
+
+
+def snapshot(scheduler: Any) -> dict[str, Any]:
+    """What :func:`build` needs, copied on the event loop (the scheduler's dicts change there)."""
+    from gpudask.checks import EXTRA_KEY, PLUGIN_NAME
+
+    workers = [(address, types.SimpleNamespace(name=ws.name, host=ws.host, extra=dict(ws.extra),
+                                               metrics=dict(ws.metrics)))
+               for address, ws in sorted(scheduler.workers.items())]
+    report = _check_report(scheduler.plugins.get(PLUGIN_NAME))
+    return {"address": scheduler.address, "workers": workers, "report": report,
+            "bokeh": _bokeh_app(scheduler) is not None, "probe": last_probe(scheduler),
+            "extra_key": EXTRA_KEY}
+
+
+def build(snap: dict[str, Any]) -> bytes:
+    """The page's JSON from a :func:`snapshot` (off the event loop): the
+    plugins' rows bounded in time, the whole cut at ``MAX_JSON_BYTES`` (:mod:`gpudask.apply.dashboard_serve`)."""
+    from gpudask.apply.dashboard_serve import MAX_JSON_BYTES, ROWS
+
+    report = snap["report"]
+    work = []
+    for address, ws in snap["workers"]:
+        published = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
+        if published:
+            work.append((address, _dict(published.get("plan")), published))
+    rows, problem = ROWS.run(plugin_manager(), work) if work else ({}, None)
+    problems = [problem] if problem else []
+    pieces, size, left_out = [], 0, 0
+    for address, ws in snap["workers"]:
+        result = (report.get("workers") or {}).get(address) or ws.extra.get(snap["extra_key"])
+        given = rows_by_column(*rows[address]) if rows and address in rows else {}
+        piece = json.dumps(worker_state(address, ws, result, given), default=str, allow_nan=False)
+        if size + len(piece) > MAX_JSON_BYTES:
+            left_out += 1
+            continue
+        pieces.append(piece)
+        size += len(piece) + 1
+    if left_out:
+        problems.append(f"{left_out} of {len(snap['workers'])} workers left out: the page's data is cut at "
+                        f"{MAX_JSON_BYTES // 2**20} MiB; `gpudask status` lists every worker")
+    findings = report.get("findings")
+    if findings is None:
+        findings = [f for _, ws in snap["workers"]
+                    for f in (ws.extra.get(snap["extra_key"]) or {}).get("findings", [])][:1000]
+    head = {
+        "time": time.time(),
+        "scheduler": {"address": snap["address"], "protocol": _scheme(snap["address"])},
+        "check": bound({"installed": bool(report), "action": report.get("action"), "status": report.get("status"),
+                        "problem": report.get("problem"), "refused": sorted(report.get("refused") or {})}),
+        "bokeh": snap["bokeh"],
+        "findings": [bound(f) for f in findings],
+        "probe": bound(snap["probe"]),
+        "problems": problems,
+        "workers_left_out": left_out,
+    }
+    text = json.dumps(head, default=str, allow_nan=False)
+    return (text[:-1] + ', "workers": [' + ",".join(pieces) + "]}").encode()
 
 
 def last_probe(scheduler: Any) -> dict[str, Any] | None:
@@ -206,7 +264,7 @@ class StateHandler(RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         # allow_nan=False there: NaN/Infinity are not JSON and would blank the page (bound() replaced them)
-        self.write(await BUILDER.get(self.server))
+        self.write(await BUILDER.get(self.server, snapshot, build))
 
 
 class PageHandler(RequestHandler):

@@ -2,9 +2,10 @@
 
 What the page shows (:func:`gpudask.apply.dashboard.cluster_state`) is built in three steps:
 
-1. on the event loop, a shallow :func:`snapshot` of what the scheduler holds (a copy of each
+1. on the event loop, a shallow :func:`~gpudask.apply.dashboard.snapshot` of what the scheduler holds (a copy of each
    worker's published dicts and metrics, the check's report): milliseconds for 1000 workers;
-2. in a daemon thread, the rows and the plugins' ``gpudask_report_rows`` (:func:`build`): the
+2. in a daemon thread, the rows and the plugins' ``gpudask_report_rows``
+   (:func:`~gpudask.apply.dashboard.build`, through :data:`ROWS`): the
    plugins' calls run in a thread of their own and are waited for at most
    :data:`ROWS_LIMIT_S`; past it the page is drawn without plugin rows and names the plugin
    still running, and no new call starts until that one ends;
@@ -21,7 +22,6 @@ import json
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -30,20 +30,6 @@ BUILD_LIMIT_S = 20.0  # seconds a reader waits for a build before it gets a one-
 CACHE_S = 1.0  # a page built this recently is served as it is
 MAX_JSON_BYTES = 4 * 1024 * 1024  # the page's JSON; workers past it are counted, not shown
 ROWS_HOOK = "gpudask_report_rows"
-
-
-def snapshot(scheduler: Any) -> dict[str, Any]:
-    """What :func:`build` needs, copied on the event loop (the scheduler's dicts change there)."""
-    from gpudask.apply import dashboard
-    from gpudask.checks import EXTRA_KEY, PLUGIN_NAME
-
-    workers = [(address, types.SimpleNamespace(name=ws.name, host=ws.host, extra=dict(ws.extra),
-                                               metrics=dict(ws.metrics)))
-               for address, ws in sorted(scheduler.workers.items())]
-    report = dashboard._check_report(scheduler.plugins.get(PLUGIN_NAME))
-    return {"address": scheduler.address, "workers": workers, "report": report,
-            "bokeh": dashboard._bokeh_app(scheduler) is not None, "probe": dashboard.last_probe(scheduler),
-            "extra_key": EXTRA_KEY}
 
 
 class _Rows:
@@ -96,52 +82,6 @@ class _Rows:
 ROWS = _Rows()
 
 
-def build(snap: dict[str, Any]) -> bytes:
-    """The page's JSON from a :func:`snapshot` (off the event loop)."""
-    from gpudask.apply import dashboard
-    from gpudask.checks import PUBLISHED_KEY
-    from gpudask.checks.published import bound, bound_published
-
-    report = snap["report"]
-    work = []
-    for address, ws in snap["workers"]:
-        published = dashboard._dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
-        if published:
-            work.append((address, dashboard._dict(published.get("plan")), published))
-    rows, problem = ROWS.run(dashboard.plugin_manager(), work) if work else ({}, None)
-    problems = [problem] if problem else []
-    pieces, size, left_out = [], 0, 0
-    for address, ws in snap["workers"]:
-        result = (report.get("workers") or {}).get(address) or ws.extra.get(snap["extra_key"])
-        given = dashboard.rows_by_column(*rows[address]) if rows and address in rows else {}
-        piece = json.dumps(dashboard.worker_state(address, ws, result, given), default=str, allow_nan=False)
-        if size + len(piece) > MAX_JSON_BYTES:
-            left_out += 1
-            continue
-        pieces.append(piece)
-        size += len(piece) + 1
-    if left_out:
-        problems.append(f"{left_out} of {len(snap['workers'])} workers left out: the page's data is cut at "
-                        f"{MAX_JSON_BYTES // 2**20} MiB; `gpudask status` lists every worker")
-    findings = report.get("findings")
-    if findings is None:
-        findings = [f for _, ws in snap["workers"]
-                    for f in (ws.extra.get(snap["extra_key"]) or {}).get("findings", [])][:1000]
-    head = {
-        "time": time.time(),
-        "scheduler": {"address": snap["address"], "protocol": dashboard._scheme(snap["address"])},
-        "check": bound({"installed": bool(report), "action": report.get("action"), "status": report.get("status"),
-                        "problem": report.get("problem"), "refused": sorted(report.get("refused") or {})}),
-        "bokeh": snap["bokeh"],
-        "findings": [bound(f) for f in findings],
-        "probe": bound(snap["probe"]),
-        "problems": problems,
-        "workers_left_out": left_out,
-    }
-    text = json.dumps(head, default=str, allow_nan=False)
-    return (text[:-1] + ', "workers": [' + ",".join(pieces) + "]}").encode()
-
-
 class Builder:
     """One build at a time per process; readers share it and its result for CACHE_S."""
 
@@ -151,12 +91,14 @@ class Builder:
         self.built_at = 0.0
         self.scheduler: Any = None
 
-    async def get(self, scheduler: Any) -> bytes:
+    async def get(self, scheduler: Any, snapshot: Callable[[Any], dict[str, Any]],
+                  build: Callable[[dict[str, Any]], bytes]) -> bytes:
+        """``build(snapshot(scheduler))``: the snapshot on the event loop, the build off it."""
         if self.body is not None and self.scheduler is scheduler and time.monotonic() - self.built_at < CACHE_S:
             return self.body
         if self.future is None or self.scheduler is not scheduler:
             self.scheduler = scheduler
-            self.future = self._start(snapshot(scheduler))
+            self.future = self._start(build, snapshot(scheduler))
         future = self.future
         try:
             body = await asyncio.wait_for(asyncio.shield(future), BUILD_LIMIT_S)
@@ -170,7 +112,7 @@ class Builder:
             self.future, self.body, self.built_at = None, body, time.monotonic()
         return body
 
-    def _start(self, snap: dict[str, Any]) -> asyncio.Future[bytes]:
+    def _start(self, build: Callable[[dict[str, Any]], bytes], snap: dict[str, Any]) -> asyncio.Future[bytes]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
 

@@ -72,7 +72,7 @@ def dashboard_serve_cache_s() -> float:
 def test_the_pages_json_is_bounded_with_a_thousand_workers(monkeypatch):
     """1000 workers each publishing a large plan: the JSON stays under the limit and says how
     many rows it left out (before: 15 MB per read)."""
-    from gpudask.apply import dashboard_serve
+    from gpudask.apply import dashboard, dashboard_serve
     from gpudask.checks import EXTRA_KEY, PUBLISHED_KEY
 
     published = {"version": "x", "protocol": "tcp", "plan": {"sections": {f"s{i}": {"k": "v" * 200} for i in range(20)}},
@@ -82,7 +82,7 @@ def test_the_pages_json_is_bounded_with_a_thousand_workers(monkeypatch):
                for i in range(1000)]
     snap = {"address": "tcp://10.0.0.1:8786", "workers": workers, "report": {}, "bokeh": False, "probe": None,
             "extra_key": EXTRA_KEY}
-    body = dashboard_serve.build(snap)
+    body = dashboard.build(snap)
     assert len(body) <= dashboard_serve.MAX_JSON_BYTES + 100_000
     state = json.loads(body)
     assert state["workers_left_out"] > 0
