@@ -27,6 +27,7 @@ from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_op
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 from gpudask.facts import GPU, Facts, IBDevice, facts_from_dict
 from gpudask.facts.probe import ucx_unused_variables
+from gpudask.facts.statedir import host_lock
 from gpudask.findings import Finding, ProcessSide, fingerprint
 from gpudask.hookspecs import hookimpl
 from gpudask.plan import HostPlan, PlanContext, ProcessPlan, cpu_ranges
@@ -46,7 +47,7 @@ __all__ = [
     # what ctx.facts holds (for annotations)
     "Facts", "GPU", "IBDevice",
     # this process
-    "applied_role", "ucx_unused_variables",
+    "applied_role", "ucx_unused_variables", "host_lock",
     # shared rules
     "parse_ucx_tls", "tls_enables", "ucxx_creates_cuda_context", "ucx_supports", "process_gpu",
     "workers_sharing_gpu", "cpu_ranges", "format_bytes", "parse_bytes",

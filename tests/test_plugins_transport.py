@@ -78,38 +78,43 @@ def test_nvlink_full_mesh_gives_every_worker_cuda_ipc_and_the_cuda_context():
         assert flags(w) == {"tcp": True, "cuda-copy": True, "nvlink": True, "infiniband": True, "rdmacm": True,
                             "create-cuda-context": True}
     peers = why(h.workers[2], "nvlink", "UCX transport cuda_ipc")
-    assert peers == "GPU 2 has NVLink peers 0, 1, 3 among the visible GPUs"
+    assert peers.startswith("GPU 2 has NVLink peers 0, 1, 3 among the visible GPUs: CUDA IPC is allowed for every "
+                            "peer of this host")
     assert "worker 0 uses GPU 0" in why(h.workers[0], "nvlink", "UCX transport cuda_copy")
 
 
 def test_partial_nvlink_counts_only_peers_that_are_visible(tmp_path):
     h = plan(PARTIAL)  # pairs 0-1, 2-3: every GPU has a visible peer
     assert [tls(w) for w in h.workers] == ["tcp,cuda_copy,cuda_ipc"] * 4
-    assert why(h.workers[0], "nvlink", "UCX transport cuda_ipc") == \
-        "GPU 0 has NVLink peer 1 among the visible GPUs"
-    h = plan(described(tmp_path, "partial-nvlink.json", cuda_visible_devices="0,2"))  # not peers of each other
+    assert why(h.workers[0], "nvlink", "UCX transport cuda_ipc").startswith(
+        "GPU 0 has NVLink peer 1 among the visible GPUs: ")
+    # not peers of each other, and each peer is outside CUDA_VISIBLE_DEVICES -- another command's
+    # workers may use them (one command per GPU pair): cuda_ipc stays allowed
+    h = plan(described(tmp_path, "partial-nvlink.json", cuda_visible_devices="0,2"))
     assert [w.gpu_index for w in h.workers] == [0, 2]
-    assert [tls(w) for w in h.workers] == ["tcp,cuda_copy"] * 2
-    assert all(flags(w)["nvlink"] is False and flags(w)["create-cuda-context"] is True for w in h.workers)
-    assert why(h.workers[1], "nvlink", "no UCX transport cuda_ipc") == \
-        "GPU 2: its NVLink peer 3 is not visible and no other worker of this host uses it"
+    assert [tls(w) for w in h.workers] == ["tcp,cuda_copy,cuda_ipc"] * 2
+    assert all(flags(w)["nvlink"] is True and flags(w)["create-cuda-context"] is True for w in h.workers)
+    assert why(h.workers[1], "nvlink", "UCX transport cuda_ipc").startswith(
+        "GPU 2: its NVLink peer 3 is not visible here (other processes may use them): CUDA IPC is allowed")
 
 
-def test_pcie_only_gets_cuda_copy_without_cuda_ipc():
+def test_pcie_only_still_allows_cuda_ipc_for_every_peer():
+    """No NVLink: CUDA IPC still reaches processes on the same GPU (a client, the scheduler, another
+    command's workers) and PCIe peers; UCX uses it where it works."""
     h = plan(PCIE)
-    assert [tls(w) for w in h.workers] == ["tcp,cuda_copy"] * 2
-    assert why(h.workers[1], "nvlink", "no UCX transport cuda_ipc") == \
-        "GPU 1: it has no NVLink peer and no other worker of this host uses it"
+    assert [tls(w) for w in h.workers] == ["tcp,cuda_copy,cuda_ipc"] * 2
+    assert why(h.workers[1], "nvlink", "UCX transport cuda_ipc").startswith(
+        "GPU 1: no NVLink peer and no other worker of this command on it: CUDA IPC is allowed for every peer")
     assert all("UCX_NET_DEVICES" not in w.env and w.interface is None for w in h.workers)
 
 
 def test_workers_sharing_a_gpu_get_cuda_ipc():
     h = plan(SINGLE, nworkers=2)
     assert [tls(w) for w in h.workers] == ["tcp,cuda_copy,cuda_ipc"] * 2
-    assert "GPU 0 is shared by workers 0, 1 of this host" in why(h.workers[1], "nvlink", "UCX transport cuda_ipc")
-    # three workers on two PCIe GPUs: GPU 0 is shared by workers 0 and 2, GPU 1 by nobody
+    assert "GPU 0 is shared by workers 0, 1 of this command" in why(h.workers[1], "nvlink", "UCX transport cuda_ipc")
+    # three workers on two PCIe GPUs: GPU 0 is shared by workers 0 and 2, GPU 1 by nobody -- all have cuda_ipc
     h = plan(PCIE, nworkers=3)
-    assert [tls(w) for w in h.workers] == ["tcp,cuda_copy,cuda_ipc", "tcp,cuda_copy", "tcp,cuda_copy,cuda_ipc"]
+    assert [tls(w) for w in h.workers] == ["tcp,cuda_copy,cuda_ipc"] * 3
 
 
 def test_mig_instances_get_no_cuda_ipc():
@@ -196,7 +201,7 @@ def test_subset_of_visible_gpus_uses_their_ports():
     assert h.nworkers == 2 and [w.gpu_index for w in h.workers] == [2, 3]
     assert [w.env["UCX_NET_DEVICES"] for w in h.workers] == ["mlx5_1:1", "mlx5_1:1"]
     assert [tls(w) for w in h.workers] == ["rc,tcp,cuda_copy,cuda_ipc"] * 2  # 2 and 3 are NVLink peers
-    assert why(h.workers[0], "nvlink", "UCX transport cuda_ipc") == "GPU 2 has NVLink peer 3 among the visible GPUs"
+    assert why(h.workers[0], "nvlink", "UCX transport cuda_ipc").startswith("GPU 2 has NVLink peer 3 among the visible GPUs")
 
 
 def test_interface_is_left_alone_when_the_port_has_no_ip(tmp_path):
@@ -329,7 +334,7 @@ def test_gpudask_option_turns_nvlink_off_and_says_so():
     assert [tls(w) for w in h.workers] == ["rc,tcp,cuda_copy"] * 4
     text = why(h.workers[0], "nvlink", "no UCX transport cuda_ipc")
     assert text.startswith("gpudask.transport.nvlink=False (from dask config): explicit settings win")
-    assert "detection: GPU 0 has NVLink peers 1, 2, 3" in text
+    assert "(detection: GPU 0 has NVLink peers 1, 2, 3" in text
     assert flags(h.workers[0])["nvlink"] is False
 
 

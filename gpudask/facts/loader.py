@@ -136,6 +136,9 @@ def _cross_checks(data: dict[str, Any], where: str, described: bool) -> None:
             if peer not in indices or peer == g["index"]:
                 raise _fail(where, f"gpus[{i}].nvlink_peers[{j}]",
                             f"the index of another GPU ({', '.join(map(str, indices))})", peer)
+        free = g.get("memory_free")
+        if free is not None and free > g["memory_total"]:
+            raise _fail(where, f"gpus[{i}].memory_free", f"at most memory_total ({g['memory_total']})", free)
         for j, cpu in enumerate(g["cpu_affinity"] if described else []):
             if cpu >= cpu_count:
                 raise _fail(where, f"gpus[{i}].cpu_affinity[{j}]", f"a CPU below cpu_count ({cpu_count})", cpu)
@@ -154,6 +157,7 @@ def _build(data: dict[str, Any], origin: str) -> Facts:
             cpu_affinity=list(g["cpu_affinity"]), nvlink_peers=list(g["nvlink_peers"]),
             # extra instance keys (gpu_instance_id, ...) are kept; extra GPU keys are not
             mig={"enabled": g["mig"]["enabled"], "instances": copy.deepcopy(g["mig"]["instances"])},
+            memory_free=g.get("memory_free"),
         )
         for g in data["gpus"]
     ]

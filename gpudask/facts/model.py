@@ -30,9 +30,12 @@ class GPU:
     cpu_affinity: list[int]
     nvlink_peers: list[int]
     mig: dict[str, Any]  # {"enabled": bool, "instances": [{"uuid": "MIG-...", "memory_total": int, ...}]}
+    # device memory free when the facts were read (NVML; other processes' contexts and pools,
+    # a second command's workers, included); None when unknown (most described hosts)
+    memory_free: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "index": self.index,
             "uuid": self.uuid,
             "name": self.name,
@@ -45,6 +48,9 @@ class GPU:
             "nvlink_peers": list(self.nvlink_peers),
             "mig": copy.deepcopy(self.mig),
         }
+        if self.memory_free is not None:  # optional: only facts that know it carry it
+            out["memory_free"] = self.memory_free
+        return out
 
 
 @dataclass

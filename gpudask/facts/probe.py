@@ -232,6 +232,7 @@ def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
                         cpu_affinity=cpus,
                         nvlink_peers=[],
                         mig=_probe_mig(pynvml, nv, h),
+                        memory_free=int(mem.free) if getattr(mem, "free", None) is not None else None,
                     ),
                     h,
                 )

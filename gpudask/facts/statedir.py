@@ -17,11 +17,13 @@ Standard library only: this runs on every worker's start-up path.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
 import stat
 import tempfile
+from collections.abc import Iterator
 
 from gpudask.errors import ConfigError
 
@@ -175,3 +177,39 @@ def read_private(path: str | os.PathLike[str], what: str = "gpudask state file")
 def open_private(path: pathlib.Path, flags: int) -> int:
     """``os.open`` of a state file of this user (created 0600, never through a symlink)."""
     return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+
+
+@contextlib.contextmanager
+def host_lock(name: str, timeout: float = 120.0) -> Iterator[bool]:
+    """Hold an exclusive lock named ``name`` shared by this user's gpudask processes on this
+    host (``flock`` on a file of the state directory), e.g. while a worker reads a GPU's free
+    memory and allocates its pool, so two processes starting at once do not both count the same
+    free bytes.  Yields True when held; False (after one warning) when the state directory is
+    unusable or the lock stays taken for ``timeout`` seconds: the caller goes on unlocked
+    rather than not at all."""
+    import fcntl
+    import time
+
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
+    fd = -1
+    try:
+        fd = open_private(subdir(state_dir(), "locks") / f"{safe}.lock", os.O_RDWR)
+    except (OSError, StateDirError) as e:
+        logger.warning("gpudask: no lock %s (%s): going on without it", safe, e)
+        yield False
+        return
+    try:
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    logger.warning("gpudask: lock %s still taken after %.0f s: going on without it", safe, timeout)
+                    yield False
+                    return
+                time.sleep(0.05)
+        yield True
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

@@ -7,15 +7,19 @@ cupy, numba and torch are imported here only inside functions, in worker process
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import GpudaskError
+from gpudask.pluginapi import GpudaskError, host_lock
+
+from . import fit
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
 
+logger = logging.getLogger("distributed.gpudask")
 _STATE: dict[str, Any] | None = None  # what this process set up on a real GPU (JSON-compatible)
 SECTION = "rmm"  # the plugin's section of the plan: what to build (plugins/rmm/plugin.py)
 _MR: Any = None  # the memory resource in use (for the metric)
@@ -55,7 +59,12 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
                           "(restart the worker to change it)")
         _STATE, _MR = report, existing
         return report
-    mr = _build(rmm, memory)
+    with host_lock(f"gpu-{memory.get('gpu')}"):  # read what is free and allocate, one process at a time
+        memory, fitted = _fit(memory, f"worker {plan.index}")
+        mr = _build(rmm, memory)
+    if fitted:
+        logger.warning("gpudask: %s", fitted)
+        report["fitted"] = fitted
     rmm.mr.set_current_device_resource(mr)
     report.update(applied=True, resource=_chain(mr), pool_size=_pool_size(rmm, mr))
     if memory.get("log_file"):
@@ -63,6 +72,17 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
     report["libraries"] = {lib: _point_library(lib) for lib in memory.get("libraries") or []}
     _STATE, _MR = report, mr
     return report
+
+
+def _fit(memory: dict[str, Any], who: str) -> tuple[dict[str, Any], str | None]:
+    """The planned pool fitted to the GPU's free memory now (plugins/rmm/fit.py)."""
+    gpu = memory.get("gpu")
+    if not memory.get("initial_pool_size") or not gpu or not str(gpu).startswith("GPU-"):
+        return memory, None  # no initial pool, or a MIG instance (NVML's free is the parent GPU's)
+    found = fit.device_memory(str(gpu))
+    if found is None:
+        return memory, None
+    return fit.fit(memory, found[0], found[1], who)
 
 
 def _is_default_resource(rmm: Any, mr: Any) -> bool:

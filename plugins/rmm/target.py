@@ -27,6 +27,7 @@ class Target:
     uuid: str | None
     index: int
     shared_by: int = 1
+    free: int | None = None  # free when the facts were read (None: unknown, a MIG instance)
 
 
 def gib(n: int) -> str:
@@ -56,7 +57,21 @@ def target_of(ctx: PlanContext, plan: ProcessPlan) -> Target | None:
         return Target(label, memory, chosen.get("uuid"), gpu.index)
     shared = max(1, len(workers_sharing_gpu(ctx, plan)))
     label = f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}, {gib(gpu.memory_total)})"
-    return Target(label, int(gpu.memory_total), gpu.uuid, gpu.index, shared)
+    return Target(label, int(gpu.memory_total), gpu.uuid, gpu.index, shared, gpu.memory_free)
+
+
+# Other processes may hold this much of a GPU before gpudask plans for the host rather than for
+# the command: a scheduler's or client's CUDA context (0.5-0.8 GiB on an H200) stays below it, a
+# second command's pool does not.
+OTHERS_SLACK = 0.05
+
+
+def taken_by_others(target: Target) -> int:
+    """Bytes of the GPU other processes hold now (0 when unknown or below the slack)."""
+    if target.free is None:
+        return 0
+    taken = max(0, target.memory - target.free)
+    return taken if taken > OTHERS_SLACK * target.memory else 0
 
 
 def resolve(value: float | int, target: Target) -> int:

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import Option, hookimpl, parse_optional_bool, process_gpu, ucx_supports
+from gpudask.pluginapi import (Option, hookimpl, parse_optional_bool, parse_ucx_tls, process_gpu, tls_enables,
+                               ucx_supports)
 
-from .rules import EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick, set_flag
+from .rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick, set_flag,
+                    user_tls)
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import GPU, Facts, IBDevice, PlanContext, ProcessPlan
@@ -177,8 +179,17 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
         set_flag(plan, "infiniband", False, "no rc in UCX_TLS")
         set_flag(plan, "rdmacm", False, "no InfiniBand: connections are set up over TCP")
         return
-    if ib_explicit and not ports:
-        ctx.warn(f"{ib_why}; but this host has no active InfiniBand port")
+    if not ports:
+        # rc allowed (UCX_TLS=all, ib, or gpudask.transport.infiniband=true) on a host without an
+        # active port: UCX finds no InfiniBand device and uses the rest; rdmacm would leave it no
+        # component to listen with ("cannot create listener", the nanny fails to start)
+        if _names_infiniband(ctx):
+            ctx.warn(f"{ib_why}; but this host has no active InfiniBand port: UCX uses its other transports")
+        plan.note("no InfiniBand port", f"{ib_why}; no active InfiniBand port on this host, so UCX has no rc "
+                                        "device and connections are set up over TCP (no rdmacm)")
+        set_flag(plan, "infiniband", False, "no active InfiniBand port")
+        _rdmacm_without_port(ctx, plan)
+        return
     plan.add_ucx_transport("rc", ib_why)
     # rc first, as distributed-ucxx and dask-cuda write UCX_TLS (the order is cosmetic for UCX)
     plan.ucx_transports.insert(0, plan.ucx_transports.pop(plan.ucx_transports.index("rc")))
@@ -229,6 +240,30 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     else:
         plan.set_interface(port.netdev, f"{port.netdev} is the IP interface of {port_label(port)}, the port "
                                         f"chosen for GPU {gpu.index}: listen there so rdmacm connects over it")
+
+
+def _names_infiniband(ctx: PlanContext) -> bool:
+    """Did the user ask for InfiniBand by name (UCX_TLS=rc/ib/dc..., gpudask.transport.infiniband=true),
+    as opposed to allowing everything (UCX_TLS=all, ^cuda)?"""
+    tls = user_tls(ctx)
+    if tls is not None:
+        names = [n.lstrip("^") for n in parse_ucx_tls(tls)]
+        return not tls.strip().startswith("^") and any(tls_enables(n, "rc") and n != "all" for n in names)
+    s = ctx.setting(INFINIBAND)
+    return s is not None and s.value is True
+
+
+def _rdmacm_without_port(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """No active InfiniBand port: rdmacm cannot work, whatever asks for it."""
+    user = ctx.user_env.get("UCX_SOCKADDR_TLS_PRIORITY")
+    s = ctx.setting(RDMACM)
+    if user and "rdmacm" in user:
+        ctx.warn(f"UCX_SOCKADDR_TLS_PRIORITY={user} set in the environment names rdmacm, but this host has no "
+                 "active InfiniBand port: UCX may fail to listen ('cannot create listener'); unset it")
+    elif s is not None and s.value is True:
+        ctx.warn(f"{RDMACM}=True (from {s.source}) ignored: this host has no active InfiniBand port, and rdmacm "
+                 "needs one (UCX could not listen)")
+    set_flag(plan, "rdmacm", False, "no active InfiniBand port: connections are set up over TCP")
 
 
 def _rdmacm(ctx: PlanContext, plan: ProcessPlan) -> None:

@@ -1,0 +1,85 @@
+"""Fit a worker's pool to its GPU as the GPU is when the worker starts (part of the rmm plugin).
+
+The plan sizes a default pool from the memory free when the command planned; the GPU may have
+changed since: another command's workers started at the same moment, a cluster already running
+grew its pools, a worker restarted while a peer still maps its old pool (UCX's CUDA IPC cache).
+So each worker, holding a lock shared by this user's gpudask processes of the host, reads the
+GPU's free memory (NVML, no CUDA context made) right before it allocates:
+
+* a default size that no longer fits becomes half of what is free, said in one line;
+* a size the user set that does not fit is refused in one line naming it, what is free and what
+  is accepted -- never an out-of-memory traceback from inside RMM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpudask.pluginapi import GpudaskError
+
+from .options import ALIGNMENT, DEFAULT_FRACTION
+from .target import gib
+
+# left free beside a pool: the worker's own CUDA context grows (cuBLAS / cuFFT handles, UCX's
+# bounce buffers), and so do its neighbours'
+MIN_RESERVE = 256 * 2**20
+RESERVE_FRACTION = 0.01
+# a default pool smaller than this is not worth a pool
+MIN_POOL = 64 * 2**20
+
+
+def device_memory(uuid: str) -> tuple[int, int] | None:
+    """(free, total) bytes of the GPU with this UUID, from NVML; None when NVML cannot tell."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+        return int(info.free), int(info.total)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def reserve(total: int) -> int:
+    return max(MIN_RESERVE, int(RESERVE_FRACTION * total))
+
+
+def fit(memory: dict[str, Any], free: int, total: int, who: str) -> tuple[dict[str, Any], str | None]:
+    """``memory`` (the plan's rmm section) with an initial pool that fits in ``free`` bytes, and
+    the line that says what changed (None when nothing did).
+
+    :raises GpudaskError: an initial size the user set does not fit (one line).
+    """
+    initial = memory.get("initial_pool_size")
+    if not initial or memory.get("allocator") not in ("pool", "async"):
+        return memory, None
+    room = free - reserve(total)
+    if initial <= room:
+        return memory, None
+    gpu = memory.get("gpu")
+    held = f"{gib(free)} of {gib(total)} free now, other processes hold {gib(total - free)}"
+    if not memory.get("fit_to_free"):
+        raise GpudaskError(
+            f"gpudask.rmm.pool-size: the pool of {initial} bytes ({gib(initial)}) set for {who} does not fit on GPU "
+            f"{gpu} ({held}); accepted: at most {max(0, room) // ALIGNMENT * ALIGNMENT} bytes now, a smaller size "
+            "or fraction, or no gpudask.rmm.pool-size (a default pool fits itself to what is free)")
+    smaller = int(DEFAULT_FRACTION * free) // ALIGNMENT * ALIGNMENT
+    smaller = min(smaller, max(0, room) // ALIGNMENT * ALIGNMENT)
+    if smaller < MIN_POOL:
+        raise GpudaskError(
+            f"gpudask.rmm: no room for {who}'s default pool on GPU {gpu} ({held}); accepted: free the GPU, "
+            "give this worker another GPU (CUDA_VISIBLE_DEVICES), or gpudask.rmm.pool-size: false (no pool)")
+    fitted = dict(memory, initial_pool_size=smaller)
+    if fitted.get("maximum_pool_size") == initial:  # capped at the initial size (PyTorch beside it): still so
+        fitted["maximum_pool_size"] = smaller
+    line = (f"{who}: the default RMM pool planned at {gib(initial)} does not fit on GPU {gpu} ({held}): it starts "
+            f"at {gib(smaller)}, {DEFAULT_FRACTION:g} of what is free (gpudask.rmm.pool-size sets it)")
+    return fitted, line
