@@ -155,10 +155,10 @@ def _positive_seconds(value: Any) -> float:
 
     try:
         seconds = None if isinstance(value, bool) else parse_timedelta(value, default="seconds")
-    except (TypeError, ValueError, KeyError, AttributeError):
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError):  # "" -> IndexError
         seconds = None
-    if seconds is None or not 0 < float(seconds) < float("inf"):
-        raise ValueError('a positive number of seconds or a duration such as "5s"')
+    if seconds is None or not 0 < float(seconds) <= 7 * 86400:
+        raise ValueError('a positive number of seconds (at most a week) or a duration such as "5s"')
     return float(seconds)
 
 

@@ -83,6 +83,9 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
     :param kwargs: any other ``LocalCluster`` argument; ``preload``, ``env`` and
         ``scheduler_kwargs`` are merged with gpudask's, not replaced.
     """
+    from gpudask.plan.planner import check_nworkers
+
+    check_nworkers(n_workers, "n_workers")  # before planning: 2.5 or 10**7 plan nothing
     name = _protocol_name(protocol)
     s = _client_session(name, n_workers)
     gpus = s.host.facts.visible_gpus()

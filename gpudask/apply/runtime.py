@@ -307,10 +307,13 @@ def worker_index(owner: str | None = None) -> int:
     same parent otherwise), preferring the one ``owner`` (its nanny's address) held."""
     explicit = os.environ.get("GPUDASK_WORKER_INDEX")
     if explicit:
-        try:
-            return int(explicit)
-        except ValueError:
-            raise ConfigError(f"GPUDASK_WORKER_INDEX={explicit!r} is not valid; accepted: an integer >= 0") from None
+        from gpudask.plan.planner import MAX_NWORKERS
+
+        text = explicit.strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 6 and int(text) < MAX_NWORKERS):
+            raise ConfigError(f"GPUDASK_WORKER_INDEX={explicit[:40]!r} is not valid; accepted: an integer from 0 "
+                              f"to {MAX_NWORKERS - 1}")
+        return int(text)
     from gpudask.apply.hostfile import GROUP_ENV
 
     return claim_worker_slot(os.environ.get(GROUP_ENV) or f"ppid-{os.getppid()}", owner)
