@@ -124,9 +124,9 @@ def test_sys_exit_in_report_rows_is_a_left_out_column_not_the_end_of_the_schedul
 
 @pytest.mark.process
 @pytest.mark.parametrize("role,hook", [("scheduler", "gpudask_server_setup"), ("worker", "gpudask_server_setup"),
-                                       ("worker", "gpudask_applied_state")])
+                                       ("worker", "gpudask_applied_state"), ("worker", "import")])
 def test_sys_exit_in_a_servers_setup_hook_stops_it_with_one_line(cluster, tmp_path, role, hook):
-    env = _env(tmp_path, EXIT_IN=hook, EXIT_ROLE=role)
+    env = _env(tmp_path, EXIT_IN=hook, EXIT_ROLE=role if hook != "import" else "")
     if role == "scheduler":
         proc = cluster.spawn("scheduler", ["dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
                                            "--no-dashboard", "--preload", "gpudask"], env=env)
