@@ -55,7 +55,7 @@ with Client(sys.argv[1], timeout=30) as client:
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("action", ["warn", "error", "refuse"])
+@pytest.mark.parametrize("action", ["refuse"])  # warn and error close no worker
 def test_the_running_cluster_recipe_keeps_its_workers_under_every_action(cluster, tmp_path, action):
     import subprocess
     import sys
