@@ -39,6 +39,11 @@ class ProcessSide(TypedDict):
     protocol: str | None  # "tcp", "ucx", ... as that process planned
     gpudask: str | None  # the gpudask version there
     facts_origin: str | None  # "probed", or the facts file that described that host
+    # UCX_TLS that process runs with (its plan's value; None: unset, UCX may use every transport)
+    ucx_tls: str | None
+    # what its memory setup reported, by plugin (gpudask_setup_memory results, bounded); None
+    # for a process that sets up no memory (scheduler, client) or published none
+    memory: dict[str, Any] | None
 
 
 @dataclass

@@ -413,6 +413,28 @@ def test_ucx_gpu_less_scheduler_is_an_error_told_to_every_client(cluster, tmp_pa
 
 
 @pytest.mark.process
+def test_gpu_processes_without_cuda_ipc_are_staged_through_host_memory_and_the_check_says_so(cluster, monkeypatch):
+    """UCX_TLS without cuda_ipc on a GPU host: the check was ok while every transfer between the worker,
+    the scheduler and a client on that host went through host memory (850x slower at 1 GiB).  (tcp only
+    here: a CPU machine cannot start UCX with cuda transports; the GPU run covers tcp,cuda_copy.)"""
+    env = dict(UCX_TLS="tcp")
+    gpu_host = host("h200-single.json")
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    cluster.scheduler("--preload", "gpudask", env=scheduler_env(gpu_host, **env), protocol="ucx")
+    cluster.worker("--preload", "gpudask", env=scheduler_env(gpu_host, **env))
+    with cluster.client() as client:
+        client.wait_for_workers(1, timeout=120)
+        (address,) = client.scheduler_info()["workers"]
+        report = gpudask.check(client)
+    staged = [f for f in report["findings"] if f["code"] == "staged-through-host"]
+    assert {f["subject"] for f in staged} == {address}
+    messages = " ".join(f["message"] for f in staged)
+    assert "the worker: UCX_TLS=tcp leaves out cuda_ipc" in messages
+    assert "the scheduler, on the same host: UCX_TLS=tcp leaves out cuda_ipc" in messages
+    assert all(f["severity"] == "warning" and f["plugin"] == "nvlink" for f in staged)
+
+
+@pytest.mark.process
 def test_mismatched_driver_and_cupy_missing_on_the_scheduler(cluster, tmp_path, monkeypatch):
     sched = facts_file(tmp_path, "h200-single.json", "older", {"cupy": None},
                        driver_version="550.54.15", cuda_driver_version=12040)

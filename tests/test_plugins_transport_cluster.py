@@ -124,6 +124,24 @@ def test_ucx_processes_run_with_the_transports_their_plan_says(cluster, client_o
     assert 4 < seconds < 25
 
 
+def test_ucx_tls_all_exported_starts_every_process_and_computes(cluster, client_over_tcp):
+    """dask-cuda's automatic mode exports UCX_TLS=all: on a host without an InfiniBand port gpudask
+    must not add rdmacm (UCX then had no component to listen with and the nanny died)."""
+    env = ucx_env(UCX_TLS="all")
+    cluster.scheduler("--preload", "gpudask", protocol="ucx", env=env)
+    cluster.worker("--protocol", "ucx", "--preload", "gpudask", "--nworkers", "2", "--nthreads", "1", env=env)
+    with cluster.client(timeout=60) as client:
+        client.wait_for_workers(2, timeout=180)
+        a, b = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        x = client.submit(lambda: bytes(10**6), workers=[a], pure=False)
+        assert client.submit(len, x, workers=[b], pure=False).result() == 10**6
+        nannies = client.run(probe, nanny=True)
+        got = client.run(probe)
+    for view in (*nannies.values(), *got.values()):
+        assert view["ucx"]["TLS"] == "all" and view["ucx"]["SOCKADDR_TLS_PRIORITY"] != "rdmacm"
+        assert view["flags"]["rdmacm"] in (False, None)
+
+
 def test_ucx_auto_runs_ucx_with_its_own_choice(cluster, client_over_tcp):
     env = ucx_env(DASK_GPUDASK__TRANSPORT__MODE="ucx-auto")
     cluster.scheduler("--preload", "gpudask", protocol="ucx", env=env)

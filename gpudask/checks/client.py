@@ -80,6 +80,8 @@ def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
                 {"facts": scheduler_side.get("facts"), "protocol": scheduler_side.get("protocol"),
                  "version": scheduler_side.get("gpudask"), "facts_origin": scheduler_side.get("facts_origin")},
                 "scheduler", scheduler_side.get("address")))
+            tls = (sides.get("scheduler") or {}).get("ucx_tls")
+            scheduler_side["ucx_tls"] = tls if isinstance(tls, str) else None
         except ValueError:
             scheduler_side = None
     if me is not None and isinstance(scheduler_side, dict):
@@ -210,7 +212,7 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
               probe: bool = False, path_timeout: float = 10.0, workers: str | None = None) -> int:
     """``gpudask check``: 0 when no error-level finding, 1 when there is one, 2 when the
     scheduler cannot be reached.  With ``probe``: data through every path instead
-    (:mod:`gpudask.checks.probe`), 0 when every path works, 1 when one does not."""
+    (:mod:`gpudask.checks.probe`), 0 when every path works (slow ones are warnings), 1 when one does not."""
     from distributed import Client
 
     try:
@@ -240,7 +242,7 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
         finally:
             client.close(timeout=path_timeout)
         echo(json.dumps(result, indent=1, default=str) if as_json else format_probe(result))
-        return 0 if result["status"] == "ok" else 1
+        return 0 if result["status"] in ("ok", "slow") else 1  # slow: a warning, like the check's
     try:
         with deadline(timeout, target):
             report = run_check(client)

@@ -39,13 +39,16 @@ def scheme(address: object) -> str | None:
 
 def local_side(facts: Any, role: str, address: str | None, protocol: str | None) -> dict[str, Any]:
     """This process as a side of the comparison, from its own facts."""
+    import os
+
     return {"role": role, "address": address, "facts": facts.to_dict(), "protocol": protocol,
-            "gpudask": __version__, "facts_origin": facts.origin}
+            "gpudask": __version__, "facts_origin": facts.origin, "ucx_tls": os.environ.get("UCX_TLS"),
+            "memory": None}
 
 
 def side_from_published(published: Any, role: str, address: str | None) -> dict[str, Any]:
     """Validate what a process published under ``"gpudask"`` and return the hook's view
-    of it: ``{"role", "address", "facts", "protocol", "gpudask", "facts_origin"}``.
+    of it: ``{"role", "address", "facts", "protocol", "gpudask", "facts_origin", "ucx_tls", "memory"}``.
 
     Only what the check reads is validated: the facts and three strings (the plan and
     applied state that come with them are for ``gpudask status``, which reads them itself).
@@ -65,7 +68,30 @@ def side_from_published(published: Any, role: str, address: str | None) -> dict[
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ValueError(f"{key!r} must be a string, got {type(data[key]).__name__}")
     return {"role": role, "address": address, "facts": facts, "protocol": data.get("protocol"),
-            "gpudask": data.get("version"), "facts_origin": data.get("facts_origin")}
+            "gpudask": data.get("version"), "facts_origin": data.get("facts_origin"),
+            "ucx_tls": _planned_ucx_tls(published), "memory": _memory(published)}
+
+
+def _planned_ucx_tls(published: dict[str, Any]) -> str | None:
+    """UCX_TLS of the publishing process's plan (applied before listen(); a value that did not
+    take effect is its own not-applied finding); None when not a bounded string."""
+    from gpudask.checks import published as bounds
+
+    plan = published.get("plan")
+    env = plan.get("env") if isinstance(plan, dict) else None
+    value = env.get("UCX_TLS") if isinstance(env, dict) else None
+    return bounds.truncate(value, 1000) if isinstance(value, str) else None
+
+
+def _memory(published: dict[str, Any]) -> dict[str, Any] | None:
+    """The memory setup report, by plugin, bounded like every published field."""
+    from gpudask.checks import published as bounds
+
+    memory = published.get("memory")
+    if not isinstance(memory, dict):
+        return None
+    out = bounds.bound(memory)
+    return out if isinstance(out, dict) else None
 
 
 # Facts already validated, by fingerprint: the workers of a host (of a cluster, often)

@@ -17,21 +17,21 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import ConfigError, hookimpl, tls_enables, workers_sharing_gpu
+from gpudask.pluginapi import ConfigError, hookimpl, tls_enables
 
 from . import report as rmm_report
 from . import setup as rmm_setup
-from .options import (ALIGNMENT, DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSettings, explicit, options, parse_pool_size, read_settings,
+from .options import (DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSettings, explicit, options, parse_pool_size, read_settings,
                       shown)
 from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib, reset_ucxx_keys, resolve,
-                     taken_by_others, target_of)
+                     default_initial, target_of)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from distributed import Nanny, Scheduler, Worker
 
-    from gpudask.pluginapi import Option, PlanContext, ProcessPlan
+    from gpudask.pluginapi import Finding, Option, PlanContext, ProcessPlan, ProcessSide
 
 name = "rmm"
 # distributed-ucxx reads its rmm keys, and their legacy distributed.rmm.* names, once: when
@@ -301,7 +301,7 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
             reasons.append(f"{shown(ctx, 'gpudask.rmm.pool-size')} = {describe_size(s.pool_size, initial)} "
                            f"on {target.label}")
         elif kind == "pool" or by_default:
-            initial = _default_initial(ctx, plan, target, reasons)
+            initial = default_initial(ctx, plan, target, reasons)
     if s.maximum is not None:
         maximum = resolve(s.maximum, target)
         check_fits(ctx, "gpudask.rmm.maximum-pool-size", maximum, target, who, shared=False)
@@ -330,30 +330,6 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
             check_fits(ctx, "gpudask.rmm.release-threshold", threshold, target, who, shared=False)
         reasons.append(f"{shown(ctx, 'gpudask.rmm.release-threshold')} = {threshold} bytes")
     return initial, maximum, threshold
-
-
-def _default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons: list[str]) -> int:
-    """Half of the GPU for this command's default pools -- half of what is *free* when other
-    processes (another command's workers, a cluster already running, a scheduler's pool) hold
-    part of it, so that several commands on one GPU start with pools that fit together."""
-    share = f", split between the {target.shared_by} workers of this command on it" if target.shared_by > 1 else ""
-    taken = taken_by_others(target)
-    base = target.memory - taken
-    initial = int(DEFAULT_FRACTION / target.shared_by * base) // ALIGNMENT * ALIGNMENT
-    if not taken:
-        reasons.append(f"default size {DEFAULT_FRACTION:g} of {target.label}{share} = {initial} bytes "
-                       f"({gib(initial)}): RMM's long-standing default, leaving the rest to CUDA contexts, "
-                       f"UCX and allocators outside RMM (PyTorch's)")
-        return initial
-    sharing = workers_sharing_gpu(ctx, plan) or [i for i in (plan.index,) if i is not None]
-    why = (f"GPU {target.index}: {gib(base)} of {gib(target.memory)} free when planned (other processes -- another "
-           f"command's workers, a cluster already running -- hold {gib(taken)}): the default RMM pool of worker"
-           f"{'s' if len(sharing) > 1 else ''} {', '.join(map(str, sharing))} is {DEFAULT_FRACTION:g} of what is "
-           f"free, {gib(initial)} each, so the pools on this GPU fit together (gpudask.rmm.pool-size sets it)")
-    ctx.warn(why)
-    reasons.append(f"default size {DEFAULT_FRACTION:g} of the memory free on {target.label}{share} = {initial} "
-                   f"bytes ({gib(initial)}): {why.split(': ', 1)[1]}")
-    return initial
 
 
 def _refuse_what_fails_at_run_time(ctx: PlanContext, s: RmmSettings, target: Target, who: str, kind: str, managed: bool,
@@ -397,3 +373,10 @@ def gpudask_report_rows(plan: Mapping[str, Any],
                         published: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
     """The ``pool`` column: the planned initial size against the pool in place."""
     return rmm_report.rows(plan, published)
+
+
+@hookimpl
+def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
+                            subject: ProcessSide | None) -> list[Finding] | None:
+    """A worker whose default pool had to start smaller than planned (report.fitted_findings)."""
+    return rmm_report.fitted_findings(subject)

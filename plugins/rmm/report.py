@@ -1,4 +1,4 @@
-"""The rmm plugin's rows in ``gpudask info``, ``gpudask status`` and the ``/gpudask`` page.
+"""The rmm plugin's rows in ``gpudask info``, ``gpudask status`` and the ``/gpudask`` page, and its check finding.
 
 Reads the plugin's own section of a published plan and, for a running worker, what the
 plugin published there: its read-back (``applied.plugins.rmm.pool_size``) or its setup
@@ -9,7 +9,12 @@ from another process: anything of the wrong type is skipped, never raised on.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from gpudask.pluginapi import Finding
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import ProcessSide
 
 SECTION = "rmm"
 
@@ -44,3 +49,18 @@ def rows(plan: Mapping[str, Any], published: Mapping[str, Any] | None) -> list[d
         note = report.get("skipped") or report.get("why") or "not built"
         row["note"] = note if isinstance(note, str) else repr(note)
     return [row]
+
+
+def fitted_findings(subject: ProcessSide | None) -> list[Finding]:
+    """A worker whose default pool had to start smaller than planned: its GPU is shared with
+    other processes (another command's workers, a cluster already running) that hold memory."""
+    memory = subject.get("memory") if isinstance(subject, dict) else None
+    report = memory.get("rmm") if isinstance(memory, dict) else None
+    fitted = report.get("fitted") if isinstance(report, dict) else None
+    if not isinstance(fitted, str):
+        return []
+    return [Finding("warning", "pool-fitted",
+                    f"the worker's pool could not start at its planned size -- {fitted[:600]}: other processes "
+                    "share its GPU; fix: one dask worker command per host with --nworkers N (its workers split "
+                    "each GPU between them), or gpudask.rmm.pool-size for each command so the pools fit together",
+                    details={"fitted": fitted[:600]})]

@@ -64,7 +64,7 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
         mr = _build(rmm, memory)
     if fitted:
         logger.warning("gpudask: %s", fitted)
-        report["fitted"] = fitted
+        report.update(fitted=fitted, fitted_initial_pool_size=memory["initial_pool_size"])
     rmm.mr.set_current_device_resource(mr)
     report.update(applied=True, resource=_chain(mr), pool_size=_pool_size(rmm, mr))
     if memory.get("log_file"):
@@ -218,7 +218,9 @@ def applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, An
     chain = [type(m).__name__ for m in _upstreams(mr)]
     out: dict[str, dict[str, Any]] = {"resource": {"planned": planned,
                                                    "actual": planned if planned in chain else " -> ".join(chain)}}
-    initial = memory.get("initial_pool_size")
+    # a default pool fitted to what was free at start (fit.py) is in place at its fitted size; the
+    # fit is said at start and is the check's pool-fitted finding, not a plan that did not take effect
+    initial = (_STATE or {}).get("fitted_initial_pool_size") or memory.get("initial_pool_size")
     if kind == "pool" and initial:
         size = _pool_size(rmm, mr)
         # a pool grows from its initial size: in place when it holds at least that much

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import ConfigError, process_gpu, tls_enables, workers_sharing_gpu
 
-from .options import ALIGNMENT, UCXX_POOL_KEYS, shown
+from .options import ALIGNMENT, DEFAULT_FRACTION, UCXX_POOL_KEYS, shown
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
@@ -134,3 +134,27 @@ def check_fits(ctx: PlanContext, key: str, nbytes: int, target: Target, who: str
         raise ConfigError(f"{shown(ctx, key)} is {nbytes} bytes ({gib(nbytes)}){sharing}, larger than "
                           f"{target.label} of {who} ({target.memory} bytes); accepted: at most "
                           f"{target.memory // k // ALIGNMENT * ALIGNMENT} bytes or a fraction <= {1 / k:g}")
+
+
+def default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons: list[str]) -> int:
+    """Half of the GPU for this command's default pools -- half of what is *free* when other
+    processes (another command's workers, a cluster already running, a scheduler's pool) hold
+    part of it, so that several commands on one GPU start with pools that fit together."""
+    share = f", split between the {target.shared_by} workers of this command on it" if target.shared_by > 1 else ""
+    taken = taken_by_others(target)
+    base = target.memory - taken
+    initial = int(DEFAULT_FRACTION / target.shared_by * base) // ALIGNMENT * ALIGNMENT
+    if not taken:
+        reasons.append(f"default size {DEFAULT_FRACTION:g} of {target.label}{share} = {initial} bytes "
+                       f"({gib(initial)}): RMM's long-standing default, leaving the rest to CUDA contexts, "
+                       f"UCX and allocators outside RMM (PyTorch's)")
+        return initial
+    sharing = workers_sharing_gpu(ctx, plan) or [i for i in (plan.index,) if i is not None]
+    why = (f"GPU {target.index}: {gib(base)} of {gib(target.memory)} free when planned (other processes -- another "
+           f"command's workers, a cluster already running -- hold {gib(taken)}): the default RMM pool of worker"
+           f"{'s' if len(sharing) > 1 else ''} {', '.join(map(str, sharing))} is {DEFAULT_FRACTION:g} of what is "
+           f"free, {gib(initial)} each, so the pools on this GPU fit together (gpudask.rmm.pool-size sets it)")
+    ctx.warn(why)
+    reasons.append(f"default size {DEFAULT_FRACTION:g} of the memory free on {target.label}{share} = {initial} "
+                   f"bytes ({gib(initial)}): {why.split(': ', 1)[1]}")
+    return initial

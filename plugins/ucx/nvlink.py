@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import (Option, hookimpl, parse_optional_bool, process_gpu, ucx_supports,
-                               ucxx_creates_cuda_context, workers_sharing_gpu)
+from gpudask.pluginapi import (Finding, Option, facts_from_dict, hookimpl, parse_optional_bool, process_gpu,
+                               tls_enables, ucx_supports, ucxx_creates_cuda_context, workers_sharing_gpu)
 
 from .rules import UCX_AUTO, decide, mode, mode_why, set_flag, user_tls
 
 if TYPE_CHECKING:
-    from gpudask.pluginapi import GPU, PlanContext, ProcessPlan
+    from gpudask.pluginapi import GPU, PlanContext, ProcessPlan, ProcessSide
 
 name = "nvlink"
 priority = 60
@@ -190,3 +190,50 @@ def _no_cuda(ctx: PlanContext, plan: ProcessPlan, why: str) -> None:
         ctx.warn(f"{user[0]}=True set by you: distributed-ucxx creates a CUDA context in the {plan.role} process "
                  f"when UCX initialises ({why}; explicit settings win)")
     context_flag(ctx, plan, False, context_why)
+
+
+# -- the check: a GPU process without a CUDA IPC path --------------------------------------
+UCX_PROTOCOLS = ("ucx", "ucxx")
+
+
+def staged_why(side: ProcessSide | None) -> str | None:
+    """Why GPU data between this process and its peers on its host goes through host memory
+    (its UCX_TLS leaves cuda_ipc out while its host could use it), or None."""
+    if not isinstance(side, dict) or side.get("protocol") not in UCX_PROTOCOLS:
+        return None
+    tls = side.get("ucx_tls")
+    if not isinstance(tls, str) or tls_enables(tls, "cuda_ipc"):
+        return None  # unset: UCX may use every transport
+    try:
+        facts = facts_from_dict(side["facts"], "published")
+    except Exception:  # noqa: BLE001 - the runner reports malformed facts itself
+        return None
+    gpus = facts.visible_gpus()
+    if not gpus or any(g.mig.get("enabled") for g in gpus) or ucx_supports(facts, "cuda_ipc") is False:
+        return None
+    return f"UCX_TLS={tls} leaves out cuda_ipc although {facts.hostname}'s GPU(s) and UCX could use it"
+
+
+@hookimpl
+def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
+                            subject: ProcessSide | None) -> list[Finding] | None:
+    """A GPU process whose transfers to peers on its host would be staged through host memory."""
+    out = []
+    why = staged_why(subject)
+    if why is not None and isinstance(subject, dict):
+        out.append(Finding(
+            "warning", "staged-through-host",
+            f"the {subject.get('role')}: {why}: GPU data between it and its peers on that host (other workers, "
+            "a client, the scheduler) is staged through host memory over TCP (2 s instead of 2 ms for 1 GiB "
+            "on an H200); fix: unset UCX_TLS (gpudask allows cuda_ipc for every GPU process) or add cuda_ipc to "
+            "it, and leave gpudask.transport.nvlink unset", details={"ucx_tls": subject.get("ucx_tls")}))
+    same_host = (isinstance(subject, dict) and isinstance(reference, dict)
+                 and (subject.get("facts") or {}).get("hostname") == (reference.get("facts") or {}).get("hostname"))
+    ref_why = staged_why(reference) if same_host and reference.get("role") == "scheduler" else None
+    if ref_why is not None:
+        out.append(Finding(
+            "warning", "staged-through-host",
+            f"the scheduler, on the same host: {ref_why}: every GPU result a client gathers through it and every "
+            "GPU argument of submit is staged through host memory over TCP; fix: unset UCX_TLS for the "
+            "scheduler or add cuda_ipc to it", details={"ucx_tls": reference.get("ucx_tls")}))
+    return out
