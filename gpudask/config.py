@@ -25,7 +25,6 @@ from __future__ import annotations
 import difflib
 import os
 import pathlib
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +57,10 @@ class Option:
     # not set)
     dask_cuda_kwarg: str | None = None
     dask_cuda_convert: Callable[[Any], Any] | None = None
+    # the ``dask cuda worker`` option this setting stands for, as dask-cuda spells it
+    # (``"--rmm-pool-size"``; a pair ``"--enable-x/--disable-x"`` is a flag): gpudask takes it
+    # on stock ``dask worker`` / ``dask scheduler --preload gpudask`` (converted as the keyword)
+    dask_cuda_option: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,21 @@ def _positive_seconds(value: Any) -> float:
     return float(seconds)
 
 
+# where a value set by dask.config.set came from, when gpudask set it for the user (a
+# `dask worker` option, a LocalGPUCluster keyword): key -> (value, words naming it)
+_LABELS: dict[str, tuple[Any, str]] = {}
+
+
+def label_source(key: str, value: Any, label: str) -> None:
+    """Name where ``key``'s value ``value`` came from (shown in reasons and errors while the
+    key has that value), instead of "dask config"."""
+    _LABELS[key] = (value, label)
+
+
+def forget_source(key: str) -> None:
+    _LABELS.pop(key, None)
+
+
 def register_defaults(options: Iterable[Option]) -> None:
     """Make plugin defaults visible through ``dask.config.get`` (without overriding users)."""
     import dask.config
@@ -194,6 +212,9 @@ class Settings:
         return dask.config.get(key, default=_MISSING, config=self._config)
 
     def _source(self, key: str) -> str:
+        labelled = _LABELS.get(key)
+        if labelled is not None and labelled[0] == self._raw(key):
+            return labelled[1]
         env_name = "DASK_" + key.upper().replace(".", "__").replace("-", "_")
         if env_name in self._environ:
             return f"${env_name}"
@@ -264,6 +285,20 @@ class Settings:
         return out
 
 
+_WARNED_ENV = "GPUDASK_WARNED"  # what this process (or the one that started it) has said already
+
+
 def warn_unknown(messages: list[str]) -> None:
+    """``gpudask: warning: ...`` on stderr, once per message: not again in this process, nor
+    in the processes it starts (``dask worker``'s worker processes, a LocalGPUCluster's):
+    they inherit the list of what was said (a short digest of each message)."""
+    import hashlib
+    import sys
+
+    said = set(filter(None, os.environ.get(_WARNED_ENV, "").split(",")))
     for message in messages:
-        warnings.warn(message, UserWarning, stacklevel=3)
+        digest = hashlib.sha1(message.encode()).hexdigest()[:12]
+        if digest not in said:
+            said.add(digest)
+            os.environ[_WARNED_ENV] = ",".join(sorted(said))
+            print(f"gpudask: warning: {message}", file=sys.stderr, flush=True)

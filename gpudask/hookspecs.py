@@ -7,7 +7,7 @@ are registered from :data:`gpudask.manager.BUILTIN_PLUGINS`, third-party ones th
 the ``gpudask`` entry point group; both are called the same way.
 
 Every hook is called by gpudask's plugin manager one implementation at a time, in
-priority order (``GPUDASK_TRACE_PLUGINS=1`` traces each call through pluggy's tracer).
+priority order (``GPUDASK_TRACE_PLUGINS=1`` logs each call, one line per plugin).
 None of the hooks is ``firstresult``: each asks every plugin for its part (its options,
 its decisions, its findings), and no single plugin's answer ends the call. How the
 results combine is said per hook. A failure is reported as ``gpudask plugin 'x' (from

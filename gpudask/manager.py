@@ -6,7 +6,7 @@ they are registered is :mod:`gpudask.registration`'s (:class:`~gpudask.registrat
 :data:`BUILTIN_PLUGINS`, :data:`ESSENTIAL_PLUGINS`, re-exported here); this module calls
 them: one implementation at a time in priority order, so that a failure names the plugin,
 its distribution and the hook, and reasons are attributed to the plugin that made them;
-and traces the calls (``enable_tracing``, through pluggy's tracer).
+and traces the calls (``enable_tracing``: one line per plugin and call).
 
 Only pluggy's public API is used: the implementations come from
 ``HookCaller.get_hookimpls()`` and gpudask calls each one's ``function`` itself, with the
@@ -60,10 +60,9 @@ class PluginManager(Registry):
 
     # -- tracing ---------------------------------------------------------------
     def enable_tracing(self) -> None:
-        """Log every hook call (through pluggy's tracer, in the lines of its
-        ``enable_tracing``) and, per plugin, its result and duration."""
+        """Log every hook call, one line per plugin: ``gpudask trace: <hook> -> <plugin>
+        role=<role> index=<n>: <result> (<ms> ms)`` (docs/troubleshooting.md)."""
         self.trace = True
-        self._pm.trace.root.setwriter(_trace_write)
 
     # -- calling ---------------------------------------------------------------
     def _impls(self, hook_name: str) -> dict[str, pluggy.HookImpl]:
@@ -107,17 +106,11 @@ class PluginManager(Registry):
             if tracked is not None:
                 tracked.acting_plugin, tracked.acting_reads = plugin.name, plugin.reads
             start = time.perf_counter()
-            if self.trace:
-                hooktrace = self._pm.trace.root.get("hook")
-                hooktrace.root.indent += 1
-                hooktrace(hook_name, kwargs)
             try:
                 # an implementation takes any subset of the hook's arguments (pluggy checked
                 # them against the spec at registration); gpudask.hookcall isolates the call
                 result: Any = call_isolated(plugin.name, plugin.distribution, hook_name, impl.function,
                                             [kwargs[arg] for arg in impl.argnames])
-                if self.trace:
-                    hooktrace("finish", hook_name, "-->", [result])
             except PluginError as error:
                 if not isolate or isinstance(error, PluginStopped):
                     raise
@@ -125,16 +118,10 @@ class PluginManager(Registry):
             finally:
                 if tracked is not None:
                     tracked.acting_plugin, tracked.acting_reads = "gpudask", ()
-                if self.trace:
-                    hooktrace.root.indent -= 1
                 if self._observe is not None:
                     self._observe(plugin.name, hook_name, time.perf_counter() - start)
             if self.trace:
-                where = f" role={tracked.role} index={tracked.index}" if tracked is not None else ""
-                # pluggy's "finish" line above carries the result; this one names the plugin
-                outcome = "failed" if isinstance(result, PluginError) else "done"
-                self._pm.trace.root.get("gpudask")(
-                    f"{hook_name} -> {plugin.name}{where}: {outcome} in {(time.perf_counter() - start) * 1e3:.1f} ms")
+                _trace_write(_trace_line(hook_name, plugin.name, tracked, result, time.perf_counter() - start))
             results.append((plugin, result))
         return results
 
@@ -294,6 +281,18 @@ def _report_rows_problem(result: Any) -> str | None:
             if key in row and not isinstance(row[key], kinds):
                 return f"a row's {key!r} is a {type(row[key]).__name__}"
     return None
+
+
+def _trace_line(hook: str, plugin: str, plan: Any, result: Any, seconds: float) -> str:
+    """One traced call: the hook, the plugin, the process it planned or applied for, its
+    result (short; a failure's line) and its duration."""
+    where = "" if plan is None else f" role={plan.role}" + ("" if plan.index is None else f" index={plan.index}")
+    if isinstance(result, PluginError):
+        shown = f"failed: {result}"
+    else:
+        shown = repr(result).replace("\n", " ")
+        shown = shown if len(shown) <= 100 else shown[:99] + "…"
+    return f"{hook} -> {plugin}{where}: {shown} ({seconds * 1e3:.1f} ms)"
 
 
 def _trace_write(message: str) -> None:

@@ -159,6 +159,9 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
         },
         "sections": _dict(plan.get("sections")),
         "rows": _plugin_rows(plan, published) if rows is None else rows,
+        # plugins with nothing to do here (no GPU visible ...), as gpudask info lists them
+        "skipped": [{"plugin": str(r.get("plugin")), "why": str(r.get("why"))} for r in plan.get("reasons") or []
+                    if isinstance(r, dict) and r.get("decision") == "skipped"],
         "metrics": {k: v for k, v in sorted(ws.metrics.items()) if k.startswith(METRIC_PREFIX)},
         "applied": applied if isinstance(applied, dict) else None,
         "check": {"status": (check_result or {}).get("status"),

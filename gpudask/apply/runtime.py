@@ -42,6 +42,8 @@ class CliArgs:
     scheduler_file: str | None = None
     interface: str | None = None
     death_timeout: float | None = None  # seconds; None: wait for the scheduler without end
+    preload: tuple[str, ...] = ()  # the --preload modules, gpudask among them
+    preload_argv: tuple[str, ...] = ()  # what distributed passes a click-configurable preload
 
     def scheduler_protocol(self) -> str | None:
         """The protocol of the scheduler this command serves or joins, if it can be known.
@@ -73,10 +75,33 @@ def cli_args(command: str, ctx: Any) -> CliArgs:
     except Exception:  # noqa: BLE001 - an unparsable command line: distributed reports it itself
         params = dict(ctx.params)
     nworkers = resolve_nworkers(params.get("n_workers") or params.get("nworkers") or params.get("nprocs"))
+    preload_argv = tuple(str(a) for a in _preload_argv_validated() or params.get("preload_argv") or ())
+    address = params.get("scheduler") or None
+    if isinstance(address, str) and address.startswith("-"):
+        # `dask worker --scheduler-file F --preload gpudask --rmm-pool-size 1GB`: click took the
+        # first preload option for the optional scheduler address: give it back to the preload
+        preload_argv, address = (address, *preload_argv), None
+        if "scheduler" in ctx.params:
+            ctx.params["scheduler"] = None  # distributed then reads the scheduler file
     return CliArgs(command, nanny=bool(params.get("nanny", True)), nworkers=nworkers,
-                   protocol=params.get("protocol") or None, scheduler_address=params.get("scheduler") or None,
+                   protocol=params.get("protocol") or None, scheduler_address=address,
                    scheduler_file=params.get("scheduler_file") or None, interface=params.get("interface") or None,
-                   death_timeout=_seconds(params.get("death_timeout")))
+                   death_timeout=_seconds(params.get("death_timeout")),
+                   preload=tuple(str(p) for p in params.get("preload") or ()),
+                   preload_argv=preload_argv)
+
+
+def _preload_argv_validated() -> Any:
+    """The preload arguments distributed's ``validate_preload_argv`` is validating: it imports
+    the preloads (gpudask among them) before it hands the arguments to their click command.
+    (The re-parse above cannot give them: that callback refuses them while gpudask, half
+    imported, has no click command yet.)"""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "validate_preload_argv" and "value" in frame.f_locals:
+            return frame.f_locals["value"]
+        frame = frame.f_back
+    return None
 
 
 def resolve_nworkers(value: Any) -> int | None:

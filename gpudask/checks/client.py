@@ -128,13 +128,28 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
     findings = sorted(report.get("findings") or [], key=lambda f: -SEVERITIES.index(f.get("severity", "info")))
     lines.append("")
     if findings:
-        rows = [[f.get("severity"), f.get("subject") or "-", f.get("reference") or "-", f.get("plugin") or "gpudask",
-                 f.get("message")] for f in findings]
+        # a finding several processes share is one row naming them all
+        grouped: dict[tuple[Any, ...], list[str]] = {}
+        for f in findings:
+            key = (f.get("severity"), f.get("reference") or "-", f.get("plugin") or "gpudask", f.get("message"))
+            subjects = grouped.setdefault(key, [])
+            for subject in str(f.get("subject") or "-").split(", "):
+                if subject not in subjects:
+                    subjects.append(subject)
+        rows = [[severity, _processes(subjects, list(workers)), _processes(str(reference).split(", "), list(workers)),
+                 plugin, message] for (severity, reference, plugin, message), subjects in grouped.items()]
         lines += [table(["severity", "process", "compared with", "plugin", "finding"], rows), ""]
     counts = report.get("counts") or {}
     lines.append(f"{counts.get('error', 0)} error(s), {counts.get('warning', 0)} warning(s), "
                  f"{counts.get('info', 0)} info: {report.get('status')}")
     return "\n".join(lines)
+
+
+def _processes(names: list[str], workers: list[str]) -> str:
+    """Processes named in a finding's row: every worker of several is said so."""
+    if len(workers) > 1 and sorted(names) == sorted(workers):
+        return f"every worker ({len(workers)})"
+    return ", ".join(names)
 
 
 def scheduler_address(address: str | None, scheduler_file: str | None) -> str:
@@ -160,12 +175,27 @@ def scheduler_address(address: str | None, scheduler_file: str | None) -> str:
     return address
 
 
+def unreachable(target: str, timeout: float, error: BaseException) -> str:
+    """The line ``gpudask check`` and ``gpudask status`` print when the scheduler cannot be reached."""
+    return f"cannot reach the scheduler at {target}: {error}"
+
+
 def _probe(address: str, timeout: float) -> None:
     """Connect once and hang up, so that an unreachable TCP scheduler fails here, within
     ``timeout``, and not inside ``Client()`` (whose half-made object hangs at exit)."""
     import asyncio
+    import socket
 
+    from distributed.comm.addressing import parse_address, parse_host_port
     from distributed.comm.core import connect
+
+    host, port = parse_host_port(parse_address(address)[1])
+    try:  # nothing listening: say so now (distributed's connect retries until the timeout)
+        socket.create_connection((host, port), timeout=min(timeout, 5.0)).close()
+    except ConnectionRefusedError:
+        raise OSError("nothing is listening there (connection refused)") from None
+    except OSError:
+        pass  # unreachable or slow: distributed's connect below waits up to the timeout
 
     async def once() -> None:
         comm = await connect(address, timeout=timeout)
@@ -232,7 +262,7 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
                 _probe(target, timeout)
             client = Client(target, timeout=timeout, set_as_default=False)
     except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
-        echo(f"gpudask: error: cannot connect to the scheduler {target}: {e}", err=True)
+        echo(f"gpudask: error: {unreachable(target, timeout, e)}", err=True)
         return 2
     if probe:
         from gpudask.checks.probe import format_probe, run_probe

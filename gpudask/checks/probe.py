@@ -284,7 +284,7 @@ async def _pull(address: str, key: Any, repeats: int, dask_worker: Any = None) -
     for _ in range(repeats):
         start = time.perf_counter()
         response = await get_data_from_worker(dask_worker.rpc, [key], address, who=dask_worker.address)
-        data = response["data"][key]
+        data = dict(response)["data"][key]  # an "OK" answer (a busy one raises below on the key)
         if type(data).__module__.startswith("cupy"):  # the copy is done when the stream is
             import cupy
 

@@ -46,7 +46,8 @@ def gpudask_config_options() -> list[Option]:
         Option(NVLINK, None, "cuda_ipc in UCX_TLS (CUDA IPC: NVLink, PCIe peers, processes sharing a GPU): null = auto (every "
                "GPU process, unless MIG), true, false.",
                parse_optional_bool, "true, false or null (auto)",
-               legacy=("distributed.comm.ucx.nvlink", "distributed-ucxx.nvlink"), dask_cuda_kwarg="enable_nvlink"),
+               legacy=("distributed.comm.ucx.nvlink", "distributed-ucxx.nvlink"), dask_cuda_kwarg="enable_nvlink",
+               dask_cuda_option="--enable-nvlink/--disable-nvlink"),
         Option(CUDA_COPY, None, "cuda_copy in UCX_TLS (GPU buffers over any transport): null = auto (whenever a GPU "
                "is present), true, false.", parse_optional_bool, "true, false or null (auto)",
                legacy=("distributed.comm.ucx.cuda-copy", "distributed-ucxx.cuda-copy")),
