@@ -46,6 +46,10 @@ CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     "thread-no-delayed": ("gpudask", {"UCXPY_PROGRESS_MODE": "thread", "UCXPY_ENABLE_DELAYED_SUBMISSION": "0"}),
     "thread-python-future": ("gpudask", {"UCXPY_PROGRESS_MODE": "thread", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}),
     "offload-off": ("gpudask", {"DASK_DISTRIBUTED__COMM__OFFLOAD": "False"}),
+    # the same lever through gpudask's plan (gpu-dask-defaults), taking effect in the worker processes
+    "plan-offload-off": ("gpudask", {"DASK_GPUDASK__COMM__OFFLOAD_THRESHOLD": "false"}),
+    "plan-offload-512MiB": ("gpudask", {"DASK_GPUDASK__COMM__OFFLOAD_THRESHOLD": "512MiB"}),
+    "ipc-cache-on": ("gpudask", {"UCX_CUDA_IPC_CACHE": "y"}),
     "polling-offload-off": ("gpudask", {"UCXPY_PROGRESS_MODE": "polling", "DASK_DISTRIBUTED__COMM__OFFLOAD": "False"}),
     "rndv-get": ("gpudask", {"UCX_RNDV_SCHEME": "get_zcopy"}),
     "rndv-put": ("gpudask", {"UCX_RNDV_SCHEME": "put_zcopy"}),
