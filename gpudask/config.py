@@ -136,6 +136,11 @@ CORE_OPTIONS = [
            "($GPUDASK_DISABLE_PLUGIN_AUTOLOAD=1 turns it off).", parse_bool, "true or false"),
     Option("gpudask.plugins.trace", False, "Log every hook call (also $GPUDASK_TRACE_PLUGINS=1).",
            parse_bool, "true or false"),
+    Option("gpudask.plugins.hook-timeout", 60.0,
+           "Seconds one plugin hook called on a process's main thread (where dask servers run their event loop "
+           "and every command plans) may take: past this the call is interrupted and fails with one line naming "
+           "the plugin and the hook.", lambda v: _positive_seconds(v),
+           "a positive number of seconds or a duration such as \"60s\""),
     Option("gpudask.scheduler-check.action", "warn",
            "What the scheduler does with scheduler-check findings: warn (log and 'gpudask' event), error (also "
            "warn every client), refuse (also close the offending worker).", choice("warn", "error", "refuse"),
@@ -153,10 +158,10 @@ def _positive_seconds(value: Any) -> float:
 
     try:
         seconds = None if isinstance(value, bool) else parse_timedelta(value, default="seconds")
-    except (TypeError, ValueError, KeyError, AttributeError):
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError):  # "" -> IndexError
         seconds = None
-    if seconds is None or not 0 < float(seconds) < float("inf"):
-        raise ValueError('a positive number of seconds or a duration such as "5s"')
+    if seconds is None or not 0 < float(seconds) <= 7 * 86400:
+        raise ValueError('a positive number of seconds (at most a week) or a duration such as "5s"')
     return float(seconds)
 
 

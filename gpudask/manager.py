@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from gpudask.config import CORE_OPTIONS, Option
-from gpudask.errors import GpudaskError, PluginError
+from gpudask.errors import PluginError
 from gpudask.findings import Finding
+from gpudask.hookcall import PluginStopped, call_isolated
+from gpudask.plan.values import value_problem
 from gpudask.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
                                   ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
                                   LoadedPlugin, Registry)
@@ -106,14 +108,12 @@ class PluginManager(Registry):
             start = time.perf_counter()
             try:
                 # an implementation takes any subset of the hook's arguments (pluggy checked
-                # them against the spec at registration)
-                result: Any = impl.function(*[kwargs[arg] for arg in impl.argnames])
-            except Exception as e:  # noqa: BLE001
-                # a plugin's own one-line error keeps its text; anything else its type too
-                error = PluginError(plugin.name, plugin.distribution, hook_name,
-                                    str(e) if isinstance(e, GpudaskError) else e)
-                if not isolate:
-                    raise error from e
+                # them against the spec at registration); gpudask.hookcall isolates the call
+                result: Any = call_isolated(plugin.name, plugin.distribution, hook_name, impl.function,
+                                            [kwargs[arg] for arg in impl.argnames])
+            except PluginError as error:
+                if not isolate or isinstance(error, PluginStopped):
+                    raise
                 result = error
             finally:
                 if tracked is not None:
@@ -128,6 +128,10 @@ class PluginManager(Registry):
     def config_options(self) -> list[Option]:
         options = list(CORE_OPTIONS)
         for plugin, result in self._call("gpudask_config_options"):
+            if result is not None and not isinstance(result, (list, tuple)):
+                raise PluginError(plugin.name, plugin.distribution, "gpudask_config_options",
+                                  f"returned a {type(result).__name__} ({result!r:.60}); expected a list of "
+                                  "gpudask.pluginapi.Option")
             for opt in result or []:
                 if not isinstance(opt, Option) or not opt.key.startswith("gpudask."):
                     raise PluginError(plugin.name, plugin.distribution, "gpudask_config_options",
@@ -178,7 +182,16 @@ class PluginManager(Registry):
         """Each plugin's ``gpudask_setup_memory`` result: ``{plugin: result}``, Nones left out.
         Runs the hooks at every call: the once-per-process rule is the apply stage's
         (:func:`gpudask.apply.process.setup_memory`)."""
-        return {p.name: r for p, r in self._call("gpudask_setup_memory", plan, ctx=ctx) if r is not None}
+        out = {}
+        for plugin, result in self._call("gpudask_setup_memory", plan, ctx=ctx):
+            if result is None:
+                continue
+            problem = value_problem(result) if isinstance(result, Mapping) else f"a {type(result).__name__}"
+            if problem is not None:  # published by the worker: refused here, not on the wire
+                raise PluginError(plugin.name, plugin.distribution, "gpudask_setup_memory",
+                                  f"returned {problem}; expected None or a dict of JSON values")
+            out[plugin.name] = result
+        return out
 
     def server_setup(self, ctx: PlanContext, plan: ProcessPlan, server: Any) -> None:
         self._call("gpudask_server_setup", plan, ctx=ctx, server=server)
@@ -231,7 +244,8 @@ def _applied_state_problem(result: Any) -> str | None:
             return f"{type(pair).__name__} for key {key!r:.60}"
         if "planned" not in pair or "actual" not in pair:
             return f"{sorted(map(str, pair))!r:.80} for key {key!r:.60}"
-    return None
+    # NaN is allowed (the page shows it as text); an integer msgpack cannot carry is not
+    return value_problem(dict(result), finite=False)
 
 
 REPORT_ROW_KEYS: dict[str, type | tuple[type, ...]] = {"column": str, "summary": str, "note": (str, type(None)),

@@ -67,6 +67,25 @@ def _merged_preload(value: Any) -> list[str]:
     return [PRELOAD, *(i for i in items if i != PRELOAD)]
 
 
+def _warn_if_sharing_gpus(n: int) -> None:
+    """Another process of this host (a second LocalGPUCluster, a dask worker command) already
+    runs workers on the GPUs this cluster's workers are planned on: say so, once."""
+    from gpudask.apply import hostfile, process
+
+    s = process.current()
+    if not n or s is None or s.host is None:
+        return
+    found = hostfile.sharing_gpus(s.host)
+    if found is not None:
+        import warnings
+
+        pids, indices = found
+        warnings.warn(f"gpudask: another gpudask process on this host (pid {pids}) already runs workers on GPU(s) "
+                      f"{indices}: this LocalGPUCluster's {n} worker(s) share them (each process numbers its "
+                      "workers from 0); start one cluster for all the GPUs, or give each process its own "
+                      "CUDA_VISIBLE_DEVICES", UserWarning, stacklevel=4)
+
+
 def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
                    threads_per_worker: int | None = None, **kwargs: Any) -> dict[str, Any]:
     """Keyword arguments for ``distributed.LocalCluster``: one worker per GPU, gpudask
@@ -83,6 +102,9 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
     :param kwargs: any other ``LocalCluster`` argument; ``preload``, ``env`` and
         ``scheduler_kwargs`` are merged with gpudask's, not replaced.
     """
+    from gpudask.plan.planner import check_nworkers
+
+    check_nworkers(n_workers, "n_workers")  # before planning: 2.5 or 10**7 plan nothing
     name = _protocol_name(protocol)
     s = _client_session(name, n_workers)
     gpus = s.host.facts.visible_gpus()
@@ -222,6 +244,7 @@ class LocalGPUCluster(LocalCluster):
         kw = cluster_kwargs(n_workers, protocol, threads_per_worker, **kwargs)
         n = kw.pop("n_workers")
         self._gpudask_nworkers = n
+        _warn_if_sharing_gpus(n)
         if kw.get("threads_per_worker") is None:
             kw["threads_per_worker"] = max(1, math.ceil(CPU_COUNT / max(n, 1)))
         if n and "memory_limit" not in kw:

@@ -220,7 +220,8 @@ function draw(state) {
   const links = document.getElementById("links");
   links.replaceChildren();
   if (state.bokeh) { const a = el("a", null, "dashboard"); a.href = "status"; links.appendChild(a); }
-  document.getElementById("problem").textContent = check.problem || "";
+  document.getElementById("problem").textContent = [check.problem].concat(state.problems || [])
+    .filter(Boolean).join(" \\u00b7 ");
   replace(document.querySelector("#workers tbody"), state.workers.map(workerRow), "no workers", 8);
   replace(document.querySelector("#findings tbody"), groupFindings(state.findings || [], state.workers).map(findingRow),
           check.installed ? "no findings: every worker matches the scheduler"

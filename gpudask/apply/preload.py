@@ -115,34 +115,12 @@ def _other_commands_warnings(s: process.Session, cli: runtime.CliArgs | None) ->
     shared and the other commands (their host plans in the state directory)."""
     if cli is None or cli.command != "worker" or not cli.nanny or not s.ctx.gpus:
         return []
-    import json
-
-    mine = {w.gpu for w in s.host.workers if w.gpu}
-    others: dict[int, set[str]] = {}
-    try:
-        entries = list(hostfile.state_dir().glob("plan-*.json"))
-    except OSError:
+    found = hostfile.sharing_gpus(s.host)
+    if found is None:
         return []
-    for path in entries:
-        pid = path.stem[len("plan-"):]
-        if not pid.isdigit() or int(pid) == os.getpid() or not hostfile._alive(int(pid)):
-            continue
-        try:
-            data = json.loads(path.read_text())
-            if data["facts"]["hostname"] != s.host.facts.hostname:
-                continue
-            gpus = {w.get("gpu") for w in data["workers"] if isinstance(w, dict) and w.get("gpu")}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-        shared = gpus & mine
-        if shared:
-            others[int(pid)] = shared
-    if not others:
-        return []
-    shared = sorted(set().union(*others.values()))
-    indices = sorted(w.gpu_index for w in s.host.workers if w.gpu in shared and w.gpu_index is not None)
-    return [f"another dask worker command on this host (pid {', '.join(map(str, sorted(others)))}) already "
-            f"runs workers on GPU(s) {', '.join(map(str, indices)) or ', '.join(shared)}: this command's "
+    pids, indices = found
+    return [f"another dask worker command on this host (pid {pids}) already "
+            f"runs workers on GPU(s) {indices}: this command's "
             f"{len(s.host.workers)} worker(s) share them (each command numbers its workers from 0); start one "
             f"dask worker with --nworkers {len(s.ctx.gpus)}, or give each command its own CUDA_VISIBLE_DEVICES"]
 

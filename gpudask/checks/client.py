@@ -7,8 +7,12 @@ deserialises what it gathers, so it should match them too.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Iterable
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gpudask.checks.runner import plan_here, report_on_scheduler
@@ -200,6 +204,39 @@ def _probe(address: str, timeout: float) -> None:
     asyncio.run(once())
 
 
+MAX_TIMEOUT_S = 7 * 86400.0  # --timeout's upper end: a week
+
+
+def check_timeout(value: float, option: str = "--timeout") -> float:
+    """A command's ``--timeout`` (or ``--path-timeout``): refused in one line when it is
+    not a number of seconds a wait can use."""
+    if not (isinstance(value, (int, float)) and 0 < value <= MAX_TIMEOUT_S):
+        raise GpudaskError(f"{option} {value:g}: accepted: a number of seconds above 0 and at most "
+                           f"{MAX_TIMEOUT_S:g} (a week)")
+    return float(value)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, target: str) -> Iterator[None]:
+    """End the command with one line when the scheduler at ``target`` has not answered within
+    ``seconds`` (plus one): a peer that accepts the connection and never answers does not hold
+    a command past its ``--timeout``.  Python cannot cancel a blocked call from outside, so
+    the process exits (status 2)."""
+    def expire() -> None:
+        sys.stderr.write(f"gpudask: error: no answer from the scheduler at {target} within {seconds:g} s "
+                         "(--timeout)\n")
+        sys.stderr.flush()
+        os._exit(2)
+
+    timer = threading.Timer(seconds + 1.0, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float,
               echo: Callable[..., Any], table: Callable[[list[str], list[list[Any]]], str],
               probe: bool = False, path_timeout: float = 10.0, workers: str | None = None) -> int:
@@ -209,19 +246,21 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
     from distributed import Client
 
     try:
+        check_timeout(timeout)
         target = scheduler_address(address, scheduler_file)
         chosen = _probe_workers(workers) if probe else None
-        if probe and not (path_timeout > 0):
-            raise GpudaskError(f"--path-timeout {path_timeout:g}: accepted: a number of seconds > 0")
+        if probe:
+            check_timeout(path_timeout, "--path-timeout")
     except GpudaskError as e:
         echo(f"gpudask: error: {e}", err=True)
         return 2
     try:
         # plain TCP only: UCX is set up once per process and TLS needs the security
         # context, both of which Client() does itself
-        if scheme(target) in (None, "tcp"):
-            _probe(target, timeout)
-        client = Client(target, timeout=timeout, set_as_default=False)
+        with deadline(timeout, target):
+            if scheme(target) in (None, "tcp"):
+                _probe(target, timeout)
+            client = Client(target, timeout=timeout, set_as_default=False)
     except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
         echo(f"gpudask: error: {unreachable(target, timeout, e)}", err=True)
         return 2
@@ -235,7 +274,8 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
         echo(json.dumps(result, indent=1, default=str) if as_json else format_probe(result))
         return 0 if result["status"] in ("ok", "slow") else 1  # slow: a warning, like the check's
     try:
-        report = run_check(client)
+        with deadline(timeout, target):
+            report = run_check(client)
     finally:
         client.close()
     echo(json.dumps(report, indent=1, default=str) if as_json else format_report(report, table))

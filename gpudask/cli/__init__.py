@@ -206,16 +206,19 @@ def status(address: str | None, address_option: str | None, scheduler_file: str 
     field).  The scheduler: ADDRESS, --address ADDRESS or --scheduler-file FILE."""
     from distributed import Client
 
-    from gpudask.checks.client import _probe, scheduler_address, unreachable
+    from gpudask.checks.client import _probe, check_timeout, deadline, scheduler_address, unreachable
     from gpudask.checks.sides import scheme
     from gpudask.cli.report import table
     from gpudask.cli.status import cluster_status, format_status
 
+    check_timeout(timeout)
     target = scheduler_address(_one_scheduler(address, address_option, scheduler_file), scheduler_file)
     try:
-        if scheme(target) in (None, "tcp"):
-            _probe(target, timeout)  # fails within the timeout, not inside Client()
-        with Client(target, timeout=timeout, set_as_default=False) as client:
+        with deadline(timeout, target):  # a peer that accepts and never answers: one line
+            if scheme(target) in (None, "tcp"):
+                _probe(target, timeout)  # fails within the timeout, not inside Client()
+            client = Client(target, timeout=timeout, set_as_default=False)
+        with deadline(timeout, target), client:
             result = cluster_status(client)
     except OSError as e:
         raise GpudaskError(unreachable(target, timeout, e)) from None
