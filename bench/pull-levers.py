@@ -35,6 +35,7 @@ import time
 from distributed import wait
 
 from gpudask.testing.processes import ProcessCluster, stop_all
+from gpudask_bench.workers import detached, make_array, pull_times
 
 # name -> (worker kind, environment of every process of the cluster)
 CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
@@ -46,6 +47,10 @@ CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     "thread-no-delayed": ("gpudask", {"UCXPY_PROGRESS_MODE": "thread", "UCXPY_ENABLE_DELAYED_SUBMISSION": "0"}),
     "thread-python-future": ("gpudask", {"UCXPY_PROGRESS_MODE": "thread", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}),
     "offload-off": ("gpudask", {"DASK_DISTRIBUTED__COMM__OFFLOAD": "False"}),
+    # the same lever through gpudask's plan (gpu-dask-defaults), taking effect in the worker processes
+    "plan-offload-off": ("gpudask", {"DASK_GPUDASK__COMM__OFFLOAD_THRESHOLD": "false"}),
+    "plan-offload-512MiB": ("gpudask", {"DASK_GPUDASK__COMM__OFFLOAD_THRESHOLD": "512MiB"}),
+    "ipc-cache-on": ("gpudask", {"UCX_CUDA_IPC_CACHE": "y"}),
     "polling-offload-off": ("gpudask", {"UCXPY_PROGRESS_MODE": "polling", "DASK_DISTRIBUTED__COMM__OFFLOAD": "False"}),
     "rndv-get": ("gpudask", {"UCX_RNDV_SCHEME": "get_zcopy"}),
     "rndv-put": ("gpudask", {"UCX_RNDV_SCHEME": "put_zcopy"}),
@@ -68,33 +73,10 @@ def _label(n: int) -> str:
 
 
 # -- run in the workers (client.run) ------------------------------------------------------------
-def make(n: int, array: str):
-    if array == "cupy":
-        import cupy
-
-        x = cupy.ones(n // 8, dtype="f8")
-        cupy.cuda.runtime.deviceSynchronize()
-        return x
-    import numpy
-
-    return numpy.ones(n // 8, dtype="f8")
-
-
-async def pull(addr: str, key: str, reps: int, array: str, dask_worker=None) -> list[float]:
-    from distributed.worker import get_data_from_worker
-
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        r = await get_data_from_worker(dask_worker.rpc, [key], addr, who=dask_worker.address)
-        if array == "cupy":
-            import cupy
-
-            cupy.cuda.runtime.deviceSynchronize()
-        times.append(time.perf_counter() - t)
-        assert r["status"] == "OK" and r["data"][key].nbytes > 0, r.get("status")
-        del r
-    return times
+# the array and the pull are gpudask bench's own (gpudask_bench.workers), sent by value (detached):
+# the pull figures of this script and of `gpudask bench` are one measurement
+make = detached(make_array)  # (nbytes, "cupy" | "numpy", seed)
+pull = detached(pull_times)  # (addr, key, reps, "cupy" | "numpy") -> seconds of each pull
 
 
 def instrument(dask_worker=None) -> str:
@@ -254,7 +236,7 @@ def run_config(name: str, args, out: pathlib.Path, env_base: dict[str, str]) -> 
         result["ucx"] = c.run(ucx_view)
         figures: dict[str, object] = {}
         for n in args.sizes:
-            f = c.submit(make, n, args.array, workers=[a], pure=False, key=f"src-{name}-{n}")
+            f = c.submit(make, n, args.array, 0, workers=[a], pure=False, key=f"src-{name}-{n}")
             wait(f, timeout=60)
             ts = sorted(c.run(pull, a, f.key, args.repeat + 3, args.array, workers=[b])[b][3:])
             med = statistics.median(ts)

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpudask.plan import HostPlan, PlanInputs, UserValues, build_plan, check_protocol
+from gpudask.plan.planner import check_nworkers
 
 if TYPE_CHECKING:
     from gpudask.config import Settings
@@ -87,6 +88,7 @@ def plan_host(protocol: str | None = None, nworkers: int | None = None,
     prints and what a scheduler, nanny host or worker applies.  ``planner``: the role of
     the process planning (:attr:`gpudask.plan.PlanContext.planner`)."""
     check_protocol(protocol or "tcp")
+    check_nworkers(nworkers)
     return build_plan(inputs(facts_path, config_file, extra_plugins, user_env, user_config), protocol or "tcp",
                       nworkers, user_interface, planner)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import difflib
 import os
 import pathlib
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +57,10 @@ class Option:
     # not set)
     dask_cuda_kwarg: str | None = None
     dask_cuda_convert: Callable[[Any], Any] | None = None
+    # the ``dask cuda worker`` option this setting stands for, as dask-cuda spells it
+    # (``"--rmm-pool-size"``; a pair ``"--enable-x/--disable-x"`` is a flag): gpudask takes it
+    # on stock ``dask worker`` / ``dask scheduler --preload gpudask`` (converted as the keyword)
+    dask_cuda_option: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,11 @@ CORE_OPTIONS = [
            "($GPUDASK_DISABLE_PLUGIN_AUTOLOAD=1 turns it off).", parse_bool, "true or false"),
     Option("gpudask.plugins.trace", False, "Log every hook call (also $GPUDASK_TRACE_PLUGINS=1).",
            parse_bool, "true or false"),
+    Option("gpudask.plugins.hook-timeout", 60.0,
+           "Seconds one plugin hook called on a process's main thread (where dask servers run their event loop "
+           "and every command plans) may take: past this the call is interrupted and fails with one line naming "
+           "the plugin and the hook.", lambda v: _positive_seconds(v),
+           "a positive number of seconds or a duration such as \"60s\""),
     Option("gpudask.scheduler-check.action", "warn",
            "What the scheduler does with scheduler-check findings: warn (log and 'gpudask' event), error (also "
            "warn every client), refuse (also close the offending worker).", choice("warn", "error", "refuse"),
@@ -150,11 +158,26 @@ def _positive_seconds(value: Any) -> float:
 
     try:
         seconds = None if isinstance(value, bool) else parse_timedelta(value, default="seconds")
-    except (TypeError, ValueError, KeyError, AttributeError):
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError):  # "" -> IndexError
         seconds = None
-    if seconds is None or not 0 < float(seconds) < float("inf"):
-        raise ValueError('a positive number of seconds or a duration such as "5s"')
+    if seconds is None or not 0 < float(seconds) <= 7 * 86400:
+        raise ValueError('a positive number of seconds (at most a week) or a duration such as "5s"')
     return float(seconds)
+
+
+# where a value set by dask.config.set came from, when gpudask set it for the user (a
+# `dask worker` option, a LocalGPUCluster keyword): key -> (value, words naming it)
+_LABELS: dict[str, tuple[Any, str]] = {}
+
+
+def label_source(key: str, value: Any, label: str) -> None:
+    """Name where ``key``'s value ``value`` came from (shown in reasons and errors while the
+    key has that value), instead of "dask config"."""
+    _LABELS[key] = (value, label)
+
+
+def forget_source(key: str) -> None:
+    _LABELS.pop(key, None)
 
 
 def register_defaults(options: Iterable[Option]) -> None:
@@ -199,6 +222,9 @@ class Settings:
         return dask.config.get(key, default=_MISSING, config=self._config)
 
     def _source(self, key: str) -> str:
+        labelled = _LABELS.get(key)
+        if labelled is not None and labelled[0] == self._raw(key):
+            return labelled[1]
         env_name = "DASK_" + key.upper().replace(".", "__").replace("-", "_")
         if env_name in self._environ:
             return f"${env_name}"
@@ -269,6 +295,20 @@ class Settings:
         return out
 
 
+_WARNED_ENV = "GPUDASK_WARNED"  # what this process (or the one that started it) has said already
+
+
 def warn_unknown(messages: list[str]) -> None:
+    """``gpudask: warning: ...`` on stderr, once per message: not again in this process, nor
+    in the processes it starts (``dask worker``'s worker processes, a LocalGPUCluster's):
+    they inherit the list of what was said (a short digest of each message)."""
+    import hashlib
+    import sys
+
+    said = set(filter(None, os.environ.get(_WARNED_ENV, "").split(",")))
     for message in messages:
-        warnings.warn(message, UserWarning, stacklevel=3)
+        digest = hashlib.sha1(message.encode()).hexdigest()[:12]
+        if digest not in said:
+            said.add(digest)
+            os.environ[_WARNED_ENV] = ",".join(sorted(said))
+            print(f"gpudask: warning: {message}", file=sys.stderr, flush=True)

@@ -8,7 +8,8 @@ the ``gpudask`` entry point group; both are called the same way.
 
 Every hook is called by gpudask's plugin manager one implementation at a time, in
 priority order, each through pluggy's hook caller for that plugin alone
-(``GPUDASK_TRACE_PLUGINS=1`` traces each call through pluggy's ``add_hookcall_monitoring``).
+(``GPUDASK_TRACE_PLUGINS=1`` logs each call, one line per plugin, through pluggy's
+``add_hookcall_monitoring``).
 None of the hooks is ``firstresult``: each asks every plugin for its part (its options,
 its decisions, its findings), and no single plugin's answer ends the call. How the
 results combine is said per hook. A failure is reported as ``gpudask plugin 'x' (from

@@ -9,7 +9,9 @@ plugin alone (``PluginManager.subset_hook_caller`` without every other plugin, c
 hook and plugin), so that a failure names the plugin, its distribution and the hook, reasons
 are attributed to the plugin that made them, and a hook that isolates failures lets the
 others run; and traces the calls (``enable_tracing``, through pluggy's
-``add_hookcall_monitoring``).
+``add_hookcall_monitoring``: one line per plugin and call).  Each call goes through
+:func:`gpudask.hookcall.call_isolated`, which bounds it and turns whatever it raises into a
+one-line PluginError.
 
 Only pluggy's public API is used.  What pluggy would order or wrap differently -- hook
 wrappers (``wrapper=True``, ``hookwrapper=True``) and ``tryfirst``/``trylast`` -- is refused
@@ -31,6 +33,8 @@ import pluggy
 from gpudask.config import CORE_OPTIONS, Option
 from gpudask.errors import GpudaskError, PluginError
 from gpudask.findings import Finding
+from gpudask.hookcall import PluginStopped, call_isolated
+from gpudask.plan.values import value_problem
 from gpudask.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
                                   ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
                                   LoadedPlugin, Registry)
@@ -63,9 +67,9 @@ class PluginManager(Registry):
 
     # -- tracing ---------------------------------------------------------------
     def enable_tracing(self) -> None:
-        """Log every hook call, through pluggy's ``add_hookcall_monitoring``: the hook, its
-        arguments and its result in the lines of pluggy's own tracer, then one line naming
-        the plugin, the process role, the worker number and the duration."""
+        """Log every hook call, one line per plugin: ``gpudask trace: <hook> -> <plugin>
+        role=<role> index=<n>: <result> (<ms> ms)`` (docs/troubleshooting.md), through pluggy's
+        ``add_hookcall_monitoring`` (each call is one plugin's: :meth:`_caller`)."""
         if not self.trace:
             self.trace = True
             self._pm.add_hookcall_monitoring(_trace_before, _trace_after)
@@ -88,6 +92,12 @@ class PluginManager(Registry):
             self._callers[key] = self._pm.subset_hook_caller(hook_name, remove_plugins=others)
         return self._callers[key]
 
+    def _call_one(self, hook_name: str, plugin: LoadedPlugin, kwargs: Mapping[str, Any]) -> Any:
+        """``plugin``'s implementation of ``hook_name``, through pluggy, which hands it the
+        arguments it names (checked against the spec at registration); its result or None."""
+        returned = self._caller(hook_name, plugin)(**kwargs)
+        return returned[0] if returned else None  # pluggy leaves None results out of its list
+
     def hook_functions(self, hook_name: str) -> dict[str, Callable[..., Any]]:
         """plugin name -> the function implementing ``hook_name`` (e.g. to tell which
         plugin a thread is in from its stack)."""
@@ -104,9 +114,8 @@ class PluginManager(Registry):
 
     def _call(self, hook_name: str, plan: ProcessPlan | Mapping[str, Any] | None = None, isolate: bool = False,
               **kwargs: Any) -> list[tuple[LoadedPlugin, Any]]:
-        """Call each implementation in priority order, each through pluggy's hook caller for
-        that plugin alone.  With ``isolate`` a failing plugin's PluginError is returned as
-        its result instead of stopping the others."""
+        """Call each implementation in priority order.  With ``isolate`` a failing plugin's
+        PluginError is returned as its result instead of stopping the others."""
         if plan is not None:
             kwargs = dict(kwargs, plan=plan)
         # a ProcessPlan being built or applied (not a published plan's dict): its reasons name
@@ -123,16 +132,12 @@ class PluginManager(Registry):
                 tracked.acting_plugin, tracked.acting_reads = plugin.name, plugin.reads
             start = time.perf_counter()
             try:
-                # pluggy hands the implementation the arguments it names (checked against
-                # the spec at registration); None results are left out of its list
-                returned = self._caller(hook_name, plugin)(**kwargs)
-                result: Any = returned[0] if returned else None
-            except Exception as e:  # noqa: BLE001
-                # a plugin's own one-line error keeps its text; anything else its type too
-                error = PluginError(plugin.name, plugin.distribution, hook_name,
-                                    str(e) if isinstance(e, GpudaskError) else e)
-                if not isolate:
-                    raise error from e
+                # through pluggy's hook caller for this plugin alone; gpudask.hookcall isolates the call
+                result: Any = call_isolated(plugin.name, plugin.distribution, hook_name, self._call_one,
+                                            [hook_name, plugin, kwargs])
+            except PluginError as error:
+                if not isolate or isinstance(error, PluginStopped):
+                    raise
                 result = error
             finally:
                 if tracked is not None:
@@ -145,6 +150,10 @@ class PluginManager(Registry):
     def config_options(self) -> list[Option]:
         options = list(CORE_OPTIONS)
         for plugin, result in self._call("gpudask_config_options"):
+            if result is not None and not isinstance(result, (list, tuple)):
+                raise PluginError(plugin.name, plugin.distribution, "gpudask_config_options",
+                                  f"returned a {type(result).__name__} ({result!r:.60}); expected a list of "
+                                  "gpudask.pluginapi.Option")
             for opt in result or []:
                 if not isinstance(opt, Option) or not opt.key.startswith("gpudask."):
                     raise PluginError(plugin.name, plugin.distribution, "gpudask_config_options",
@@ -222,7 +231,16 @@ class PluginManager(Registry):
         """Each plugin's ``gpudask_setup_memory`` result: ``{plugin: result}``, Nones left out.
         Runs the hooks at every call: the once-per-process rule is the apply stage's
         (:func:`gpudask.apply.process.setup_memory`)."""
-        return {p.name: r for p, r in self._call("gpudask_setup_memory", plan, ctx=ctx) if r is not None}
+        out = {}
+        for plugin, result in self._call("gpudask_setup_memory", plan, ctx=ctx):
+            if result is None:
+                continue
+            problem = value_problem(result) if isinstance(result, Mapping) else f"a {type(result).__name__}"
+            if problem is not None:  # published by the worker: refused here, not on the wire
+                raise PluginError(plugin.name, plugin.distribution, "gpudask_setup_memory",
+                                  f"returned {problem}; expected None or a dict of JSON values")
+            out[plugin.name] = result
+        return out
 
     def server_setup(self, ctx: PlanContext, plan: ProcessPlan, server: Any) -> None:
         self._call("gpudask_server_setup", plan, ctx=ctx, server=server)
@@ -275,7 +293,8 @@ def _applied_state_problem(result: Any) -> str | None:
             return f"{type(pair).__name__} for key {key!r:.60}"
         if "planned" not in pair or "actual" not in pair:
             return f"{sorted(map(str, pair))!r:.80} for key {key!r:.60}"
-    return None
+    # NaN is allowed (the page shows it as text); an integer msgpack cannot carry is not
+    return value_problem(dict(result), finite=False)
 
 
 REPORT_ROW_KEYS: dict[str, type | tuple[type, ...]] = {"column": str, "summary": str, "note": (str, type(None)),
@@ -313,6 +332,44 @@ def _report_rows_problem(result: Any) -> str | None:
     return None
 
 
+def _trace_line(hook: str, plugin: str, plan: Any, result: Any, seconds: float) -> str:
+    """One traced call: the hook, the plugin, the process it planned or applied for, its
+    result (short; a failure's line) and its duration."""
+    where = "" if plan is None else f" role={plan.role}" + ("" if plan.index is None else f" index={plan.index}")
+    if isinstance(result, PluginError):
+        shown = f"failed: {result}"
+    else:
+        shown = repr(result).replace("\n", " ")
+        shown = shown if len(shown) <= 100 else shown[:99] + "…"
+    return f"{hook} -> {plugin}{where}: {shown} ({seconds * 1e3:.1f} ms)"
+
+
+_TRACE_STARTS = threading.local()  # when each traced call began (calls nest: a stack per thread)
+
+
+def _trace_before(hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
+    """pluggy's ``add_hookcall_monitoring`` before: when the call began."""
+    _TRACE_STARTS.__dict__.setdefault("stack", []).append(time.perf_counter())
+
+
+def _trace_after(outcome: pluggy.Result[Any], hook_name: str, impls: Sequence[pluggy.HookImpl],
+                 kwargs: Mapping[str, Any]) -> None:
+    """pluggy's ``add_hookcall_monitoring`` after: one line per plugin called (one, here)."""
+    starts = _TRACE_STARTS.__dict__.setdefault("stack", [])
+    seconds = time.perf_counter() - (starts.pop() if starts else time.perf_counter())
+    plan = kwargs.get("plan")
+    tracked = plan if plan is not None and not isinstance(plan, Mapping) else None
+    error = outcome.exception
+    for impl in impls:
+        if error is not None:
+            cause: BaseException | str = str(error) if isinstance(error, GpudaskError) else error
+            result: Any = PluginError(impl.plugin_name, None, hook_name, cause)
+        else:
+            found = outcome.get_result()
+            result = found[0] if found else None
+        _trace_write(_trace_line(hook_name, impl.plugin_name, tracked, result, seconds))
+
+
 def _trace_write(message: str) -> None:
     if not trace_logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
@@ -322,31 +379,3 @@ def _trace_write(message: str) -> None:
         trace_logger.propagate = False
     for line in message.rstrip("\n").splitlines():
         trace_logger.info(line)
-
-
-_TRACE_STARTS = threading.local()  # when each traced call began (calls nest: a stack per thread)
-
-
-def _trace_before(hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
-    """pluggy's ``add_hookcall_monitoring`` before: the call and its arguments, in the lines
-    of pluggy's tracer."""
-    starts = _TRACE_STARTS.__dict__.setdefault("stack", [])
-    _trace_write("  " * (len(starts) + 1) + f"{hook_name} [hook]")
-    for key, value in kwargs.items():
-        _trace_write("  " * (len(starts) + 3) + f"{key}: {value}")
-    starts.append(time.perf_counter())
-
-
-def _trace_after(outcome: pluggy.Result[Any], hook_name: str, impls: Sequence[pluggy.HookImpl],
-                 kwargs: Mapping[str, Any]) -> None:
-    """pluggy's ``add_hookcall_monitoring`` after: the result, then which plugin ran where and how long."""
-    starts = _TRACE_STARTS.__dict__.setdefault("stack", [])
-    began = starts.pop() if starts else time.perf_counter()
-    failed = outcome.exception is not None
-    if not failed:
-        _trace_write("  " * (len(starts) + 1) + f"finish {hook_name} --> {outcome.get_result()!r} [hook]")
-    plan = kwargs.get("plan")
-    where = f" role={plan.role} index={plan.index}" if plan is not None and not isinstance(plan, Mapping) else ""
-    for impl in impls:
-        _trace_write(f"{hook_name} -> {impl.plugin_name}{where}: {'failed' if failed else 'done'} in "
-                     f"{(time.perf_counter() - began) * 1e3:.1f} ms [gpudask]")

@@ -237,12 +237,16 @@ class Registry:
     def _load_entry_point(self, name: str, dist: str | None) -> None:
         """One entry point through pluggy, which skips blocked names; failures name the plugin."""
         self.loading_dist = dist  # for the one-line errors of its registration
+        from gpudask.hookcall import call_isolated
+
         try:
-            self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
-        except PluginError:
+            # the module body runs here: isolated like a hook (sys.exit() in it ends nothing)
+            call_isolated(name, dist, "import", lambda: self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP,
+                                                                                             name=name), ())
+        except PluginError as e:
+            if isinstance(e.__cause__, PluginError):  # refused at registration: that line as it is
+                raise e.__cause__ from None
             raise
-        except Exception as e:  # noqa: BLE001 - an import failure of a third-party plugin
-            raise PluginError(name, dist, "import", e) from e
         finally:
             self.loading_dist = None
         # the distribution it came from, as pluggy recorded it

@@ -125,10 +125,11 @@ def test_preload_nanny_takes_options_from_the_file_named_by_gpudask_config(clust
 
 @pytest.mark.process
 def test_preload_argv_is_left_to_the_users_own_click_preload(cluster, tmp_path):
-    """gpudask's dask_setup is a plain function, not a click command: gpudask decides at
-    import time, before distributed parses preload arguments, so its options come from
-    dask config, DASK_GPUDASK__* and gpudask.toml.  distributed allows one click-configurable
-    preload per server: that slot stays free for the user's own."""
+    """gpudask takes dask-cuda's worker options after ``--preload gpudask`` (at import time,
+    before distributed parses them: tests/test_dask_cuda_options.py), and refuses another
+    option in one line.  distributed allows one click-configurable preload per server: when
+    another preload is listed and no argument is one of gpudask's, the arguments (and the
+    slot) stay the user's own."""
     mine = tmp_path / "mysetup.py"
     mine.write_text(textwrap.dedent("""\
         import click
@@ -143,7 +144,8 @@ def test_preload_argv_is_left_to_the_users_own_click_preload(cluster, tmp_path):
                           "--preload", "gpudask", "--gpudask-pool-size", "1GB"],
                          capture_output=True, text=True, timeout=120, env=base_env(), cwd=str(tmp_path))
     assert bad.returncode != 0
-    assert "Was click-configurable --preload target provided?" in bad.stderr  # distributed's own message
+    assert "Error: gpudask: --gpudask-pool-size: not an option of dask worker --preload gpudask" in bad.stderr
+    assert "Traceback" not in bad.stderr
     # the scheduler address is given as an argument: with --scheduler-file, click would take
     # the first preload argument for the (optional) scheduler address
     cluster.spawn("worker", [sys.executable, "-m", "dask", "worker", cluster.address, "--host", "127.0.0.1",

@@ -427,3 +427,76 @@ def test_dask_cuda_local_cupy_report_is_read_run_by_run():
     ms = text.replace("2.66 s ", "266.00 ms")
     assert parse(ms)["runs"][0] == 0.266
     assert parse("no report") == {"runs": [], "p2p": []}
+
+
+@pytest.mark.process
+def test_pull_figures_on_numpy_over_tcp_with_one_sides_environment(tmp_path):
+    """The in-worker pull (get_data_from_worker awaited in the receiving worker) for one
+    configuration: pull_<size>_s per transfer size, --pulls runs after the warm-ups; and
+    --config-env reaches that configuration's workers, said in its notes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDASK_")}
+    env["TMPDIR"] = str(tmp_path)
+    cmd = [sys.executable, "-m", "gpudask.cli", "bench", "--configs", "tcp", "--repeat", "1", "--pulls", "7",
+           "--backend", "numpy", "--json", "--max-seconds", "50",
+           "--config-env", "tcp:GPUDASK_BENCH_SIDE_PROBE=yes"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=90, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    (tcp,) = report["configs"]
+    assert tcp["status"] == "ok", tcp.get("notes")
+    assert report["settings"]["pulls"] == 7
+    assert report["settings"]["config_env"] == {"tcp": {"GPUDASK_BENCH_SIDE_PROBE": "yes"}}
+    figs = tcp["figures"]
+    for n in report["settings"]["transfer_bytes"]:  # 1MB, 8MB, 64MB here; 1MB, 64MB, 1GB on a GPU
+        fig = figs[f"pull_{size_label(n)}_s"]
+        assert len(fig["warmup"]) == 3 and len(fig["runs"]) == 7, fig
+        assert 0 < fig["best"] <= fig["median"]
+        assert figs[f"pull_{size_label(n)}_GBps"]["median"] > 0
+    assert "ready_s" in figs
+    assert "--config-env: GPUDASK_BENCH_SIDE_PROBE=yes" in tcp["notes"]
+    assert all(w["GPUDASK_BENCH_SIDE_PROBE"] == "yes" for w in tcp["env"]["workers"])
+
+
+def test_config_env_goes_to_one_configuration_only():
+    host, opts = _host(1), _opts(2)
+    opts.config_env = configs.parse_config_env(
+        ["gpudask:DASK_DISTRIBUTED__COMM__OFFLOAD=False", "gpudask:UCXPY_PROGRESS_MODE=polling"],
+        ["gpudask", "dask-cuda"])
+    gd = configs.build_spec("gpudask", host, opts, "s.json", "d")
+    dc = configs.build_spec("dask-cuda", host, opts, "s.json", "d")
+    want = {"DASK_DISTRIBUTED__COMM__OFFLOAD": "False", "UCXPY_PROGRESS_MODE": "polling"}
+    assert want.items() <= gd.scheduler_env.items()
+    assert all(want.items() <= env.items() for _, env in gd.workers)
+    assert not any(k in env for _, env in dc.workers for k in want) and not any(k in dc.scheduler_env for k in want)
+    for bad in ("gpudask", "gpudask:NOEQUALS", "nope:A=1", "raw-ucxx:A=1", ":A=1"):
+        with pytest.raises(ValueError):
+            configs.parse_config_env([bad], ["gpudask", "raw-ucxx"])
+    assert configs.parse_config_env(["gpudask:A=x=y"], ["gpudask"]) == {"gpudask": {"A": "x=y"}}
+
+
+def test_local_cupy_arguments_and_its_failures():
+    """local_cupy runs transpose_sum and dot at 20000^2 in chunks of 2000 against the cluster as
+    its CLI set it up (--disable-rmm), and a failure keeps where it came from."""
+    from gpudask_bench import dask_cuda_client as dc
+
+    assert {"transpose_sum", "dot"} <= set(dc.OPERATIONS)
+    for op in ("transpose_sum", "dot"):
+        size, chunk = dc.SIZES[op]
+        assert (size, chunk) == (20000, 2000) and size % chunk == 0
+        argv = dc.argv("s.json", "ucx", op, size, chunk, 3)
+        assert argv[1:3] == ["-m", "dask_cuda.benchmarks.local_cupy"]
+        assert argv[argv.index("-o") + 1] == op and argv[argv.index("-s") + 1] == "20000"
+        assert argv[argv.index("-c") + 1] == "2000" and argv[argv.index("--runs") + 1] == "3"
+        assert "--disable-rmm" in argv and argv[argv.index("--scheduler-file") + 1] == "s.json"
+    # local_cupy 26.10 started with no worker registered (reproduced on CPU): a bare AssertionError
+    stderr = ('Traceback (most recent call last):\n'
+              '  File "/site/dask_cuda/benchmarks/local_cupy.py", line 317, in <module>\n'
+              '    execute_benchmark(\n'
+              '  File "/site/dask_cuda/benchmarks/common.py", line 130, in run\n'
+              '    assert len(client.scheduler_info(n_workers=-1)["workers"]) > 0\n'
+              '           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n'
+              'AssertionError\n')
+    assert dc.error_text(stderr) == ('AssertionError at dask_cuda/benchmarks/common.py:130 '
+                                     '(assert len(client.scheduler_info(n_workers=-1)["workers"]) > 0)')
+    assert dc.error_text("") == "no output"
+    assert dc.error_text("RuntimeError: boom\n") == "RuntimeError: boom"

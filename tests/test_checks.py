@@ -322,7 +322,8 @@ def test_install_on_a_running_scheduler_starts_once_and_checks_connected_workers
 @pytest.mark.parametrize("target, says", [
     (["banana"], "gpudask: error: 'banana' is not a scheduler address (missing port number in address 'banana'); "
                  "accepted: tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT, or --scheduler-file FILE"),
-    (["tcp://127.0.0.1:1"], "gpudask: error: cannot connect to the scheduler tcp://127.0.0.1:1: "),
+    (["tcp://127.0.0.1:1"], "gpudask: error: cannot reach the scheduler at tcp://127.0.0.1:1: nothing is listening "
+                            "there (connection refused)"),
     (["--scheduler-file", "not-json.txt"], "gpudask: error: cannot read the scheduler's address from not-json.txt"),
 ])
 def test_check_of_a_bad_address_fails_within_its_timeout_with_one_line(tmp_path, target, says):
@@ -601,3 +602,17 @@ def test_gpu_less_ucx_scheduler_fails_and_gpudask_says_so_first(tmp_path):
     workers = [f for f in errors if f["subject"] != "client"]
     assert workers and {f["code"] for f in workers} == {"scheduler-no-gpu"}
     assert "GPU frames relayed through the scheduler will fail with cudaErrorNoDevice" in workers[0]["message"]
+
+
+@pytest.mark.process
+def test_check_and_status_with_nothing_listening_answer_at_once_in_the_same_words():
+    lines = {}
+    for command in ("check", "status"):
+        started = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "gpudask.cli", command, "tcp://127.0.0.1:9"], capture_output=True,
+                             text=True, timeout=120, env=base_env())
+        assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+        assert time.monotonic() - started < 15  # not the 30 s of --timeout: a refusal is final
+        (lines[command],) = out.stderr.splitlines()
+    assert lines["check"] == lines["status"] == ("gpudask: error: cannot reach the scheduler at tcp://127.0.0.1:9: "
+                                                 "nothing is listening there (connection refused)")

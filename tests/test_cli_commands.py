@@ -70,3 +70,20 @@ def test_the_bench_comes_from_its_own_distribution():
     else:
         result = CliRunner().invoke(main, ["bench", "--help"])
         assert result.exit_code == 0 and "Usage: gpudask bench" in result.stdout, result.output
+
+
+def test_every_option_of_every_builtin_command_says_what_it_does():
+    """``--json`` (check, config, plugins, demo) and ``demo --protocol`` had no help text."""
+    import click
+
+    missing = [f"{name} {param.opts[0]}" for name, command in main.commands.items()
+               for param in command.params if isinstance(param, click.Option) and not param.help]
+    assert missing == []
+
+
+def test_config_given_a_scheduler_address_points_at_gpudask_check():
+    """``dask cuda config SCHEDULER``'s habit: one line naming the command that does that job."""
+    assert _one_line_error(["config", "tcp://10.0.0.1:8786"]) == (
+        "gpudask: error: gpudask config takes no argument ('tcp://10.0.0.1:8786'): it lists this process's "
+        "settings; to compare a running cluster's scheduler, workers and client, run: gpudask check "
+        "tcp://10.0.0.1:8786")

@@ -57,18 +57,29 @@ def test_info_summary_shows_workers_changes_and_the_command_lines(cli):
     assert plan["scheduler"]["config"]["distributed.rmm.pool-size"] is None
     assert "distributed.rmm.pool-size" not in out
     assert "  dask scheduler --protocol ucx --preload gpudask" in lines
-    assert "  dask worker ucx://SCHEDULER:8786 --nworkers 4 --preload gpudask" in lines
+    assert "  dask worker ucx://SCHEDULER:8786 --nworkers 4 --nthreads 1 --preload gpudask" in lines
+
+
+def test_info_warns_about_gpus_fewer_workers_leave_idle(cli):
+    """dask-cuda starts one worker per GPU: fewer is said, as more is."""
+    out = cli("info", "--facts", "tests/hosts/hgx-4gpu-2ib.json", "--nworkers", "1", columns=200)
+    assert ("warning: 1 worker(s) on a host with 4 visible GPU(s): 3 GPU(s) stay idle; --nworkers 4 gives one "
+            "worker per GPU") in out
+    assert "stay idle" not in cli("info", "--facts", "tests/hosts/hgx-4gpu-2ib.json")
+    assert "stay idle" not in cli("info", "--facts", "tests/hosts/no-gpu.json", "--nworkers", "1")
 
 
 def test_info_reasons_gives_every_decision(cli):
     full = cli("info", *HGX, "--reasons", columns=1000)
     assert cli("info", *HGX, "-v", columns=1000) == full
     plan = json.loads(cli("info", *HGX, "--json"))
+    lines = full.splitlines()
     for process in [plan["scheduler"], plan["nanny"], plan["client"], *plan["workers"]]:
         for r in process["reasons"]:
-            assert f"  [{r['plugin']}] {r['decision']} -- {r['why']}" in full
-    assert len(full.splitlines()) > 150
-    assert "dask worker ucx://SCHEDULER:8786 --nworkers 4 --preload gpudask" in full
+            # said once, under the processes that share it
+            assert lines.count(f"  [{r['plugin']}] {r['decision']} -- {r['why']}") == 1
+    assert any(line.startswith("every worker (4):") for line in lines)
+    assert "dask worker ucx://SCHEDULER:8786 --nworkers 4 --nthreads 1 --preload gpudask" in full
 
 
 def test_info_command_line_follows_protocol_nworkers_and_interface(cli):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import base_env, host
 
 DGX = host("dgx-8gpu-nvswitch-4ib.json")
@@ -23,6 +24,89 @@ def test_info_reasons_wraps_to_a_100_column_terminal_and_keeps_every_word():
     assert max(len(line) for line in whole.splitlines()) > 100  # there is something to wrap
     too_wide = [line for line in narrow.splitlines() if len(line) > 100]
     assert not too_wide, too_wide[:3]
-    after_table = narrow[narrow.index("\nscheduler:"):].split(), whole[whole.index("\nscheduler:"):].split()
+    after_table = [text[text.index("\n\n", text.index("\nworker ")):].split() for text in (narrow, whole)]
     assert after_table[0] == after_table[1]  # prose wraps between words: nothing lost or cut
     assert any(line.strip().startswith("dask worker tcp://SCHEDULER:8786 --nworkers 8") for line in narrow.splitlines())
+
+
+def mid_word_breaks(narrow: str, whole: str) -> list[str]:
+    """Pieces of ``narrow`` (wrapped) that are not whole words of ``whole`` (the same output
+    unwrapped): a piece ending in a letter or digit where ``whole`` always goes on with one
+    (``severi``), or starting with one where ``whole`` always has one before it (``ty``)."""
+    import re
+
+    bad = []
+    for piece in set(narrow.split()):
+        before = r"(?<![A-Za-z0-9])" if piece[0].isalnum() else ""
+        after = r"(?![A-Za-z0-9])" if piece[-1].isalnum() else ""
+        if not re.search(before + re.escape(piece) + after, whole):
+            bad.append(piece)
+    return sorted(bad)
+
+
+def repeated_lines(text: str) -> list[str]:
+    """Lines of prose (not table borders, not blank) that appear more than once."""
+    from collections import Counter
+
+    # a table's rows repeat values by nature (every worker's pool): a table line has a column gap
+    counts = Counter(line.strip() for line in text.splitlines() if " " in line.strip() and "  " not in line.strip())
+    return [line for line, n in counts.items() if n > 1]
+
+
+def _cli(*args: str, **env: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", *args], capture_output=True, text=True, timeout=60,
+                         env=base_env(**env))
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_the_guard_finds_a_word_cut_in_two():
+    assert mid_word_breaks("sever\nity scheduler-\nparity", "severity scheduler-parity") == ["ity", "sever"]
+    assert mid_word_breaks("0,1,2,\n3 scheduler-\nparity", "0,1,2,3 scheduler-parity") == []
+
+
+@pytest.mark.parametrize("args", [
+    ("info", "--facts", DGX),
+    ("info", "--reasons", "--facts", DGX),
+    ("info", "--reasons", "--facts", host("hgx-4gpu-2ib.json"), "--protocol", "ucx"),
+    ("config",),
+    ("plugins",),
+])
+def test_output_at_100_columns_cuts_no_word_and_repeats_no_line(args):
+    narrow, whole = _cli(*args, COLUMNS="100"), _cli(*args)
+    assert max(len(line) for line in narrow.splitlines()) <= 100
+    assert mid_word_breaks(narrow, whole) == []
+    assert repeated_lines(whole) == []  # a decision several processes share is said once
+
+
+def test_gpu_uuids_are_shortened_so_each_is_still_told_apart():
+    from gpudask.cli.status import short_uuids
+
+    fake = [f"GPU-00000000-0000-0000-0000-00000000000{i}" for i in range(8)]
+    short = short_uuids(fake)
+    assert short[fake[1]] == "GPU-0000…0001" and len(set(short.values())) == 8
+    real = ["GPU-3f2a6c1e-1b2c-4d5e-8f90-a1b2c3d49c1e", "GPU-3f2a0000-1b2c-4d5e-8f90-a1b2c3d59c1e"]
+    assert short_uuids(real) == {real[0]: "GPU-3f2a…49c1e", real[1]: "GPU-3f2a…59c1e"}
+    assert short_uuids(["MIG-1"]) == {"MIG-1": "MIG-1"}
+
+
+@pytest.mark.process
+def test_check_and_status_at_100_columns_cut_no_word_and_group_what_workers_share(cluster):
+    """2 workers on a described 2-GPU host, the scheduler without a GPU: the same findings
+    for both workers are one row naming both, and the GPUs stay told apart."""
+    cluster.scheduler("--preload", "gpudask")
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", "--nthreads", "1",
+                   env=base_env(GPUDASK_FACTS=host("workstation-2gpu-pcie.json")))
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=60)
+    for command in ("check", "status"):
+        narrow, whole = (subprocess.run([sys.executable, "-m", "gpudask.cli", command, cluster.address],
+                                        capture_output=True, text=True, timeout=120, env=base_env(**env)).stdout
+                         for env in ({"COLUMNS": "100"}, {}))
+        assert max(len(line) for line in narrow.splitlines()) <= 100, narrow
+        assert mid_word_breaks(narrow, whole) == [], narrow
+        assert repeated_lines(whole) == [], whole
+        if command == "check":
+            assert "every worker (2)" in whole and "scheduler-parity" in narrow
+        else:
+            assert "GPU-0000…0000" in narrow and "GPU-0000…0001" in narrow

@@ -7,6 +7,7 @@ import sys
 
 import dask
 import pytest
+from conftest import base_env
 
 from gpudask.config import CORE_OPTIONS, Option, Settings, load_dask_config, parse_optional_bool, register_defaults
 from gpudask.errors import ConfigError
@@ -147,3 +148,25 @@ def test_an_unknown_protocol_is_refused_with_the_known_ones():
 
     with pytest.raises(ConfigError, match=r"protocol 'foo' is not valid; accepted: .*tcp.*ucx"):
         plan_on(host("h200-single.json"), "foo")
+
+
+TYPO = "unknown gpudask setting 'gpudask.rmm.poolsize' (from $DASK_GPUDASK__RMM__POOLSIZE); did you mean " \
+       "'gpudask.rmm.pool-size'?"
+
+
+@pytest.mark.process
+def test_a_setting_typo_is_one_gpudask_warning_line_in_the_cli(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env=base_env(DASK_GPUDASK__RMM__POOLSIZE="1GB"))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [f"gpudask: warning: {TYPO}"]  # no UserWarning, no source line
+
+
+@pytest.mark.process
+def test_a_setting_typo_is_said_once_in_a_dask_worker_log(cluster):
+    cluster.scheduler("--preload", "gpudask")
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", env=base_env(DASK_GPUDASK__RMM__POOLSIZE="1GB"))
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=60)
+    log = cluster.log("worker")
+    assert log.count(TYPO) == 1 and f"gpudask: warning: {TYPO}" in log and "UserWarning" not in log, log

@@ -51,6 +51,8 @@ def _plugin_knowledge() -> tuple[frozenset[str], frozenset[str], frozenset[str]]
     dotted = {o.key for o in plugin_options} | {k for o in plugin_options for k in o.legacy}
     dotted |= {".".join(o.key.split(".")[:2]) for o in plugin_options} - core_sections  # gpudask.rmm, ...
     words = {o.dask_cuda_kwarg for o in plugin_options if o.dask_cuda_kwarg}
+    # dask-cuda's worker options (--rmm-pool-size, --enable-nvlink, --disable-nvlink) as declared
+    dotted |= {name for o in plugin_options if o.dask_cuda_option for name in o.dask_cuda_option.split("/")}
     sections: set[str] = set()
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("UCX_", "DASK_", "GPUDASK_"))
              or k == "CUDA_VISIBLE_DEVICES"}
@@ -131,7 +133,7 @@ def test_the_guard_finds_a_plugin_key_where_the_core_would_name_one(tmp_path):
     """The collected keys are the real ones: a module naming them is caught."""
     dotted, words, names = _plugin_knowledge()
     assert {"gpudask.rmm.pool-size", "distributed.rmm.pool-size", "distributed.rmm", "gpudask.spill",
-            "distributed-ucxx.create-cuda-context"} <= dotted
+            "distributed-ucxx.create-cuda-context", "--rmm-pool-size", "--disable-nvlink"} <= dotted
     assert {"initial_pool_size", "device_memory_limit", "rmm_pool_size", "context_gpu"} <= words
     assert {"cuda-context", "rmm", "spill"} <= names
     (tmp_path / "gpudask").mkdir()

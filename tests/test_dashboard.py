@@ -264,3 +264,21 @@ def test_preloaded_cluster_state_and_worker_metrics(cluster):
         for address in rows:
             assert f'dask_scheduler_gpudask_rmm_initial_pool_size{{worker="{address}"}} 4.294967296e+09' in text
             assert f'dask_scheduler_gpudask_rmm_info{{allocator="pool",worker="{address}"}} 1.0' in text
+
+
+def test_the_docs_name_the_columns_the_page_has():
+    """docs/dashboard.md's table of the workers' columns is the page's, in its order (it
+    kept a 'Memory plan' column the page no longer has)."""
+    import pathlib
+    import re
+
+    from gpudask.apply.dashboard_page import render
+
+    page = render(3)
+    headers = re.findall(r"<th>([^<]+)</th>", page.split('<table id="workers">', 1)[1].split("</thead>", 1)[0])
+    docs = (pathlib.Path(__file__).parent.parent / "docs" / "dashboard.md").read_text()
+    section = docs.split("## What it shows", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    documented = [line.split("|")[1].strip() for line in rows[2:]]  # the header row and its rule left out
+    assert documented == [h.replace("&#x27;", "'") for h in headers]
+    assert "Last probe" in page and "[`gpudask check --probe`]" in docs

@@ -44,6 +44,8 @@ class Rows(html.parser.HTMLParser):
         self.rows: list[tuple[dict[str, str], list[str]]] = []
         self.body: dict[str, str] = {}
         self._open: list[str] | None = None
+        self._glue = False
+        self.wbr = 0  # <wbr> elements: where names may wrap
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         if tag == "tr":
@@ -51,6 +53,9 @@ class Rows(html.parser.HTMLParser):
             self._open = self.rows[-1][1]
         elif tag == "body":
             self.body = dict(attrs)
+        elif tag == "wbr":  # a place a long name may wrap: the text goes on in the same word
+            self._glue = True
+            self.wbr += 1
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "tr":
@@ -58,7 +63,11 @@ class Rows(html.parser.HTMLParser):
 
     def handle_data(self, data: str) -> None:
         if self._open is not None and data.strip():
-            self._open.append(data.strip())
+            if self._glue and self._open:
+                self._open[-1] += data.strip()
+            else:
+                self._open.append(data.strip())
+        self._glue = False
 
     def text(self, **attr: str) -> list[str]:
         return [" ".join(cells) for attrs, cells in self.rows if all(attrs.get(k) == v for k, v in attr.items())]
@@ -97,7 +106,8 @@ def test_a_person_sees_the_workers_gpus_and_the_check_finding(cluster, tmp_path)
 
         findings = page.text(**{"class": "finding"})
         no_gpu = [f for f in findings if "scheduler-no-gpu" in f]
-        assert {a for a in workers if any(a in f for f in no_gpu)} == set(workers), findings
+        # the finding both workers share is one row naming both (it was one row per worker)
+        assert len(no_gpu) == 1 and all(a in no_gpu[0] for a in workers), findings
         assert all("the scheduler has no GPU visible while the worker has 2 GPU(s)" in f for f in no_gpu), no_gpu
         # it refreshes by itself: the script fetched the state more than once
         assert int(page.body.get("data-refreshes", "0")) >= 2, page.body
@@ -108,3 +118,34 @@ def test_a_person_sees_the_workers_gpus_and_the_check_finding(cluster, tmp_path)
         if os.environ.get("UPDATE_SCREENSHOTS"):
             (ROOT / "docs" / "img").mkdir(exist_ok=True)
             shutil.copy(shot, ROOT / "docs" / "img" / "dashboard.png")
+
+
+def test_on_a_cpu_host_the_page_says_why_plugins_skipped_and_probe_times_in_ms(cluster):
+    """What ``gpudask info`` and ``gpudask check --probe`` say, the page says too: the skipped
+    plugins with their reasons (not "no plugin decisions"), probe times in milliseconds as
+    the CLI prints them; long metric and setting names wrap only between their parts."""
+    import re
+    import sys
+
+    cluster.scheduler("--preload", "gpudask", "--dashboard", "--dashboard-address", "127.0.0.1:0")
+    cluster.worker("--preload", "gpudask", "--nworkers", "2")
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=120)
+        info = client.scheduler_info(n_workers=-1)
+        url = f"http://127.0.0.1:{info['services']['dashboard']}/gpudask"
+        probe = subprocess.run([sys.executable, "-m", "gpudask.cli", "check", "--probe", cluster.address],
+                               capture_output=True, text=True, timeout=120, env=base_env())
+        assert probe.returncode == 0, probe.stdout + probe.stderr
+        done = chromium("--dump-dom", url)
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = Rows()
+    page.feed(done.stdout)
+    for address in info["workers"]:
+        (text,) = page.text(**{"data-worker": address})
+        assert "no plugin decisions" not in text
+        assert "rmm skipped: no GPU visible: no RMM pool" in text and "gpu-pinning skipped: no GPU visible" in text
+    paths = page.text(**{"class": "probe-path"})
+    assert paths and all(re.search(r" \d+\.\d ms | \d+\.\d\d s ", f" {p} ") for p in paths), paths
+    assert not any(re.search(r" 0\.\d{3,} ", p) for p in paths), paths  # not seconds with 4 digits
+    assert page.wbr > 0  # names (worker-memory.host_memory_fraction ...) wrap after their dots and dashes
+    assert "overflow-wrap: anywhere" not in done.stdout  # which cut words at any letter

@@ -66,3 +66,20 @@ def test_demo_prints_its_pages_while_the_cluster_runs_and_says_when_it_has_close
     assert report["gpudask_page"].endswith("/gpudask") and report["gpudask_page_status"] == 200
     if not report["bokeh"]:
         assert "needs bokeh, not installed here: pip install bokeh" in out.stdout
+
+
+@pytest.mark.process
+def test_demo_keep_shows_the_table_before_it_waits_and_does_not_suggest_itself_again():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "DASK_", "GPUDASK_"))}
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "demo", "--nworkers", "2", "--keep", "1"], cwd=ROOT,
+                         env={**env, "COLUMNS": "100"}, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    table = lines.index("What every plugin decided (full reasons: gpudask info --reasons):")
+    kept = next(i for i, line in enumerate(lines) if line.startswith("the cluster stays up 1 s (--keep 1)"))
+    assert table < kept < len(lines) - 1 and lines[-1] == "cluster closed (its pages with it)"
+    assert "--keep 60" not in out.stdout
+    # a decision both workers share is one row
+    whys = [line for line in lines[table:kept] if line.startswith("all ")]
+    assert whys and not any(line.startswith(("0 ", "1 ")) and line[2:].strip() in {w[4:].strip() for w in whys}
+                            for line in lines[table:kept])

@@ -105,3 +105,39 @@ def test_mkdocs_build_strict(tmp_path, builtin_manager):
         assert key in built, f"the built configuration reference does not list {key}"
     assert (site / "reference" / "hookspecs" / "index.html").is_file()
     assert not (site / "_hooks").exists(), "the hooks module must not be published"
+
+
+def test_no_table_is_split_by_a_blank_line():
+    """Rows after a blank line without a header and a rule of their own are not a table:
+    markdown shows them as text with the pipes (docs/configuration.md had one)."""
+    pages = [*DOCS.rglob("*.md"), ROOT / "README.md"]
+    orphans = []
+    for page in pages:
+        lines, fenced = page.read_text().splitlines(), False
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            if fenced or not line.startswith("|") or (i and lines[i - 1].startswith("|")):
+                continue
+            rule = lines[i + 1] if i + 1 < len(lines) else ""
+            if not rule.replace("|", "").replace("-", "").replace(":", "").strip() == "" or "-" not in rule:
+                orphans.append(f"{page.relative_to(ROOT)}:{i + 1}: {line[:60]}")
+    assert orphans == []
+
+
+def test_the_facts_page_example_of_info_json_has_a_workers_real_fields():
+    """docs/facts.md's `gpudask info --json` example: a worker's fields are the ones a plan
+    has (it showed a per-worker `memory` field after plans moved it into `sections`)."""
+    import re
+
+    from gpudask.bootstrap import plan_host
+
+    example = (DOCS / "facts.md").read_text().split('"workers": [', 1)[1].split("```", 1)[0]
+    shown = set(re.findall(r'^ {3,4}\{?"(\w+)":', example, re.M))
+    real = set(plan_host("ucx", 1, facts_path=str(ROOT / "tests" / "hosts" / "h200-single.json")).workers[0].to_dict())
+    assert shown and shown <= real, shown - real
+
+
+def test_the_readme_says_how_to_install_what_mkdocs_needs():
+    readme = (ROOT / "README.md").read_text()
+    assert "pip install -e '.[docs]'" in readme and "mkdocs serve" in readme

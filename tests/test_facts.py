@@ -148,7 +148,7 @@ def test_missing_key(tmp_path):
         (lambda d: d["packages"].update(cupy=14), "packages.cupy", "a string or null"),
         (lambda d: d.update(ucx_transports="tcp"), "ucx_transports", "a list or null"),
         (lambda d: d.pop("hostname"), "hostname", "missing"),
-        (lambda d: d.update(driver_version=570), "driver_version", "a string or null"),
+        (lambda d: d.update(driver_version=570), "driver_version", "a version such as \"535.104.05\" (digits and dots) or null"),
         (lambda d: d["ib_devices"].append("mlx5_9"), "ib_devices[2]", "an object"),
         # issue 11: values that were silently accepted
         (lambda d: d["gpus"][1].update(memory_total=-5), "gpus[1].memory_total", "an integer >= 0 (bytes), got -5"),

@@ -63,12 +63,18 @@ def test_local_gpu_cluster_takes_local_cuda_cluster_arguments_as_gpudask_setting
                             "gpudask.spill.device-memory-limit"),
     ({"CUDA_VISIBLE_DEVICES": "0,1"}, "instead: set the CUDA_VISIBLE_DEVICES environment variable of this process"),
     ({"shared_filesystem": True}, "shared_filesystem=True"),
-    ({"rmm_pool_size": "lots"}, "rmm_pool_size='lots': gpudask.rmm.pool-size = 'lots' (from dask config) is not "
-                                "valid; accepted: a size"),
-    ({"device_memory_limit": "1 parsec"}, "device_memory_limit='1 parsec': gpudask.spill.device-memory-limit"),
-    ({"rmm_pol_size": "1GB"}, "rmm_pol_size: not an argument of LocalCluster, Nanny or Worker; accepted: theirs, "
-                              "and in LocalGPUCluster dask-cuda's LocalCUDACluster arguments (cudf_spill_stats, "
-                              "device_memory_limit, enable_cudf_spill,"),
+    # blamed on the keyword typed, not on "dask config"
+    ({"rmm_pool_size": "lots"}, "gpudask.rmm.pool-size = 'lots' (from LocalGPUCluster(rmm_pool_size='lots')) is "
+                                "not valid; accepted: a size"),
+    ({"device_memory_limit": "1 parsec"}, "gpudask.spill.device-memory-limit = '1 parsec' (from "
+                                          "LocalGPUCluster(device_memory_limit='1 parsec'))"),
+    ({"rmm_pol_size": "1GB"}, "rmm_pol_size: not an argument of LocalCluster, Nanny or Worker (did you mean "
+                              "rmm_pool_size?); accepted: theirs, and in LocalGPUCluster dask-cuda's LocalCUDACluster "
+                              "arguments (cudf_spill_stats, device_memory_limit, enable_cudf_spill,"),
+    # a plugin's refusal, raised in its hook: the setting's own line, no PluginError chain
+    ({"device_memory_limit": "500GB"}, "gpudask.spill.device-memory-limit = '500GB' (from "
+                                       "LocalGPUCluster(device_memory_limit='500GB')) = 500000000000 bytes is more "
+                                       "than GPU 0"),
 ])
 def test_local_gpu_cluster_refuses_what_has_no_gpudask_equivalent_in_one_line_before_starting(monkeypatch, kwargs,
                                                                                               says):
@@ -76,6 +82,28 @@ def test_local_gpu_cluster_refuses_what_has_no_gpudask_equivalent_in_one_line_be
     with pytest.raises(ConfigError) as e:
         gpudask.LocalGPUCluster(n_workers=0, dashboard_address=":0", **kwargs)
     assert says in str(e.value) and "\n" not in str(e.value)
+    assert e.value.__cause__ is None and (e.value.__context__ is None or e.value.__suppress_context__)  # no chain
+    assert "gpudask plugin" not in str(e.value)
+
+
+@pytest.mark.process
+def test_gpu_keywords_on_a_host_without_a_gpu_warn_once_per_plugin(tmp_path):
+    script = tmp_path / "no_gpu.py"
+    script.write_text(
+        "import gpudask\n"
+        "if __name__ == '__main__':\n"
+        "    with gpudask.LocalGPUCluster(n_workers=1, dashboard_address=':0', rmm_pool_size='1GB',\n"
+        "                                 rmm_managed_memory=True, enable_nvlink=True,\n"
+        "                                 enable_tcp_over_ucx=True) as c:\n"
+        "        print('STARTED', len(c.workers))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                         env=base_env(GPUDASK_FACTS=host("no-gpu.json")), cwd=str(tmp_path))
+    assert "STARTED 1" in out.stdout, out.stderr[-3000:]
+    lines = [line.split(" - WARNING - ", 1)[1] for line in out.stderr.splitlines() if "no effect" in line]
+    assert sorted(lines) == [
+        "gpudask: enable_nvlink=True has no effect: plugin nvlink is skipped in every worker (no GPU visible)",
+        "gpudask: rmm_pool_size='1GB', rmm_managed_memory=True have no effect: plugin rmm is skipped in every "
+        "worker (no GPU visible: no RMM pool)"], out.stderr[-3000:]
 
 
 def test_an_argument_whose_plugin_is_disabled_is_refused_naming_the_setting(monkeypatch):
@@ -135,3 +163,13 @@ def test_a_refusal_and_a_setting_of_a_disabled_plugin_are_still_named(monkeypatc
         {"gpudask.rmm.allocator": "async", "gpudask.rmm.libraries": ["cupy", "torch"]},
         {"gpudask.rmm.allocator": "rmm_async=True", "gpudask.rmm.libraries": "rmm_allocator_external_lib_list='cupy, torch'"})
     assert kwargs == {"n_workers": 0}
+
+
+def test_a_plugins_refusal_is_one_exception_not_a_chain_blaming_the_plugin(monkeypatch):
+    """It was two tracebacks ending in "PluginError: gpudask plugin 'tcp' (from gpudask)
+    failed in gpudask_validate: ..." for a protocol the host cannot run."""
+    monkeypatch.setenv("GPUDASK_FACTS", host("ucx-missing.json"))
+    with pytest.raises(ConfigError) as e:
+        gpudask.LocalGPUCluster(n_workers=0, dashboard_address=":0", protocol="ucx")
+    assert str(e.value).startswith("protocol 'ucx' needs distributed-ucxx, which is not installed on no-ucx")
+    assert e.value.__cause__ is None and e.value.__suppress_context__

@@ -7,11 +7,13 @@ import pathlib
 import subprocess
 import sys
 
+import cloudpickle
 import dask.config
 import pytest
 from conftest import base_env, host
 
 from gpudask.config import Settings
+from gpudask.errors import GpudaskError
 from gpudask.facts import facts_from_dict, load_facts
 from gpudask.manager import PluginManager
 from gpudask.plan import PlanInputs, build_plan
@@ -196,3 +198,58 @@ def test_p2p_rechunk_graphs_are_told_by_their_transfer_keys():
     cpu = json.loads(pathlib.Path(host("no-gpu.json")).read_text())
     assert worker_has_gpus({"gpudask": {"facts": gpu}}) and not worker_has_gpus({"gpudask": {"facts": cpu}})
     assert not worker_has_gpus({}) and not worker_has_gpus(None) and not worker_has_gpus({"gpudask": {"facts": 1}})
+
+
+# -- distributed's offload threshold, made to take effect in GPU workers ----------------------------
+def test_offload_threshold_is_planned_for_gpu_workers_over_ucx_only():
+    from conftest import plan_on
+
+    h = plan_on(host("h200-single.json"), "ucx", 2, **{"gpudask.comm.offload-threshold": "false"})
+    assert [w.config.get("distributed.comm.offload") for w in h.workers] == [False, False]
+    assert "distributed.comm.offload" not in h.scheduler.config and "distributed.comm.offload" not in h.client.config
+    h = plan_on(host("h200-single.json"), "ucx", 1, **{"gpudask.comm.offload-threshold": "512MiB"})
+    assert h.workers[0].config["distributed.comm.offload"] == 512 * 2**20
+    h = plan_on(host("h200-single.json"), "ucx", 1)  # default: 2 GiB, every GPU pull up to 2 GiB inline
+    assert h.workers[0].config["distributed.comm.offload"] == 2 * 2**30
+    h = plan_on(host("h200-single.json"), "ucx", 1, **{"gpudask.comm.offload-threshold": None})
+    assert "distributed.comm.offload" not in h.workers[0].config  # null: distributed's own
+    h = plan_on(host("h200-single.json"), "tcp", 1, **{"gpudask.comm.offload-threshold": False})
+    assert "distributed.comm.offload" not in h.workers[0].config
+    assert any(r.decision == "gpudask.comm.offload-threshold not applied" for r in h.workers[0].reasons)
+
+
+@pytest.mark.parametrize("value", ["lots", -1, 0, True, "1e30 PB"])
+def test_a_bad_offload_threshold_is_one_line(value):
+    from conftest import plan_on
+
+    with pytest.raises(GpudaskError) as e:
+        plan_on(host("h200-single.json"), "ucx", 1, **{"gpudask.comm.offload-threshold": value})
+    assert "gpudask.comm.offload-threshold" in str(e.value) and "\n" not in str(e.value)
+
+
+def _offload_threshold():
+    import distributed.comm.utils
+
+    return distributed.comm.utils.OFFLOAD_THRESHOLD
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # run in the workers, which cannot import this module
+
+
+@pytest.mark.process
+def test_the_planned_offload_threshold_takes_effect_in_worker_processes(cluster):
+    """distributed reads distributed.comm.offload when it is imported -- before a worker's plan
+    applies: the config alone never took effect (docs/benchmarks.md)."""
+    env = base_env(GPUDASK_FACTS=host("h200-single.json"), UCX_TLS="tcp",
+                   DASK_GPUDASK__COMM__OFFLOAD_THRESHOLD="false")
+    cluster.scheduler("--preload", "gpudask", env=env, protocol="ucx")
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=120)
+        got = client.run(_offload_threshold)
+        workers = client.scheduler_info()["workers"]
+    assert set(got.values()) == {False}
+    for w in workers.values():
+        applied = w["gpudask"]["applied"]["plugins"]["gpu-dask-defaults"]
+        assert applied["distributed.comm.utils.OFFLOAD_THRESHOLD"] == {"planned": False, "actual": False}
+        assert not w["gpudask"]["mismatches"]

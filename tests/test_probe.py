@@ -167,3 +167,26 @@ def test_probe_moves_cupy_through_every_path_over_ucx(cluster):
     assert report["array"] == "cupy", report
     assert out.returncode == 0, format_probe(report)
     assert all(p["status"] == "ok" for p in report["paths"]), format_probe(report)
+
+
+def test_a_gpu_path_far_below_one_hosts_hardware_is_slow_with_its_fix():
+    """64 MiB staged through host memory (0.5 GB/s on an H200) against CUDA IPC (45 GB/s)."""
+    from gpudask.checks.probe import _rates
+
+    def report(seconds):
+        return {"paths": [{"path": p, "status": "ok", "seconds": seconds, "detail": None} for p in PATHS]}
+
+    staged = report(0.124)
+    _rates(staged, "ucx", "cupy")
+    assert [p["status"] for p in staged["paths"]] == ["ok", "slow", "slow", "slow"]  # the submit argument has no bar
+    assert "staged through host memory" in staged["paths"][1]["fix"] and staged["paths"][1]["gbps"] == 0.54
+    line = format_probe({**staged, "scheduler": "ucx://a:1", "protocol": "ucx", "array": "cupy", "timeout": 10,
+                         "workers": ["a", "b"], "status": "slow"})
+    assert "worker -> worker                SLOW       124.0 ms    0.54 GB/s  fix: 0.54 GB/s for 64 MiB" in line
+    direct = report(0.0015)
+    _rates(direct, "ucx", "cupy")
+    assert {p["status"] for p in direct["paths"]} == {"ok"} and direct["paths"][1]["gbps"] == 44.74
+    for protocol, module in (("tcp", "cupy"), ("ucx", "numpy")):  # no hardware claim for these
+        r = report(0.124)
+        _rates(r, protocol, module)
+        assert {p["status"] for p in r["paths"]} == {"ok"}

@@ -29,7 +29,7 @@ from distributed import LocalCluster
 from dask.system import CPU_COUNT
 
 from gpudask.apply import dask_cuda
-from gpudask.errors import ConfigError
+from gpudask.errors import ConfigError, GpudaskError, PluginError
 
 PRELOAD = "gpudask"
 
@@ -67,6 +67,25 @@ def _merged_preload(value: Any) -> list[str]:
     return [PRELOAD, *(i for i in items if i != PRELOAD)]
 
 
+def _warn_if_sharing_gpus(n: int) -> None:
+    """Another process of this host (a second LocalGPUCluster, a dask worker command) already
+    runs workers on the GPUs this cluster's workers are planned on: say so, once."""
+    from gpudask.apply import hostfile, process
+
+    s = process.current()
+    if not n or s is None or s.host is None:
+        return
+    found = hostfile.sharing_gpus(s.host)
+    if found is not None:
+        import warnings
+
+        pids, indices = found
+        warnings.warn(f"gpudask: another gpudask process on this host (pid {pids}) already runs workers on GPU(s) "
+                      f"{indices}: this LocalGPUCluster's {n} worker(s) share them (each process numbers its "
+                      "workers from 0); start one cluster for all the GPUs, or give each process its own "
+                      "CUDA_VISIBLE_DEVICES", UserWarning, stacklevel=4)
+
+
 def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
                    threads_per_worker: int | None = None, **kwargs: Any) -> dict[str, Any]:
     """Keyword arguments for ``distributed.LocalCluster``: one worker per GPU, gpudask
@@ -83,6 +102,9 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
     :param kwargs: any other ``LocalCluster`` argument; ``preload``, ``env`` and
         ``scheduler_kwargs`` are merged with gpudask's, not replaced.
     """
+    from gpudask.plan.planner import check_nworkers
+
+    check_nworkers(n_workers, "n_workers")  # before planning: 2.5 or 10**7 plan nothing
     name = _protocol_name(protocol)
     s = _client_session(name, n_workers)
     gpus = s.host.facts.visible_gpus()
@@ -127,9 +149,29 @@ def _check_arguments(kwargs: dict[str, Any]) -> None:
                 if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
-        raise ConfigError(f"{', '.join(unknown)}: not an argument of LocalCluster, Nanny or Worker; accepted: theirs, "
-                          f"and in LocalGPUCluster dask-cuda's LocalCUDACluster arguments ("
-                          f"{', '.join(dask_cuda.accepted_names())})")
+        import difflib
+
+        ours = dask_cuda.accepted_names()
+        close = {name: difflib.get_close_matches(name, sorted(accepted | set(ours)), n=1) for name in unknown}
+        hint = "".join(f" (did you mean {match[0]}{'' if len(unknown) == 1 else f' for {name}'}?)"
+                       for name, match in close.items() if match)
+        raise ConfigError(f"{', '.join(unknown)}: not an argument of LocalCluster, Nanny or Worker{hint}; accepted: "
+                          "theirs, "
+                          f"and in LocalGPUCluster dask-cuda's LocalCUDACluster arguments ({', '.join(ours)})")
+
+
+def _one_line(error: GpudaskError, given_as: dict[str, str]) -> GpudaskError:
+    """The error a LocalGPUCluster raises: one exception, no chain -- a plugin's refusal of a
+    setting as the setting's own line (the plugin's name and hook help nobody who typed a
+    keyword), naming the keyword given when the line does not already."""
+    if isinstance(error, PluginError) and isinstance(error.__cause__, ConfigError):
+        error = error.__cause__
+    text = str(error)
+    given = next((arg for key, arg in given_as.items() if key in text and arg not in text), None)
+    if isinstance(error, PluginError):
+        return PluginError(error.plugin, error.distribution, error.hook, error.cause if given is None else
+                           f"{given}: {error.cause}")
+    return type(error)(text if given is None else f"{given}: {text}")
 
 
 def _is_nanny(cls: Any) -> bool:
@@ -177,27 +219,43 @@ class LocalGPUCluster(LocalCluster):
             # the plan (made in this process) and every worker process see the settings;
             # the user's own dask config outside this cluster is left as it was
             kwargs["config"] = dask.config.merge(_nested(settings), kwargs.get("config") or {})
+        from gpudask.config import forget_source, label_source
+
+        for key, value in settings.items():  # reasons and errors name the keyword, not "dask config"
+            label_source(key, value, f"LocalGPUCluster({given_as[key]})")
         try:
             with dask.config.set(settings):
                 self._gpudask_init(n_workers, protocol, threads_per_worker, kwargs)
-        except ConfigError as e:
-            # name the argument the user typed, not only the setting it became
-            given = next((arg for key, arg in given_as.items() if key in str(e)), None)
-            if given is None:
-                raise
-            raise ConfigError(f"{given}: {e}") from None
+        except GpudaskError as e:
+            raise _one_line(e, given_as) from None
+        finally:
+            for key in settings:
+                forget_source(key)
+        from gpudask.apply import process
+
+        session = process.current()
+        if session is not None and given_as:
+            # dask-cuda's GPU keywords on a host without a GPU: say so, as enable_cudf_spill does
+            for line in dask_cuda.without_effect(session.host, given_as):
+                logging.getLogger("distributed.gpudask").warning("gpudask: %s", line)
 
     def _gpudask_init(self, n_workers: int | None, protocol: str | None, threads_per_worker: int | None,
                       kwargs: dict[str, Any]) -> None:
         kw = cluster_kwargs(n_workers, protocol, threads_per_worker, **kwargs)
         n = kw.pop("n_workers")
         self._gpudask_nworkers = n
+        _warn_if_sharing_gpus(n)
         if kw.get("threads_per_worker") is None:
             kw["threads_per_worker"] = max(1, math.ceil(CPU_COUNT / max(n, 1)))
         if n and "memory_limit" not in kw:
             from distributed.worker_memory import parse_memory_limit
 
             kw["memory_limit"] = parse_memory_limit("auto", 1, n, logger=logging.getLogger("distributed.deploy"))
+        # the scheduler's plan, made now: a setting it refuses is this call's exception (in the
+        # scheduler's dask_setup it would stop this process, the scheduler's)
+        from gpudask.apply.preload import session_for
+
+        session_for("scheduler")
         # start with no worker, then add workers with their numbers (LocalCluster would give
         # every worker the same spec)
         super().__init__(n_workers=0, **kw)

@@ -26,13 +26,12 @@ import json
 import re
 import sys
 import time
+import types
 from typing import Any
 
 from distributed.http.utils import RequestHandler
 
 from gpudask import bootstrap
-from gpudask.checks import EXTRA_KEY as CHECK_EXTRA_KEY
-from gpudask.checks import PLUGIN_NAME as CHECK_PLUGIN_NAME
 from gpudask.checks import PUBLISHED_KEY
 from gpudask.checks.published import bound, bound_published
 from gpudask.apply.dashboard_page import render
@@ -53,26 +52,67 @@ def routes_with_dashboard(current: list[str] | None) -> list[str]:
 # ------------------------------------------------------------------------------ data
 def cluster_state(scheduler: Any) -> dict[str, Any]:
     """What the page shows: one dict per worker, and the scheduler check's findings.
-    JSON-compatible; never raises on odd worker data."""
-    check = scheduler.plugins.get(CHECK_PLUGIN_NAME)
-    report = _check_report(check)
-    workers = []
-    for address, ws in sorted(scheduler.workers.items()):
-        result = (report.get("workers") or {}).get(address) or ws.extra.get(CHECK_EXTRA_KEY)
-        workers.append(worker_state(address, ws, result))
+    JSON-compatible; never raises on odd worker data.  Built as ``/gpudask/json`` is
+    (:mod:`gpudask.apply.dashboard_serve`), here in the caller's thread."""
+    return json.loads(build(snapshot(scheduler)))  # type: ignore[no-any-return]
+
+
+def snapshot(scheduler: Any) -> dict[str, Any]:
+    """What :func:`build` needs, copied on the event loop (the scheduler's dicts change there)."""
+    from gpudask.checks import EXTRA_KEY, PLUGIN_NAME
+
+    workers = [(address, types.SimpleNamespace(name=ws.name, host=ws.host, extra=dict(ws.extra),
+                                               metrics=dict(ws.metrics)))
+               for address, ws in sorted(scheduler.workers.items())]
+    report = _check_report(scheduler.plugins.get(PLUGIN_NAME))
+    return {"address": scheduler.address, "workers": workers, "report": report,
+            "bokeh": _bokeh_app(scheduler) is not None, "probe": last_probe(scheduler),
+            "extra_key": EXTRA_KEY}
+
+
+def build(snap: dict[str, Any]) -> bytes:
+    """The page's JSON from a :func:`snapshot` (off the event loop): the
+    plugins' rows bounded in time, the whole cut at ``MAX_JSON_BYTES`` (:mod:`gpudask.apply.dashboard_serve`)."""
+    from gpudask.apply.dashboard_serve import MAX_JSON_BYTES, ROWS
+
+    report = snap["report"]
+    work = []
+    for address, ws in snap["workers"]:
+        published = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
+        if published:
+            work.append((address, _dict(published.get("plan")), published))
+    rows, problem = ROWS.run(plugin_manager(), work) if work else ({}, None)
+    problems = [problem] if problem else []
+    pieces, size, left_out = [], 0, 0
+    for address, ws in snap["workers"]:
+        result = (report.get("workers") or {}).get(address) or ws.extra.get(snap["extra_key"])
+        given = rows_by_column(*rows[address]) if rows and address in rows else {}
+        piece = json.dumps(worker_state(address, ws, result, given), default=str, allow_nan=False)
+        if size + len(piece) > MAX_JSON_BYTES:
+            left_out += 1
+            continue
+        pieces.append(piece)
+        size += len(piece) + 1
+    if left_out:
+        problems.append(f"{left_out} of {len(snap['workers'])} workers left out: the page's data is cut at "
+                        f"{MAX_JSON_BYTES // 2**20} MiB; `gpudask status` lists every worker")
     findings = report.get("findings")
-    if findings is None:  # no check installed here: what earlier checks left on the workers
-        findings = [f for w in workers for f in w["check"]["findings"]]
-    return {
+    if findings is None:
+        findings = [f for _, ws in snap["workers"]
+                    for f in (ws.extra.get(snap["extra_key"]) or {}).get("findings", [])][:1000]
+    head = {
         "time": time.time(),
-        "scheduler": {"address": scheduler.address, "protocol": _scheme(scheduler.address)},
+        "scheduler": {"address": snap["address"], "protocol": _scheme(snap["address"])},
         "check": bound({"installed": bool(report), "action": report.get("action"), "status": report.get("status"),
                         "problem": report.get("problem"), "refused": sorted(report.get("refused") or {})}),
-        "bokeh": _bokeh_app(scheduler) is not None,
-        "workers": workers,
+        "bokeh": snap["bokeh"],
         "findings": [bound(f) for f in findings],
-        "probe": bound(last_probe(scheduler)),
+        "probe": bound(snap["probe"]),
+        "problems": problems,
+        "workers_left_out": left_out,
     }
+    text = json.dumps(head, default=str, allow_nan=False)
+    return (text[:-1] + ', "workers": [' + ",".join(pieces) + "]}").encode()
 
 
 def last_probe(scheduler: Any) -> dict[str, Any] | None:
@@ -96,9 +136,11 @@ def last_probe(scheduler: Any) -> dict[str, Any] | None:
             "workers": [str(w) for w in report.get("workers") or []], "paths": paths}
 
 
-def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None) -> dict[str, Any]:
+def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
+                 rows: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One worker's row, from what its gpudask published (``WorkerState.extra``) and its
-    heartbeat metrics (``WorkerState.metrics``)."""
+    heartbeat metrics (``WorkerState.metrics``); ``rows``: its plugins' rows when already
+    made (:func:`rows_by_column`), else they are made here."""
     published = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
     plan = _dict(published.get("plan"))
     facts = _dict(bound(published.get("facts")))
@@ -117,7 +159,10 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None) -> 
             "active": _active_transports(address, applied),
         },
         "sections": _dict(plan.get("sections")),
-        "rows": _plugin_rows(plan, published),
+        "rows": _plugin_rows(plan, published) if rows is None else rows,
+        # plugins with nothing to do here (no GPU visible ...), as gpudask info lists them
+        "skipped": [{"plugin": str(r.get("plugin")), "why": str(r.get("why"))} for r in plan.get("reasons") or []
+                    if isinstance(r, dict) and r.get("decision") == "skipped"],
         "metrics": {k: v for k, v in sorted(ws.metrics.items()) if k.startswith(METRIC_PREFIX)},
         "applied": applied if isinstance(applied, dict) else None,
         "check": {"status": (check_result or {}).get("status"),
@@ -133,17 +178,24 @@ def _plugin_rows(plan: dict[str, Any], published: dict[str, Any]) -> dict[str, d
     say what their sections mean; the page shows each row's summary."""
     if not published:
         return {}
-    from gpudask.apply import process
+    return rows_by_column(*plugin_manager().report_rows(plan, published))
 
-    session = process.current()
-    # the plugins this process planned with, or (a scheduler gpudask did not plan in) the
-    # bootstrap's plugin manager of this process
-    manager = session.manager if session is not None and session.manager is not None else bootstrap.manager()
-    rows, problems = manager.report_rows(plan, published)
+
+def rows_by_column(rows: list[dict[str, Any]], problems: list[str]) -> dict[str, dict[str, Any]]:
+    """``PluginManager.report_rows``' answer as the page shows it."""
     out = {r["column"]: {k: r.get(k) for k in ("summary", "planned", "actual", "note", "plugin")} for r in rows}
     if problems:
         out["problems"] = {"summary": "; ".join(problems)}
     return out
+
+
+def plugin_manager() -> Any:
+    """The plugins of this process's gpudask session, else (a scheduler gpudask did not plan
+    in) the bootstrap's plugin manager of this process (gpudask.toml read, built once)."""
+    from gpudask.apply import process
+
+    session = process.current()
+    return session.manager if session is not None and session.manager is not None else bootstrap.manager()
 
 
 def _gpu(plan: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
@@ -197,13 +249,16 @@ def _scheme(address: str | None) -> str | None:
 
 # -------------------------------------------------------------------------- handlers
 class StateHandler(RequestHandler):
-    """``/gpudask/json``: :func:`cluster_state`."""
+    """``/gpudask/json``: :func:`cluster_state`, built off the event loop, shared by concurrent
+    readers and bounded in size (:mod:`gpudask.apply.dashboard_serve`)."""
 
-    def get(self) -> None:
+    async def get(self) -> None:
+        from gpudask.apply.dashboard_serve import BUILDER
+
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        # allow_nan=False: NaN/Infinity are not JSON and would blank the page (bound() replaced them)
-        self.write(json.dumps(cluster_state(self.server), default=str, allow_nan=False))
+        # allow_nan=False there: NaN/Infinity are not JSON and would blank the page (bound() replaced them)
+        self.write(await BUILDER.get(self.server, snapshot, build))
 
 
 class PageHandler(RequestHandler):

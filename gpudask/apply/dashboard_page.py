@@ -23,7 +23,8 @@ _PAGE = """<!DOCTYPE html>
   .muted { color: #888; }
   .mono { font-family: ui-monospace, monospace; font-size: 12px; }
   .code { white-space: nowrap; }
-  .kv div { overflow-wrap: anywhere; }
+  .kv div { overflow-wrap: break-word; }
+  td.metrics { min-width: 14em; }  /* a counter and its value on one line, not one word per line */
   .kv .group { font-weight: 600; margin-top: 2px; }
   .kv .group ~ div:not(.group) { padding-left: 10px; }
   .kv b { font-weight: 500; color: #555; }
@@ -47,13 +48,13 @@ _PAGE = """<!DOCTYPE html>
 </table>
 <h2>Findings of the scheduler check</h2>
 <table id="findings">
-<thead><tr><th>Severity</th><th>Worker</th><th>Plugin</th><th>Code</th><th>Message</th></tr></thead>
+<thead><tr><th>Severity</th><th>Workers</th><th>Plugin</th><th>Code</th><th>Message</th></tr></thead>
 <tbody></tbody>
 </table>
 <h2>Last probe (<span class="mono">gpudask check --probe</span>)</h2>
 <p id="probe-summary" class="muted"></p>
 <table id="probe">
-<thead><tr><th>Path</th><th>Status</th><th>Seconds</th><th>Detail, or what failed and the fix</th></tr></thead>
+<thead><tr><th>Path</th><th>Status</th><th>Time</th><th>Detail, or what failed and the fix</th></tr></thead>
 <tbody></tbody>
 </table>
 <p class="muted" id="updated"></p>
@@ -68,6 +69,21 @@ function el(tag, cls, text) {
   if (cls) node.className = cls;
   if (text !== undefined && text !== null) node.textContent = String(text);
   return node;
+}
+// a name that may wrap after its dots, dashes and underscores (never inside a word)
+function breakable(text) {
+  const span = el("span");
+  String(text).split(/(?<=[._-])/).forEach((part, i) => {
+    if (i) span.appendChild(document.createElement("wbr"));
+    span.appendChild(document.createTextNode(part));
+  });
+  return span;
+}
+// seconds as the CLI says them: 14.2 ms, 1.30 s
+function duration(seconds) {
+  const s = Number(seconds);
+  if (seconds === null || seconds === undefined || seconds === "" || !isFinite(s)) return dash(seconds);
+  return s < 1 ? (s * 1000).toFixed(1) + " ms" : s.toFixed(2) + " s";
 }
 function dash(value) { return value === undefined || value === null || value === "" ? "\\u2014" : value; }
 function bytes(n) {
@@ -92,15 +108,17 @@ function flatten(obj, prefix, out) {
 }
 // key: value lines, unset values left out; grouped: one heading per top-level dict (a metric)
 function kv(obj, empty, grouped) {
-  const td = el("td", "kv mono");
+  const td = el("td", "kv mono" + (grouped ? " metrics" : ""));
   const groups = grouped ? Object.entries(obj || {}) : [[null, obj]];
   for (const [name, values] of groups) {
     const pairs = flatten(values, "", []).filter(([k, v]) => v !== null && v !== undefined);
     if (!pairs.length) continue;
-    if (name) td.appendChild(el("div", "group", name));
+    if (name) { const head = el("div", "group"); head.appendChild(breakable(name)); td.appendChild(head); }
     for (const [k, v] of pairs) {
       const row = el("div");
-      row.appendChild(el("b", null, k + ": "));
+      const key = el("b");
+      key.appendChild(breakable(k + ": "));
+      row.appendChild(key);
       row.appendChild(document.createTextNode(show(k, v)));
       td.appendChild(row);
     }
@@ -127,7 +145,16 @@ function workerRow(w) {
     [active.UCX_TLS ? null : "muted", active.UCX_TLS ? "UCX_TLS=" + active.UCX_TLS : "UCX_TLS not reported"]]));
   const rows = {};
   for (const [column, row] of Object.entries(w.rows || {})) rows[column] = (row || {}).summary;
-  tr.appendChild(kv(rows, "no plugin decisions"));
+  const plan = kv(rows, "no plugin decisions");
+  const skipped = w.skipped || [];
+  if (skipped.length && !Object.keys(rows).length) plan.replaceChildren();
+  for (const s of skipped) {
+    const row = el("div", "skipped muted");
+    row.appendChild(el("b", null, s.plugin + " skipped: "));
+    row.appendChild(document.createTextNode(s.why));
+    plan.appendChild(row);
+  }
+  tr.appendChild(plan);
   tr.appendChild(kv(w.metrics, "none reported", true));
   tr.appendChild(kv(w.applied, "not reported"));
   const check = el("td");
@@ -142,10 +169,26 @@ function workerRow(w) {
   tr.appendChild(check);
   return tr;
 }
+// a finding several workers share is one row naming them
+function groupFindings(findings, workers) {
+  const groups = new Map();
+  for (const f of findings) {
+    const key = JSON.stringify([f.severity, f.plugin, f.code, f.message]);
+    if (!groups.has(key)) groups.set(key, Object.assign({}, f, {subjects: []}));
+    const g = groups.get(key);
+    if (!g.subjects.includes(f.subject)) g.subjects.push(f.subject);
+  }
+  const all = workers.map(w => w.address).sort().join(" ");
+  for (const g of groups.values()) {
+    g.everyWorker = workers.length > 4 && g.subjects.slice().sort().join(" ") === all;
+  }
+  return [...groups.values()];
+}
 function findingRow(f) {
   const tr = el("tr", "finding");
   const sev = el("td"); sev.appendChild(badge(f.severity)); tr.appendChild(sev);
-  tr.appendChild(el("td", "mono", dash(f.subject)));
+  tr.appendChild(f.everyWorker ? el("td", null, "every worker (" + f.subjects.length + ")")
+                               : lines(el("td", "mono"), f.subjects.map(s => [null, s])));
   tr.appendChild(el("td", null, dash(f.plugin)));
   tr.appendChild(el("td", "mono", dash(f.code)));
   tr.appendChild(el("td", null, f.message));
@@ -157,7 +200,7 @@ function probeRow(p) {
   const st = el("td"); st.appendChild(badge(p.status === "failed" ? "error" : p.status === "ok" ? "ok" : "none"));
   st.lastChild.textContent = dash(p.status);
   tr.appendChild(st);
-  tr.appendChild(el("td", "mono", dash(p.seconds)));
+  tr.appendChild(el("td", "mono", duration(p.seconds)));
   tr.appendChild(el("td", null, p.status === "failed" ? dash(p.error) + "; fix: " + dash(p.fix) : dash(p.detail)));
   return tr;
 }
@@ -177,9 +220,10 @@ function draw(state) {
   const links = document.getElementById("links");
   links.replaceChildren();
   if (state.bokeh) { const a = el("a", null, "dashboard"); a.href = "status"; links.appendChild(a); }
-  document.getElementById("problem").textContent = check.problem || "";
+  document.getElementById("problem").textContent = [check.problem].concat(state.problems || [])
+    .filter(Boolean).join(" \\u00b7 ");
   replace(document.querySelector("#workers tbody"), state.workers.map(workerRow), "no workers", 8);
-  replace(document.querySelector("#findings tbody"), (state.findings || []).map(findingRow),
+  replace(document.querySelector("#findings tbody"), groupFindings(state.findings || [], state.workers).map(findingRow),
           check.installed ? "no findings: every worker matches the scheduler"
                           : "the scheduler check is not installed", 5);
   const probe = state.probe;

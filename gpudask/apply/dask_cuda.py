@@ -134,3 +134,147 @@ def take_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
 def accepted_names() -> list[str]:
     """The ``LocalCUDACluster`` arguments ``LocalGPUCluster`` takes (for a refusal's line)."""
     return sorted([a.name for a in table().arguments.values() if a.loaded] + list(OWN_ARGUMENTS))
+
+
+# -- dask-cuda's worker options on stock `dask worker` / `dask scheduler --preload gpudask` --
+# the one dask cuda worker option that names no plugin's setting: stock has its own form
+REFUSED_OPTIONS_BY_CORE = {
+    "--pre-import": "stock --preload, after gpudask (--preload gpudask --preload cudf)",
+}
+
+
+@dataclass(frozen=True)
+class CliOption:
+    """One ``dask cuda worker`` option that is a gpudask setting."""
+
+    spelling: str  # as declared: "--rmm-pool-size" or "--enable-nvlink/--disable-nvlink"
+    argument: Argument
+
+    @property
+    def flag(self) -> bool:
+        return "/" in self.spelling
+
+    @property
+    def names(self) -> list[str]:
+        return self.spelling.split("/")
+
+    @property
+    def dest(self) -> str:
+        return self.names[0].lstrip("-").replace("-", "_")
+
+
+def cli_options() -> list[CliOption]:
+    """The dask-cuda worker options the loaded plugins (and the disabled built-ins, to be
+    refused naming their setting) declare, sorted by name."""
+    from gpudask import bootstrap
+
+    inputs = bootstrap.inputs()
+    found: dict[str, CliOption] = {}
+    loaded_options = list(inputs.settings.options.values())
+    options, _modules = _unloaded_builtins({p.name for p in inputs.manager.plugins})
+    for group, loaded in ((loaded_options, True), (options, False)):
+        for option in group:
+            spelling = getattr(option, "dask_cuda_option", None)
+            if isinstance(spelling, str) and spelling.startswith("--") and spelling not in found:
+                found[spelling] = CliOption(spelling, Argument(option.dask_cuda_kwarg or spelling, option.key,
+                                                               option.dask_cuda_convert, loaded))
+    return sorted(found.values(), key=lambda o: o.names[0])
+
+
+def click_params() -> list[Any]:
+    """The options as click parameters (gpudask's ``dask_setup`` command takes them)."""
+    import click
+
+    return [click.Option([o.spelling] if o.flag else [o.names[0]], o.dest, default=None,
+                         is_flag=False if not o.flag else None, help=f"gpudask setting {o.argument.key}")
+            for o in cli_options()]
+
+
+def known_option(arg: str) -> bool:
+    """Is ``arg`` (``--x`` or ``--x=v``) a dask-cuda option gpudask takes?"""
+    name = arg.split("=", 1)[0]
+    return any(name in o.names for o in cli_options()) or name in REFUSED_OPTIONS_BY_CORE
+
+
+def take_cli_argv(argv: list[str] | tuple[str, ...], command: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """dask-cuda's worker options given after ``--preload gpudask`` on ``dask {command}``.
+
+    :return: ``({setting: value}, {setting: the option as given})``.
+    :raises ConfigError: one line for an unknown option (with the closest known one), an
+        option missing its value, one gpudask has no equivalent for, or one whose setting no
+        loaded plugin provides.
+    """
+    import difflib
+
+    import click
+
+    options = cli_options()
+    where = f"dask {command} --preload gpudask"
+    accepted = ", ".join(o.spelling for o in options)
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if name in REFUSED_OPTIONS_BY_CORE:
+            raise ConfigError(f"{name} (a dask cuda worker option) is not taken by {where}; instead: "
+                              f"{REFUSED_OPTIONS_BY_CORE[name]}")
+        if name.startswith("-") and not any(name in o.names for o in options):
+            every = [n for o in options for n in o.names]
+            close = difflib.get_close_matches(name, every, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"{name}: not an option of {where}{hint} accepted after --preload gpudask: stock "
+                              f"dask {command} options, and dask-cuda's worker options {accepted}")
+    command_obj = click.Command("dask_setup", params=click_params())
+    try:
+        ctx = command_obj.make_context("dask_setup", list(argv), allow_extra_args=False,
+                                       help_option_names=[])
+    except click.UsageError as e:
+        raise ConfigError(f"{where} {' '.join(argv)}: {e.format_message().rstrip('.')}") from None
+    settings: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for option in options:
+        given = ctx.params.get(option.dest)
+        if given is None:
+            continue
+        shown = (option.names[0] if given else option.names[1]) if option.flag else f"{option.names[0]} {given}"
+        if not option.argument.loaded:
+            raise ConfigError(f"{shown} sets {option.argument.key}, which no loaded gpudask plugin provides (is its "
+                              f"plugin disabled? `gpudask plugins` lists them); accepted: enable the plugin or leave "
+                              f"{option.names[0]} out")
+        value = option.argument.value(given)
+        if value is not None:
+            settings[option.argument.key] = value
+            names[option.argument.key] = shown
+    return settings, names
+
+
+def owners() -> dict[str, str]:
+    """Which loaded plugin declares each setting: ``{key: plugin name}``."""
+    from gpudask import bootstrap
+
+    out: dict[str, str] = {}
+    for plugin in bootstrap.inputs().manager.plugins:
+        declare = getattr(plugin.obj, "gpudask_config_options", None)
+        try:
+            declared = list(declare() or []) if callable(declare) else []
+        except Exception:  # noqa: BLE001 - a plugin's failing declaration is reported where plugins load
+            continue
+        for option in declared:
+            key = getattr(option, "key", None)
+            if isinstance(key, str):
+                out.setdefault(key, plugin.name)
+    return out
+
+
+def without_effect(host: Any, given_as: dict[str, str]) -> list[str]:
+    """The arguments given whose plugin skipped every worker of ``host``'s plan (no GPU
+    visible, ...): one line each, naming the argument, the plugin and its reason."""
+    declared = owners()
+    by_plugin: dict[tuple[str, str], list[str]] = {}
+    for key, given in given_as.items():
+        plugin = declared.get(key)
+        skipped = [next((r.why for r in plan.reasons if r.plugin == plugin and r.decision == "skipped"), None)
+                   for plan in host.workers]
+        if plugin is None or not skipped or any(why is None for why in skipped):
+            continue
+        by_plugin.setdefault((plugin, str(skipped[0])), []).append(given)
+    return [f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect: plugin {plugin} is skipped in "
+            f"every worker ({why})" for (plugin, why), given in by_plugin.items()]

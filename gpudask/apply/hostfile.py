@@ -24,6 +24,7 @@ import shutil
 from typing import Any
 
 from gpudask import bootstrap
+from gpudask.errors import GpudaskError
 from gpudask.facts import statedir
 from gpudask.plan import HostPlan
 from gpudask.plan.host_plan import parse_document
@@ -160,3 +161,40 @@ def report_worker_failures() -> None:
         sys.stderr.flush()
 
     sys.excepthook = hook
+
+
+def sharing_gpus(host: HostPlan) -> tuple[str, str] | None:
+    """Other live gpudask processes of this user on this host whose workers were planned on
+    GPUs ``host``'s workers use (each planning process numbers its workers from 0):
+    ``("pid, pid", "GPU indices")``, or None.  Read from their host plans in the state
+    directory."""
+    import json
+
+    mine = {w.gpu for w in host.workers if w.gpu}
+    if not mine:
+        return None
+    others: dict[int, set[str]] = {}
+    try:
+        entries = list(state_dir().glob("plan-*.json"))
+    except (OSError, GpudaskError):
+        return None
+    for path in entries:
+        pid = path.stem[len("plan-"):]
+        if not pid.isdigit() or int(pid) == os.getpid() or not _alive(int(pid)):
+            continue
+        try:
+            data = json.loads(path.read_text())
+            if data["facts"]["hostname"] != host.facts.hostname:
+                continue
+            gpus = {w.get("gpu") for w in data["workers"] if isinstance(w, dict) and w.get("gpu")}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        shared = gpus & mine
+        if shared:
+            others[int(pid)] = shared
+    if not others:
+        return None
+    shared_all = sorted(set().union(*others.values()))
+    indices = sorted(w.gpu_index for w in host.workers if w.gpu in shared_all and w.gpu_index is not None)
+    return ", ".join(map(str, sorted(others))), ", ".join(map(str, indices)) or ", ".join(shared_all)
+

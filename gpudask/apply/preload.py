@@ -32,6 +32,8 @@ def on_import() -> None:
         # Worker.__init__, or the user's script re-run as __mp_main__) applies its plan
         _fail_here(lambda: process.start_worker(runtime.worker_init_locals()), cli)
     elif _imported_by_distributed_preload():
+        if cli is not None:
+            _take_preload_argv(cli.preload, cli.preload_argv, cli.command, cli)
         _fail_here(lambda: process.start(role, cli), cli)
     else:
         # imported late in a running server (e.g. while unpickling a plugin registered by
@@ -41,8 +43,56 @@ def on_import() -> None:
     assert s is not None
     level = logging.INFO if hostfile.decided_anything(s.host) else logging.DEBUG
     logger.log(level, process.startup_line(s))
-    for warning in s.host.warnings + _worker_count_warnings(s, cli) + _other_commands_warnings(s, cli):
+    taken = _TAKEN if role in ("nanny", "worker") else {}
+    from gpudask.apply.dask_cuda import without_effect
+
+    for warning in (s.host.warnings + _worker_count_warnings(s, cli) + _other_commands_warnings(s, cli)
+                    + (without_effect(s.host, taken) if taken else [])):
         logger.warning("gpudask: %s", warning)
+
+
+def _takes_argv(preload: Any, argv: Any) -> bool:
+    """Are the preload arguments gpudask's?  distributed passes them to the one preload whose
+    ``dask_setup`` is a click command: gpudask's, unless another preload is listed and none
+    of the arguments is an option gpudask knows (the user's own click preload keeps them)."""
+    from gpudask.apply import dask_cuda
+
+    if not argv or not all(isinstance(a, str) for a in argv):
+        return False
+    names = [preload] if isinstance(preload, str) else list(preload or [])
+    others = [n for n in names if n != "gpudask"]
+    return not others or any(dask_cuda.known_option(a) for a in argv)
+
+
+def _take_preload_argv(preload: Any, argv: Any, command: str, cli: runtime.CliArgs | None) -> None:
+    """dask-cuda's worker options given after ``--preload gpudask`` (``dask worker ADDR
+    --preload gpudask --rmm-pool-size 1GB``): each becomes the gpudask setting the migration
+    guide maps it to, in this process's dask config, before it plans.  A nanny passes its
+    config to its worker processes (their ``dask_setup``, a plain function, ignores the
+    arguments distributed passes on).  Here ``dask_setup`` becomes the click command
+    distributed hands the arguments to (they were checked here, one line for a wrong one)."""
+    global dask_setup
+    if not _takes_argv(preload, argv):
+        return
+
+    def take() -> None:
+        import dask.config
+
+        from gpudask.apply import dask_cuda
+        from gpudask.config import label_source
+
+        settings, given_as = dask_cuda.take_cli_argv(list(argv), command)
+        _TAKEN.update(given_as)
+        dask.config.set(settings)  # process-wide: this process's plan and its worker processes
+        for key, value in settings.items():
+            label_source(key, value, f"dask {command} {given_as[key]}")
+
+    _fail_here(take, cli, report=False)
+    dask_setup = DASK_SETUP_COMMAND
+
+
+# the dask-cuda options taken from this command line: {setting: the option as given}
+_TAKEN: dict[str, str] = {}
 
 
 def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
@@ -65,34 +115,12 @@ def _other_commands_warnings(s: process.Session, cli: runtime.CliArgs | None) ->
     shared and the other commands (their host plans in the state directory)."""
     if cli is None or cli.command != "worker" or not cli.nanny or not s.ctx.gpus:
         return []
-    import json
-
-    mine = {w.gpu for w in s.host.workers if w.gpu}
-    others: dict[int, set[str]] = {}
-    try:
-        entries = list(hostfile.state_dir().glob("plan-*.json"))
-    except OSError:
+    found = hostfile.sharing_gpus(s.host)
+    if found is None:
         return []
-    for path in entries:
-        pid = path.stem[len("plan-"):]
-        if not pid.isdigit() or int(pid) == os.getpid() or not hostfile._alive(int(pid)):
-            continue
-        try:
-            data = json.loads(path.read_text())
-            if data["facts"]["hostname"] != s.host.facts.hostname:
-                continue
-            gpus = {w.get("gpu") for w in data["workers"] if isinstance(w, dict) and w.get("gpu")}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-        shared = gpus & mine
-        if shared:
-            others[int(pid)] = shared
-    if not others:
-        return []
-    shared = sorted(set().union(*others.values()))
-    indices = sorted(w.gpu_index for w in s.host.workers if w.gpu in shared and w.gpu_index is not None)
-    return [f"another dask worker command on this host (pid {', '.join(map(str, sorted(others)))}) already "
-            f"runs workers on GPU(s) {', '.join(map(str, indices)) or ', '.join(shared)}: this command's "
+    pids, indices = found
+    return [f"another dask worker command on this host (pid {pids}) already "
+            f"runs workers on GPU(s) {indices}: this command's "
             f"{len(s.host.workers)} worker(s) share them (each command numbers its workers from 0); start one "
             f"dask worker with --nworkers {len(s.ctx.gpus)}, or give each command its own CUDA_VISIBLE_DEVICES"]
 
@@ -108,7 +136,7 @@ def _worker_running() -> bool:
     return any(w.status not in (Status.init, Status.undefined) for w in list(module.Worker._instances))
 
 
-def _fail_here(step: Any, cli: runtime.CliArgs | None) -> None:
+def _fail_here(step: Any, cli: runtime.CliArgs | None, report: bool = True) -> None:
     try:
         step()
     except GpudaskError as e:
@@ -118,7 +146,7 @@ def _fail_here(step: Any, cli: runtime.CliArgs | None) -> None:
 
         # inside the CLI's option callback: click prints "Error: ..." and exits 1
         raise click.ClickException(f"gpudask: {e}") from None
-    if cli is not None and cli.command == "worker":
+    if report and cli is not None and cli.command == "worker":
         hostfile.report_worker_failures()
 
 
@@ -186,6 +214,9 @@ def _session_for(role: str) -> process.Session:
     return _PLAN_ONLY[key]
 
 
+session_for = _session_for  # LocalGPUCluster makes its scheduler's plan before starting it
+
+
 def plan_keys(s: process.Session) -> set[str]:
     """The dask config keys ``s``'s host plan depends on beyond gpudask.*: the loaded
     options' legacy keys and the keys any of its processes sets."""
@@ -207,8 +238,8 @@ def _inputs() -> str:
     return json.dumps([env, sections], sort_keys=True, default=repr)
 
 
-def dask_setup(server: Any) -> Any:
-    """distributed calls this after ``listen()``, before a worker registers."""
+def setup(server: Any) -> Any:
+    """distributed calls this (``dask_setup``) after ``listen()``, before a worker registers."""
     from distributed import Nanny, Scheduler, Worker
 
     try:
@@ -263,3 +294,31 @@ def _setup_scheduler(s: process.Session, scheduler: Any) -> None:
     prometheus.register_scheduler_collector(scheduler)
     if s.applied:  # a scheduler inside a client's process runs with the client's plan
         state.record(s, scheduler)
+
+
+def _make_command() -> Any:
+    import click
+
+    class DaskSetup(click.Command):
+        """gpudask's ``dask_setup`` when ``dask worker`` / ``dask scheduler`` pass it
+        dask-cuda's worker options: they were taken at import time (the plan is made
+        then); its parameters are built from the plugins when distributed parses them."""
+
+        def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+            if len(self.params) == 1:
+                from gpudask.apply import dask_cuda
+
+                self.params = dask_cuda.click_params() + self.params
+            return super().get_params(ctx)
+
+    # the arguments were taken (and checked) at import; the rest: what click took from
+    # them for dask worker's optional scheduler address before they reached the preload
+    rest = click.Argument(["rest"], nargs=-1, type=click.UNPROCESSED)
+    return DaskSetup("dask_setup", params=[rest], callback=lambda server, **_options: setup(server),
+                     add_help_option=False)
+
+
+# a plain function: distributed then passes no arguments (and a user's own click preload may
+# take them); the click command once gpudask has taken dask-cuda's options (on_import)
+dask_setup: Any = setup
+DASK_SETUP_COMMAND: Any = _make_command()

@@ -13,9 +13,11 @@ CLI imports the preload.  It looks at
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import inspect
 import json
+import logging
 import multiprocessing
 import os
 import pathlib
@@ -23,7 +25,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from gpudask.errors import ConfigError
+from gpudask.errors import ConfigError, GpudaskError
+
+logger = logging.getLogger("distributed.gpudask")
 
 WORKER_PROCESS_NAME = "Dask Worker process (from Nanny)"
 
@@ -38,6 +42,8 @@ class CliArgs:
     scheduler_file: str | None = None
     interface: str | None = None
     death_timeout: float | None = None  # seconds; None: wait for the scheduler without end
+    preload: tuple[str, ...] = ()  # the --preload modules, gpudask among them
+    preload_argv: tuple[str, ...] = ()  # what distributed passes a click-configurable preload
 
     def scheduler_protocol(self) -> str | None:
         """The protocol of the scheduler this command serves or joins, if it can be known.
@@ -69,10 +75,33 @@ def cli_args(command: str, ctx: Any) -> CliArgs:
     except Exception:  # noqa: BLE001 - an unparsable command line: distributed reports it itself
         params = dict(ctx.params)
     nworkers = resolve_nworkers(params.get("n_workers") or params.get("nworkers") or params.get("nprocs"))
+    preload_argv = tuple(str(a) for a in _preload_argv_validated() or params.get("preload_argv") or ())
+    address = params.get("scheduler") or None
+    if isinstance(address, str) and address.startswith("-"):
+        # `dask worker --scheduler-file F --preload gpudask --rmm-pool-size 1GB`: click took the
+        # first preload option for the optional scheduler address: give it back to the preload
+        preload_argv, address = (address, *preload_argv), None
+        if "scheduler" in ctx.params:
+            ctx.params["scheduler"] = None  # distributed then reads the scheduler file
     return CliArgs(command, nanny=bool(params.get("nanny", True)), nworkers=nworkers,
-                   protocol=params.get("protocol") or None, scheduler_address=params.get("scheduler") or None,
+                   protocol=params.get("protocol") or None, scheduler_address=address,
                    scheduler_file=params.get("scheduler_file") or None, interface=params.get("interface") or None,
-                   death_timeout=_seconds(params.get("death_timeout")))
+                   death_timeout=_seconds(params.get("death_timeout")),
+                   preload=tuple(str(p) for p in params.get("preload") or ()),
+                   preload_argv=preload_argv)
+
+
+def _preload_argv_validated() -> Any:
+    """The preload arguments distributed's ``validate_preload_argv`` is validating: it imports
+    the preloads (gpudask among them) before it hands the arguments to their click command.
+    (The re-parse above cannot give them: that callback refuses them while gpudask, half
+    imported, has no click command yet.)"""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "validate_preload_argv" and "value" in frame.f_locals:
+            return frame.f_locals["value"]
+        frame = frame.f_back
+    return None
 
 
 def resolve_nworkers(value: Any) -> int | None:
@@ -211,7 +240,26 @@ def protocol_from(address: str | None, scheduler_file: str | None, wait: bool = 
 
 
 # -- which worker of the host am I ---------------------------------------------------
-_held_slot: Any = None
+_held_slot: list[Any] = []  # what holds this process's slot: a locked file, a bound socket
+
+
+def _slot_socket(group: str, i: int) -> Any:
+    """A second hold on slot ``i`` that no file operation can take away (Linux): a Unix
+    socket bound to an abstract name (no file; freed when the process dies).  Another
+    process holding it: None.  Elsewhere, or no socket: True (the file lock alone)."""
+    import hashlib
+    import socket
+
+    if not sys.platform.startswith("linux"):
+        return True
+    digest = hashlib.sha256(group.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(f"\0gpudask-{os.getuid()}-{digest}-slot-{i}")
+    except OSError as e:
+        sock.close()
+        return None if e.errno == errno.EADDRINUSE else True
+    return sock
 
 
 def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -> int:
@@ -220,14 +268,20 @@ def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -
     A file lock per number: the OS frees it when the process dies, so a worker that
     exits (scale down, restart, crash) frees its number and its GPU, and the next worker
     process takes the lowest free one -- the number its nanny (``owner``) held before
-    first, so a restarted worker keeps its GPU."""
-    global _held_slot
+    first, so a restarted worker keeps its GPU.  On Linux each number is also held by an
+    abstract socket name: a state directory removed under a running cluster (tmpfiles
+    cleaning ``/tmp``), full or read-only does not hand a live worker's number, and its GPU,
+    to a second worker."""
     from gpudask.facts import statedir
 
     # a private folder of the private state directory: nobody else can take or fake a slot
-    base = statedir.subdir(statedir.state_dir(), group)
+    base: pathlib.Path | None = None
+    try:
+        base = statedir.subdir(statedir.state_dir(), group)
+    except (OSError, GpudaskError) as e:
+        logger.warning("gpudask: worker numbers claimed without the state directory (%s)", _one_line(e))
     order = list(range(limit))
-    if owner:
+    if owner and base is not None:
         for mark in base.glob("slot-*.owner"):
             number = mark.name[len("slot-"):-len(".owner")]
             if not number.isdigit() or int(number) >= limit:
@@ -237,22 +291,39 @@ def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -
                 order.remove(i)
                 order.insert(0, i)
                 break
+    without_files = base is None
     for i in order:
-        try:
-            fd = statedir.open_private(base / f"slot-{i}.lock", os.O_RDWR)
-        except OSError:
+        f = None
+        if base is not None:
+            try:
+                f = os.fdopen(statedir.open_private(base / f"slot-{i}.lock", os.O_RDWR), "a+")
+            except OSError as e:  # ENOSPC, EROFS, the directory removed meanwhile: the socket holds it
+                if not without_files:
+                    logger.warning("gpudask: worker number %d claimed without its lock file (%s)", i, _one_line(e))
+                without_files = True
+            if f is not None:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    f.close()
+                    continue
+        sock = _slot_socket(group, i)
+        if sock is None or (sock is True and f is None):  # held by a live worker / no hold at all
+            if f is not None:
+                f.close()
             continue
-        f = os.fdopen(fd, "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
-            continue
-        if owner:
-            statedir.write_atomic(base / f"slot-{i}.owner", owner)
-        _held_slot = f  # keep the descriptor (and the lock) for the life of the process
+        if owner and base is not None:
+            try:
+                statedir.write_atomic(base / f"slot-{i}.owner", owner)
+            except OSError:
+                pass  # only a preference for the next start
+        _held_slot[:] = [f, sock]  # kept (and the lock and the name held) for the life of the process
         return i
     raise ConfigError(f"no free gpudask worker slot in {base} (more than {limit} workers?)")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(getattr(e, "strerror", None) or e).split())[:300]
 
 
 def worker_index(owner: str | None = None) -> int:
@@ -261,10 +332,13 @@ def worker_index(owner: str | None = None) -> int:
     same parent otherwise), preferring the one ``owner`` (its nanny's address) held."""
     explicit = os.environ.get("GPUDASK_WORKER_INDEX")
     if explicit:
-        try:
-            return int(explicit)
-        except ValueError:
-            raise ConfigError(f"GPUDASK_WORKER_INDEX={explicit!r} is not valid; accepted: an integer >= 0") from None
+        from gpudask.plan.planner import MAX_NWORKERS
+
+        text = explicit.strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 6 and int(text) < MAX_NWORKERS):
+            raise ConfigError(f"GPUDASK_WORKER_INDEX={explicit[:40]!r} is not valid; accepted: an integer from 0 "
+                              f"to {MAX_NWORKERS - 1}")
+        return int(text)
     from gpudask.apply.hostfile import GROUP_ENV
 
     return claim_worker_slot(os.environ.get(GROUP_ENV) or f"ppid-{os.getppid()}", owner)

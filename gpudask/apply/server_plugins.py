@@ -40,7 +40,7 @@ import dask.config
 from distributed.diagnostics import plugin as _dp
 
 from gpudask.apply import process as session
-from gpudask.apply import running, runtime
+from gpudask.apply import read_back, running, runtime
 from gpudask.apply.state import plugin_of
 from gpudask.errors import GpudaskError
 
@@ -104,6 +104,8 @@ class WorkerPlugin(_dp.WorkerPlugin):
         self.report = report
         published = running.publishable(s, report)
         worker.startup_information["gpudask"] = lambda _worker: published
+        # what the scheduler reads back from this worker's own address (gpudask_publish)
+        worker.handlers[read_back.HANDLER] = lambda: published
         from gpudask.apply.prometheus import register_worker_collector
 
         register_worker_collector(worker)
@@ -112,7 +114,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
             if await worker.scheduler.get_metadata(keys=[METADATA_KEY, "scheduler"], default=None) is not None:
                 # gpudask's SchedulerPlugin is there: it puts this into WorkerState.extra
                 # (as --preload gpudask would have at registration) and re-runs the check
-                await worker.scheduler.gpudask_publish(worker=worker.address, published=published)
+                await worker.scheduler.gpudask_publish(worker=worker.address)
         except Exception as e:  # noqa: BLE001 - publishing is best effort; the report stays on the worker
             report["notes"].append(f"not published to the scheduler: {type(e).__name__}: {e}")
         running.log_report(f"worker {worker.address} (gpudask worker {s.plan.index})", report)
@@ -270,6 +272,9 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
             if late:
                 dask.config.set(late)
                 report["applied"] += [f"{k}={v!r}" for k, v in late.items()]
+            # workers whose gpudask came in through WorkerPlugin before this plugin: read
+            # back what each publishes, so the check below sees them as gpudask workers
+            await read_back.all_workers(scheduler)
             before = set(scheduler.plugins)
             install_check(scheduler, s)
             try:
@@ -306,14 +311,17 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         if getattr(self, "published", None) is not None:
             scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
 
-    def publish(self, worker: str, published: Any) -> str:
+    async def publish(self, worker: str, published: Any = None) -> str:
         """Handler ``gpudask_publish``: a worker's gpudask registered late publishes its plan
         as ``WorkerState.extra["gpudask"]`` (what ``--preload gpudask`` publishes at
-        registration) and the scheduler check compares it again."""
-        ws = self.scheduler.workers.get(worker)
-        if ws is None:
-            return "unknown worker"
-        ws.extra["gpudask"] = published
+        registration) and the scheduler check compares it again.
+
+        Whoever calls it (any client can), what is published is read back from the worker
+        at ``worker``, the registered address: a caller can make the scheduler read a
+        worker's own state again, never put words into it (``published`` is ignored)."""
+        problem = await read_back.one_worker(self.scheduler, worker)
+        if problem is not None:
+            return problem
         from gpudask.checks import PLUGIN_NAME as CHECK_NAME
 
         check = self.scheduler.plugins.get(CHECK_NAME)
@@ -363,11 +371,14 @@ def needs_restart(client: Any) -> dict[str, list[dict[str, Any]]]:
 def register(client: Any, *, nanny: bool = True, restart: bool = False) -> dict[str, dict[str, Any]]:
     """Register gpudask's scheduler, worker and (``nanny=True``) nanny plugins on the
     running cluster of ``client``; ``restart=True`` restarts the workers so that they
-    start with their whole plan.  Returns :func:`status`."""
-    client.register_plugin(SchedulerPlugin())
+    start with their whole plan.  Returns :func:`status`.
+
+    The scheduler's plugin comes last: it reads back what the workers publish, so that under
+    ``scheduler-check.action: refuse`` no worker is refused for running no gpudask yet."""
     if nanny:
         client.register_plugin(NannyPlugin(restart=restart))
     client.register_plugin(WorkerPlugin())
+    client.register_plugin(SchedulerPlugin())
     return status(client)
 
 

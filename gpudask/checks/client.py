@@ -7,8 +7,12 @@ deserialises what it gathers, so it should match them too.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Iterable
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gpudask.checks.runner import plan_here, report_on_scheduler
@@ -124,13 +128,28 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
     findings = sorted(report.get("findings") or [], key=lambda f: -SEVERITIES.index(f.get("severity", "info")))
     lines.append("")
     if findings:
-        rows = [[f.get("severity"), f.get("subject") or "-", f.get("reference") or "-", f.get("plugin") or "gpudask",
-                 f.get("message")] for f in findings]
+        # a finding several processes share is one row naming them all
+        grouped: dict[tuple[Any, ...], list[str]] = {}
+        for f in findings:
+            key = (f.get("severity"), f.get("reference") or "-", f.get("plugin") or "gpudask", f.get("message"))
+            subjects = grouped.setdefault(key, [])
+            for subject in str(f.get("subject") or "-").split(", "):
+                if subject not in subjects:
+                    subjects.append(subject)
+        rows = [[severity, _processes(subjects, list(workers)), _processes(str(reference).split(", "), list(workers)),
+                 plugin, message] for (severity, reference, plugin, message), subjects in grouped.items()]
         lines += [table(["severity", "process", "compared with", "plugin", "finding"], rows), ""]
     counts = report.get("counts") or {}
     lines.append(f"{counts.get('error', 0)} error(s), {counts.get('warning', 0)} warning(s), "
                  f"{counts.get('info', 0)} info: {report.get('status')}")
     return "\n".join(lines)
+
+
+def _processes(names: list[str], workers: list[str]) -> str:
+    """Processes named in a finding's row: every worker of several is said so."""
+    if len(workers) > 1 and sorted(names) == sorted(workers):
+        return f"every worker ({len(workers)})"
+    return ", ".join(names)
 
 
 def scheduler_address(address: str | None, scheduler_file: str | None) -> str:
@@ -156,12 +175,27 @@ def scheduler_address(address: str | None, scheduler_file: str | None) -> str:
     return address
 
 
+def unreachable(target: str, timeout: float, error: BaseException) -> str:
+    """The line ``gpudask check`` and ``gpudask status`` print when the scheduler cannot be reached."""
+    return f"cannot reach the scheduler at {target}: {error}"
+
+
 def _probe(address: str, timeout: float) -> None:
     """Connect once and hang up, so that an unreachable TCP scheduler fails here, within
     ``timeout``, and not inside ``Client()`` (whose half-made object hangs at exit)."""
     import asyncio
+    import socket
 
+    from distributed.comm.addressing import parse_address, parse_host_port
     from distributed.comm.core import connect
+
+    host, port = parse_host_port(parse_address(address)[1])
+    try:  # nothing listening: say so now (distributed's connect retries until the timeout)
+        socket.create_connection((host, port), timeout=min(timeout, 5.0)).close()
+    except ConnectionRefusedError:
+        raise OSError("nothing is listening there (connection refused)") from None
+    except OSError:
+        pass  # unreachable or slow: distributed's connect below waits up to the timeout
 
     async def once() -> None:
         comm = await connect(address, timeout=timeout)
@@ -170,30 +204,65 @@ def _probe(address: str, timeout: float) -> None:
     asyncio.run(once())
 
 
+MAX_TIMEOUT_S = 7 * 86400.0  # --timeout's upper end: a week
+
+
+def check_timeout(value: float, option: str = "--timeout") -> float:
+    """A command's ``--timeout`` (or ``--path-timeout``): refused in one line when it is
+    not a number of seconds a wait can use."""
+    if not (isinstance(value, (int, float)) and 0 < value <= MAX_TIMEOUT_S):
+        raise GpudaskError(f"{option} {value:g}: accepted: a number of seconds above 0 and at most "
+                           f"{MAX_TIMEOUT_S:g} (a week)")
+    return float(value)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, target: str) -> Iterator[None]:
+    """End the command with one line when the scheduler at ``target`` has not answered within
+    ``seconds`` (plus one): a peer that accepts the connection and never answers does not hold
+    a command past its ``--timeout``.  Python cannot cancel a blocked call from outside, so
+    the process exits (status 2)."""
+    def expire() -> None:
+        sys.stderr.write(f"gpudask: error: no answer from the scheduler at {target} within {seconds:g} s "
+                         "(--timeout)\n")
+        sys.stderr.flush()
+        os._exit(2)
+
+    timer = threading.Timer(seconds + 1.0, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float,
               echo: Callable[..., Any], table: Callable[[list[str], list[list[Any]]], str],
               probe: bool = False, path_timeout: float = 10.0, workers: str | None = None) -> int:
     """``gpudask check``: 0 when no error-level finding, 1 when there is one, 2 when the
     scheduler cannot be reached.  With ``probe``: data through every path instead
-    (:mod:`gpudask.checks.probe`), 0 when every path works, 1 when one does not."""
+    (:mod:`gpudask.checks.probe`), 0 when every path works (slow ones are warnings), 1 when one does not."""
     from distributed import Client
 
     try:
+        check_timeout(timeout)
         target = scheduler_address(address, scheduler_file)
         chosen = _probe_workers(workers) if probe else None
-        if probe and not (path_timeout > 0):
-            raise GpudaskError(f"--path-timeout {path_timeout:g}: accepted: a number of seconds > 0")
+        if probe:
+            check_timeout(path_timeout, "--path-timeout")
     except GpudaskError as e:
         echo(f"gpudask: error: {e}", err=True)
         return 2
     try:
         # plain TCP only: UCX is set up once per process and TLS needs the security
         # context, both of which Client() does itself
-        if scheme(target) in (None, "tcp"):
-            _probe(target, timeout)
-        client = Client(target, timeout=timeout, set_as_default=False)
+        with deadline(timeout, target):
+            if scheme(target) in (None, "tcp"):
+                _probe(target, timeout)
+            client = Client(target, timeout=timeout, set_as_default=False)
     except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
-        echo(f"gpudask: error: cannot connect to the scheduler {target}: {e}", err=True)
+        echo(f"gpudask: error: {unreachable(target, timeout, e)}", err=True)
         return 2
     if probe:
         from gpudask.checks.probe import format_probe, run_probe
@@ -203,9 +272,10 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
         finally:
             client.close(timeout=path_timeout)
         echo(json.dumps(result, indent=1, default=str) if as_json else format_probe(result))
-        return 0 if result["status"] == "ok" else 1
+        return 0 if result["status"] in ("ok", "slow") else 1  # slow: a warning, like the check's
     try:
-        report = run_check(client)
+        with deadline(timeout, target):
+            report = run_check(client)
     finally:
         client.close()
     echo(json.dumps(report, indent=1, default=str) if as_json else format_report(report, table))

@@ -10,7 +10,11 @@ takes in a dask cluster, each path with its own time limit:
   the client's behalf (distributed's default for a client outside the workers' network);
 * ``worker -> client direct``: ``gather(direct=True)``.
 
-Each path gives ``ok`` with its time, or what failed and the fix.  The report is also
+Each path gives ``ok`` with its time and rate, or what failed and the fix.  The payload is
+64 MiB (so a rate means something), each data path timed at its best of
+:data:`RATE_REPEATS` transfers; a GPU path over UCX far below what one host's hardware allows
+(:data:`SLOW_GBPS`: CUDA IPC moves 64 MiB in about 1.5 ms on an H200, 45 GB/s; staged through
+host memory over TCP it took 124 ms, 0.5 GB/s) is ``slow``, a warning naming the fix.  The report is also
 sent to the scheduler as a ``gpudask-probe`` event (``client.get_events("gpudask-probe")``),
 which the ``/gpudask`` page shows.  Nothing here imports CuPy unless the workers use it.
 """
@@ -20,12 +24,19 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 TOPIC = "gpudask-probe"  # the scheduler's event topic holding the probes' reports
 PATHS = ("client -> worker", "worker -> worker", "worker -> client via scheduler", "worker -> client direct")
-SIZE = 1 << 16  # int64 elements: 512 KiB, over distributed's small-message sizes
+SIZE = 1 << 23  # int64 elements: 64 MiB, enough for a rate to tell a staged path from a direct one
+RATE_REPEATS = 3  # transfers per data path; the best one gives the rate (the first maps IPC handles)
+# a GPU path over UCX below this many GB/s (of payload) is staged through host memory: CUDA IPC on
+# one H200 moved 64 MiB at 45 GB/s between workers and 11-16 GB/s to the client; TCP through host
+# memory 0.5 GB/s.  The submit argument travels pickled in the graph (0.3 GB/s under dask-cuda
+# too): no bar for it.
+SLOW_GBPS = 2.0
 
 
 # ----------------------------------------------------------------- run in workers / scheduler
@@ -107,7 +118,7 @@ class _Prober:
 
 
 def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = None) -> dict[str, Any]:
-    """Probe every path; the report (``report["status"]``: ``ok`` or ``failed``).
+    """Probe every path; the report (``report["status"]``: ``ok``, ``slow`` or ``failed``).
 
     :param timeout: seconds for each path.
     :param workers: ``[source, destination]``; default: the first two workers by address.
@@ -186,7 +197,10 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
 
             client_module, data = "numpy", numpy.arange(SIZE, dtype="int64")
         start = time.perf_counter()
-        got = p.result(client.submit(_receive, data, module, workers=[a], allow_other_workers=False, pure=False))
+        with warnings.catch_warnings():  # "Sending large graph": 64 MiB in the graph is the point here
+            warnings.filterwarnings("ignore", "Sending large graph", UserWarning)
+            future = client.submit(_receive, data, module, workers=[a], allow_other_workers=False, pure=False)
+        got = p.result(future)
         seconds = time.perf_counter() - start
         if got[0] != expected:
             path(PATHS[0], "failed", seconds, f"wrong value {got[0]}, expected {expected}",
@@ -215,7 +229,8 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
                 path(PATHS[1], "failed", seconds, f"wrong value {got[0]}, expected {want}",
                      "see the workers' logs; the data was corrupted on the way")
             else:
-                path(PATHS[1], "ok", seconds, detail=f"{b} fetched from {a}")
+                best = p.within(lambda: client._run(_pull, a, source.key, RATE_REPEATS, workers=[b]))[b]
+                path(PATHS[1], "ok", min(seconds, best), detail=f"{b} fetched from {a}")
         except Exception as e:  # noqa: BLE001
             path(PATHS[1], "failed", None, f"{b} could not get data from {a}: {_one_line(e)} within {timeout:g} s",
                  f"the workers must reach each other at their addresses ({a}): check --interface / "
@@ -224,9 +239,11 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
     # worker -> client, through the scheduler and directly
     for name, direct in ((PATHS[2], False), (PATHS[3], True)):
         try:
-            start = time.perf_counter()
-            (got,) = p.within(lambda d=direct: client._gather([source], direct=d))
-            seconds = time.perf_counter() - start
+            seconds = float("inf")
+            for _ in range(RATE_REPEATS):  # each gather moves the data again (the client keeps no copy)
+                start = time.perf_counter()
+                (got,) = p.within(lambda d=direct: client._gather([source], direct=d))
+                seconds = min(seconds, time.perf_counter() - start)
             total = int(_host(got).sum())
             if total != expected:
                 path(name, "failed", seconds, f"wrong value {total}, expected {expected}",
@@ -246,7 +263,9 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
                      "results still come through the scheduler when distributed.client.direct-to-workers "
                      "is not true")
     source.release()
-    report["status"] = "ok" if all(x["status"] in ("ok", "skipped") for x in report["paths"]) else "failed"
+    _rates(report, protocol, module)
+    statuses = {x["status"] for x in report["paths"]}
+    report["status"] = "failed" if statuses - {"ok", "skipped", "slow"} else ("slow" if "slow" in statuses else "ok")
     try:
         client.log_event(TOPIC, report)  # the /gpudask page shows the last one
         report["stored"] = True
@@ -254,6 +273,40 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
         report["stored"] = False
         report["store_error"] = _one_line(e)
     return report
+
+
+async def _pull(address: str, key: Any, repeats: int, dask_worker: Any = None) -> float:
+    """Best seconds of ``repeats`` fetches of ``key`` from ``address``, in this worker, the way
+    ``gather_dep`` fetches (no scheduling in the figure; nothing kept)."""
+    from distributed.worker import get_data_from_worker
+
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        response = await get_data_from_worker(dask_worker.rpc, [key], address, who=dask_worker.address)
+        data = dict(response)["data"][key]  # an "OK" answer (a busy one raises below on the key)
+        if type(data).__module__.startswith("cupy"):  # the copy is done when the stream is
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()
+        best = min(best, time.perf_counter() - start)
+        del response, data
+    return best
+
+
+def _rates(report: dict[str, Any], protocol: str, module: str) -> None:
+    """Each ok path's rate; a GPU data path over UCX far below one host's hardware is ``slow``."""
+    nbytes = SIZE * 8
+    for x in report["paths"]:
+        if x["status"] != "ok" or not x["seconds"]:
+            continue
+        x["gbps"] = round(nbytes / x["seconds"] / 1e9, 2)
+        if (protocol.startswith("ucx") and module == "cupy" and x["path"] != PATHS[0]
+                and x["gbps"] < SLOW_GBPS):
+            x["status"] = "slow"
+            x["fix"] = (f"{x['gbps']:g} GB/s for 64 MiB: far below what GPUs of one host allow over CUDA IPC (45 GB/s "
+                        "on an H200 between workers); the data is staged through host memory -- see the check's "
+                        "staged-through-host finding: allow cuda_ipc in UCX_TLS (unset it: gpudask chooses)")
 
 
 def format_probe(report: dict[str, Any]) -> str:
@@ -266,9 +319,12 @@ def format_probe(report: dict[str, Any]) -> str:
     lines += [f"note: {n}" for n in report.get("notes") or []]
     width = max(len(p) for p in PATHS)
     for p in report.get("paths") or []:
+        rate = f"{p['gbps']:7.2f} GB/s" if p.get("gbps") is not None else " " * 12
         if p["status"] == "ok":
-            lines.append(f"{p['path']:<{width}}  ok      {p['seconds'] * 1000:8.1f} ms  {p.get('detail') or ''}"
+            lines.append(f"{p['path']:<{width}}  ok      {p['seconds'] * 1000:8.1f} ms {rate}  {p.get('detail') or ''}"
                          .rstrip())
+        elif p["status"] == "slow":
+            lines.append(f"{p['path']:<{width}}  SLOW    {p['seconds'] * 1000:8.1f} ms {rate}  fix: {p.get('fix')}")
         elif p["status"] == "skipped":
             lines.append(f"{p['path']:<{width}}  skipped  {p.get('detail') or ''}".rstrip())
         else:

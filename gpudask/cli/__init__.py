@@ -79,7 +79,7 @@ def info(facts: str | None, config_file: str | None, protocol: str, nworkers: in
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="The plugins as JSON: name, priority, source, distribution, hooks.")
 def plugins(as_json: bool) -> None:
     """List the plugins in effect: name, priority, source, hooks."""
     from gpudask import bootstrap
@@ -103,10 +103,16 @@ def plugins(as_json: bool) -> None:
 
 
 @main.command("config")
-@click.option("--json", "as_json", is_flag=True)
-def config_cmd(as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Every setting as JSON: key, value, source, default, doc.")
+@click.argument("extra", nargs=-1, metavar="")
+def config_cmd(as_json: bool, extra: tuple[str, ...]) -> None:
     """List every gpudask setting with its value in effect and where it comes from."""
     from gpudask import bootstrap
+
+    if extra:  # `dask cuda config SCHEDULER`'s habit: that job is gpudask check's
+        raise GpudaskError(f"gpudask config takes no argument ({extra[0]!r}): it lists this process's settings; "
+                           f"to compare a running cluster's scheduler, workers and client, run: gpudask check "
+                           f"{extra[0]}")
 
     settings = bootstrap.inputs().settings
     rows = []
@@ -127,8 +133,10 @@ def config_cmd(as_json: bool) -> None:
 @main.command()
 @click.option("--nworkers", type=click.IntRange(min=1), default=None,
               help="Workers (default: one per GPU, 2 without a GPU).")
-@click.option("--protocol", default="tcp", show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--protocol", default="tcp", show_default=True,
+              help="The cluster's protocol: tcp, ucx or ucxx (UCX needs distributed-ucxx).")
+@click.option("--json", "as_json", is_flag=True,
+              help="The demo's report as JSON instead of its lines and table.")
 @click.option("--keep", type=click.FloatRange(min=0), default=0, show_default=True,
               help="Seconds the cluster stays up after the computation (to look at its pages).")
 def demo(nworkers: int | None, protocol: str, as_json: bool, keep: float) -> None:
@@ -164,7 +172,8 @@ def _one_scheduler(address: str | None, address_option: str | None, scheduler_fi
 
 @main.command()
 @_scheduler_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="The findings as JSON (with --probe: the paths) instead of the table.")
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the scheduler.")
 @click.option("--probe", is_flag=True,
               help="Send a small array (CuPy with GPU workers) through every path: client -> worker, worker -> "
@@ -197,19 +206,22 @@ def status(address: str | None, address_option: str | None, scheduler_file: str 
     field).  The scheduler: ADDRESS, --address ADDRESS or --scheduler-file FILE."""
     from distributed import Client
 
-    from gpudask.checks.client import _probe, scheduler_address
+    from gpudask.checks.client import _probe, check_timeout, deadline, scheduler_address, unreachable
     from gpudask.checks.sides import scheme
     from gpudask.cli.report import table
     from gpudask.cli.status import cluster_status, format_status
 
+    check_timeout(timeout)
     target = scheduler_address(_one_scheduler(address, address_option, scheduler_file), scheduler_file)
     try:
-        if scheme(target) in (None, "tcp"):
-            _probe(target, timeout)  # fails within the timeout, not inside Client()
-        with Client(target, timeout=timeout, set_as_default=False) as client:
+        with deadline(timeout, target):  # a peer that accepts and never answers: one line
+            if scheme(target) in (None, "tcp"):
+                _probe(target, timeout)  # fails within the timeout, not inside Client()
+            client = Client(target, timeout=timeout, set_as_default=False)
+        with deadline(timeout, target), client:
             result = cluster_status(client)
     except OSError as e:
-        raise GpudaskError(f"cannot reach the scheduler at {target} within {timeout:g} s: {e}") from None
+        raise GpudaskError(unreachable(target, timeout, e)) from None
     click.echo(json.dumps(result, indent=1, default=str) if as_json else format_status(result, table))
     sys.exit(1 if result["mismatches"] or result["problems"] else 0)
 

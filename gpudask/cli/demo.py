@@ -44,11 +44,36 @@ def _answers(url: str) -> int | None:
         return None
 
 
+def _decisions(published: list[dict[str, Any]], n: int, say: Callable[[str], None],
+               raw: Callable[[str], None]) -> None:
+    """Every plugin's decisions, a decision the workers share said once (naming them)."""
+    from gpudask.cli.report import table
+
+    found: dict[tuple[str, str, str], list[str]] = {}
+    for p in published:
+        plan = p.get("plan") or {}
+        for r in plan.get("reasons", []):
+            found.setdefault((r["plugin"], r["decision"], r["why"]), []).append(str(plan.get("index")))
+    rows = [["all" if len(workers) == n and n > 1 else ",".join(workers), plugin, decision, why]
+            for (plugin, decision, why), workers in found.items()]
+    say("What every plugin decided (full reasons: gpudask info --reasons):")
+    raw(table(["workers", "plugin", "decision", "why"], rows) if rows else "(no decisions)")
+    silent = sorted({pl["name"] for p in published for pl in p.get("plugins", [])} - {r[1] for r in rows})
+    if silent:
+        say(f"plugins with nothing to decide on this host: {', '.join(silent)}")
+
+
 def run_demo(nworkers: int | None = None, protocol: str = "tcp",
              echo: Callable[[str], None] | None = print, keep: float = 0) -> dict[str, Any]:
-    say = echo or (lambda _line: None)
+    from gpudask.cli.report import table, wrap_text
+
+    raw = echo or (lambda _line: None)  # tables fit the terminal themselves
+
+    def say(line: str) -> None:  # prose wrapped to the terminal between words
+        body = line.strip("\n")
+        raw(line[:line.index(body)] + wrap_text(body) + line[line.index(body) + len(body):] if body else line)
+
     import gpudask
-    from gpudask.cli.report import table
 
     session = gpudask.initialize(protocol=protocol, nworkers=nworkers)
     facts = session.host.facts
@@ -95,27 +120,19 @@ def run_demo(nworkers: int | None = None, protocol: str = "tcp",
         workers = client.scheduler_info(n_workers=-1)["workers"]
         published = sorted((w.get("gpudask") or {} for w in workers.values()),
                            key=lambda p: (p.get("plan") or {}).get("index") or 0)
+        backend = "CuPy" if xp is not None else "NumPy"
+        say(f"\n{n} stock dask worker(s) with gpudask ready in {ready:.1f} s; "
+            f"(x + x.T).sum() and a rechunk of a {shape[0]}x{shape[1]} {backend} array in {compute:.2f} s "
+            f"(sum {total:.1f}, {rechunked:.1f})\n")
+        _decisions(published, n, say, raw)
         if keep > 0:
-            say(f"  (the cluster stays up {keep:g} s: --keep)")
-            time.sleep(keep)
-
-    backend = "CuPy" if xp is not None else "NumPy"
-    say("cluster closed (its pages with it; `gpudask demo --keep 60` keeps it up a minute to look)")
-    say(f"{n} stock dask worker(s) with gpudask ready in {ready:.1f} s; "
-        f"(x + x.T).sum() and a rechunk of a {shape[0]}x{shape[1]} {backend} array in {compute:.2f} s "
-        f"(sum {total:.1f}, {rechunked:.1f})\n")
-    rows = []
-    for p in published:
-        plan = p.get("plan") or {}
-        for r in plan.get("reasons", []):
-            why = r["why"] if len(r["why"]) <= 110 else r["why"][:109] + "…"
-            rows.append([plan.get("index"), r["plugin"], r["decision"], why])
-    say("What every plugin decided, per worker (full reasons: gpudask info):")
-    say(table(["worker", "plugin", "decision", "why"], rows) if rows else "(no decisions)")
-    silent = sorted({pl["name"] for p in published for pl in p.get("plugins", [])}
-                    - {r[1] for r in rows})
-    if silent:
-        say(f"plugins with nothing to decide on this host: {', '.join(silent)}")
+            say(f"\nthe cluster stays up {keep:g} s (--keep {keep:g}) at the pages above; Ctrl-C closes it")
+            try:
+                time.sleep(keep)
+            except KeyboardInterrupt:
+                pass
+    say("cluster closed (its pages with it" + ("" if keep > 0 else
+                                             "; `gpudask demo --keep 60` keeps it up a minute to look") + ")")
     return {"workers": n, "scheduler": scheduler, "dashboard": dashboard, "gpudask_page": page,
             "gpudask_page_status": page_status, "bokeh": has_bokeh, "backend": backend, "ready_s": ready,
             "compute_s": compute, "sum": total, "published": published}

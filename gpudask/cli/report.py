@@ -17,6 +17,7 @@ from gpudask.plan import HostPlan, ProcessPlan, cpu_ranges as _cpu_ranges
 
 _GAP = "  "
 _MIN_COLUMN = 6  # narrower than this a column is unreadable: the table overflows instead
+_WHOLE_WORD = 24  # a word up to this long is never cut
 _BREAK = re.compile(r"(?<=[ ,;:/_=|-])")  # a cell may wrap after any of these
 
 
@@ -26,16 +27,28 @@ def terminal_width() -> int | None:
     return columns if columns > 0 else None
 
 
-def _wrap_cell(text: str, width: int) -> list[str]:
+def _pieces(text: str, header: bool = False) -> list[str]:
+    """``text`` cut where a cell may wrap: between words; a word is cut (after a colon,
+    slash, dash ...) only when it is long (a path, a list without spaces), never an address
+    (``tcp://10.0.0.1:8786``) nor a name (``scheduler-parity``)."""
+    out: list[str] = []
+    for word in re.split(r"(?<=[ ,])", text):
+        # a column's header is a label: it may wrap at its underscores (CUDA_/VISIBLE_/DEVICES)
+        whole = "://" in word or (len(word.rstrip(" ,")) <= _WHOLE_WORD and not header)
+        out += [word] if whole else _BREAK.split(word)
+    return [piece for piece in out if piece]
+
+
+def _wrap_cell(text: str, width: int, header: bool = False) -> list[str]:
     if len(text) <= width:
         return [text]
     lines: list[str] = []
     line = ""
-    for piece in _BREAK.split(text):
+    for piece in _pieces(text, header):
         if len(line) + len(piece.rstrip()) > width and line:
             lines.append(line.rstrip())
             line = ""
-        while len(piece) > width:  # one word wider than the column: cut it, carry on below
+        while len(piece.rstrip()) > width:  # one word wider than the column: cut it, carry on below
             lines.append(piece[:width])
             piece = piece[width:]
         line += piece
@@ -54,7 +67,13 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
         return natural
     # lines[i][w][r]: how many lines cell (r, i) takes in a column w wide
     # a column narrower than _MIN_COLUMN by nature (a "unit" column) keeps its width: count it too
-    lines = [{w: [len(_wrap_cell(row[i], w)) for row in cells] for w in range(min(_MIN_COLUMN, n), n + 1)}
+    # no column narrower than its longest word (a word is cut only when the longest words
+    # of all columns together are wider than the terminal: then the longest ones first)
+    floors = [min(n, max(_MIN_COLUMN, max([len(piece.rstrip()) for k, r in enumerate(cells) for piece in _pieces(r[i], k == 0)] or [0])))
+              for i, n in enumerate(natural)]
+    while sum(floors) > budget and max(floors) > _MIN_COLUMN:
+        floors[floors.index(max(floors))] -= 1
+    lines = [{w: [len(_wrap_cell(row[i], w, k == 0)) for k, row in enumerate(cells)] for w in range(min(floors[i], n), n + 1)}
              for i, n in enumerate(natural)]
 
     def height(widths: list[int]) -> int:
@@ -65,7 +84,7 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
         need, now = sum(widths) - budget, height(widths)
         moves = []
         for i, w in enumerate(widths):
-            for narrower in range(max(_MIN_COLUMN, w - need), w):
+            for narrower in range(max(floors[i], w - need), w):
                 cost = height(widths[:i] + [narrower] + widths[i + 1:]) - now
                 moves.append((cost / (w - narrower), -(w - narrower), i, narrower))
         if not moves:
@@ -83,7 +102,7 @@ def table(headers: list[str], rows: list[list[Any]], width: int | None = -1) -> 
     widths = _fit(cells, width)
     lines = []
     for n, row in enumerate(cells):
-        wrapped = [_wrap_cell(c, w) for c, w in zip(row, widths)]
+        wrapped = [_wrap_cell(c, w, n == 0) for c, w in zip(row, widths)]
         for k in range(max(len(parts) for parts in wrapped)):
             lines.append(_GAP.join((parts[k] if k < len(parts) else "").ljust(w)
                                    for parts, w in zip(wrapped, widths)).rstrip())
@@ -218,10 +237,22 @@ def _changes_table(host: HostPlan, width: int | None) -> str:
 def worker_command(host: HostPlan, interface: str | None = None) -> list[str]:
     """The stock command lines that start this host's part of a cluster with gpudask."""
     scheduler = f"{host.protocol}://SCHEDULER:8786"
-    worker = f"dask worker {scheduler} --nworkers {host.nworkers} --preload gpudask"
+    # one thread per GPU worker, as dask-cuda (stock's default is CPUs / workers)
+    threads = " --nthreads 1" if host.facts.visible_gpus() else ""
+    worker = f"dask worker {scheduler} --nworkers {host.nworkers}{threads} --preload gpudask"
     if interface:
         worker += f" --interface {interface}"
     return [f"dask scheduler --protocol {host.protocol} --preload gpudask", worker]
+
+
+def display_warnings(host: HostPlan) -> list[str]:
+    """The plan's warnings, and GPUs the planned workers leave idle (fewer workers than GPUs:
+    the plan warns about more)."""
+    gpus = len(host.facts.visible_gpus())
+    idle = [] if not gpus or host.nworkers >= gpus or host.nworkers == 0 else [
+        f"{host.nworkers} worker(s) on a host with {gpus} visible GPU(s): {gpus - host.nworkers} GPU(s) stay idle; "
+        f"--nworkers {gpus} gives one worker per GPU"]
+    return list(host.warnings) + idle
 
 
 def plan_summary(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
@@ -238,7 +269,7 @@ def plan_summary(host: HostPlan, interface: str | None = None, width: int | None
     out = [wrap_text("\n".join(head), width), "", _worker_table(host, width), "", _changes_table(host, width), "",
            wrap_text("Start it (SCHEDULER: the scheduler's host):", width)]
     out += ["  " + line for line in worker_command(host, interface)]  # never wrapped: they are copied whole
-    out += [wrap_text(f"warning: {w}", width) for w in host.warnings]
+    out += [wrap_text(f"warning: {w}", width) for w in display_warnings(host)]
     return "\n".join(out)
 
 
@@ -252,17 +283,33 @@ def plan_table(host: HostPlan, interface: str | None = None, width: int | None =
         rows.append([w.index, *(value(w, host) for _, value, _ in _WORKER_COLUMNS)])
     out = [wrap_text("\n".join(_header(host)), width), "",
            table(["worker", *(n for n, _, _ in _WORKER_COLUMNS)], rows, width)]
-    for plan in [host.scheduler, host.nanny, host.client, *host.workers]:
-        title = plan.role + (f" {plan.index}" if plan.index is not None else "")
-        extra = {**plan.env, **{k: repr(v) for k, v in plan.config.items()}}
+    # a setting or decision several processes share is said once, under the processes that
+    # share it ("every process", "all but client", "workers", "worker 0,1"); then each
+    # process's own
+    processes = [host.scheduler, host.nanny, host.client, *host.workers]
+    titles = [p.role + (f" {p.index}" if p.index is not None else "") for p in processes]
+    holders: dict[tuple[str, ...], list[str]] = {}
+    for title, plan in zip(titles, processes):
+        items: list[tuple[str, ...]] = [("set", k, v) for k, v in {**plan.env, **{k: repr(v) for k, v in plan.config.items()}}.items()]
+        for item in items + [("why", r.plugin, r.decision, r.why) for r in plan.reasons]:
+            holders.setdefault(item, []).append(title)
+    groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+    for item, where in holders.items():
+        groups.setdefault(tuple(where), []).append(item)
+    order = sorted(groups, key=lambda where: (titles.index(where[0]), -len(where)))
+    for where in order:
+        name = _where(list(where), host.nworkers)
+        name = {"all": "every process", "workers": f"every worker ({host.nworkers})"}.get(name, name)
+        extra = " ".join(f"{item[1]}={item[2]}" for item in groups[where] if item[0] == "set")
         out.append("")
-        out.append(wrap_text(f"{title}:" + ("  " + " ".join(f"{k}={v}" for k, v in extra.items()) if extra else ""),
-                             width, indent="    "))
-        for r in plan.reasons:
-            out.append(wrap_text(f"  [{r.plugin}] {r.decision} -- {r.why}", width, indent="      "))
-        if not plan.reasons:
-            out.append("  (no decisions)")
+        out.append(wrap_text(f"{name}:" + (f"  {extra}" if extra else ""), width, indent="    "))
+        for item in groups[where]:
+            if item[0] == "why":
+                out.append(wrap_text(f"  [{item[1]}] {item[2]} -- {item[3]}", width, indent="      "))
+    for title, plan in zip(titles, processes):
+        if not plan.reasons and not plan.env and not plan.config:
+            out += ["", f"{title}:", "  (no decisions)"]
     out += ["", "Start it:", *("  " + line for line in worker_command(host, interface))]
-    for warning in host.warnings:
+    for warning in display_warnings(host):
         out.append("\n" + wrap_text(f"warning: {warning}", width))
     return "\n".join(out)

@@ -183,14 +183,34 @@ def _shown_pair(d: Mapping[str, Any], mismatch: bool, show: Any) -> str:
     return f"{show(planned)} -> {show(actual)}" + ("!" if mismatch else "")
 
 
-def _gpu(row: dict[str, Any]) -> str:
+def short_uuids(uuids: list[str]) -> dict[str, str]:
+    """GPU UUIDs shortened, each still told apart from the others: the kind and the first
+    four hex digits, ``…``, then as many of the last digits as tell it apart (at least four):
+    ``GPU-3f2a…9c1e``; ``GPU-0000…0001`` for UUIDs that differ only at the end."""
+    whole = sorted({u for u in uuids if u})
+    out = {}
+    for u in whole:
+        head, _, rest = u.partition("-")
+        if len(u) <= 16 or not rest:
+            out[u] = u
+            continue
+        others = [o for o in whole if o != u]
+        for n in range(4, len(rest) + 1):
+            tail, start = rest[-n:], f"{head}-{rest[:4]}"
+            if not any(o.startswith(start) and o.endswith(tail) for o in others):
+                break
+        out[u] = u if len(start) + 1 + len(tail) >= len(u) else f"{start}…{tail}"
+    return out
+
+
+def _gpu(row: dict[str, Any], short: Mapping[str, str]) -> str:
     gpu = row["gpu"]
     planned, actual = gpu.get("planned"), gpu.get("actual")
-    shown = escaped(planned, 12) if planned else "-"
+    shown = escaped(short.get(planned, planned), 48) if planned else "-"
     if actual is None or actual == planned:
         return shown
     mismatch = any(m["key"] == "cuda_context" for m in row["mismatches"])
-    return f"{shown} -> {escaped(actual, 12)}" + ("!" if mismatch else "")
+    return f"{shown} -> {escaped(short.get(actual, actual), 48)}" + ("!" if mismatch else "")
 
 
 def format_status(status: dict[str, Any], table: Any) -> str:
@@ -200,12 +220,14 @@ def format_status(status: dict[str, Any], table: Any) -> str:
     headers = ["worker", "#", "gpu (planned -> actual)", "CUDA_VISIBLE_DEVICES", "UCX_TLS",
                *(escaped(c, 20) for c in plugin_columns), "cpus", "start", "ok"]
     rows = []
+    short = short_uuids([str(u) for r in status["workers"] if r["gpudask"]
+                         for u in (r["gpu"].get("planned"), r["gpu"].get("actual")) if isinstance(u, str)])
     for r in status["workers"]:
         name = escaped(r["worker"])
         if not r["gpudask"]:
             rows.append([name, "-", "no gpudask in this worker", "", "", *("" for _ in plugin_columns), "", "", "?"])
             continue
-        cells = [_gpu(r), _pair(r, "cuda_visible_devices"), _pair(r, "transports"),
+        cells = [_gpu(r, short), _pair(r, "cuda_visible_devices"), _pair(r, "transports"),
                  *(_plugin_pair(r, c) for c in plugin_columns),
                  _pair(r, "cpu_affinity", _ranges), _pair(r, "start_method")]
         ok = (f"{len(r['mismatches'])} mismatch(es)" if r["mismatches"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 import os
 import pathlib
 import stat
@@ -194,10 +195,43 @@ def _build(data: dict[str, Any], origin: str) -> Facts:
     )
 
 
+MAX_FACT_STR = 4096  # characters of one string (a name, a version, an interface)
+MAX_FACT_INT = 2**53  # bytes, versions, indices: anything larger is not a real host's
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _bounds_error(where: str, value: Any, path: tuple[Any, ...] = ()) -> FactsError | None:
+    """What the schema does not bound, everywhere in the file: strings (and keys) of at most
+    MAX_FACT_STR characters without control characters (they would reach a terminal),
+    integers within +-MAX_FACT_INT."""
+    if isinstance(value, str):
+        if len(value) > MAX_FACT_STR:
+            return _fail(where, _key(path), f"a string of at most {MAX_FACT_STR} characters",
+                         f"{len(value)} characters")
+        if _CONTROL.search(value):
+            return _fail(where, _key(path), "a string without control characters", value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if not -MAX_FACT_INT <= value <= MAX_FACT_INT:
+            return _fail(where, _key(path), "an integer of at most 2**53", f"{str(value)[:20]}...")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            error = _bounds_error(where, item, (*path, i))
+            if error is not None:
+                return error
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            error = _bounds_error(where, k, (*path, "<key>")) or _bounds_error(where, item, (*path, k))
+            if error is not None:
+                return error
+    return None
+
+
 def from_dict(data: Any, origin: str, where: str, described: bool) -> Facts:
     """Validate parsed JSON and build Facts; errors name ``where`` and the key.  A
     ``described`` host is also checked for CPU numbers and its ``cuda_visible_devices``."""
     error = _schema_error(where, data)
+    if error is None:
+        error = _bounds_error(where, data)
     if error is not None:
         raise error
     _cross_checks(data, where, described)

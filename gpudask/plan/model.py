@@ -13,6 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudask.errors import GpudaskError
+from gpudask.plan.values import check_env, check_value
+
 ROLES = ("scheduler", "nanny", "client", "worker")
 
 
@@ -62,7 +65,7 @@ class ProcessPlan:
         self.reasons.append(Reason(self.acting_plugin, decision, why))
 
     def set_env(self, name: str, value: str, why: str) -> None:
-        self.env[name] = str(value)
+        self.env[name] = check_env(name, value)
         self.note(f"{name}={value}", why)
 
     def unset_env(self, name: str, why: str) -> None:
@@ -70,6 +73,9 @@ class ProcessPlan:
             self.note(f"{name} unset", why)
 
     def set_config(self, key: str, value: Any, why: str) -> None:
+        if not isinstance(key, str) or not key:
+            raise GpudaskError(f"dask config key {key!r:.60} refused; accepted: a non-empty dotted string")
+        check_value(value, f"dask config {key}")
         self.config[key] = value
         self.note(f"{key}={value!r}", why)
 
@@ -97,6 +103,7 @@ class ProcessPlan:
         information).  ``values`` are merged into what the plugin wrote before; the reason
         line is ``decision`` or ``<plugin>: key=value, ...`` of what changed."""
         owner = self.acting_plugin
+        check_value(dict(values), f"plan section {owner!r}")
         section = self.sections.setdefault(owner, {})
         changed = {k: v for k, v in values.items() if k not in section or section[k] != v}
         section.update(values)
@@ -144,6 +151,10 @@ class ProcessPlan:
         self._settled = {**copy.deepcopy(self.sections), "\0requests": copy.deepcopy(self.requests)}
 
     def set_resource(self, name: str, amount: float, why: str) -> None:
+        if not isinstance(name, str) or not name or isinstance(amount, bool) or \
+                not isinstance(amount, (int, float)) or not 0 <= amount < 2**53:
+            raise GpudaskError(f"resource {name!r:.60}={amount!r:.40} refused; accepted: a name and a finite "
+                               "number from 0 to 2**53")
         self.resources[name] = amount
         self.note(f"resource {name}={amount:g}", why)
 

@@ -32,6 +32,18 @@ PLAN_HOOKS = ("gpudask_validate", "gpudask_plan_process", "gpudask_select_transp
               "gpudask_plan_finish")
 
 
+MAX_NWORKERS = 4096  # worker processes gpudask plans for on one host (its worker numbers: 0..4095)
+
+
+def check_nworkers(nworkers: Any, name: str = "nworkers") -> None:
+    """:raises ConfigError: one line when ``nworkers`` is not a count gpudask plans for."""
+    if nworkers is None:
+        return
+    if isinstance(nworkers, bool) or not isinstance(nworkers, int) or not 0 <= nworkers <= MAX_NWORKERS:
+        raise ConfigError(f"{name}={nworkers!r:.40} is not valid; accepted: an integer from 0 to {MAX_NWORKERS} "
+                          "(worker processes on one host)")
+
+
 def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None = None,
                user_interface: str | None = None, planner: str | None = None) -> HostPlan:
     """The plan for every process on the host of ``inputs`` (made by :mod:`gpudask.bootstrap`).
@@ -43,6 +55,7 @@ def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None =
 
     :raises ConfigError: a protocol distributed does not know (one line)."""
     check_protocol(protocol)
+    check_nworkers(nworkers)
     facts, manager = inputs.facts, inputs.manager
     if nworkers is None:
         nworkers = max(1, len(facts.visible_gpus()))

@@ -13,6 +13,9 @@
   lowering (``get_default_shuffle_method``), i.e. in the client's ``optimize()``; set
   to ``"tasks"`` where cuDF is installed.
 
+* ``distributed.comm.offload`` for GPU workers over UCX, when ``gpudask.comm.offload-threshold``
+  asks for one, made to take effect in the worker process (:mod:`.offload`).
+
 A value the user set (``dask.config`` / YAML / ``DASK_ARRAY__RECHUNK__METHOD``) always wins.
 
 A client that does not import gpudask keeps dask's default.  On the scheduler this plugin
@@ -26,10 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import hookimpl
 
+from . import offload
+
 if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
 
-    from gpudask.pluginapi import PlanContext, ProcessPlan
+    from gpudask.pluginapi import Option, PlanContext, ProcessPlan
 
 name = "gpu-dask-defaults"
 priority = 150
@@ -43,7 +48,13 @@ def _installed(ctx: PlanContext, *packages: str) -> list[str]:
 
 
 @hookimpl
+def gpudask_config_options() -> list[Option]:
+    return [offload.option()]
+
+
+@hookimpl
 def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
+    offload.plan_offload(ctx, plan)
     if plan.role not in ("worker", "client"):
         return
     gpu = bool(ctx.gpus)
@@ -80,12 +91,20 @@ def _set_unless_user(ctx: PlanContext, plan: ProcessPlan, key: str, value: str, 
 
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
-    """On the scheduler: tell a client whose graph rechunks with P2P while GPU workers are connected."""
+    """On the scheduler: tell a client whose graph rechunks with P2P while GPU workers are connected.
+    In a worker: the planned offload threshold, where distributed's comms read it."""
     from distributed import Scheduler
 
+    offload.apply_offload(plan)
     if plan.role != "scheduler" or not isinstance(server, Scheduler):
         return
     from .p2p import NAME, P2PRechunkWarning
 
     if NAME not in server.plugins:
         server.add_plugin(P2PRechunkWarning(), name=NAME, idempotent=True)
+
+
+@hookimpl
+def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
+    """The offload threshold distributed's comms use in this worker, against the plan."""
+    return offload.applied(plan)

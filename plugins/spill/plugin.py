@@ -114,15 +114,16 @@ def gpudask_config_options() -> list[Option]:
                "memory (then to disk under distributed's own limits): bytes ('8GB', '8GiB') or a fraction of "
                "the worker's GPU (0.8); null/'auto': 0.8 of the worker's share of its GPU; 0/false: off.",
                parse_limit, ACCEPTED, dask_cuda_kwarg="device_memory_limit",
-               dask_cuda_convert=lambda v: None if v == "default" else v),
+               dask_cuda_convert=lambda v: None if v == "default" else v, dask_cuda_option="--device-memory-limit"),
         Option(CUDF_KEY, False,
                "Let cuDF spill its own buffers: CUDF_SPILL=1 in workers, client and scheduler; gpudask's device "
                "tier then stands aside (like dask-cuda's --enable-cudf-spill).", parse_bool, "true or false",
-               dask_cuda_kwarg="enable_cudf_spill", dask_cuda_convert=bool),
+               dask_cuda_kwarg="enable_cudf_spill", dask_cuda_convert=bool,
+               dask_cuda_option="--enable-cudf-spill/--disable-cudf-spill"),
         Option(CUDF_STATS_KEY, 0,
                "cuDF's spill statistics level (CUDF_SPILL_STATS) when gpudask.spill.cudf is on "
                "(like dask-cuda's --cudf-spill-stats).", parse_stats_level, "an integer >= 0",
-               dask_cuda_kwarg="cudf_spill_stats"),
+               dask_cuda_kwarg="cudf_spill_stats", dask_cuda_option="--cudf-spill-stats"),
         Option(LOG_KEY, False,
                "Log every move between device and host at INFO on the distributed.worker logger "
                "(like dask-cuda's log_spilling).", parse_bool, "true or false",

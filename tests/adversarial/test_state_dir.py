@@ -185,3 +185,80 @@ def test_as_user_really_is_another_user(tmp_path, shared_tmp, other_user):
     assert (shared_tmp / "mine").stat().st_uid == other_user[0] != os.getuid()
     with pytest.raises(subprocess.CalledProcessError):
         as_user(other_user, f"open({str(tmp_path / 'no')!r}, 'w')")  # root's private folder: no
+
+
+# -- a long-lived cluster whose state directory goes away (issue 32) -------------------
+def _indexes(client) -> dict[str, tuple[int, int]]:
+    """worker address -> (its worker number, its GPU index), as each worker published them."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    out = {}
+    for address, w in workers.items():
+        plan = (w.get("gpudask") or {}).get("plan") or {}
+        out[address] = (plan.get("index"), plan.get("gpu_index"))
+    return out
+
+
+def _mount_tmpfs(path, *options: str) -> None:
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(["size=1m", "mode=1777", *options]), "tmpfs",
+                          str(path)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {out.stderr.strip()}")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("how", ["removed", "read-only", "full"])
+def test_a_restarted_worker_never_shares_a_gpu_when_the_state_directory_is_gone(cluster, tmp_path, how):
+    import shutil
+    import signal
+    import time
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    if how != "removed":  # read-only from the start: a worker with no state directory at all
+        _mount_tmpfs(tmpdir, *(["ro"] if how == "read-only" else []))
+    try:
+        now = _restart_worker_one(cluster, tmpdir, how)
+    finally:
+        if how != "removed":
+            subprocess.run(["umount", "-l", str(tmpdir)], capture_output=True)
+    # before: the restarted worker took number 0 / GPU 0 again (removed) or died on a
+    # 60-line traceback (full, read-only)
+    assert sorted(now.values()) == [(0, 0), (1, 1)], (now, cluster.log("worker")[-3000:])
+    assert "Traceback" not in cluster.log("worker"), cluster.log("worker")[-3000:]
+
+
+def _restart_worker_one(cluster, tmpdir, how):
+    import shutil
+    import signal
+    import time
+
+    env = base_env(GPUDASK_FACTS=TWO_GPUS, TMPDIR=str(tmpdir))
+    env.pop("XDG_RUNTIME_DIR", None)
+    cluster.scheduler(env=env)
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=60)
+        before = _indexes(client)
+        assert sorted(before.values()) == [(0, 0), (1, 1)], before
+        pids = client.run(os.getpid)
+        state = tmpdir / f"gpudask-{os.getuid()}"
+        if how == "removed":  # what systemd-tmpfiles does to /tmp on a long-lived host
+            shutil.rmtree(state)
+        elif how == "full":  # ENOSPC
+            with open(tmpdir / "filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"x" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+        (victim,) = [a for a, (index, _) in before.items() if index == 1]
+        os.kill(pids[victim], signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            now = _indexes(client)
+            if len(now) == 2 and victim not in now and all(v[0] is not None for v in now.values()):
+                break
+            time.sleep(0.3)
+        return _indexes(client)

@@ -10,7 +10,11 @@ Figures, each the best and the median of ``--repeat`` runs after a warm-up:
 * ``transfer_<size>_s``: end-to-end time of a task pinned to worker B that depends on an
   array created on worker A; ``transfer_<size>_GBps``: the bandwidth distributed records
   for that transfer in B's ``transfer_incoming_log``;
+* ``pull_<size>_s`` / ``pull_<size>_GBps``: worker B pulls an array of worker A with distributed's
+  ``get_data_from_worker`` awaited inside B (``client.run``): 3 warm-ups, then ``--pulls``;
 * ``transpose_sum_s``: ``(x + x.T).sum()`` on a persisted square array;
+* ``dc_local_cupy_<operation>_s`` (gpudask and dask-cuda, CuPy): dask-cuda's own local_cupy
+  client against the cluster (:mod:`gpudask_bench.dask_cuda_client`);
 * ``gpu_mem_nanny_MiB`` / ``gpu_mem_scheduler_MiB``: GPU memory that NVML attributes to the
   cluster's processes other than the workers, in two rows: the nanny hosts (and helpers),
   which should hold none, and the scheduler, which over UCX with a GPU holds the CUDA context
@@ -43,7 +47,7 @@ import click
 from gpudask.testing import processes
 from gpudask_bench import raw_ucxx
 from gpudask_bench.configs import (CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, Spec, build_spec, detect_host,
-                                   versions)
+                                   parse_config_env, versions)
 from gpudask_bench.report import add_ratios, add_raw_shares, render_table
 from gpudask_bench.runner import Interrupted, Runner, finish
 
@@ -62,7 +66,8 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
                      "transfer_bytes": list(opts.sizes[0]), "array_side": opts.sizes[1],
                      "chunk_side": opts.sizes[2], "pool_size": opts.pool_size,
                      "spill_limit": opts.spill_limit, "max_seconds": max_seconds,
-                     "profile": opts.profile, "ucx_proto_info": opts.proto_info},
+                     "profile": opts.profile, "ucx_proto_info": opts.proto_info, "pulls": opts.pulls,
+                     "config_env": opts.config_env},
         "configs": [], "notes": []}
     if not host.tokens:
         report["notes"].append("no GPU visible: NumPy arrays, smaller sizes; ucx configurations get UCX_TLS=tcp")
@@ -165,12 +170,17 @@ def _on_signal(signum: int, frame: Any) -> None:
               help="Keep the process logs here (default: a temporary directory, removed).")
 @click.option("--table-file", type=click.Path(dir_okay=False), default=None,
               help="Also write the table to this file.")
+@click.option("--pulls", type=click.IntRange(min=1), default=20, show_default=True,
+              help="In-worker pulls per size after 3 warm-ups; the pull figure is their best and median.")
+@click.option("--config-env", "config_env", multiple=True, metavar="NAME:KEY=VALUE",
+              help="More environment for one configuration's processes (scheduler and workers), e.g. "
+                   "gpudask:DASK_DISTRIBUTED__COMM__OFFLOAD=False to compare a lever on one side; repeatable.")
 @click.option("--show", "show", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Print the table of a previous --json result and exit (runs nothing).")
 def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int, quick: bool, as_json: bool,
                   max_seconds: float | None, profile: bool, proto_info: bool, pool_size: str,
                   spill_limit: str, backend: str, launch_timeout: float, death_timeout: int, log_dir: str | None, table_file: str | None,
-                  show: str | None) -> None:
+                  pulls: int, config_env: tuple[str, ...], show: str | None) -> None:
     """Benchmark tcp, ucx-stock, gpudask and dask-cuda side by side on real processes.
 
     Each configuration gets a real `dask scheduler` and N workers as separate processes,
@@ -193,6 +203,10 @@ def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int
     if bad or not names:
         raise click.BadParameter(f"{','.join(bad) or configs!r}: accepted: {', '.join(CONFIGS)}",
                                  param_hint="--configs")
+    try:
+        extra_env = parse_config_env(config_env, names)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--config-env") from None
     host = detect_host(backend)
     if not host.tokens:
         os.environ.setdefault("UCX_TLS", "tcp")
@@ -202,7 +216,7 @@ def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int
     opts = Options(nworkers=nworkers or max(2, len(host.tokens)), nthreads=nthreads, repeat=repeat, quick=quick,
                    pool_size=pool_size, death_timeout=death_timeout, launch_timeout=launch_timeout,
                    profile=profile, proto_info=proto_info, sizes=sizes, user_env=user_env,
-                   spill_limit=_parse_size(spill_limit, "--spill-limit"))
+                   spill_limit=_parse_size(spill_limit, "--spill-limit"), pulls=pulls, config_env=extra_env)
 
     def echo(msg: str) -> None:
         click.echo(msg, err=True)

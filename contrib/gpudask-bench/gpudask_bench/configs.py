@@ -53,6 +53,11 @@ class Options:
     spill_limit: int = 0
     # the environment the bench was started with, before it changed its own: the clusters get this
     user_env: dict[str, str] | None = None
+    # in-worker pulls per size, after the warm-ups (the median of these is the pull figure)
+    pulls: int = 20
+    # --config-env: more environment for one configuration's processes (scheduler and workers),
+    # e.g. {"gpudask": {"DASK_DISTRIBUTED__COMM__OFFLOAD": "False"}} to compare a lever on one side
+    config_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,6 +91,35 @@ SPILLING = ("gpudask", "dask-cuda")
 
 def build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir: str,
                spill: bool = False) -> Spec | str:
+    """The commands and environment of one configuration, or why it is skipped; ``--config-env``
+    (``opts.config_env``) added to every process of the configuration, and said in its notes."""
+    spec = _build_spec(name, host, opts, sched_file, local_dir, spill)
+    extra = opts.config_env.get(name)
+    if isinstance(spec, Spec) and extra:
+        spec.scheduler_env = {**spec.scheduler_env, **extra}
+        spec.workers = [(argv, {**wenv, **extra}) for argv, wenv in spec.workers]
+        spec.notes.append("--config-env: " + " ".join(f"{k}={v}" for k, v in sorted(extra.items())))
+    return spec
+
+
+def parse_config_env(items: tuple[str, ...] | list[str], names: list[str]) -> dict[str, dict[str, str]]:
+    """``--config-env NAME:KEY=VALUE`` items as {NAME: {KEY: VALUE}}; ValueError says what is wrong."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        name, sep, assignment = item.partition(":")
+        key, eq, value = assignment.partition("=")
+        if not sep or not eq or not key.strip() or not name.strip():
+            raise ValueError(f"{item!r}: accepted: NAME:KEY=VALUE, e.g. gpudask:DASK_DISTRIBUTED__COMM__OFFLOAD=False")
+        if name not in names:
+            raise ValueError(f"{item!r}: {name!r} is not one of this run's configurations ({', '.join(names)})")
+        if name == "raw-ucxx":
+            raise ValueError(f"{item!r}: raw-ucxx starts no cluster; it takes the bench's own environment")
+        out.setdefault(name, {})[key.strip()] = value
+    return out
+
+
+def _build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir: str,
+                spill: bool = False) -> Spec | str:
     """The commands and environment of one configuration, or why it is skipped.
 
     ``spill``: the spill launch, workers started with ``opts.spill_limit`` as their device

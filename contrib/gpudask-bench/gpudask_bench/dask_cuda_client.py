@@ -18,6 +18,45 @@ from typing import Any
 OPERATIONS = ("transpose_sum", "dot", "slice")
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
+# local_cupy's arguments per operation: (size, chunk), 20000^2 float64 in chunks of 2000 (3.2 GB an
+# array) on a GPU, 10000^2 in chunks of 1000 with --quick.  The one `assert` in local_cupy's code
+# (dask_cuda/benchmarks/common.py, 26.10: `assert len(client.scheduler_info(...)["workers"]) > 0`)
+# fires when the client finds no worker -- a cluster still starting or restarting -- which is
+# what a bare "AssertionError" from it means; run() waits for the workers before each operation
+# and keeps the traceback's last frame, so a failure says where it came from.
+SIZES = {"transpose_sum": (20000, 2000), "dot": (20000, 2000), "slice": (20000, 2000)}
+QUICK_SIZES = {op: (10000, 1000) for op in OPERATIONS}
+
+
+def argv(scheduler_file: str, protocol: str, operation: str, size: int, chunk: int, runs: int) -> list[str]:
+    """The local_cupy command for one operation against an existing cluster.
+
+    ``--disable-rmm``: local_cupy leaves the workers' memory setup as their own CLI made it.
+    Without it, on workers that have no dask-cuda ``RMMSetup`` plugin (gpudask's), local_cupy
+    calls ``rmm.reinitialize`` on every worker (a pool of half the GPU's memory each) and on the
+    scheduler, so the gpudask side would run on dask-cuda's memory setup; on ``dask cuda worker``
+    it skips its own setup either way ("RMM already setup on external cluster")."""
+    return [sys.executable, "-m", "dask_cuda.benchmarks.local_cupy", "--scheduler-file", scheduler_file,
+            "-p", protocol, "-t", "gpu", "-o", operation, "-s", str(size), "-c", str(chunk), "--runs", str(runs),
+            "--disable-rmm"]
+
+
+def error_text(stderr: str, limit: int = 400) -> str:
+    """What failed, from a Python traceback on stderr: the exception line with the last frame
+    (file:line and its source line) before it -- a bare ``AssertionError`` says nothing alone."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no output"
+    last = lines[-1].strip()
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    if not frames:
+        return last[:limit]
+    i = frames[-1]
+    m = re.match(r'\s*File "([^"]+)", line (\d+)', lines[i])
+    where = f"{'/'.join(m.group(1).split('/')[-3:])}:{m.group(2)}" if m else lines[i].strip()
+    code = lines[i + 1].strip() if i + 1 < len(lines) - 1 else ""
+    return (f"{last} at {where}" + (f" ({code})" if code and not code.startswith("^") else ""))[:limit]
+
 
 def available() -> bool:
     import importlib.util
@@ -44,12 +83,22 @@ def parse(output: str) -> dict[str, Any]:
 
 
 def run(scheduler_file: str, protocol: str, operation: str, size: int, chunk: int, runs: int,
-        timeout: float) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "dask_cuda.benchmarks.local_cupy", "--scheduler-file", scheduler_file,
-            "-p", protocol, "-t", "gpu", "-o", operation, "-s", str(size), "-c", str(chunk), "--runs", str(runs)]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    result = parse(out.stdout)
-    result["returncode"] = out.returncode
-    if out.returncode != 0 or not result["runs"]:
-        result["error"] = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        timeout: float, log: str | None = None) -> dict[str, Any]:
+    """Run local_cupy once for ``operation``; its whole output goes to ``log`` when given."""
+    cmd = argv(scheduler_file, protocol, operation, size, chunk, runs)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        stdout, stderr, rc = out.stdout, out.stderr, out.returncode
+    except subprocess.TimeoutExpired as e:
+        def text(b: Any) -> str:
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        stdout, stderr, rc = text(e.stdout), text(e.stderr) + f"\ntimed out after {timeout:.0f} s", None
+    if log:
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + f"\n--- exit {rc}\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
+    result = parse(stdout)
+    result["returncode"] = rc
+    result["argv"] = cmd[3:]
+    if rc != 0 or not result["runs"]:
+        result["error"] = f"timed out after {timeout:.0f} s" if rc is None else error_text(stderr)
     return result

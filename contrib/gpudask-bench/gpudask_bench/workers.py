@@ -46,7 +46,9 @@ def to_float(x):
 async def pull_times(addr, key, reps, backend, dask_worker=None):
     """Seconds of each of ``reps`` pulls of ``key`` from worker ``addr`` into this worker, with
     distributed's own ``get_data_from_worker`` as ``gather_dep`` calls it: no scheduling, no
-    task, the transfer and its request/reply only (GPU work synchronised before the clock stops)."""
+    task, the transfer and its request/reply only (the device synchronised before the clock
+    stops).  The one pull function of ``gpudask bench`` and bench/pull-levers.py: send it with
+    :func:`detached` so that stock workers stay stock."""
     import time
 
     from distributed.worker import get_data_from_worker
@@ -58,7 +60,7 @@ async def pull_times(addr, key, reps, backend, dask_worker=None):
         if backend == "cupy":
             import cupy
 
-            cupy.cuda.get_current_stream().synchronize()
+            cupy.cuda.runtime.deviceSynchronize()
         out.append(time.perf_counter() - t)
         if r.get("status") != "OK" or key not in r.get("data", {}):
             raise RuntimeError(f"pull of {key} from {addr}: {r.get('status')}")

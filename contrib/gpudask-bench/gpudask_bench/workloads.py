@@ -9,6 +9,7 @@ adds the launches (and the spill launch) of the configuration around them.
 from __future__ import annotations
 
 import functools
+import os
 import time
 import uuid
 from typing import Any, Callable
@@ -126,7 +127,7 @@ class Measuring:
     def _pull(self, cluster: Cluster, nbytes: int) -> None:
         """The in-worker pull: worker B fetches a key of worker A with distributed's own
         ``get_data_from_worker`` (what ``gather_dep`` calls), timed inside B -- no scheduling,
-        no task; 3 warm-ups (1 with --quick), then ``--repeat`` x 5 pulls of one array."""
+        no task; 3 warm-ups (1 with --quick), then ``--pulls`` pulls of one array (5 with --quick)."""
         from distributed import wait
 
         client = cluster.client
@@ -144,9 +145,8 @@ class Measuring:
             wait(src, timeout=timeout)
             if src.status != "finished":
                 src.result()  # raises the worker's error
-            warm = 1 if self.opts.quick else 3
-            times = client.run(pull, a, src.key, warm + 5 * self.opts.repeat, self.host.backend,
-                               workers=[b])[b]
+            warm, n = (1, min(5, self.opts.pulls)) if self.opts.quick else (3, self.opts.pulls)
+            times = client.run(pull, a, src.key, warm + n, self.host.backend, workers=[b])[b]
         finally:
             del src
         t_fig["warmup"], t_fig["runs"] = times[:warm], times[warm:]
@@ -207,20 +207,33 @@ class Measuring:
         if not dc.available():
             self.notes.append("dask-cuda (with nvtx) not installed: no dc_local_cupy figures")
             return
-        size, chunk = (10000, 1000) if self.opts.quick else (20000, 2000)
+        sizes = dc.QUICK_SIZES if self.opts.quick else dc.SIZES
+        log_dir = getattr(self, "log_dir", None)
         for op in dc.OPERATIONS:
             if self.left() < 20:
                 raise TimeBox()
-            fig = self.figures[f"dc_local_cupy_{op}_s"] = figure(f"dask-cuda local_cupy {op} {size}^2", "s", LOWER)
+            size, chunk = sizes[op]
+            fig = self.figures[f"dc_local_cupy_{op}_s"] = figure(
+                f"dask-cuda local_cupy {op} {size}^2 chunks {chunk}", "s", LOWER)
+            # local_cupy asserts that it sees a worker: never start it on a cluster that lost one
+            cluster.client.wait_for_workers(self.opts.nworkers, timeout=self.timeout(30.0))
+            log = None
+            if log_dir:
+                os.makedirs(os.path.join(log_dir, self.spec.name), exist_ok=True)
+                log = os.path.join(log_dir, self.spec.name, f"local_cupy-{op}.txt")
             out = dc.run(cluster.sched_file, self.spec.protocol, op, size, chunk, max(3, self.opts.repeat),
-                         self.timeout(60.0))
+                         self.timeout(60.0), log=log)
             fig["runs"] = out["runs"]
             if out.get("error"):
                 fig["note"] = f"local_cupy {op} failed: {out['error']}"
             elif out["p2p"]:
                 fig["note"] = f"local_cupy's p2p 25/50/75%: {'; '.join(out['p2p'])}"
             finish(fig)
-            self.echo(f"[{self.spec.name}] dask-cuda local_cupy {op}: {brief(fig, 's')}")
+            self.echo(f"[{self.spec.name}] dask-cuda local_cupy {op}: {brief(fig, 's')}"
+                      + (f" ({out['error']})" if out.get("error") else ""))
+            self.notes.append(f"local_cupy {op}: -p {self.spec.protocol} -t gpu -s {size} -c {chunk} "
+                              f"--runs {max(3, self.opts.repeat)} --disable-rmm (each side keeps its own memory setup), "
+                              f"on this cluster's {len(cluster.workers)} worker(s)")
 
     def _transpose_sum(self, cluster: Cluster, side: int, chunk: int) -> None:
         import operator

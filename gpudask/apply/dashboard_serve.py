@@ -1,0 +1,147 @@
+"""Serving ``/gpudask/json`` without costing the scheduler's event loop.
+
+What the page shows (:func:`gpudask.apply.dashboard.cluster_state`) is built in three steps:
+
+1. on the event loop, a shallow :func:`~gpudask.apply.dashboard.snapshot` of what the scheduler holds (a copy of each
+   worker's published dicts and metrics, the check's report): milliseconds for 1000 workers;
+2. in a daemon thread, the rows and the plugins' ``gpudask_report_rows``
+   (:func:`~gpudask.apply.dashboard.build`, through :data:`ROWS`): the
+   plugins' calls run in a thread of their own and are waited for at most
+   :data:`ROWS_LIMIT_S`; past it the page is drawn without plugin rows and names the plugin
+   still running, and no new call starts until that one ends;
+3. the JSON, cut at :data:`MAX_JSON_BYTES` (whole worker rows left out, and counted).
+
+Concurrent readers share one build, and a built page is served again for :data:`CACHE_S`
+seconds: twenty readers cost one build, not twenty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+ROWS_LIMIT_S = 2.0  # seconds the plugins' report rows of one build may take
+BUILD_LIMIT_S = 20.0  # seconds a reader waits for a build before it gets a one-line error
+CACHE_S = 1.0  # a page built this recently is served as it is
+MAX_JSON_BYTES = 4 * 1024 * 1024  # the page's JSON; workers past it are counted, not shown
+ROWS_HOOK = "gpudask_report_rows"
+
+
+class _Rows:
+    """The thread running the plugins' report rows; at most one at a time."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.since = 0.0
+        self.functions: dict[str, Callable[..., Any]] = {}
+
+    def stuck(self) -> str | None:
+        """Which plugin the running call is in, when one is running."""
+        thread = self.thread
+        if thread is None or not thread.is_alive():
+            return None
+        frame = sys._current_frames().get(thread.ident or -1)
+        codes = {fn.__code__: name for name, fn in self.functions.items() if hasattr(fn, "__code__")}
+        while frame is not None:
+            if frame.f_code in codes:
+                return codes[frame.f_code]
+            frame = frame.f_back
+        return "?"
+
+    def run(self, manager: Any, work: list[tuple[str, dict[str, Any], dict[str, Any]]]
+            ) -> tuple[dict[str, Any] | None, str | None]:
+        """``({address: (rows, problems)}, None)``, or ``(None, why)`` past the limit."""
+        plugin = self.stuck()
+        if plugin is not None:
+            return None, (f"plugin {plugin}'s report rows left out: still in {ROWS_HOOK} after "
+                          f"{time.monotonic() - self.since:.0f} s (a call the scheduler cannot stop)")
+        out: dict[str, Any] = {}
+        self.functions = manager.hook_functions(ROWS_HOOK)
+
+        def rows() -> None:
+            for address, plan, published in work:
+                out[address] = manager.report_rows(plan, published)
+
+        self.since = time.monotonic()
+        self.thread = threading.Thread(target=rows, name="gpudask-report-rows", daemon=True)
+        self.thread.start()
+        self.thread.join(ROWS_LIMIT_S)
+        plugin = self.stuck()
+        if plugin is not None:
+            return None, (f"plugin {plugin}'s report rows left out: {ROWS_HOOK} did not finish within "
+                          f"{ROWS_LIMIT_S:g} s")
+        self.thread = None
+        return out, None
+
+
+ROWS = _Rows()
+
+
+class Builder:
+    """One build at a time per process; readers share it and its result for CACHE_S."""
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[bytes] | None = None
+        self.body: bytes | None = None
+        self.built_at = 0.0
+        self.scheduler: Any = None
+
+    async def get(self, scheduler: Any, snapshot: Callable[[Any], dict[str, Any]],
+                  build: Callable[[dict[str, Any]], bytes]) -> bytes:
+        """``build(snapshot(scheduler))``: the snapshot on the event loop, the build off it."""
+        if self.body is not None and self.scheduler is scheduler and time.monotonic() - self.built_at < CACHE_S:
+            return self.body
+        if self.future is None or self.scheduler is not scheduler:
+            self.scheduler = scheduler
+            self.future = self._start(build, snapshot(scheduler))
+        future = self.future
+        try:
+            body = await asyncio.wait_for(asyncio.shield(future), BUILD_LIMIT_S)
+        except asyncio.TimeoutError:
+            return _problem(f"the page's data was not built within {BUILD_LIMIT_S:g} s")
+        except Exception as e:  # noqa: BLE001 -- one line for the page, never a 500 with a traceback
+            if self.future is future:
+                self.future = None
+            return _problem(f"the page's data could not be built: {type(e).__name__}: {e}")
+        if self.future is future:
+            self.future, self.body, self.built_at = None, body, time.monotonic()
+        return body
+
+    def _start(self, build: Callable[[dict[str, Any]], bytes], snap: dict[str, Any]) -> asyncio.Future[bytes]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
+
+        def settle(body: bytes | None, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(body or b"")
+
+        def run() -> None:
+            body: bytes | None = None
+            error: BaseException | None = None
+            try:
+                body = build(snap)
+            except BaseException as e:  # noqa: BLE001 -- the reader gets it, the thread ends
+                error = e
+            try:
+                loop.call_soon_threadsafe(settle, body, error)
+            except RuntimeError:  # the scheduler closed meanwhile
+                pass
+
+        threading.Thread(target=run, name="gpudask-dashboard", daemon=True).start()
+        return future
+
+
+def _problem(text: str) -> bytes:
+    return json.dumps({"problem": text, "workers": [], "problems": [text]}).encode()
+
+
+BUILDER = Builder()

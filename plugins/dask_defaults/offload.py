@@ -1,0 +1,105 @@
+"""distributed's offload threshold, made to take effect in workers (part of gpu-dask-defaults).
+
+distributed hands (de)serialisation of a message larger than ``distributed.comm.offload``
+(10 MiB by default) to a thread, so a large *pickled host* message does not block the event
+loop.  It counts every frame -- GPU frames too, whose deserialisation is a pointer hand-over --
+so every large GPU transfer pays the thread hand-off: on an H200 a 64 MiB pull took 1.83 ms
+with it and 0.77 ms without, 1 GiB 2.32 / 1.15 ms (``docs/benchmarks.md``).  The price of
+raising it: a host message between the default and the new threshold is (de)serialised on the
+event loop (a 2-million-row object-column pandas frame, ~120 MB pickled, blocked the receiving
+worker's loop 1.0-1.4 s instead of 0.1-0.9 s on a 2-core VM).
+
+distributed reads the threshold **once**, when ``distributed.comm.utils`` is imported --
+in a worker process before its plan applies (the fork server imports distributed first) -- so a
+value planned in the dask config alone never takes effect.  This module copies the value in
+effect into ``distributed.comm.utils.OFFLOAD_THRESHOLD`` at server setup (after ``listen()``,
+before the first transfer) and reads it back as the proof of effect; no code of distributed
+is changed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpudask.pluginapi import Option, parse_bytes
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import PlanContext, ProcessPlan
+
+OFFLOAD = "gpudask.comm.offload-threshold"
+# Measured on one H200 (2026-12-01, bench/pull-levers.py, medians of 15 in-worker pulls, ms at 1 MiB /
+# 64 MiB / 1 GiB): distributed's 10 MiB 0.71 / 1.45 / 1.99; 512 MiB 0.57 / 0.58 / 1.73; never 0.91 /
+# 0.96 / 1.35; dask cuda worker 0.98 / 1.78 / 2.42.  2 GiB keeps every GPU pull up to 2 GiB inline
+# while a host message above it is still handed to a thread.
+DEFAULT = "2GiB"
+DISTRIBUTED_KEY = "distributed.comm.offload"
+
+
+def parse_threshold(value: Any) -> int | bool | None:
+    """null (distributed's own), false (never offload), or a size in bytes ("512MiB", 2**29)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null", "auto")):
+        return None
+    if value is False or (isinstance(value, str) and value.strip().lower() in ("false", "off", "no")):
+        return False
+    if isinstance(value, bool):
+        raise ValueError("null, false or a size")
+    try:
+        size = int(parse_bytes(value)) if isinstance(value, str) else int(value)
+    except (ValueError, TypeError, OverflowError):
+        size = -1
+    if size <= 0 or size > 2**50:
+        raise ValueError('null (distributed\'s own, 10 MiB), false (never offload), or a size such as "512MiB"')
+    return size
+
+
+def option() -> Option:
+    return Option(OFFLOAD, DEFAULT, "distributed.comm.offload for GPU workers over UCX, made to take effect in "
+                  "the worker process: a size (messages larger are (de)serialised in a thread; default 2GiB: GPU "
+                  "pulls up to 2 GiB stay on the event loop), false = never, null = distributed's own (10 MiB).",
+                  parse_threshold, 'a size such as "2GiB", false, or null')
+
+
+def plan_offload(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """A GPU worker over UCX: the threshold asked for, as distributed.comm.offload."""
+    setting = ctx.setting(OFFLOAD)
+    if setting is None or setting.value is None or plan.role != "worker":
+        return
+    if not setting.explicit and not (ctx.uses_ucx and ctx.gpus):
+        return  # the default is for GPU workers over UCX: nothing to say elsewhere
+    if not (ctx.uses_ucx and ctx.gpus):
+        plan.note(f"{OFFLOAD} not applied", "it is for GPU workers over UCX, whose large messages are GPU frames")
+        return
+    user = ctx.user_dask_config(DISTRIBUTED_KEY)
+    if user is not None:
+        plan.note(f"{DISTRIBUTED_KEY} kept at {user!r}", "set by the user (explicit settings win)")
+        return
+    value = setting.value
+    what = "never" if value is False else f"above {value} bytes"
+    plan.set_config(DISTRIBUTED_KEY, value,
+                    f"{OFFLOAD}={value!r} (from {setting.source}): (de)serialisation handed to a thread {what}; "
+                    "GPU frames deserialise without a copy, and the hand-off doubled a 64 MiB pull on an H200 "
+                    "(1.83 -> 0.77 ms without it); large pickled host messages now block the event loop longer")
+
+
+def threshold_in_effect() -> Any:
+    """The threshold distributed's comms use in this process (read back)."""
+    import sys
+
+    module = sys.modules.get("distributed.comm.utils")
+    return getattr(module, "OFFLOAD_THRESHOLD", None)
+
+
+def apply_offload(plan: ProcessPlan) -> None:
+    """Make the planned distributed.comm.offload the one distributed's comms read."""
+    if plan.role != "worker" or DISTRIBUTED_KEY not in plan.config:
+        return
+    import distributed.comm.utils as comm_utils
+
+    comm_utils.OFFLOAD_THRESHOLD = plan.config[DISTRIBUTED_KEY]
+
+
+def applied(plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
+    if plan.role != "worker" or DISTRIBUTED_KEY not in plan.config:
+        return None
+    return {"distributed.comm.utils.OFFLOAD_THRESHOLD": {"planned": plan.config[DISTRIBUTED_KEY],
+                                                         "actual": threshold_in_effect()}}
