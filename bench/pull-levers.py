@@ -61,11 +61,9 @@ DEFAULT = "gpudask,dask-cuda,polling,thread-polling,offload-off,polling-offload-
 
 
 def _size(text: str) -> int:
-    text = text.strip()
-    for unit, mult in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * mult)
-    return int(text)
+    from dask.utils import parse_bytes  # "1MiB", "64MiB", "1GiB", bytes
+
+    return int(parse_bytes(text.strip()))
 
 
 def _label(n: int) -> str:
