@@ -96,7 +96,7 @@ def test_an_unreachable_worker_fails_its_paths_with_the_fix_and_exit_1(cluster):
 @pytest.mark.process
 @pytest.mark.parametrize(("args", "says"), [
     (["--probe", "--workers", "a,b,c"], "gpudask: error: --workers 'a,b,c': accepted: SOURCE or SOURCE,DESTINATION"),
-    (["--probe", "--path-timeout", "0"], "gpudask: error: --path-timeout 0: accepted: a number of seconds > 0"),
+    (["--probe", "--path-timeout", "0"], "gpudask: error: --path-timeout 0: accepted: a number of seconds above 0"),
     (["--workers", "a"], "gpudask: error: --workers goes with --probe"),
     (["--probe", "not an address"], "gpudask: error: 'not an address' is not a scheduler address"),
 ])

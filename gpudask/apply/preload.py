@@ -153,9 +153,16 @@ def _fail_here(step: Any, cli: runtime.CliArgs | None, report: bool = True) -> N
 def fatal(error: BaseException) -> None:
     """Stop this server process now, with one line.  A worker process also leaves the line
     for the ``dask worker`` process that started it, which prints it as its last word."""
+    from gpudask.hookcall import PluginStopped
+
     line = f"gpudask: {error}"
-    logger.error(line)
-    hostfile.leave_fatal(line)
+    if isinstance(error, PluginStopped):
+        # asked to stop (SIGTERM / SIGINT) while a hook ran -- e.g. the nanny closing this worker
+        # because its sibling failed: not this process's failure, and not the line to leave
+        logger.info(line)
+    else:
+        logger.error(line)
+        hostfile.leave_fatal(line)
     for handler in logging.getLogger().handlers + logging.getLogger("distributed").handlers:
         handler.flush()
     os._exit(1)

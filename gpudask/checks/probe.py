@@ -229,7 +229,10 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
                 path(PATHS[1], "failed", seconds, f"wrong value {got[0]}, expected {want}",
                      "see the workers' logs; the data was corrupted on the way")
             else:
-                best = p.within(lambda: client._run(_pull, a, source.key, RATE_REPEATS, workers=[b]))[b]
+                try:
+                    best = p.within(lambda: client._run(_pull, a, source.key, RATE_REPEATS, workers=[b]))[b]
+                except Exception:  # noqa: BLE001 - a busy sender: the task's own fetch still times the path
+                    best = seconds
                 path(PATHS[1], "ok", min(seconds, best), detail=f"{b} fetched from {a}")
         except Exception as e:  # noqa: BLE001
             path(PATHS[1], "failed", None, f"{b} could not get data from {a}: {_one_line(e)} within {timeout:g} s",
