@@ -41,7 +41,7 @@ def test_probe_passes_every_path_and_the_page_shows_it(cluster, protocol):
         client.wait_for_workers(2, timeout=120)
         port = client.scheduler_info()["services"]["dashboard"]
         workers = sorted(client.scheduler_info()["workers"])
-        out = cli("--probe", "--scheduler-file", cluster.scheduler_file)
+        out = cli("--probe", "--payload", "1MiB", "--scheduler-file", cluster.scheduler_file)
         assert out.returncode == 0, out.stdout + out.stderr
         lines = path_lines(out.stdout)
         assert set(lines) == set(PATHS), out.stdout
@@ -50,7 +50,7 @@ def test_probe_passes_every_path_and_the_page_shows_it(cluster, protocol):
         assert out.stdout.splitlines()[-1] == "probe: ok"
         assert "numpy arrays" in out.stdout and f"{workers[1]} fetched from {workers[0]}" in out.stdout
 
-        js = cli("--probe", "--json", cluster.address)
+        js = cli("--probe", "--payload", "1MiB", "--json", cluster.address)
         assert js.returncode == 0, js.stdout + js.stderr
         report = json.loads(js.stdout)
         assert report["status"] == "ok" and report["stored"] is True and report["protocol"] == protocol
@@ -80,7 +80,7 @@ def test_an_unreachable_worker_fails_its_paths_with_the_fix_and_exit_1(cluster):
     with cluster.client() as client:
         client.wait_for_workers(2, timeout=120)
         (good,) = [w for w in client.scheduler_info()["workers"] if w != bad]
-    out = cli("--probe", "--scheduler-file", cluster.scheduler_file, "--path-timeout", "5",
+    out = cli("--probe", "--payload", "1MiB", "--scheduler-file", cluster.scheduler_file, "--path-timeout", "5",
               "--workers", f"{bad},{good}", env=env)
     assert out.returncode == 1, out.stdout + out.stderr
     lines = path_lines(out.stdout)
@@ -97,6 +97,7 @@ def test_an_unreachable_worker_fails_its_paths_with_the_fix_and_exit_1(cluster):
 @pytest.mark.parametrize(("args", "says"), [
     (["--probe", "--workers", "a,b,c"], "gpudask: error: --workers 'a,b,c': accepted: SOURCE or SOURCE,DESTINATION"),
     (["--probe", "--path-timeout", "0"], "gpudask: error: --path-timeout 0: accepted: a number of seconds above 0"),
+    (["--probe", "--payload", "lots"], "gpudask: error: --payload lots: accepted: a size from 8 bytes to 4GiB"),
     (["--workers", "a"], "gpudask: error: --workers goes with --probe"),
     (["--probe", "not an address"], "gpudask: error: 'not an address' is not a scheduler address"),
 ])
@@ -115,7 +116,7 @@ def test_a_probe_of_an_unknown_worker_says_which_workers_there_are(cluster):
     with cluster.client() as client:
         client.wait_for_workers(1, timeout=120)
         (w,) = client.scheduler_info()["workers"]
-    out = cli("--probe", cluster.address, "--workers", "tcp://127.0.0.1:1")
+    out = cli("--probe", "--payload", "1MiB", cluster.address, "--workers", "tcp://127.0.0.1:1")
     assert out.returncode == 1
     assert f"failed: not a worker of this scheduler: tcp://127.0.0.1:1; its workers: {w}" in out.stdout
 
@@ -162,7 +163,7 @@ def test_probe_moves_cupy_through_every_path_over_ucx(cluster):
     cluster.worker("--preload", "gpudask", "--protocol", "ucx", "--nworkers", "2", "--nthreads", "1")
     with cluster.client() as client:
         client.wait_for_workers(2, timeout=180)
-    out = cli("--probe", "--json", "--scheduler-file", cluster.scheduler_file, timeout=180)
+    out = cli("--probe", "--payload", "1MiB", "--json", "--scheduler-file", cluster.scheduler_file, timeout=180)
     report = json.loads(out.stdout)
     assert report["array"] == "cupy", report
     assert out.returncode == 0, format_probe(report)

@@ -239,7 +239,8 @@ def deadline(seconds: float, target: str) -> Iterator[None]:
 
 def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float,
               echo: Callable[..., Any], table: Callable[[list[str], list[list[Any]]], str],
-              probe: bool = False, path_timeout: float = 10.0, workers: str | None = None) -> int:
+              probe: bool = False, path_timeout: float = 10.0, workers: str | None = None,
+              payload: str = "64MiB") -> int:
     """``gpudask check``: 0 when no error-level finding, 1 when there is one, 2 when the
     scheduler cannot be reached.  With ``probe``: data through every path instead
     (:mod:`gpudask.checks.probe`), 0 when every path works (slow ones are warnings), 1 when one does not."""
@@ -251,6 +252,7 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
         chosen = _probe_workers(workers) if probe else None
         if probe:
             check_timeout(path_timeout, "--path-timeout")
+            nbytes = _payload(payload)
     except GpudaskError as e:
         echo(f"gpudask: error: {e}", err=True)
         return 2
@@ -268,7 +270,7 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
         from gpudask.checks.probe import format_probe, run_probe
 
         try:
-            result = run_probe(client, path_timeout, chosen)
+            result = run_probe(client, path_timeout, chosen, nbytes)
         finally:
             client.close(timeout=path_timeout)
         echo(json.dumps(result, indent=1, default=str) if as_json else format_probe(result))
@@ -280,6 +282,19 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
         client.close()
     echo(json.dumps(report, indent=1, default=str) if as_json else format_report(report, table))
     return 1 if report["status"] == "error" else 0
+
+
+def _payload(value: str) -> int:
+    """``--payload``: a size from 8 bytes to 4 GiB (dask's parse_bytes)."""
+    from dask.utils import parse_bytes
+
+    try:
+        nbytes = int(parse_bytes(value))
+    except (ValueError, TypeError, OverflowError):
+        nbytes = -1
+    if not 8 <= nbytes <= 4 * 2**30:
+        raise GpudaskError(f"--payload {value}: accepted: a size from 8 bytes to 4GiB, e.g. 64MiB")
+    return nbytes
 
 
 def _probe_workers(value: str | None) -> list[str] | None:

@@ -117,12 +117,15 @@ class _Prober:
         return future.result(timeout=self.timeout)
 
 
-def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = None) -> dict[str, Any]:
+def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = None,
+              nbytes: int = SIZE * 8) -> dict[str, Any]:
     """Probe every path; the report (``report["status"]``: ``ok``, ``slow`` or ``failed``).
 
     :param timeout: seconds for each path.
     :param workers: ``[source, destination]``; default: the first two workers by address.
+    :param nbytes: the payload (int64 elements of that many bytes; 64 MiB by default).
     """
+    n = max(1, int(nbytes) // 8)
     from distributed.comm.addressing import parse_address
 
     p = _Prober(client, timeout)
@@ -174,7 +177,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
 
     # the data of the paths from the workers, made on the source worker: no client data involved
     try:
-        source = client.submit(_make, SIZE, module, workers=[a], allow_other_workers=False, pure=False)
+        source = client.submit(_make, n, module, workers=[a], allow_other_workers=False, pure=False)
         from distributed.client import _wait
 
         p.within(lambda: _wait([source]))  # waits for the task only: the data stays on the worker
@@ -183,7 +186,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
     except Exception as e:  # noqa: BLE001
         report["problem"] = f"worker {a} did not run a task within {timeout:g} s: {_one_line(e)}"
         return report
-    expected = SIZE * (SIZE - 1) // 2
+    expected = n * (n - 1) // 2
 
     # client -> worker: a submit argument, in the graph through the scheduler
     try:
@@ -191,11 +194,11 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
 
         client_module = module
         try:
-            data = importlib.import_module(module).arange(SIZE, dtype="int64")
+            data = importlib.import_module(module).arange(n, dtype="int64")
         except Exception:  # noqa: BLE001 - the workers have CuPy, this client cannot make CuPy arrays
             import numpy
 
-            client_module, data = "numpy", numpy.arange(SIZE, dtype="int64")
+            client_module, data = "numpy", numpy.arange(n, dtype="int64")
         start = time.perf_counter()
         with warnings.catch_warnings():  # "Sending large graph": 64 MiB in the graph is the point here
             warnings.filterwarnings("ignore", "Sending large graph", UserWarning)
@@ -224,7 +227,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
             start = time.perf_counter()
             got = p.result(client.submit(_sum_plus_one, source, workers=[b], allow_other_workers=False, pure=False))
             seconds = time.perf_counter() - start
-            want = expected + SIZE
+            want = expected + n
             if got[0] != want:
                 path(PATHS[1], "failed", seconds, f"wrong value {got[0]}, expected {want}",
                      "see the workers' logs; the data was corrupted on the way")
@@ -266,7 +269,8 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
                      "results still come through the scheduler when distributed.client.direct-to-workers "
                      "is not true")
     source.release()
-    _rates(report, protocol, module)
+    report["payload_bytes"] = n * 8
+    _rates(report, protocol, module, n * 8)
     statuses = {x["status"] for x in report["paths"]}
     report["status"] = "failed" if statuses - {"ok", "skipped", "slow"} else ("slow" if "slow" in statuses else "ok")
     try:
@@ -297,17 +301,17 @@ async def _pull(address: str, key: Any, repeats: int, dask_worker: Any = None) -
     return best
 
 
-def _rates(report: dict[str, Any], protocol: str, module: str) -> None:
-    """Each ok path's rate; a GPU data path over UCX far below one host's hardware is ``slow``."""
-    nbytes = SIZE * 8
+def _rates(report: dict[str, Any], protocol: str, module: str, nbytes: int = SIZE * 8) -> None:
+    """Each ok path's rate; a GPU data path over UCX far below one host's hardware is ``slow``
+    (judged for payloads of 64 MiB and up: smaller ones measure latency, not the link)."""
     for x in report["paths"]:
         if x["status"] != "ok" or not x["seconds"]:
             continue
         x["gbps"] = round(nbytes / x["seconds"] / 1e9, 2)
         if (protocol.startswith("ucx") and module == "cupy" and x["path"] != PATHS[0]
-                and x["gbps"] < SLOW_GBPS):
+                and nbytes >= SIZE * 8 and x["gbps"] < SLOW_GBPS):
             x["status"] = "slow"
-            x["fix"] = (f"{x['gbps']:g} GB/s for 64 MiB: far below what GPUs of one host allow over CUDA IPC (45 GB/s "
+            x["fix"] = (f"{x['gbps']:g} GB/s for {nbytes >> 20} MiB: far below what GPUs of one host allow over CUDA IPC (45 GB/s "
                         "on an H200 between workers); the data is staged through host memory -- see the check's "
                         "staged-through-host finding: allow cuda_ipc in UCX_TLS (unset it: gpudask chooses)")
 

@@ -179,10 +179,12 @@ def _one_scheduler(address: str | None, address_option: str | None, scheduler_fi
               help="Send a small array (CuPy with GPU workers) through every path: client -> worker, worker -> "
                    "worker, worker -> client via the scheduler and direct; one line per path (exit 1 on a failure).")
 @click.option("--path-timeout", default=10.0, show_default=True, help="With --probe: seconds for each path.")
+@click.option("--payload", default="64MiB", show_default=True, metavar="SIZE",
+              help="With --probe: the array moved on each path (a rate is judged from 64MiB up).")
 @click.option("--workers", default=None, metavar="SOURCE[,DESTINATION]",
               help="With --probe: the workers to probe (default: the first two by address).")
 def check(address: str | None, address_option: str | None, scheduler_file: str | None, as_json: bool,
-          timeout: float, probe: bool, path_timeout: float, workers: str | None) -> None:
+          timeout: float, probe: bool, path_timeout: float, workers: str | None, payload: str) -> None:
     """Compare the scheduler, its workers and this client (exit 1 on an error finding);
     --probe: move data through every path instead.  The scheduler: ADDRESS, --address ADDRESS
     or --scheduler-file FILE."""
@@ -192,7 +194,8 @@ def check(address: str | None, address_option: str | None, scheduler_file: str |
     if workers is not None and not probe:
         raise GpudaskError("--workers goes with --probe")
     address = _one_scheduler(address, address_option, scheduler_file)
-    sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo, table, probe, path_timeout, workers))
+    sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo, table, probe, path_timeout, workers,
+                       payload))
 
 
 @main.command()

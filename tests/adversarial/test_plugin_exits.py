@@ -27,6 +27,7 @@ EXITER = """
     def act(hook, role=None):
         if WHERE == hook and ROLE in ("", role):
             if os.environ.get("EXIT_HOW") == "hang":
+                print(f"exiter: hanging in {hook}", file=sys.stderr, flush=True)  # the test waits for this line
                 time.sleep(600)
             sys.exit(int(os.environ.get("EXIT_CODE", "0")))
 
@@ -166,6 +167,7 @@ def test_a_server_setup_hook_that_never_returns_is_bounded_and_sigterm_still_sto
 
 
 def _stack_hint(cluster, proc) -> str:
-    """What the scheduler has said so far (it says it is listening before the preload's setup)."""
+    """Whether the hook is running yet: the plugin says so on stderr as it starts hanging (a SIGTERM
+    sent before that is distributed's own graceful close, which waits for the preload's setup)."""
     text = cluster.log("stopped")
-    return "gpudask_server_setup" if "Scheduler at:" in text or proc.poll() is not None else ""
+    return "gpudask_server_setup" if "exiter: hanging in gpudask_server_setup" in text or proc.poll() is not None else ""
