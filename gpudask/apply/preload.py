@@ -158,8 +158,8 @@ def fatal(error: BaseException) -> None:
     line = f"gpudask: {error}"
     if isinstance(error, PluginStopped):
         # asked to stop (SIGTERM / SIGINT) while a hook ran -- e.g. the nanny closing this worker
-        # because its sibling failed: not this process's failure, and not the line to leave
-        logger.info(line)
+        # because its sibling failed: not this process's failure, and not a line to show
+        logger.debug(line)
     else:
         logger.error(line)
         hostfile.leave_fatal(line)
