@@ -21,7 +21,7 @@ from gpudask.pluginapi import ConfigError, hookimpl, tls_enables
 
 from . import report as rmm_report
 from . import setup as rmm_setup
-from .options import (DEFAULT_FRACTION, UCXX_POOL_KEYS, RmmSettings, explicit, options, parse_pool_size, read_settings,
+from .options import (UCXX_POOL_KEYS, RmmSettings, explicit, options, parse_pool_size, read_settings,
                       shown)
 from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib, reset_ucxx_keys, resolve,
                      default_initial, target_of)
