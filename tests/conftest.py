@@ -18,6 +18,19 @@ import pytest
 pytest_plugins = ["gpudask.testing.plugin"]
 pytest.register_assert_rewrite("gpudask.testing.plugin")
 
+# Under pytest-xdist each test process gets its own temporary directory, so its own gpudask
+# state directory: two tests starting workers on the same described host at once must not
+# claim each other's GPU slots.  Set before anything reads tempfile.gettempdir(); the dask
+# processes the tests start inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import tempfile
+
+    _own_tmp = pathlib.Path("/tmp") / f"gpudask-tests-{os.getuid()}-{os.environ['PYTEST_XDIST_WORKER']}"
+    _own_tmp.mkdir(mode=0o700, exist_ok=True)
+    os.environ["TMPDIR"] = str(_own_tmp)
+    os.environ.pop("XDG_RUNTIME_DIR", None)
+    tempfile.tempdir = None
+
 from gpudask.testing.plugin import Cluster  # noqa: E402
 from gpudask.testing.processes import clean_env  # noqa: E402
 
@@ -77,6 +90,12 @@ def pytest_sessionfinish(session, exitstatus):
         else:  # pragma: no cover
             print(message, file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one test process per core, at most 4 -- each test
+    starts several dask processes of its own."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,6 +13,9 @@ import sys
 
 import pytest
 
+# the demo takes 8786/8787 when they are free: one test process runs every demo (pytest-xdist)
+pytestmark = pytest.mark.xdist_group("default-ports")
+
 ROOT = pathlib.Path(__file__).parent.parent
 
 

@@ -158,8 +158,9 @@ def fatal(error: BaseException) -> None:
     line = f"gpudask: {error}"
     if isinstance(error, PluginStopped):
         # asked to stop (SIGTERM / SIGINT) while a hook ran -- e.g. the nanny closing this worker
-        # because its sibling failed: not this process's failure, and not a line to show
-        logger.debug(line)
+        # because its sibling failed: not this process's failure (no ERROR, not left as the
+        # command's last word), but where a stuck hook was cut short is worth one line
+        logger.info(line)
     else:
         logger.error(line)
         hostfile.leave_fatal(line)
