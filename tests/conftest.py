@@ -30,6 +30,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["TMPDIR"] = str(_own_tmp)
     os.environ.pop("XDG_RUNTIME_DIR", None)
     tempfile.tempdir = None
+    # an xdist test process is handed COLUMNS=80 / LINES=24: the width tests set their own
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 
 from gpudask.testing.plugin import Cluster  # noqa: E402
 from gpudask.testing.processes import clean_env  # noqa: E402

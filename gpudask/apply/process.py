@@ -22,6 +22,7 @@ from typing import Any, cast
 from gpudask import bootstrap
 from gpudask.apply import hostfile, runtime
 from gpudask.bootstrap import plan_host
+from gpudask.errors import GpudaskError
 from gpudask.plan import HostPlan, ProcessPlan, UserValues, applied
 from gpudask.plan.published import Published
 
@@ -218,6 +219,7 @@ def _start_forkserver() -> None:
                                         or {}).items()}
     if pre_spawn.get("PYTHONHASHSEED") in (None, "0"):
         pre_spawn["PYTHONHASHSEED"] = "6640"
+    _short_multiprocessing_tempdir()
     saved = {k: os.environ.get(k) for k in pre_spawn}
     os.environ.update(pre_spawn)
     try:
@@ -228,6 +230,46 @@ def _start_forkserver() -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# the fork server listens on <multiprocessing's temp dir>/listener-XXXXXXXX: a Unix socket, whose
+# path the kernel limits to 107 bytes (sun_path)
+_SUN_PATH_MAX = 107
+_LISTENER_NAME = len("/listener-") + 8
+
+
+def _short_multiprocessing_tempdir() -> None:
+    """A TMPDIR too long for the fork server's socket (a deep scratch directory, a job's
+    per-task TMPDIR) made ``multiprocessing`` fail with ``OSError: AF_UNIX path too long``
+    and ``dask worker`` end on a traceback.  Python 3.11 and 3.12 do not fall back
+    themselves: make multiprocessing's temp dir (its ``pymp-*`` folder, 0700, removed at
+    exit) in ``/tmp`` instead; where that is impossible too, one line naming TMPDIR."""
+    import tempfile
+    from multiprocessing import util
+
+    def fits(directory: str) -> bool:
+        return len(os.fsencode(directory)) + _LISTENER_NAME <= _SUN_PATH_MAX
+
+    pymp = len("/pymp-") + 8
+    if fits(os.path.join(tempfile.gettempdir(), "x" * (pymp - 1))):
+        return  # the usual case: multiprocessing's own choice fits
+    saved = tempfile.tempdir
+    for short in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK) and fits(short + "x" * pymp):
+            tempfile.tempdir = short
+            try:
+                chosen = util.get_temp_dir()  # cached by multiprocessing for this process
+            finally:
+                tempfile.tempdir = saved
+            if fits(chosen):
+                logger.info("gpudask: TMPDIR is too long for the fork server's Unix socket: it listens in %s",
+                            chosen)
+                return
+            break
+    raise GpudaskError(
+        f"TMPDIR={tempfile.gettempdir()} is too long for the fork server's Unix socket (a socket path "
+        f"may have {_SUN_PATH_MAX} bytes) and /tmp is not writable; accepted: a TMPDIR of at most "
+        f"{_SUN_PATH_MAX - _LISTENER_NAME - pymp} bytes, or distributed.worker.multiprocessing-method: spawn")
 
 
 def bind_cpus(cpus: list[int], ctx: Any) -> None:

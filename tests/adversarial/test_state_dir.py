@@ -262,3 +262,22 @@ def _restart_worker_one(cluster, tmpdir, how):
                 break
             time.sleep(0.3)
         return _indexes(client)
+
+
+@pytest.mark.process
+def test_a_tmpdir_too_long_for_a_unix_socket_still_starts_forkserver_workers(cluster, tmp_path):
+    """A deep TMPDIR (a job's scratch folder): the fork server's socket path went over the
+    kernel's 107 bytes and ``dask worker`` ended on ``OSError: AF_UNIX path too long``."""
+    deep = tmp_path / ("scratch-" + "d" * 100)
+    deep.mkdir()
+    env = base_env(GPUDASK_FACTS=TWO_GPUS, TMPDIR=str(deep))
+    env.pop("XDG_RUNTIME_DIR", None)
+    cluster.scheduler(env=env)
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=90)
+        methods = client.run(lambda: __import__("multiprocessing").get_start_method(allow_none=True))
+        assert client.submit(sum, [1, 2, 3]).result() == 6
+    assert set(methods.values()) == {"forkserver"}, methods
+    log = cluster.log("worker")
+    assert "Traceback" not in log and "fork server's Unix socket: it listens in /tmp/pymp-" in log, log[-3000:]
