@@ -24,7 +24,7 @@ FACADES = {"gpudask", "gpudask.pluginapi"}
 # the first name under gpudask. -> its stage
 STAGE_OF = {
     "_version": "base", "errors": "base", "config": "base", "config_files": "base", "findings": "base",
-    "hookcall": "base",  # one plugin call, isolated: used by the registration and the manager
+    "hookcall": "base",  # one plugin call, isolated: used by the plugin manager
     "facts": "facts",
     # the hook contract, the plugins' registration and the manager that calls them are
     # typed with the plan's types
