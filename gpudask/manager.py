@@ -1,14 +1,17 @@
-"""Calling plugins: the typed layer over pluggy the rest of gpudask calls through.
+"""The plugin manager: the plugins of this process, registered into pluggy, and the calls of their hooks.
 
-In the manner of tox's plugin manager, the rest of gpudask calls
-``manager.select_transport(ctx, plan)``, never ``pm.hook.x``.  Which plugins load and how
-they are registered is :mod:`gpudask.registration`'s (:class:`~gpudask.registration.Registry`,
-:data:`BUILTIN_PLUGINS`, :data:`ESSENTIAL_PLUGINS`, re-exported here); this module calls
-them: one plugin at a time in priority order, each through pluggy's hook caller for that
-plugin alone (``PluginManager.subset_hook_caller`` without every other plugin, cached per
-hook and plugin), so that a failure names the plugin, its distribution and the hook, reasons
-are attributed to the plugin that made them, and a hook that isolates failures lets the
-others run; and traces the calls (``enable_tracing``, through pluggy's
+In the manner of pytest's and tox's plugin managers, one object holds the plugins and
+calls them: the rest of gpudask calls ``manager.select_transport(ctx, plan)``, never
+``pm.hook.x``.  Which plugins load and what a plugin must be to be registered are
+:mod:`gpudask.registration`'s rules (:func:`~gpudask.registration.select`,
+:data:`BUILTIN_PLUGINS`, :data:`ESSENTIAL_PLUGINS`, re-exported here); the manager imports
+and registers what they select, each entry point's module run isolated like a hook.
+
+It calls the plugins one at a time in priority order, each through pluggy's hook caller
+for that plugin alone (``PluginManager.subset_hook_caller`` without every other plugin,
+cached per hook and plugin), so that a failure names the plugin, its distribution and the
+hook, reasons are attributed to the plugin that made them, and a hook that isolates
+failures lets the others run; and traces the calls (``enable_tracing``, through pluggy's
 ``add_hookcall_monitoring``: one line per plugin and call).  Each call goes through
 :func:`gpudask.hookcall.call_isolated`, which bounds it and turns whatever it raises into a
 one-line PluginError.
@@ -21,23 +24,26 @@ at registration: gpudask's order is the plugin's ``priority``.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
-from gpudask.config import CORE_OPTIONS, Option
+from gpudask import hookspecs
+from gpudask.config import CORE_OPTIONS, Option, Settings
 from gpudask.errors import GpudaskError, PluginError
 from gpudask.findings import Finding
 from gpudask.hookcall import PluginStopped, call_isolated
 from gpudask.plan.values import value_problem
 from gpudask.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
                                   ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
-                                  LoadedPlugin, Registry)
+                                  LoadedPlugin, declared, refused_option, renamed, select, unknown_hook)
 
 if TYPE_CHECKING:
     from gpudask.facts.sections import FactsSection
@@ -50,20 +56,164 @@ __all__ = ["BUILTIN_DISTRIBUTION", "BUILTIN_PLUGINS", "DEFAULT_PRIORITY", "ENTRY
 
 trace_logger = logging.getLogger("distributed.gpudask.trace")
 
+_M = TypeVar("_M", bound="PluginManager")
 
-class PluginManager(Registry):
-    """Loads the plugins allowed by config and environment (:class:`Registry`) and calls their hooks."""
+
+def _hashable(obj: Any) -> bool:
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _hashable_copy(obj: Any, name: str) -> types.ModuleType:
+    """What pluggy holds for a plugin object that cannot be hashed (a ``SimpleNamespace``):
+    a module with its attributes, hooks included.  pluggy's subset hook callers keep the
+    plugins they leave out in a set, and pluggy reads hooks statically (no proxy)."""
+    copy = types.ModuleType(f"gpudask-plugin-{name}")
+    for attr in dir(obj):
+        if not attr.startswith("__"):
+            try:
+                setattr(copy, attr, getattr(obj, attr))
+            except Exception:  # noqa: BLE001 - an attribute that cannot be read is pluggy's to report
+                continue
+    return copy
+
+
+class _Pluggy(pluggy.PluginManager):
+    """pluggy's manager, whose entry-point loading registers through gpudask's checks."""
+
+    def __init__(self, owner: PluginManager) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.owner = owner
+        self.direct = False  # True while gpudask's own register() calls pluggy's
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        if self.direct:
+            return super().register(plugin, name)
+        loaded = self.owner.register(plugin, name=name, source="entry point", distribution=self.owner.loading_dist)
+        return loaded.name if loaded is not None else None
+
+
+class PluginManager:
+    """The plugins allowed by config and environment, registered in priority order, and the
+    calls of their hooks."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self._pm = _Pluggy(self)
+        self._pm.add_hookspecs(hookspecs)
+        self.loading_dist: str | None = None  # the distribution of the entry point being loaded
+        self.plugins: list[LoadedPlugin] = []
         self._impls_of: dict[str, dict[str, pluggy.HookImpl]] = {}
         self._callers: dict[tuple[str, str], pluggy.HookCaller] = {}
         self.trace = False
         self._observe: Callable[[str, str, float], None] | None = None
 
-    def _registered(self) -> None:
+    # -- loading ---------------------------------------------------------------
+    @classmethod
+    def from_environment(cls: type[_M], extra: Iterable[Any] = (), broken: list[PluginError] | None = None,
+                         core: Settings | None = None) -> _M:
+        """Load built-ins and entry points, honouring enable/disable lists and autoload
+        (:func:`gpudask.registration.select`).
+
+        A plugin that cannot be loaded raises :class:`PluginError`; with ``broken`` (a
+        list), it is recorded there instead and the others load (``gpudask plugins``).
+        ``core``: the settings holding the core's options (the bootstrap's one Settings of
+        the process); left out, read from dask's config."""
+        manager = cls()
+        extra = list(extra)
+        chosen = select(extra, core)
+        if chosen.trace:
+            manager.enable_tracing()
+        for name in chosen.blocked:
+            manager._pm.set_blocked(name)
+        for name, module in chosen.builtins:
+            try:
+                obj = importlib.import_module(module)
+            except Exception as e:  # noqa: BLE001 - any import failure is reported the same way
+                error = PluginError(name, BUILTIN_DISTRIBUTION, "import", e)
+                if broken is None:
+                    raise error from e
+                broken.append(error)
+                continue
+            manager.register(obj, name=name, source="builtin", distribution=BUILTIN_DISTRIBUTION)
+        for name, dist in chosen.entry_points:
+            try:
+                manager._load_entry_point(name, dist)
+            except PluginError as e:
+                if broken is None:
+                    raise
+                broken.append(e)
+        for obj in extra:
+            named = getattr(obj, "name", None)
+            if named and not manager._pm.is_blocked(named):
+                manager.register(obj, source="registered")
+        return manager
+
+    def _load_entry_point(self, name: str, dist: str | None) -> None:
+        """One entry point through pluggy, which skips blocked names; failures name the plugin."""
+        self.loading_dist = dist  # for the one-line errors of its registration
+        try:
+            # the module body runs here: isolated like a hook (sys.exit() in it ends nothing)
+            call_isolated(name, dist, "import", lambda: self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP,
+                                                                                             name=name), ())
+        except PluginError as e:
+            if isinstance(e.__cause__, PluginError):  # refused at registration: that line as it is
+                raise e.__cause__ from None
+            raise
+        finally:
+            self.loading_dist = None
+        # the distribution it came from, as pluggy recorded it
+        for obj, distribution in self._pm.list_plugin_distributions():
+            for plugin in self.plugins:
+                if plugin.obj is obj and plugin.source == "entry point":
+                    plugin.distribution = distribution.metadata["name"]
+
+    def register(self, obj: Any, name: str | None = None, source: str = "registered",
+                 distribution: str | None = None) -> LoadedPlugin | None:
+        """Register ``obj`` (a module or object with ``name``, ``priority`` and hooks), checked
+        by :mod:`gpudask.registration`'s rules.  None when the name is blocked (disabled)."""
+        name = getattr(obj, "name", None) or name
+        if not isinstance(name, str) or not name:
+            raise PluginError(repr(obj), distribution, "registration", "a plugin needs a non-empty string 'name'")
+        if self._pm.is_blocked(name):
+            return None
+        priority, reads, read_at_start = declared(obj, name, distribution)
+        if any(p.name == name for p in self.plugins):
+            raise PluginError(name, distribution, "registration", "another plugin already has this name")
+        stale = renamed(self._pm, obj)
+        if stale is not None:
+            raise PluginError(name, distribution, "registration", stale)
+        target = obj if _hashable(obj) else _hashable_copy(obj, name)
+        self._pm.direct = True
+        try:
+            self._pm.register(target, name=name)
+        except (pluggy.PluginValidationError, ValueError) as e:
+            raise PluginError(name, distribution, "registration", " ".join(str(e).split())) from e
+        finally:
+            self._pm.direct = False
+        try:
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as e:
+            self._pm.unregister(target)
+            raise PluginError(name, distribution, "registration", unknown_hook(self._pm, e)) from e
+        refused = refused_option(self._pm, target, name)
+        if refused is not None:
+            self._pm.unregister(target)
+            raise PluginError(name, distribution, "registration", refused)
+        hooks = sorted(caller.name for caller in self._pm.get_hookcallers(target) or [])
+        plugin = LoadedPlugin(name, priority, source, distribution, obj, hooks, reads, read_at_start,
+                              registered=target)
+        self.plugins.append(plugin)
+        self.plugins.sort(key=lambda p: (p.priority, p.name))
+        # what the calls cached is for the plugins before this one
         self._impls_of.clear()
         self._callers.clear()
+        return plugin
+
+    def names(self) -> list[str]:
+        return [p.name for p in self.plugins]
 
     # -- tracing ---------------------------------------------------------------
     def enable_tracing(self) -> None:

@@ -57,10 +57,10 @@ def test_the_same_inputs_are_built_once_and_other_inputs_again():
 
 
 def test_a_bootstrap_builds_one_plugin_manager_and_one_settings(monkeypatch):
-    from gpudask import config, registration
+    from gpudask import config, manager
 
     made = {"settings": 0, "managers": 0}
-    settings_init, registry_init = config.Settings.__init__, registration.Registry.__init__
+    settings_init, manager_init = config.Settings.__init__, manager.PluginManager.__init__
 
     def count_settings(self, *args, **kwargs):
         made["settings"] += 1
@@ -68,10 +68,10 @@ def test_a_bootstrap_builds_one_plugin_manager_and_one_settings(monkeypatch):
 
     def count_managers(self, *args, **kwargs):
         made["managers"] += 1
-        registry_init(self, *args, **kwargs)
+        manager_init(self, *args, **kwargs)
 
     monkeypatch.setattr(config.Settings, "__init__", count_settings)
-    monkeypatch.setattr(registration.Registry, "__init__", count_managers)
+    monkeypatch.setattr(manager.PluginManager, "__init__", count_managers)
     inputs = bootstrap.inputs(facts_path=HGX)
     assert made == {"settings": 1, "managers": 1}
     # the core's options and the plugins', in the same Settings

@@ -19,7 +19,7 @@ from conftest import base_env
 from distributed import Scheduler, Worker
 from distributed.scheduler import WorkerState
 
-import gpudask.apply.dashboard as dashboard
+import gpudask.dashboard.page as dashboard
 from gpudask.checks import SchedulerCheck
 
 
@@ -145,8 +145,8 @@ def test_junk_in_worker_data_never_breaks_the_state():
 
 def test_routes_with_dashboard_adds_the_module_once():
     stock = ["distributed.http.scheduler.prometheus", "distributed.http.health"]
-    assert dashboard.routes_with_dashboard(stock) == [*stock, "gpudask.apply.dashboard"]
-    assert dashboard.routes_with_dashboard([*stock, "gpudask.apply.dashboard"]) == [*stock, "gpudask.apply.dashboard"]
+    assert dashboard.routes_with_dashboard(stock) == [*stock, "gpudask.dashboard.page"]
+    assert dashboard.routes_with_dashboard([*stock, "gpudask.dashboard.page"]) == [*stock, "gpudask.dashboard.page"]
 
 
 @pytest.mark.process
@@ -159,7 +159,7 @@ def test_page_from_the_routes_config_without_bokeh(tmp_path):
         import dask.config
         from distributed import Scheduler
         from tornado.httpclient import AsyncHTTPClient
-        from gpudask.apply.dashboard import ROUTES_KEY, install, routes_with_dashboard
+        from gpudask.dashboard.page import ROUTES_KEY, install, routes_with_dashboard
 
         async def main():
             with dask.config.set({ROUTES_KEY: routes_with_dashboard(dask.config.get(ROUTES_KEY))}):
@@ -188,7 +188,7 @@ def test_page_from_the_routes_config_without_bokeh(tmp_path):
 # ------------------------------------------------------------------------- prometheus
 def test_worker_gpudask_metrics_on_its_metrics_page():
     pytest.importorskip("prometheus_client")
-    from gpudask.apply.prometheus import register_worker_collector
+    from gpudask.dashboard.prometheus import register_worker_collector
 
     async def main():
         async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
@@ -272,7 +272,7 @@ def test_the_docs_name_the_columns_the_page_has():
     import pathlib
     import re
 
-    from gpudask.apply.dashboard_page import render
+    from gpudask.dashboard.html import render
 
     page = render(3)
     headers = re.findall(r"<th>([^<]+)</th>", page.split('<table id="workers">', 1)[1].split("</thead>", 1)[0])

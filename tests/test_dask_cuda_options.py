@@ -77,7 +77,7 @@ def test_every_option_gpudask_takes_is_a_row_of_the_migration_guide_naming_its_s
     import pathlib
     import re
 
-    from gpudask.apply import dask_cuda
+    from gpudask.compat import dask_cuda
 
     text = (pathlib.Path(__file__).parent.parent / "docs" / "migrating-from-dask-cuda.md").read_text()
     table = text.split("## `dask cuda worker` options", 1)[1].split("\n## ", 1)[0]

@@ -131,7 +131,7 @@ def _migration_rows() -> dict[str, str]:
 
 
 def test_the_migration_guide_lists_every_argument_the_plugins_declare_with_its_setting(monkeypatch):
-    from gpudask.apply import dask_cuda
+    from gpudask.compat import dask_cuda
 
     monkeypatch.setenv("GPUDASK_FACTS", TWO_GPUS)
     table = dask_cuda.table()
@@ -145,7 +145,7 @@ def test_the_migration_guide_lists_every_argument_the_plugins_declare_with_its_s
 
 
 def test_a_refusal_and_a_setting_of_a_disabled_plugin_are_still_named(monkeypatch):
-    from gpudask.apply import dask_cuda
+    from gpudask.compat import dask_cuda
 
     monkeypatch.setenv("GPUDASK_FACTS", TWO_GPUS)
     monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "spill")

@@ -124,7 +124,7 @@ def test_a_probe_of_an_unknown_worker_says_which_workers_there_are(cluster):
 def test_the_page_shows_a_probe_as_text_never_markup():
     from distributed import Scheduler
 
-    import gpudask.apply.dashboard as dashboard
+    import gpudask.dashboard.page as dashboard
 
     async def main():
         async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as s:

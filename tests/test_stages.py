@@ -1,9 +1,9 @@
 """Imports go one way through the stages, and no gpudask module imports itself back.
 
-Stages, earliest first: base -> facts -> plan -> bootstrap -> checks -> apply -> cli -> testing (see
-docs/architecture.md).  A module may import from its own stage or an earlier one, never
-from a later one; function-level imports count the same as top-level ones.  ``gpudask``
-itself (the package's ``__init__``) and ``gpudask.pluginapi`` are facades: they may import
+Stages, earliest first: base -> facts -> plan -> bootstrap -> compat -> checks -> dashboard ->
+apply -> cluster -> cli -> testing (see docs/architecture.md).  A module may import from its own
+stage or an earlier one, never from a later one; function-level imports count the same as
+top-level ones.  ``gpudask`` itself (the package's ``__init__``) and ``gpudask.pluginapi`` are facades: they may import
 any stage, and the core never imports ``pluginapi``.  The facades are in the cycle check
 all the same: a module that imports ``gpudask`` while ``gpudask`` imports it (its lazy
 names, ``_LAZY``, included) is a cycle.
@@ -19,20 +19,28 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpudask"
 
-STAGES = ("base", "facts", "plan", "bootstrap", "checks", "apply", "cli", "testing")
+STAGES = ("base", "facts", "plan", "bootstrap", "compat", "checks", "dashboard", "apply", "cluster", "cli", "testing")
 FACADES = {"gpudask", "gpudask.pluginapi"}
 # the first name under gpudask. -> its stage
 STAGE_OF = {
     "_version": "base", "errors": "base", "config": "base", "config_files": "base", "findings": "base",
-    "hookcall": "base",  # one plugin call, isolated: used by the registration and the manager
+    "hookcall": "base",  # one plugin call, isolated: used by the plugin manager
     "facts": "facts",
     # the hook contract, the plugins' registration and the manager that calls them are
     # typed with the plan's types
     "plan": "plan", "hookspecs": "plan", "registration": "plan", "manager": "plan",
     # config, plugins, settings, the user's view and facts, once per process
     "bootstrap": "bootstrap",
+    # another project's API (dask-cuda's arguments and options) as gpudask settings: reads the
+    # bootstrap's plugins, decides nothing; used by the apply stage and LocalGPUCluster
+    "compat": "compat",
     "checks": "checks",
+    # the /gpudask page and the /metrics gauges: read what the workers published and the
+    # check's report; installed by the apply stage, which they never import
+    "dashboard": "dashboard",
     "apply": "apply",
+    # LocalGPUCluster, a user's way in like the dask commands: uses the apply stage
+    "cluster": "cluster",
     "cli": "cli",
     # the process helper and pytest plugin of gpudask's (and plugins') tests: last, so that
     # nothing of the runtime imports it
@@ -179,7 +187,7 @@ def test_the_cycle_check_covers_the_package_face():
     """``gpudask/__init__`` is a node: it imports the preload (and, lazily, the names of
     ``_LAZY``), so a module under it importing ``gpudask`` back closes a cycle."""
     assert "gpudask" in GRAPH and "gpudask.apply.preload" in GRAPH["gpudask"]
-    assert {"gpudask.checks", "gpudask.apply.cluster", "gpudask.apply.server_plugins"} <= GRAPH["gpudask"]
+    assert {"gpudask.checks", "gpudask.cluster", "gpudask.apply.server_plugins"} <= GRAPH["gpudask"]
     back = {m: set(t) for m, t in GRAPH.items()}
     back["gpudask.apply.process"].add("gpudask")  # `from gpudask import __version__`, as it once was
     assert any({"gpudask", "gpudask.apply.preload", "gpudask.apply.process"} <= set(g) for g in _cycles(back))

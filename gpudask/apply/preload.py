@@ -44,7 +44,7 @@ def on_import() -> None:
     level = logging.INFO if hostfile.decided_anything(s.host) else logging.DEBUG
     logger.log(level, process.startup_line(s))
     taken = _TAKEN if role in ("nanny", "worker") else {}
-    from gpudask.apply.dask_cuda import without_effect
+    from gpudask.compat.dask_cuda import without_effect
 
     for warning in (s.host.warnings + _worker_count_warnings(s, cli) + _other_commands_warnings(s, cli)
                     + (without_effect(s.host, taken) if taken else [])):
@@ -55,7 +55,7 @@ def _takes_argv(preload: Any, argv: Any) -> bool:
     """Are the preload arguments gpudask's?  distributed passes them to the one preload whose
     ``dask_setup`` is a click command: gpudask's, unless another preload is listed and none
     of the arguments is an option gpudask knows (the user's own click preload keeps them)."""
-    from gpudask.apply import dask_cuda
+    from gpudask.compat import dask_cuda
 
     if not argv or not all(isinstance(a, str) for a in argv):
         return False
@@ -78,7 +78,7 @@ def _take_preload_argv(preload: Any, argv: Any, command: str, cli: runtime.CliAr
     def take() -> None:
         import dask.config
 
-        from gpudask.apply import dask_cuda
+        from gpudask.compat import dask_cuda
         from gpudask.config import label_source
 
         settings, given_as = dask_cuda.take_cli_argv(list(argv), command)
@@ -273,7 +273,7 @@ def _setup_worker(s: process.Session, worker: Any) -> None:
             worker.state.total_resources[name] = amount
             worker.state.available_resources[name] = amount
     s.manager.server_setup(s.ctx, s.plan, worker)
-    from gpudask.apply.prometheus import register_worker_collector
+    from gpudask.dashboard.prometheus import register_worker_collector
 
     register_worker_collector(worker)  # gpudask-* worker metrics on the worker's /metrics
     if s.applied:
@@ -293,12 +293,12 @@ def _setup_nanny(s: process.Session, nanny: Any) -> None:
 
 
 def _setup_scheduler(s: process.Session, scheduler: Any) -> None:
-    from gpudask.apply import dashboard, prometheus
+    from gpudask.dashboard import page, prometheus
     from gpudask.apply.server_plugins import install_check
 
     install_check(scheduler, s)  # the core runs the check, whichever plugins implement it
     s.manager.server_setup(s.ctx, s.plan, scheduler)
-    dashboard.install(scheduler)  # /gpudask on the scheduler's HTTP server
+    page.install(scheduler)  # /gpudask on the scheduler's HTTP server
     prometheus.register_scheduler_collector(scheduler)
     if s.applied:  # a scheduler inside a client's process runs with the client's plan
         state.record(s, scheduler)
@@ -314,7 +314,7 @@ def _make_command() -> Any:
 
         def get_params(self, ctx: click.Context) -> list[click.Parameter]:
             if len(self.params) == 1:
-                from gpudask.apply import dask_cuda
+                from gpudask.compat import dask_cuda
 
                 self.params = dask_cuda.click_params() + self.params
             return super().get_params(ctx)

@@ -78,7 +78,12 @@ def _applied_role() -> str | None:
     return _SESSION.role if _SESSION is not None and _SESSION.applied else None
 
 
+def _session_context() -> Any:
+    return _SESSION.ctx if _SESSION is not None else None
+
+
 applied.set_role_source(_applied_role)  # what gpudask.pluginapi.applied_role() answers
+applied.set_context_source(_session_context)  # the plugin manager the /gpudask page asks
 
 
 def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = None,

@@ -106,7 +106,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
         worker.startup_information["gpudask"] = lambda _worker: published
         # what the scheduler reads back from this worker's own address (gpudask_publish)
         worker.handlers[read_back.HANDLER] = lambda: published
-        from gpudask.apply.prometheus import register_worker_collector
+        from gpudask.dashboard.prometheus import register_worker_collector
 
         register_worker_collector(worker)
         try:
@@ -298,9 +298,9 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         self.report = report
         self.scheduler = scheduler
         scheduler.handlers[PUBLISH_HANDLER] = self.publish
-        from gpudask.apply import dashboard, prometheus
+        from gpudask.dashboard import page, prometheus
 
-        dashboard.install(scheduler)
+        page.install(scheduler)
         prometheus.register_scheduler_collector(scheduler)
         self.published = running.publishable(s, report)
         scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)

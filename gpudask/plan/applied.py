@@ -1,16 +1,26 @@
-"""Which role's plan this process applied: asked by plugins' apply hooks
-(:func:`gpudask.pluginapi.applied_role`), answered by the apply stage.
+"""What the apply stage holds for this process, asked from below it without importing it.
 
-The apply stage is above the plan stage; it registers its answer here
-(:func:`set_role_source`) when it is imported, so the plugin API asks without importing
-it.  In a process where nothing was applied the answer is None.
+* which role's plan this process applied: asked by plugins' apply hooks
+  (:func:`gpudask.pluginapi.applied_role`);
+* the plan context of this process's session (its plugin manager): asked by the
+  ``/gpudask`` page (:mod:`gpudask.dashboard.page`), which the apply stage installs.
+
+The apply stage is above the plan stage (and the dashboard); it registers its answers here
+(:func:`set_role_source`, :func:`set_context_source`) when it is imported, so the plugin API
+and the page ask without importing it.  In a process where nothing was applied (or planned)
+the answers are None.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpudask.plan.context import PlanContext
 
 _SOURCE: Callable[[], str | None] | None = None
+_CONTEXT: Callable[[], PlanContext | None] | None = None
 
 
 def set_role_source(source: Callable[[], str | None] | None) -> None:
@@ -24,3 +34,15 @@ def applied_role() -> str | None:
     ``"client"``), or None.  A scheduler or nanny inside a client's process (a LocalCluster)
     runs with the client's plan: an apply hook checking "this process" asks this first."""
     return _SOURCE() if _SOURCE is not None else None
+
+
+def set_context_source(source: Callable[[], PlanContext | None] | None) -> None:
+    """The apply stage's ``() -> the plan context of this process's session, or None``."""
+    global _CONTEXT
+    _CONTEXT = source
+
+
+def session_context() -> PlanContext | None:
+    """The plan context of this process's gpudask session -- the plan it applied, else the
+    last plan-only session -- or None when it has none."""
+    return _CONTEXT() if _CONTEXT is not None else None

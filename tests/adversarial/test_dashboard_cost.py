@@ -64,7 +64,7 @@ def test_a_slow_report_rows_plugin_and_concurrent_readers_do_not_stall_the_event
 
 
 def dashboard_serve_cache_s() -> float:
-    from gpudask.apply.dashboard_serve import CACHE_S
+    from gpudask.dashboard.serve import CACHE_S
 
     return CACHE_S
 
@@ -72,7 +72,8 @@ def dashboard_serve_cache_s() -> float:
 def test_the_pages_json_is_bounded_with_a_thousand_workers(monkeypatch):
     """1000 workers each publishing a large plan: the JSON stays under the limit and says how
     many rows it left out (before: 15 MB per read)."""
-    from gpudask.apply import dashboard, dashboard_serve
+    from gpudask.dashboard import page as dashboard
+    from gpudask.dashboard import serve as dashboard_serve
     from gpudask.checks import EXTRA_KEY, PUBLISHED_KEY
 
     published = {"version": "x", "protocol": "tcp", "plan": {"sections": {f"s{i}": {"k": "v" * 200} for i in range(20)}},

@@ -52,7 +52,7 @@ def test_gpudask_info_with_a_million_workers_is_refused_at_once(tmp_path):
 
 @pytest.mark.parametrize("n", [2.5, 10**7, -1, True])
 def test_local_gpu_cluster_refuses_a_worker_count_before_planning(n):
-    from gpudask.apply.cluster import cluster_kwargs
+    from gpudask.cluster import cluster_kwargs
 
     # before: 2.5 -> a traceback inside the planner; 10**7 -> a hang
     with pytest.raises(ConfigError, match=r"n_workers=.* is not valid; accepted: an integer from 0 to 4096"):

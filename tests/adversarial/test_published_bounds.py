@@ -14,7 +14,7 @@ from conftest import base_env, host, third_party_plugin
 
 from distributed.scheduler import WorkerState
 
-import gpudask.apply.dashboard as dashboard
+import gpudask.dashboard.page as dashboard
 from gpudask.checks import published as bounds
 from gpudask.checks.sides import not_applied
 

@@ -16,6 +16,11 @@ client wrote -- the same mechanism as ``dask worker --nworkers N --preload gpuda
 the same whether the script imports gpudask at the top or inside its main block.
 
 Importing this module imports ``distributed`` but never CUDA.
+
+A room of its own (the cluster stage, above apply): it is a user's way in, like the
+``dask scheduler``/``dask worker`` commands, and uses the apply stage (the client's session,
+the host plan file) and the dask-cuda arguments (:mod:`gpudask.compat.dask_cuda`); nothing
+of the apply stage uses it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 from distributed import LocalCluster
 from dask.system import CPU_COUNT
 
-from gpudask.apply import dask_cuda
+from gpudask.compat import dask_cuda
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 
 PRELOAD = "gpudask"
@@ -201,7 +206,7 @@ class LocalGPUCluster(LocalCluster):
 
     Parameters are those of :func:`cluster_kwargs` (and so of ``LocalCluster``), and
     dask-cuda's ``LocalCUDACluster`` arguments: each becomes the gpudask setting its plugin
-    declares it stands for, for this cluster (:mod:`gpudask.apply.dask_cuda`; the table
+    declares it stands for, for this cluster (:mod:`gpudask.compat.dask_cuda`; the table
     is in the migration guide), ``pre_import`` is added to ``preload``; one gpudask has no
     equivalent for is refused in one line naming what to use instead.
     """

@@ -34,9 +34,10 @@ from distributed.http.utils import RequestHandler
 from gpudask import bootstrap
 from gpudask.checks import PUBLISHED_KEY
 from gpudask.checks.published import bound, bound_published
-from gpudask.apply.dashboard_page import render
+from gpudask.dashboard.html import render
+from gpudask.plan import applied
 
-MODULE = "gpudask.apply.dashboard"  # the entry for distributed.scheduler.http.routes
+MODULE = "gpudask.dashboard.page"  # the entry for distributed.scheduler.http.routes
 ROUTES_KEY = "distributed.scheduler.http.routes"
 PAGE = "gpudask"
 METRIC_PREFIX = "gpudask-"  # worker metrics (Worker.metrics) shown on the page
@@ -53,7 +54,7 @@ def routes_with_dashboard(current: list[str] | None) -> list[str]:
 def cluster_state(scheduler: Any) -> dict[str, Any]:
     """What the page shows: one dict per worker, and the scheduler check's findings.
     JSON-compatible; never raises on odd worker data.  Built as ``/gpudask/json`` is
-    (:mod:`gpudask.apply.dashboard_serve`), here in the caller's thread."""
+    (:mod:`gpudask.dashboard.serve`), here in the caller's thread."""
     return json.loads(build(snapshot(scheduler)))  # type: ignore[no-any-return]
 
 
@@ -72,8 +73,8 @@ def snapshot(scheduler: Any) -> dict[str, Any]:
 
 def build(snap: dict[str, Any]) -> bytes:
     """The page's JSON from a :func:`snapshot` (off the event loop): the
-    plugins' rows bounded in time, the whole cut at ``MAX_JSON_BYTES`` (:mod:`gpudask.apply.dashboard_serve`)."""
-    from gpudask.apply.dashboard_serve import MAX_JSON_BYTES, ROWS
+    plugins' rows bounded in time, the whole cut at ``MAX_JSON_BYTES`` (:mod:`gpudask.dashboard.serve`)."""
+    from gpudask.dashboard.serve import MAX_JSON_BYTES, ROWS
 
     report = snap["report"]
     work = []
@@ -192,10 +193,8 @@ def rows_by_column(rows: list[dict[str, Any]], problems: list[str]) -> dict[str,
 def plugin_manager() -> Any:
     """The plugins of this process's gpudask session, else (a scheduler gpudask did not plan
     in) the bootstrap's plugin manager of this process (gpudask.toml read, built once)."""
-    from gpudask.apply import process
-
-    session = process.current()
-    return session.manager if session is not None and session.manager is not None else bootstrap.manager()
+    ctx = applied.session_context()  # answered by the apply stage, which installs this page
+    return ctx.manager if ctx is not None and ctx.manager is not None else bootstrap.manager()
 
 
 def _gpu(plan: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
@@ -250,10 +249,10 @@ def _scheme(address: str | None) -> str | None:
 # -------------------------------------------------------------------------- handlers
 class StateHandler(RequestHandler):
     """``/gpudask/json``: :func:`cluster_state`, built off the event loop, shared by concurrent
-    readers and bounded in size (:mod:`gpudask.apply.dashboard_serve`)."""
+    readers and bounded in size (:mod:`gpudask.dashboard.serve`)."""
 
     async def get(self) -> None:
-        from gpudask.apply.dashboard_serve import BUILDER
+        from gpudask.dashboard.serve import BUILDER
 
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")

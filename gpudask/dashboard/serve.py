@@ -1,11 +1,11 @@
 """Serving ``/gpudask/json`` without costing the scheduler's event loop.
 
-What the page shows (:func:`gpudask.apply.dashboard.cluster_state`) is built in three steps:
+What the page shows (:func:`gpudask.dashboard.page.cluster_state`) is built in three steps:
 
-1. on the event loop, a shallow :func:`~gpudask.apply.dashboard.snapshot` of what the scheduler holds (a copy of each
+1. on the event loop, a shallow :func:`~gpudask.dashboard.page.snapshot` of what the scheduler holds (a copy of each
    worker's published dicts and metrics, the check's report): milliseconds for 1000 workers;
 2. in a daemon thread, the rows and the plugins' ``gpudask_report_rows``
-   (:func:`~gpudask.apply.dashboard.build`, through :data:`ROWS`): the
+   (:func:`~gpudask.dashboard.page.build`, through :data:`ROWS`): the
    plugins' calls run in a thread of their own and are waited for at most
    :data:`ROWS_LIMIT_S`; past it the page is drawn without plugin rows and names the plugin
    still running, and no new call starts until that one ends;
