@@ -10,5 +10,5 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e ./contrib/gpudask-bench || exit 1
 export PATH=/tmp/site/bin:$PATH
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-python3 -m pytest -m gpu -v -rs -p no:cacheprovider "$@" 2>&1 | tee ${OUT:-/tmp}/gpu-tests.txt
+python3 -m pytest -o addopts= -m gpu -v -rs -p no:cacheprovider "$@" 2>&1 | tee ${OUT:-/tmp}/gpu-tests.txt
 exit ${PIPESTATUS[0]}

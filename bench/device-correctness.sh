@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n GPUDASK_TEST_LOGS="$OUT/log
 pkill -9 -f "[d]ask (scheduler|worker|cuda)" 2>/dev/null
 left=$(( ${TOTAL_S:-530} - ($(date +%s) - t0) ))
 if [ "$left" -gt 40 ]; then
-  timeout -k 10 "$left" python3 -m pytest -m gpu -v -rA --tb=short --timeout 90 -p no:cacheprovider \
+  timeout -k 10 "$left" python3 -m pytest -o addopts= -m gpu -v -rA --tb=short --timeout 90 -p no:cacheprovider \
       --junitxml="$OUT/gpu-tests.xml" --deselect tests/test_workloads.py::test_cupy_workflows_agree_across_all_three_forms \
       ${GPU_TESTS:-tests} > "$OUT/gpu-tests.txt" 2>&1
   echo "== GPU tests: exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/console.txt"

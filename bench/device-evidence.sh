@@ -26,7 +26,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "== install $(( $(date +%s) - t0 )) s"
 
 # 1. the GPU tests (the workload suite's all-forms test runs in its own call); TESTS_S=0: none
-[ "$TESTS_S" -gt 0 ] && timeout -k 10 "$TESTS_S" python3 -m pytest -m gpu -v -rA --tb=short --timeout 100 -p no:cacheprovider \
+[ "$TESTS_S" -gt 0 ] && timeout -k 10 "$TESTS_S" python3 -m pytest -o addopts= -m gpu -v -rA --tb=short --timeout 100 -p no:cacheprovider \
     --junitxml="$OUT/gpu-tests.xml" --deselect tests/test_workloads.py::test_cupy_workflows_agree_across_all_three_forms \
     tests > "$OUT/gpu-tests.txt" 2>&1
 echo "== GPU tests: exit $? after $(( $(date +%s) - t0 )) s"

@@ -60,7 +60,7 @@ def test_gpudask_own_tests_stay_green_with_a_third_party_plugin_installed(tmp_pa
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0 and "noisy" in listed.stdout, listed.stdout + listed.stderr
     # the golden plans and the report tables: what a plugin in every plan would change first
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not process and not gpu",
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not process and not gpu",
                           "tests/test_golden_plans.py", "tests/test_cli_output.py", "tests/test_plan_sections.py"],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
