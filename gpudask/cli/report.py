@@ -134,7 +134,7 @@ def _memory(plan: ProcessPlan, host: HostPlan) -> str:
 
 def _facts_words(host: HostPlan) -> str:
     """The plugins' few words on their facts sections (``FactsSection.summary``), each after
-    a comma: ``, 2 active InfiniBand port(s)``."""
+    a comma (``, 2 active ... port(s)``)."""
     manager = getattr(host.ctx, "manager", None)
     if manager is None:
         return ""

@@ -1,6 +1,6 @@
 """Probing this host: NVML, sysfs, ``importlib.metadata`` and ``ucx_info``
 (:mod:`gpudask.facts.ucx_info`) -- the core's facts.  The plugins probe their own
-(``gpudask_facts_sections``: NVLink peers, InfiniBand ports, free memory ...).
+(``gpudask_facts_sections``).
 
 Never through a CUDA context, so probing is safe in the ``dask worker`` CLI process.
 Only the standard library is imported at module level; pynvml and psutil are imported

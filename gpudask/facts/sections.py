@@ -45,12 +45,12 @@ class FactsSection:
 
     * ``from_v1(data)``: the section's value taken from a schema-1 facts file (``data``, the
       whole file as read, valid against the frozen schema 1), or None when the file does not
-      say -- for a section whose facts were keys of schema 1 (``gpus[].nvlink_peers``);
+      say -- for a section whose facts were keys of schema 1 (a GPU key, a top-level list);
     * ``check(value, facts)``: what the schema cannot say (references to the core's facts):
       None, or ``(key path inside the section, what is accepted, the value found)`` for the
       first problem, which becomes the usual one-line error;
-    * ``summary(value)``: a few words for the host line of ``gpudask info`` ("2 active
-      InfiniBand port(s)"), or None; ``value`` is None when a described host does not say.
+    * ``summary(value)``: a few words for the host line of ``gpudask info`` ("2 active ...
+      port(s)"), or None; ``value`` is None when a described host does not say.
     """
 
     name: str
