@@ -59,19 +59,9 @@ def loaded(path: str):
 
 
 def v2(data: dict) -> dict:
-    """A schema-1 file written by hand as schema 2: the plugins' keys moved to their sections."""
-    out = json.loads(json.dumps(data))
-    out["schema"] = 2
-    sections = out.setdefault("sections", {})
-    sections["nvlink"] = {"peers": {str(g["index"]): g["nvlink_peers"] for g in out["gpus"] if g["nvlink_peers"]}}
-    sections["infiniband"] = {"ports": out.pop("ib_devices")}
-    free = {str(g["index"]): g["memory_free"] for g in out["gpus"] if g.get("memory_free") is not None}
-    if free:
-        sections["rmm"] = {"memory_free": free}
-    for g in out["gpus"]:
-        g.pop("nvlink_peers")
-        g.pop("memory_free", None)
-    return out
+    from conftest import as_schema_2
+
+    return as_schema_2(data)
 
 
 # ------------------------------------------------------------------- described hosts
