@@ -157,9 +157,12 @@ def _check_error(facts: Facts, section: FactsSection, value: Any, plugin: str) -
 def summaries(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> list[str]:
     """The declared sections' few words for the host line of ``gpudask info`` (``summary``)."""
     out = []
-    for _, section in declared:
+    for plugin, section in declared:
         if section.summary is not None:
-            text = section.summary(facts.section(section.name))
+            try:
+                text = section.summary(facts.section(section.name))
+            except Exception as e:  # noqa: BLE001 - a summary's failure names its plugin
+                raise PluginError(plugin, None, f"the summary of facts section {section.name!r}", e) from e
             if text:
                 out.append(str(text))
     return out
