@@ -131,13 +131,9 @@ def gpudask_facts_sections() -> list[FactsSection] | None:
         published facts) and read with ``ctx.facts.section(name)`` -- None when a described
         host does not say.
 
-        Optional fields: ``from_v1(data)`` upgrades a schema-1 facts file: ``data`` is the
-        whole file (valid against the frozen schema 1), the return value the section's value
-        taken from the keys schema 1 kept for it, or None when the file does not say; asked
-        only when the file's own ``sections`` does not hold the section.  ``check(value,
-        facts)`` says what the schema cannot: None, or ``(key path inside the section, what is
-        accepted, the value found)``.  ``summary(value)`` gives a few words for the host line
-        of ``gpudask info`` (``value`` None when a described host does not say).
+        Optional fields (:class:`~gpudask.pluginapi.FactsSection`): ``from_v1(data)``, the
+        value taken from a schema-1 facts file's keys (the upgrade on load); ``check(value,
+        facts)``, what the schema cannot say; ``summary(value)``, words for ``gpudask info``.
 
     **Combined:** the sections of all plugins, each name owned by one plugin.
     **Failure:** raising, returning something that is not a ``FactsSection``, a name
