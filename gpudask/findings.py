@@ -29,13 +29,13 @@ class ProcessSide(TypedDict):
     """One side of a scheduler check, as ``gpudask_scheduler_check`` receives it.
 
     Built by the check runner from what a process published (plain JSON, validated,
-    never unpickled): ``facts`` is a valid schema-1 facts dict (``cuda_visible_devices``
+    never unpickled): ``facts`` is a valid schema-2 facts dict (``cuda_visible_devices``
     is that process's), the other values are strings or None.
     """
 
     role: str  # "scheduler", "worker" or "client"
     address: str | None  # the process's address (None for a client)
-    facts: dict[str, Any]  # schema 1 (docs/facts.md); read-only: shared by the workers that published the same
+    facts: dict[str, Any]  # schema 2 (docs/facts.md); read-only: shared by the workers that published the same
     protocol: str | None  # "tcp", "ucx", ... as that process planned
     gpudask: str | None  # the gpudask version there
     facts_origin: str | None  # "probed", or the facts file that described that host

@@ -131,11 +131,15 @@ def gpudask_facts_sections() -> list[FactsSection] | None:
         published facts) and read with ``ctx.facts.section(name)`` -- None when a described
         host does not say.
 
+        Optional fields (:class:`~gpudask.pluginapi.FactsSection`): ``from_v1(data)``, the
+        value taken from a schema-1 facts file's keys (the upgrade on load); ``check(value,
+        facts)``, what the schema cannot say; ``summary(value)``, words for ``gpudask info``.
+
     **Combined:** the sections of all plugins, each name owned by one plugin.
     **Failure:** raising, returning something that is not a ``FactsSection``, a name
-    another plugin owns, a schema that is not JSON Schema, a probe that raises or a value
-    its schema refuses stops the process (one line naming the plugin, the file or the probe,
-    and the key).
+    another plugin owns, a schema that is not JSON Schema, a probe, an upgrade or a check
+    that raises, or a value its schema or check refuses stops the process (one line naming
+    the plugin, the file or the probe, and the key).
     """
 
 
@@ -371,7 +375,7 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
         the client (in :func:`gpudask.check`); None when that process does not run
         gpudask.  (Named ``worker_facts`` up to 0.1.0.)  Both sides arrived over the
         network or were read here: they are validated plain data (``facts`` is a valid
-        schema-1 dict), never unpickled.
+        schema-2 dict), never unpickled.
     :return: a list of :class:`gpudask.pluginapi.Finding` (or dicts with ``severity``,
         ``code``, ``message``), possibly empty, or None.
 

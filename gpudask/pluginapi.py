@@ -17,7 +17,8 @@ stage (the apply stage answers :func:`applied_role` through :mod:`gpudask.plan.a
   process of the plan uses and who shares it (:func:`process_gpu`, :func:`workers_sharing_gpu`),
   :func:`cpu_ranges`, :func:`format_bytes` / :func:`parse_bytes` (dask's);
 * facts a plugin owns: :class:`FactsSection` (``gpudask_facts_sections``), read with
-  ``ctx.facts.section(name)``;
+  ``ctx.facts.section(name)``; :func:`sysfs_root` (where a probe reads sysfs: /sys, or the
+  tests' fake tree);
 * facts of another process: :func:`facts_from_dict` (validates published facts),
   :func:`fingerprint` (an exact key for plain data, to read the same facts once);
 * what a process publishes (typed: :class:`Published`, :class:`PublishedPlan`,
@@ -31,9 +32,9 @@ from dask.utils import format_bytes, parse_bytes
 
 from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_optional_bool, parse_optional_float
 from gpudask.errors import ConfigError, GpudaskError, PluginError
-from gpudask.facts import GPU, Facts, IBDevice, facts_from_dict
+from gpudask.facts import GPU, Facts, facts_from_dict
 from gpudask.facts.sections import FactsSection
-from gpudask.facts.probe import ucx_unused_variables
+from gpudask.facts.probe import sysfs_root, ucx_unused_variables
 from gpudask.facts.statedir import host_lock
 from gpudask.findings import Finding, ProcessSide, fingerprint
 from gpudask.hookspecs import hookimpl
@@ -58,7 +59,7 @@ __all__ = [
     "PUBLISHED_KEY", "Published", "PublishedPlan", "PublishedReason", "AppliedState", "CudaContextState",
     "PlannedActual", "Mismatch", "PluginInfo",
     # what ctx.facts holds (for annotations), and a plugin's own facts
-    "Facts", "GPU", "IBDevice", "FactsSection",
+    "Facts", "GPU", "FactsSection", "sysfs_root",
     # this process
     "applied_role", "ucx_unused_variables", "host_lock",
     # shared rules

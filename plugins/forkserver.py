@@ -55,10 +55,18 @@ def gpudask_config_options() -> list[Option]:
     ]
 
 
+def _active_infiniband(ctx: PlanContext) -> list[str]:
+    """The active InfiniBand ports ("mlx5_0:1"), from the infiniband plugin's facts section
+    (none when that plugin is not loaded or a described host does not say)."""
+    section = ctx.facts.section("infiniband") or {}
+    ports = [p for p in section.get("ports", []) if p.get("state") == "ACTIVE" and p.get("link_layer") == "InfiniBand"]
+    return [f"{p['name']}:{p['port']}" for p in sorted(ports, key=lambda p: (p["name"], p["port"]))]
+
+
 def _decide(ctx: PlanContext) -> tuple[bool, str]:
     """(use forkserver?, why) -- the same answer for every plan of the host."""
     setting = ctx.require(ENABLED)
-    ib = [f"{d.name}:{d.port}" for d in ctx.facts.ib_devices if d.is_infiniband]
+    ib = _active_infiniband(ctx)
     if setting.value is True:
         return True, f"{ENABLED}=true (from {setting.source})"
     if setting.value is False:

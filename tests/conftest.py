@@ -153,6 +153,24 @@ def described(tmp_path: pathlib.Path, base: str, **changes) -> str:
     return str(path)
 
 
+def as_schema_2(data: dict) -> dict:
+    """A schema-1 facts file written by hand as schema 2 (independently of gpudask's upgrade):
+    the keys the plugins own moved into their sections."""
+    out = json.loads(json.dumps(data))
+    assert out["schema"] == 1
+    out["schema"] = 2
+    sections = out.setdefault("sections", {})
+    sections["nvlink"] = {"peers": {str(g["index"]): g["nvlink_peers"] for g in out["gpus"] if g["nvlink_peers"]}}
+    sections["infiniband"] = {"ports": out.pop("ib_devices")}
+    free = {str(g["index"]): g["memory_free"] for g in out["gpus"] if g.get("memory_free") is not None}
+    if free:
+        sections["rmm"] = {"memory_free": free}
+    for g in out["gpus"]:
+        g.pop("nvlink_peers")
+        g.pop("memory_free", None)
+    return out
+
+
 def plan_on(facts: str, protocol: str, nworkers: int | None = None, **config):
     """``gpudask info`` in-process: the host plan for a facts file, with dask config set."""
     import dask.config

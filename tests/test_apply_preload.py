@@ -31,7 +31,7 @@ def test_preloaded_cluster_computes_and_workers_publish_their_plan(cluster):
         published = [w["gpudask"] for w in workers.values()]
     assert sorted(p["plan"]["index"] for p in published) == [0, 1]
     assert all(p["role"] == "worker" and p["plan"]["role"] == "worker" for p in published)
-    assert all(p["facts"]["schema"] == 1 and p["protocol"] == "tcp" for p in published)
+    assert all(p["facts"]["schema"] == 2 and p["protocol"] == "tcp" for p in published)
     # this CPU host over tcp: gpudask decided nothing, so it says nothing at INFO
     assert "distributed.gpudask" not in cluster.log("worker") + cluster.log("scheduler")
 

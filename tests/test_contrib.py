@@ -177,7 +177,7 @@ def test_hooks_run_in_the_right_processes_of_a_real_cluster(cluster, tmp_path):
         reasons = [r for r in published["plan"]["reasons"] if r["plugin"] == "torch-rmm"]
         assert [r["decision"] for r in reasons] == ["asks rmm: allocates_through=['torch']", "torch allocator: rmm"]
         # gds's own fact crossed to the worker process with the facts; its decision took effect there
-        assert published["facts"]["sections"] == {"gds": {"nvidia_fs": "2.17.5", "cufile_json": None}}
+        assert published["facts"]["sections"]["gds"] == {"nvidia_fs": "2.17.5", "cufile_json": None}
         assert published["plan"]["env"]["KVIKIO_COMPAT_MODE"] == "OFF" == published["applied"]["env"]["KVIKIO_COMPAT_MODE"]
         memory = published["memory"]["torch-rmm"]
         assert memory["pid"] == pids[address]

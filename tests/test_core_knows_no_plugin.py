@@ -1,5 +1,10 @@
 """The core (``gpudask/``) holds no plugin's key names: every setting, legacy key, dask-cuda
-argument, plan-section key and config key a built-in plugin owns is named in ``plugins/`` only.
+argument, plan-section key, config key and fact a built-in plugin owns is named in ``plugins/`` only.
+
+Facts: the built-in plugins' facts sections (their names: ``nvlink``, ``infiniband``, ``rmm``)
+and the keys schema 1 had that schema 2 leaves to them (``nvlink_peers``, ``ib_devices``,
+``memory_free``, found by comparing the two schemas) appear in no string, name or data file
+of the core, in any case or spelling (``IBDevice``, ``_probe_nvlink``), docstrings excluded.
 
 The keys are collected from the plugins themselves -- their ``gpudask_config_options`` and the
 plans they make for every described host in ``tests/hosts`` -- so the test follows a new
@@ -29,7 +34,10 @@ REGISTRIES = {"gpudask/registration.py"}
 NOT_PLUGIN_WORDS = {
     ("*", "tcp"): "distributed's protocol name (tcp://), which the core parses and defaults to",
     ("*", "forkserver"): "multiprocessing's start method, a core field of the plan (multiprocessing_method)",
-    ("gpudask/facts/probe.py", "infiniband"): "the sysfs class of the host's InfiniBand ports, a fact of the host",
+}
+# (module, fact word) -> why that text is no knowledge of a plugin's facts
+NOT_PLUGIN_FACTS = {
+    ("gpudask/config_files.py", "rmm"): "DASK_GPUDASK__RMM__POOL_SIZE: how a setting is spelled in the environment",
 }
 
 
@@ -127,6 +135,65 @@ def hits(package: pathlib.Path = PACKAGE) -> list[str]:
 
 def test_the_core_names_no_key_of_a_builtin_plugin():
     assert hits() == []
+
+
+@functools.lru_cache(maxsize=1)
+def _fact_words() -> frozenset[str]:
+    """The built-in plugins' facts sections, and the keys schema 1 had that schema 2 leaves to them."""
+    from gpudask.facts.loader import schema, schema_v1
+    from gpudask.manager import PluginManager
+
+    v1, v2 = schema_v1(), schema()
+    moved = set(v1["properties"]) - set(v2["properties"])
+    moved |= set(v1["$defs"]["gpu"]["properties"]) - set(v2["$defs"]["gpu"]["properties"])
+    sections = {section.name for _, section in PluginManager.from_environment().facts_sections()}
+    return frozenset(moved | sections)
+
+
+def _fact_pattern(words: frozenset[str]) -> re.Pattern[str]:
+    """Any spelling: ib_devices, IBDevice, ib-device; nvlink_peers, NvLinkPeers."""
+    def spelled(word: str) -> str:
+        parts = [re.escape(p) for p in re.split(r"[_-]", word.removesuffix("s"))]
+        return "[_-]?".join(parts)
+    return re.compile("|".join(spelled(w) for w in sorted(words, key=len, reverse=True)), re.IGNORECASE)
+
+
+def fact_hits(package: pathlib.Path = PACKAGE) -> list[str]:
+    find = _fact_pattern(_fact_words())
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        module = str(path.relative_to(package.parent))
+        if module in REGISTRIES:
+            continue
+        for line, text in _texts(ast.parse(path.read_text(), module)):
+            out += [f"{module}:{line}: {m.group(0)!r}" for m in find.finditer(text)
+                    if (module, m.group(0).lower()) not in NOT_PLUGIN_FACTS]
+    for path in sorted(package.rglob("*.json")):
+        module = str(path.relative_to(package.parent))
+        # the frozen schema 1 (read and upgraded, never written) and the example hosts, which
+        # are schema-1 files kept as users have them
+        if path.name == "facts.schema.v1.json" or path.parent.name == "hosts":
+            continue
+        out += [f"{module}: {m.group(0)!r}" for m in find.finditer(path.read_text())]
+    return out
+
+
+def test_the_core_names_no_fact_of_a_builtin_plugin():
+    assert fact_hits() == []
+
+
+def test_the_fact_guard_finds_a_plugin_fact_where_the_core_would_name_one(tmp_path):
+    assert {"nvlink", "infiniband", "rmm", "nvlink_peers", "ib_devices", "memory_free"} <= _fact_words()
+    (tmp_path / "gpudask").mkdir()
+    (tmp_path / "gpudask" / "_guard_probe_tmp.py").write_text(
+        '"""NVLink and InfiniBand in a docstring are fine."""\n'
+        'class IBDevice: pass\n'
+        'def _probe_nvlink(gpu): return gpu["memory_free"]\n'
+        'KEY = "ib_devices"\n')
+    (tmp_path / "gpudask" / "schema.json").write_text('{"nvlink_peers": []}')
+    found = sorted(h.split(": ", 1)[1] for h in fact_hits(tmp_path / "gpudask"))
+    # matched without a plural s: ib_device, nvlink_peer
+    assert found == sorted(["'IBDevice'", "'nvlink'", "'memory_free'", "'ib_device'", "'nvlink_peer'"]), found
 
 
 def test_the_guard_finds_a_plugin_key_where_the_core_would_name_one(tmp_path):

@@ -46,6 +46,24 @@ def raw(name: str) -> dict:
         return json.load(f)
 
 
+def with_sections(facts):
+    """``facts`` with the built-in plugins' sections (upgraded from a schema-1 file's keys)."""
+    from gpudask.facts.sections import with_sections as add
+    from gpudask.manager import PluginManager
+
+    return add(facts, PluginManager.from_environment().facts_sections())
+
+
+def loaded(path: str):
+    return with_sections(F.load_facts(path))
+
+
+def v2(data: dict) -> dict:
+    from conftest import as_schema_2
+
+    return as_schema_2(data)
+
+
 # ------------------------------------------------------------------- described hosts
 
 HOST_FILES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(HOSTS, "*.json")))
@@ -62,35 +80,45 @@ def test_host_files_present():
 
 @pytest.mark.parametrize("name", HOST_FILES)
 def test_load_and_round_trip(name):
-    facts = F.load_facts(host(name))
-    assert facts.origin == host(name) and facts.described and facts.schema == 1
+    """The shipped hosts are schema 1: read, upgraded (each plugin takes its keys into its
+    section) and written as schema 2, which reads back the same."""
+    from gpudask.plugins.ucx.nvlink_facts import peers
+
+    assert raw(name)["schema"] == 1
+    facts = loaded(host(name))
+    assert facts.origin == host(name) and facts.described and facts.schema == 2
     data = facts.to_dict()
     assert "origin" not in data
-    assert data == raw(name)  # the files hold exactly the schema-1 shape
-    again = F.facts_from_dict(json.loads(json.dumps(data)), host(name))
-    assert again == facts
+    assert data == v2(raw(name))  # the plugins' keys, in their sections
+    again = with_sections(F.facts_from_dict(json.loads(json.dumps(data)), host(name)))
+    assert again == facts and again.v1 is None
     # every file's peers are symmetric and name other GPUs
     for g in facts.gpus:
-        for p in g.nvlink_peers:
-            assert g.index in facts.gpu_by_index(p).nvlink_peers
+        for p in peers(facts, g.index) or []:
+            assert g.index in (peers(facts, p) or [])
 
 
 def test_dgx():
-    f = F.load_facts(host("dgx-8gpu-nvswitch-4ib.json"))
+    from gpudask.plugins.ucx.infiniband_facts import active_ports, ports
+    from gpudask.plugins.ucx.nvlink_facts import peers
+
+    f = loaded(host("dgx-8gpu-nvswitch-4ib.json"))
     assert len(f.gpus) == 8 and f.cuda_major == 12
-    assert all(g.nvlink_peers == [p for p in range(8) if p != g.index] for g in f.gpus)
-    assert [d.name for d in f.ib_devices if d.is_infiniband] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert all(peers(f, g.index) == [p for p in range(8) if p != g.index] for g in f.gpus)
+    assert [d.name for d in active_ports(f)] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
     assert {g.numa_node for g in f.gpus} == {0, 1}
     # each port shares the PCIe switch (first four path components) with exactly two GPUs
-    for d in f.ib_devices:
+    for d in ports(f):
         switch = d.pci_path.split("/")[:6]
         assert sum(g.pci_path.split("/")[:6] == switch for g in f.gpus) == 2
     assert "rc_mlx5" in f.ucx_transports
 
 
 def test_ib_down_and_roce():
-    f = F.load_facts(host("ib-down-and-roce.json"))
-    by = {d.name: d for d in f.ib_devices}
+    from gpudask.plugins.ucx.infiniband_facts import ports
+
+    f = loaded(host("ib-down-and-roce.json"))
+    by = {d.name: d for d in ports(f)}
     assert not by["mlx5_0"].is_infiniband and by["mlx5_0"].state == "DOWN"
     assert not by["mlx5_1"].is_infiniband and by["mlx5_1"].link_layer == "Ethernet"
     assert by["mlx5_2"].is_infiniband
@@ -99,8 +127,10 @@ def test_ib_down_and_roce():
 
 
 def test_partial_nvlink_and_mig_and_ucx_missing():
-    f = F.load_facts(host("partial-nvlink.json"))
-    assert [g.nvlink_peers for g in f.gpus] == [[1], [0], [3], [2]]
+    from gpudask.plugins.ucx.nvlink_facts import peers
+
+    f = loaded(host("partial-nvlink.json"))
+    assert [peers(f, g.index) for g in f.gpus] == [[1], [0], [3], [2]]
     m = F.load_facts(host("mig.json")).gpus[0]
     assert m.mig["enabled"] and len(m.mig["instances"]) == 2
     assert all(i["uuid"].startswith("MIG-") for i in m.mig["instances"])
@@ -124,6 +154,7 @@ def test_wrong_type(tmp_path):
 
 
 def test_missing_key(tmp_path):
+    """A schema-1 file is checked with the frozen schema 1: its own key paths."""
     data = raw("hgx-4gpu-2ib.json")
     del data["ib_devices"][1]["link_layer"]
     path = write(tmp_path, data)
@@ -133,6 +164,17 @@ def test_missing_key(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_missing_key_in_a_section(tmp_path):
+    """The same port in schema 2: the infiniband plugin's schema fragment says it."""
+    data = v2(raw("hgx-4gpu-2ib.json"))
+    del data["sections"]["infiniband"]["ports"][1]["link_layer"]
+    path = write(tmp_path, data)
+    with pytest.raises(FactsError) as e:
+        loaded(path)
+    assert str(e.value) == (f"{path}: key 'sections.infiniband.ports[1].link_layer' is missing (expected a string) "
+                            "(facts section of plugin 'infiniband')")
+
+
 @pytest.mark.parametrize(
     "change, key, expected",
     [
@@ -140,7 +182,6 @@ def test_missing_key(tmp_path):
         (lambda d: d.update(gpus={}), "gpus", "a list"),
         (lambda d: d["gpus"][0].update(compute_capability=[9]), "gpus[0].compute_capability", "[major, minor]"),
         (lambda d: d["gpus"][0]["cpu_affinity"].append("x"), "gpus[0].cpu_affinity[24]", "an integer"),
-        (lambda d: d["gpus"][2].update(nvlink_peers=[0, 7]), "gpus[2].nvlink_peers[1]", "another GPU"),
         (lambda d: d["gpus"][3].update(index=0), "gpus[3].index", "unique"),
         (lambda d: d["gpus"][0]["mig"].update(enabled="no"), "gpus[0].mig.enabled", "true or false"),
         (lambda d: d["gpus"][0]["mig"]["instances"].append({"uuid": "MIG-x"}), "gpus[0].mig.instances[0].memory_total", "missing"),
@@ -149,7 +190,6 @@ def test_missing_key(tmp_path):
         (lambda d: d.update(ucx_transports="tcp"), "ucx_transports", "a list or null"),
         (lambda d: d.pop("hostname"), "hostname", "missing"),
         (lambda d: d.update(driver_version=570), "driver_version", "a version such as \"535.104.05\" (digits and dots) or null"),
-        (lambda d: d["ib_devices"].append("mlx5_9"), "ib_devices[2]", "an object"),
         # issue 11: values that were silently accepted
         (lambda d: d["gpus"][1].update(memory_total=-5), "gpus[1].memory_total", "an integer >= 0 (bytes), got -5"),
         (lambda d: d["gpus"][0].update(cpu_affinity=[999]), "gpus[0].cpu_affinity[0]", "a CPU below cpu_count (48), got 999"),
@@ -167,17 +207,74 @@ def test_bad_values(tmp_path, change, key, expected):
     assert msg.startswith(f"{path}: key {key!r} ") and expected in msg and "\n" not in msg
 
 
+@pytest.mark.parametrize("shape", ["v1", "v2"])
+@pytest.mark.parametrize("change, key, expected", [
+    (lambda d, s: d["gpus"][2].update(nvlink_peers=[0, 7]) if s == "v1" else
+     d["sections"]["nvlink"]["peers"].update({"2": [0, 7]}),
+     "sections.nvlink.peers.2[1]", "must be the index of another GPU (0, 1, 2, 3), got 7 (facts section of plugin 'nvlink')"),
+    (lambda d, s: d["gpus"][1].update(nvlink_peers=[1]) if s == "v1" else
+     d["sections"]["nvlink"]["peers"].update({"1": [1]}),
+     "sections.nvlink.peers.1[0]", "must be the index of another GPU (0, 1, 2, 3), got 1"),
+    (lambda d, s: d["gpus"][0].update(memory_free=d["gpus"][0]["memory_total"] + 1) if s == "v1" else
+     d["sections"].update(rmm={"memory_free": {"0": d["gpus"][0]["memory_total"] + 1}}),
+     "sections.rmm.memory_free.0", "must be at most memory_total (85520809984)"),
+])
+def test_a_section_contradicting_the_core_facts_is_one_line(tmp_path, shape, change, key, expected):
+    """What a section's schema cannot say (its check), in either shape; a schema-1 file's
+    error says the section was made from its schema-1 keys."""
+    data = raw("hgx-4gpu-2ib.json") if shape == "v1" else v2(raw("hgx-4gpu-2ib.json"))
+    change(data, shape)
+    path = write(tmp_path, data)
+    with pytest.raises(FactsError) as e:
+        loaded(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: key {key!r} ") and expected in msg and "\n" not in msg, msg
+    assert msg.endswith("made from the file's schema-1 keys") == (shape == "v1")
+
+
+@pytest.mark.parametrize("change, key, expected", [
+    (lambda d: d["gpus"][2].update(nvlink_peers="0"), "gpus[2].nvlink_peers", "a list"),
+    (lambda d: d["ib_devices"].append("mlx5_9"), "ib_devices[2]", "an object"),
+    (lambda d: d["gpus"][0].update(memory_free=-1), "gpus[0].memory_free", "an integer >= 0 (bytes) or null"),
+    (lambda d: d.pop("ib_devices"), "ib_devices", "missing"),
+])
+def test_a_schema_1_file_is_held_to_schema_1(tmp_path, change, key, expected):
+    """The frozen schema 1 checks the old keys where the file has them, as before."""
+    data = raw("hgx-4gpu-2ib.json")
+    change(data)
+    path = write(tmp_path, data)
+    with pytest.raises(FactsError) as e:
+        F.load_facts(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: key {key!r} ") and expected in msg and "\n" not in msg, msg
+
+
 @pytest.mark.parametrize("name", HOST_FILES)
 def test_every_host_file_is_valid_against_the_shipped_schema(name):
+    """The shipped hosts are schema 1 (valid against the frozen schema); written as schema 2
+    they are valid against the current one."""
     import jsonschema
 
+    from gpudask.facts.loader import schema_v1
+
     jsonschema.Draft202012Validator.check_schema(F.schema())
-    jsonschema.validate(raw(name), F.schema(), cls=jsonschema.Draft202012Validator)
+    jsonschema.Draft202012Validator.check_schema(schema_v1())
+    jsonschema.validate(raw(name), schema_v1(), cls=jsonschema.Draft202012Validator)
+    jsonschema.validate(v2(raw(name)), F.schema(), cls=jsonschema.Draft202012Validator)
 
 
 def test_schema_is_shipped_next_to_the_loader():
+    from gpudask.facts.loader import SCHEMA_V1_PATH, schema_v1
+
     assert F.SCHEMA_PATH.name == "facts.schema.json" and F.SCHEMA_PATH.parent.name == "facts"
-    assert F.schema()["properties"]["schema"]["const"] == F.SCHEMA_VERSION
+    assert F.schema()["properties"]["schema"]["const"] == F.SCHEMA_VERSION == 2
+    assert SCHEMA_V1_PATH.parent == F.SCHEMA_PATH.parent and schema_v1()["properties"]["schema"]["const"] == 1
+
+
+def test_the_core_schema_names_no_plugin_fact():
+    """Schema 2 holds the core's facts only; the plugins' are their sections' fragments."""
+    text = F.SCHEMA_PATH.read_text().lower()
+    assert not any(word in text for word in ("nvlink", "infiniband", "ib_device", "memory_free"))
 
 
 def test_a_probe_is_not_held_to_cpu_count():
@@ -210,19 +307,21 @@ def test_not_an_object(tmp_path):
         F.load_facts(path)
 
 
-def test_schema_2(tmp_path):
-    data = raw("no-gpu.json")
-    data["schema"] = 2
+@pytest.mark.parametrize("version", [3, 0, "1", True])
+def test_a_schema_this_gpudask_does_not_read(tmp_path, version):
+    data = v2(raw("no-gpu.json"))
+    data["schema"] = version
     path = write(tmp_path, data)
     with pytest.raises(FactsError) as e:
         F.load_facts(path)
-    assert str(e.value).startswith(f"{path}: key 'schema' must be 1") and "got 2" in str(e.value)
+    shown = repr(version) if isinstance(version, str) else json.dumps(version)
+    assert str(e.value) == f"{path}: key 'schema' must be 2 (or 1, the previous version, upgraded when read), got {shown}"
 
 
 def test_missing_schema(tmp_path):
     data = raw("no-gpu.json")
     del data["schema"]
-    with pytest.raises(FactsError, match=r"key 'schema' is missing \(expected the integer 1\)"):
+    with pytest.raises(FactsError, match=r"key 'schema' is missing \(expected the integer 2\)"):
         F.load_facts(write(tmp_path, data))
 
 
@@ -331,7 +430,7 @@ def test_probe_this_host():
         pass
     else:
         assert f.ucx_transports and "tcp" in f.ucx_transports and f.ucx_transports == sorted(set(f.ucx_transports))
-    # what was probed is a valid schema-1 file
+    # what was probed is a valid schema-2 file
     assert F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed") == f
 
 
@@ -406,7 +505,9 @@ def test_infiniband_from_fake_sysfs(tmp_path, monkeypatch):
     _ib_device(root, "rxe0", None, {1: ("4: ACTIVE", "Ethernet")})  # soft RoCE: no PCI device
     monkeypatch.setenv("GPUDASK_SYSFS_ROOT", root)
 
-    got = {(d.name, d.port): d for d in P._probe_ib_devices()}
+    from gpudask.plugins.ucx import infiniband_facts as IB
+
+    got = {(d.name, d.port): d for d in IB.probe_ports()}
     assert list(got) == [("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_2", 2), ("rxe0", 1)]
     m0 = got["mlx5_0", 1]
     assert (m0.state, m0.link_layer, m0.netdev, m0.numa_node) == ("ACTIVE", "InfiniBand", "ibp26s0", 0)
@@ -417,15 +518,19 @@ def test_infiniband_from_fake_sysfs(tmp_path, monkeypatch):
     assert (got["mlx5_2", 1].netdev, got["mlx5_2", 2].netdev) == ("enp65s0f0np0", "enp65s0f1np1")
     assert got["rxe0", 1].pci_path is None
 
-    # the probed IB list is valid schema 1 as a whole
-    f = F.probe_facts()
-    assert [d.name for d in f.ib_devices if d.is_infiniband] == ["mlx5_0"]
-    F.facts_from_dict(f.to_dict(), "probed")
+    # the probed ports are the infiniband plugin's section of a probed host, valid as a whole
+    f = with_sections(F.probe_facts())
+    assert [d.name for d in IB.active_ports(f)] == ["mlx5_0"]
+    assert f.section("infiniband") == {"ports": [d.to_dict() for d in got.values()]}
+    assert with_sections(F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed")) == f
 
 
 def test_no_infiniband_dir(tmp_path, monkeypatch):
+    from gpudask.plugins.ucx import infiniband_facts as IB
+
     monkeypatch.setenv("GPUDASK_SYSFS_ROOT", str(tmp_path))
-    assert P._probe_ib_devices() == []
+    assert IB.probe_ports() == []
+    assert IB.probe(F.probe_facts()) == {"ports": []}
 
 
 class _FakeNVML(types.ModuleType):
@@ -469,11 +574,18 @@ class _FakeNVML(types.ModuleType):
     def nvmlDeviceGetHandleByIndex(self, i):
         return ("gpu", i)
 
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if isinstance(uuid, str) and uuid.startswith("GPU-00000000-0000-0000-0000-00000000000"):
+            return ("gpu", int(uuid[-1]))
+        raise self.NVMLError("Not Found")
+
     def nvmlDeviceGetPciInfo(self, h):
         return self._ns(busId=self.BUSES[h[1]].encode())
 
     def nvmlDeviceGetMemoryInfo(self, h):
-        return self._ns(total=20 * 2**30 if h[0] == "mig" else 80 * 2**30)
+        if h[0] == "mig":
+            return self._ns(total=20 * 2**30)
+        return self._ns(total=80 * 2**30, free=(70 - h[1]) * 2**30)
 
     def nvmlDeviceGetCudaComputeCapability(self, h):
         return (9, 0)
@@ -545,7 +657,6 @@ def test_probe_with_fake_nvml(tmp_path, monkeypatch):
     assert [g.pci_bus_id for g in gpus] == ["0000:18:00.0", "0000:19:00.0", "0000:9a:00.0", "0000:9b:00.0"]
     assert [g.pci_path for g in gpus] == ["/sys" + p for p in paths] + [None]
     assert [g.numa_node for g in gpus] == [0, 0, None, None]
-    assert [g.nvlink_peers for g in gpus] == [[1], [0], [3], [2]]
     assert gpus[0].cpu_affinity == [0, 1, 2, 3]
     assert gpus[1].cpu_affinity == [0, 1, 2, 3, 8, 9]  # from sysfs local_cpulist
     assert gpus[3].cpu_affinity == [12, 13, 14, 15]
@@ -562,6 +673,38 @@ def test_probe_with_fake_nvml(tmp_path, monkeypatch):
     f = F.probe_facts()
     assert idx(f.visible_gpus()) == [3, 1]
     assert F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed") == f
+
+    # the plugins' probes, through the same NVML: NVLink peers (nvlink), free memory (rmm)
+    from gpudask.plugins.rmm import facts as RF
+    from gpudask.plugins.ucx import nvlink_facts as NF
+
+    f = with_sections(f)
+    assert f.section("nvlink") == {"peers": {"0": [1], "1": [0], "2": [3], "3": [2]}}
+    assert [NF.peers(f, g.index) for g in f.gpus] == [[1], [0], [3], [2]]
+    assert f.section("rmm") == {"memory_free": {str(i): (70 - i) * 2**30 for i in range(4)}}
+    assert RF.memory_free(f, 2) == 68 * 2**30
+    assert with_sections(F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed")) == f
+
+
+def test_the_plugins_probes_find_no_gpu_of_another_host(monkeypatch):
+    """Facts handed in for GPUs this host's NVML does not have (by UUID): nothing is probed
+    for them, so no other GPU's free memory or links are taken for theirs."""
+    from gpudask.plugins.rmm import facts as RF
+    from gpudask.plugins.ucx import nvlink_facts as NF
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNVML())
+    other = F.load_facts(host("dgx-8gpu-nvswitch-4ib.json"))
+    assert not {g.uuid for g in other.gpus} & {f"GPU-00000000-0000-0000-0000-00000000000{i}" for i in range(4)}
+    assert RF.probe(other) == {"memory_free": {}} and NF.probe(other) == {"peers": {}}
+
+
+def test_the_plugins_probes_without_nvml(monkeypatch):
+    from gpudask.plugins.rmm import facts as RF
+    from gpudask.plugins.ucx import nvlink_facts as NF
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    f = F.load_facts(host("hgx-4gpu-2ib.json"))
+    assert RF.probe(f) == {"memory_free": {}} and NF.probe(f) == {"peers": {}}
 
 
 def test_probe_nvml_init_fails(monkeypatch):

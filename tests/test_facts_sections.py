@@ -46,7 +46,7 @@ def test_a_described_host_gives_its_section_and_the_plan_carries_it(tmp_path):
 
 def test_a_described_host_without_the_section_gives_none():
     host = plan_for("single-gpu", "tcp", plugins=[owner()])
-    assert host.facts.section("thing") is None and "sections" not in host.facts.to_dict()
+    assert host.facts.section("thing") is None and "thing" not in host.facts.to_dict()["sections"]
     assert "thing=None" in [r.decision for r in host.workers[0].reasons]
 
 
@@ -58,7 +58,7 @@ def test_a_real_host_is_probed_once_per_bootstrap(monkeypatch):
     one = bootstrap.plan_host("tcp", extra_plugins=[plugin])
     bootstrap.plan_host("tcp", 2, extra_plugins=[plugin])
     assert probed == [data["hostname"]] and one.facts.section("thing") == {"ok": True}
-    assert one.to_dict()["facts"]["sections"] == {"thing": {"ok": True}}  # published with the facts
+    assert one.to_dict()["facts"]["sections"]["thing"] == {"ok": True}  # published with the facts
 
 
 @pytest.mark.parametrize("probe, message", [
@@ -118,3 +118,43 @@ def test_the_package_list_is_the_plugins(monkeypatch):
     bad = types.SimpleNamespace(name="bad", gpudask_facts_packages=hookimpl(lambda: {"x": "x-dist"}))
     with pytest.raises(PluginError, match="failed in gpudask_facts_packages: returned {'x': 'x-dist'}; expected"):
         bootstrap.inputs(extra_plugins=[bad])
+
+
+def test_a_third_party_section_works_unchanged_in_a_schema_1_and_a_schema_2_file(tmp_path):
+    """A plugin's section declared as before (no from_v1): a schema-1 file's ``sections`` and
+    a schema-2 file's give it alike, and both upgrade the built-in plugins' old keys beside it."""
+    from conftest import as_schema_2
+
+    old = json.loads((HOSTS / "partial-nvlink.json").read_text())
+    old["sections"] = {"thing": {"ok": False}}
+    for data in (old, as_schema_2(old)):
+        path = facts_file(tmp_path, data)
+        host = plan_for(path, "tcp", plugins=[owner()])
+        assert host.facts.section("thing") == {"ok": False}
+        assert host.facts.section("nvlink") == {"peers": {"0": [1], "1": [0], "2": [3], "3": [2]}}
+        assert "thing={'ok': False}" in [r.decision for r in host.workers[0].reasons]
+    del old["sections"]
+    host = plan_for(facts_file(tmp_path, old), "tcp", plugins=[owner()])
+    assert host.facts.section("thing") is None  # a schema-1 file without it: None, as before
+
+
+def test_an_upgrade_that_fails_names_its_plugin(tmp_path):
+    def boom(data):
+        raise KeyError("gpus")
+
+    plugin = types.SimpleNamespace(name="upgrader", priority=300)
+    plugin.gpudask_facts_sections = hookimpl(lambda: [FactsSection("up", SCHEMA, lambda f: {"ok": True}, from_v1=boom)])
+    with pytest.raises(PluginError) as info:
+        plan_for("single-gpu", "tcp", plugins=[plugin])
+    assert str(info.value).startswith("gpudask plugin 'upgrader' failed in the schema-1 upgrade of facts section 'up'")
+
+
+def test_a_summary_is_on_the_host_line_of_gpudask_info():
+    from gpudask.cli.report import plan_summary, plan_table
+
+    plugin = types.SimpleNamespace(name="summed", priority=300)
+    plugin.gpudask_facts_sections = hookimpl(lambda: [FactsSection(
+        "summed", SCHEMA, lambda f: {"ok": True}, summary=lambda v: "summed unknown" if v is None else f"ok={v['ok']}")])
+    host = plan_for("hgx-4gpu-2ib", "ucx", plugins=[plugin])
+    for text in (plan_summary(host, width=None), plan_table(host, width=None)):
+        assert "driver 570.86.15, 2 active InfiniBand port(s), summed unknown" in text

@@ -18,6 +18,7 @@ from conftest import base_env, host, described, plan_on
 
 from gpudask.errors import GpudaskError
 from gpudask.plugins.ucx.infiniband import nearest_ports
+from gpudask.plugins.ucx.infiniband_facts import ports as infiniband_ports
 from gpudask.pluginapi import tls_enables
 from gpudask.apply.process import plan_host
 
@@ -162,7 +163,7 @@ def test_equally_near_ports_under_one_switch_are_spread(tmp_path):
 
 def test_spreading_never_leaves_an_equally_near_port_idle_while_another_serves_two():
     facts = plan_host("ucx", facts_path=NUMA_ONLY).facts
-    ports = [d for d in facts.ib_devices]
+    ports = infiniband_ports(facts)
     chosen = nearest_ports(facts.gpus, ports)
     load = {}
     for port, _ in chosen.values():

@@ -132,12 +132,22 @@ def _memory(plan: ProcessPlan, host: HostPlan) -> str:
     return ", ".join(r["summary"] for r in rows if r.get("summary")) or "-"
 
 
+def _facts_words(host: HostPlan) -> str:
+    """The plugins' few words on their facts sections (``FactsSection.summary``), each after
+    a comma (``, 2 active ... port(s)``)."""
+    manager = getattr(host.ctx, "manager", None)
+    if manager is None:
+        return ""
+    from gpudask.facts.sections import summaries
+
+    return "".join(f", {text}" for text in summaries(host.facts, manager.facts_sections()))
+
+
 def _header(host: HostPlan) -> list[str]:
     facts = host.facts
     gpus = facts.visible_gpus()
     head = [f"host {facts.hostname} ({'described by ' + facts.origin if facts.described else 'probed'}): "
-            f"{len(gpus)} visible GPU(s), driver {facts.driver_version or 'none'}, "
-            f"{sum(d.is_infiniband for d in facts.ib_devices)} active InfiniBand port(s)",
+            f"{len(gpus)} visible GPU(s), driver {facts.driver_version or 'none'}{_facts_words(host)}",
             f"protocol {host.protocol}, {host.nworkers} worker(s); plugins: "
             + ", ".join(f"{p['name']}({p['priority']})" for p in host.plugins)]
     if not gpus:
@@ -262,8 +272,8 @@ def plan_summary(host: HostPlan, interface: str | None = None, width: int | None
     facts = host.facts
     head = [f"host {facts.hostname} ({'described by ' + facts.origin if facts.described else 'probed'}): "
             f"{len(facts.visible_gpus())} visible GPU(s)",
-            f"driver {facts.driver_version or 'none'}, {sum(d.is_infiniband for d in facts.ib_devices)} active "
-            f"InfiniBand port(s); protocol {host.protocol}, {host.nworkers} worker(s)"]
+            f"driver {facts.driver_version or 'none'}{_facts_words(host)}; protocol {host.protocol}, "
+            f"{host.nworkers} worker(s)"]
     if not facts.visible_gpus():
         head.append("no GPU visible: the GPU plugins skip (gpudask info --reasons says why)")
     out = [wrap_text("\n".join(head), width), "", _worker_table(host, width), "", _changes_table(host, width), "",

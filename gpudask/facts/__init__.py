@@ -2,8 +2,9 @@
 
 Facts come from one of three places, chosen by :func:`get_facts`:
 
-* a facts file (``--facts`` / ``$GPUDASK_FACTS``): a *described* host, schema 1,
-  validated against ``facts.schema.json`` (:mod:`gpudask.facts.loader`);
+* a facts file (``--facts`` / ``$GPUDASK_FACTS``): a *described* host, schema 2,
+  validated against ``facts.schema.json`` (a schema-1 file is upgraded on load,
+  :mod:`gpudask.facts.loader`);
 * ``$GPUDASK_PROBED_FACTS``: facts as JSON, taken as this host's probe (not a
   described host).  gpudask sets it nowhere -- a nanny's workers get their facts from the
   host plan (:mod:`gpudask.apply.hostfile`) -- it lets a test hand in what a probe of some
@@ -25,10 +26,10 @@ from dataclasses import replace
 
 from gpudask.errors import FactsError
 from gpudask.facts.loader import SCHEMA_PATH, facts_from_dict, from_dict, load_facts, schema
-from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, IBDevice
+from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts
 from gpudask.facts.probe import probe_facts
 
-__all__ = ["GPU", "IBDevice", "Facts", "FactsError", "SCHEMA_VERSION", "SCHEMA_PATH", "schema", "facts_from_dict",
+__all__ = ["GPU", "Facts", "FactsError", "SCHEMA_VERSION", "SCHEMA_PATH", "schema", "facts_from_dict",
            "load_facts", "probe_facts", "get_facts", "clear_cache"]
 
 
@@ -74,6 +75,9 @@ def get_facts(path: str | os.PathLike[str] | None = None,
 
 
 def clear_cache() -> None:
+    from gpudask.facts.sections import clear_probed
+
+    clear_probed()
     _cached_file.cache_clear()
     _cached_env.cache_clear()
     _cached_probe.cache_clear()

@@ -4,8 +4,14 @@
 definition of the format: the loader validates with it, the tests check every file in
 ``tests/hosts/`` with it, and docs/facts.md describes it.  The schema holds, for every
 key, an ``x-accepts`` text; an error is one line naming the file, the key path and that
-text.  What JSON Schema cannot say (unique GPU indices, NVLink peers naming another GPU,
-CPUs below ``cpu_count``, ``cuda_visible_devices`` entries) is checked here after it.
+text.  What JSON Schema cannot say (unique GPU indices, CPUs below ``cpu_count``,
+``cuda_visible_devices`` entries) is checked here after it.
+
+Schema 2 holds the core's facts; the plugins' own facts are its ``sections``
+(:mod:`gpudask.facts.sections`).  A schema-1 file (the previous version, where some plugins'
+facts were top-level or GPU keys) is validated with ``facts.schema.v1.json``, kept frozen
+beside it, and read as schema 2: the core keeps its own keys and hands the whole file on as
+``Facts.v1``, from which each declared section takes the keys it owned (``from_v1``).
 
 ``jsonschema`` is imported when a file is first read, never at ``import gpudask``.
 """
@@ -23,9 +29,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpudask.errors import FactsError
-from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, IBDevice, resolve_visible
+from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, resolve_visible
 
 SCHEMA_PATH = pathlib.Path(__file__).with_name("facts.schema.json")
+# the previous version, frozen: schema-1 files are validated with it, then upgraded
+SCHEMA_V1_PATH = pathlib.Path(__file__).with_name("facts.schema.v1.json")
 
 # A facts file describes one host in a few kilobytes; anything larger is refused unread
 # (docs/facts.md states the limit).
@@ -36,6 +44,13 @@ MAX_FACTS_BYTES = 16 * 2**20
 def schema() -> dict[str, Any]:
     """The facts JSON Schema (draft 2020-12) as shipped with gpudask."""
     data: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return data
+
+
+@functools.lru_cache(maxsize=1)
+def schema_v1() -> dict[str, Any]:
+    """The frozen schema-1 JSON Schema, which schema-1 files are validated with."""
+    data: dict[str, Any] = json.loads(SCHEMA_V1_PATH.read_text(encoding="utf-8"))
     return data
 
 
@@ -55,6 +70,16 @@ def strict_validator() -> Any:
 @functools.lru_cache(maxsize=1)
 def _validator() -> Any:
     return strict_validator()(schema())
+
+
+@functools.lru_cache(maxsize=1)
+def _validator_v1() -> Any:
+    return strict_validator()(schema_v1())
+
+
+def is_v1(data: Any) -> bool:
+    """Is ``data`` a schema-1 file (read with the frozen schema, then upgraded)?"""
+    return isinstance(data, dict) and type(data.get("schema")) is int and data["schema"] == 1
 
 
 def _show(value: Any) -> str:
@@ -90,7 +115,7 @@ def _schema_error(where: str, data: Any) -> FactsError | None:
 
 
 def _first_schema_error(where: str, data: Any) -> FactsError | None:
-    return first_error(_validator(), data, where)
+    return first_error(_validator_v1() if is_v1(data) else _validator(), data, where)
 
 
 def first_error(validator: Any, data: Any, where: str, prefix: Iterable[Any] = ()) -> FactsError | None:
@@ -145,13 +170,6 @@ def _cross_checks(data: dict[str, Any], where: str, described: bool) -> None:
         if g["index"] in indices[:i]:
             raise _fail(where, f"gpus[{i}].index", "unique among the GPUs", g["index"])
     for i, g in enumerate(gpus):
-        for j, peer in enumerate(g["nvlink_peers"]):
-            if peer not in indices or peer == g["index"]:
-                raise _fail(where, f"gpus[{i}].nvlink_peers[{j}]",
-                            f"the index of another GPU ({', '.join(map(str, indices))})", peer)
-        free = g.get("memory_free")
-        if free is not None and free > g["memory_total"]:
-            raise _fail(where, f"gpus[{i}].memory_free", f"at most memory_total ({g['memory_total']})", free)
         for j, cpu in enumerate(g["cpu_affinity"] if described else []):
             if cpu >= cpu_count:
                 raise _fail(where, f"gpus[{i}].cpu_affinity[{j}]", f"a CPU below cpu_count ({cpu_count})", cpu)
@@ -167,22 +185,18 @@ def _build(data: dict[str, Any], origin: str) -> Facts:
             index=g["index"], uuid=g["uuid"], name=g["name"], memory_total=g["memory_total"],
             compute_capability=_pair(g["compute_capability"]),
             pci_bus_id=g["pci_bus_id"], pci_path=g["pci_path"], numa_node=g["numa_node"],
-            cpu_affinity=list(g["cpu_affinity"]), nvlink_peers=list(g["nvlink_peers"]),
+            cpu_affinity=list(g["cpu_affinity"]),
             # extra instance keys (gpu_instance_id, ...) are kept; extra GPU keys are not
             mig={"enabled": g["mig"]["enabled"], "instances": copy.deepcopy(g["mig"]["instances"])},
-            memory_free=g.get("memory_free"),
         )
         for g in data["gpus"]
     ]
-    ibs = [IBDevice(d["name"], d["port"], d["state"], d["link_layer"], d["pci_path"], d["numa_node"], d["netdev"])
-           for d in data["ib_devices"]]
     return Facts(
         hostname=data["hostname"],
         cpu_count=data["cpu_count"],
         driver_version=data["driver_version"],
         cuda_driver_version=data["cuda_driver_version"],
         gpus=gpus,
-        ib_devices=ibs,
         net_interfaces={k: list(v) for k, v in data["net_interfaces"].items()},
         # The one key that may be left out: unset is its natural state.
         cuda_visible_devices=data.get("cuda_visible_devices"),
@@ -192,6 +206,8 @@ def _build(data: dict[str, Any], origin: str) -> Facts:
         sections=copy.deepcopy(dict(data.get("sections") or {})),
         origin=origin,
         schema=SCHEMA_VERSION,
+        # a schema-1 file: its plugins' keys are taken by their sections (FactsSection.from_v1)
+        v1=copy.deepcopy(data) if is_v1(data) else None,
     )
 
 
@@ -243,7 +259,7 @@ def from_dict(data: Any, origin: str, where: str, described: bool) -> Facts:
 
 
 def facts_from_dict(data: Any, origin: str) -> Facts:
-    """Validate parsed schema-1 JSON; errors name ``origin`` and the key."""
+    """Validate parsed facts JSON (schema 2, or 1 to be upgraded); errors name ``origin`` and the key."""
     return from_dict(data, origin, where=origin, described=origin != "probed")
 
 

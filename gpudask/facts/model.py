@@ -1,4 +1,4 @@
-"""The facts model: one host's GPUs, InfiniBand ports, interfaces, versions and packages.
+"""The facts model: one host's GPUs, interfaces, versions and packages, and the plugins' sections.
 
 Plain dataclasses, read-only by convention (:func:`gpudask.facts.get_facts` hands out
 cached instances).  Only the standard library is imported: this module is loaded in
@@ -14,7 +14,7 @@ from typing import Any
 
 from gpudask.errors import FactsError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 1: the previous version, read and upgraded (loader.py)
 
 
 @dataclass
@@ -28,11 +28,7 @@ class GPU:
     pci_path: str | None
     numa_node: int | None
     cpu_affinity: list[int]
-    nvlink_peers: list[int]
     mig: dict[str, Any]  # {"enabled": bool, "instances": [{"uuid": "MIG-...", "memory_total": int, ...}]}
-    # device memory free when the facts were read (NVML; other processes' contexts and pools,
-    # a second command's workers, included); None when unknown (most described hosts)
-    memory_free: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -45,39 +41,9 @@ class GPU:
             "pci_path": self.pci_path,
             "numa_node": self.numa_node,
             "cpu_affinity": list(self.cpu_affinity),
-            "nvlink_peers": list(self.nvlink_peers),
             "mig": copy.deepcopy(self.mig),
         }
-        if self.memory_free is not None:  # optional: only facts that know it carry it
-            out["memory_free"] = self.memory_free
         return out
-
-
-@dataclass
-class IBDevice:
-    name: str
-    port: int
-    state: str
-    link_layer: str
-    pci_path: str | None
-    numa_node: int | None
-    netdev: str | None
-
-    @property
-    def is_infiniband(self) -> bool:
-        # DOWN ports and RoCE (link layer Ethernet) are not InfiniBand for UCX's rc.
-        return self.state == "ACTIVE" and self.link_layer == "InfiniBand"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "port": self.port,
-            "state": self.state,
-            "link_layer": self.link_layer,
-            "pci_path": self.pci_path,
-            "numa_node": self.numa_node,
-            "netdev": self.netdev,
-        }
 
 
 @dataclass
@@ -89,7 +55,6 @@ class Facts:
     driver_version: str | None
     cuda_driver_version: int | None
     gpus: list[GPU]
-    ib_devices: list[IBDevice]
     net_interfaces: dict[str, list[str]]
     cuda_visible_devices: str | None
     ucx_transports: list[str] | None
@@ -98,6 +63,9 @@ class Facts:
     schema: int = SCHEMA_VERSION
     # the plugins' own facts, by section name (gpudask.facts.sections): read with section()
     sections: dict[str, Any] = field(default_factory=dict)
+    # a schema-1 file as read: handed to each declared section's from_v1 (gpudask.facts.sections),
+    # which takes the keys it owned from it; None for schema-2 facts
+    v1: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def described(self) -> bool:
@@ -121,7 +89,6 @@ class Facts:
             "driver_version": self.driver_version,
             "cuda_driver_version": self.cuda_driver_version,
             "gpus": [g.to_dict() for g in self.gpus],
-            "ib_devices": [d.to_dict() for d in self.ib_devices],
             "net_interfaces": {k: list(v) for k, v in self.net_interfaces.items()},
             "cuda_visible_devices": self.cuda_visible_devices,
             "ucx_transports": None if self.ucx_transports is None else list(self.ucx_transports),

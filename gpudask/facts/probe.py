@@ -1,5 +1,6 @@
 """Probing this host: NVML, sysfs, ``importlib.metadata`` and ``ucx_info``
-(:mod:`gpudask.facts.ucx_info`).
+(:mod:`gpudask.facts.ucx_info`) -- the core's facts.  The plugins probe their own
+(``gpudask_facts_sections``).
 
 Never through a CUDA context, so probing is safe in the ``dask worker`` CLI process.
 Only the standard library is imported at module level; pynvml and psutil are imported
@@ -13,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpudask.facts.model import GPU, Facts, IBDevice
+from gpudask.facts.model import GPU, Facts
 from gpudask.facts.ucx_info import probe_ucx_transports
 from gpudask.facts.ucx_info import ucx_unused_variables as ucx_unused_variables
 
@@ -32,8 +33,12 @@ CORE_PACKAGES: dict[str, tuple[str, ...]] = {
 
 
 
-def _sysfs_root() -> str:
+def sysfs_root() -> str:
+    """Where sysfs lives: /sys, or the fake tree $GPUDASK_SYSFS_ROOT names (tests)."""
     return os.environ.get("GPUDASK_SYSFS_ROOT") or SYSFS_ROOT
+
+
+_sysfs_root = sysfs_root
 
 
 def _read(path: str) -> str | None:
@@ -97,44 +102,6 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _probe_ib_devices() -> list[IBDevice]:
-    """InfiniBand/RoCE ports from /sys/class/infiniband (no verbs library needed)."""
-    base = os.path.join(_sysfs_root(), "class", "infiniband")
-    try:
-        names = sorted(os.listdir(base))
-    except OSError:
-        return []
-    result = []
-    for name in names:
-        dev = os.path.join(base, name)
-        device = os.path.join(dev, "device")
-        try:
-            nets = sorted(os.listdir(os.path.join(device, "net")))
-        except OSError:
-            nets = []
-        try:
-            ports = sorted((p for p in os.listdir(os.path.join(dev, "ports")) if p.isdigit()), key=int)
-        except OSError:
-            ports = []
-        for port in ports:
-            pdir = os.path.join(dev, "ports", port)
-            state = (_read(os.path.join(pdir, "state")) or "").split(":")[-1].strip()  # "4: ACTIVE"
-            # A two-port card has one netdev per port; dev_port tells them apart.
-            netdev = next((n for n in nets if _read(os.path.join(device, "net", n, "dev_port")) == str(int(port) - 1)), None)
-            result.append(
-                IBDevice(
-                    name=name,
-                    port=int(port),
-                    state=state or "UNKNOWN",
-                    link_layer=_read(os.path.join(pdir, "link_layer")) or "UNKNOWN",
-                    pci_path=_realpath(device),
-                    numa_node=_numa(os.path.join(device, "numa_node")),
-                    netdev=netdev or (nets[0] if nets else None),
-                )
-            )
-    return result
-
-
 def _probe_net_interfaces() -> dict[str, list[str]]:
     import socket
 
@@ -194,7 +161,7 @@ def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
         cuda = nv("nvmlSystemGetCudaDriverVersion")
         ncpu = os.cpu_count() or 1
         root = _sysfs_root()
-        devices = []  # (GPU, handle)
+        gpus = []
         for i in range(nv("nvmlDeviceGetCount", default=0)):
             h = nv("nvmlDeviceGetHandleByIndex", i)
             if h is None:
@@ -215,27 +182,21 @@ def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
             if not cpus and sysdev:
                 cpus = _parse_cpulist(_read(os.path.join(sysdev, "local_cpulist")))
 
-            devices.append(
-                (
-                    GPU(
-                        index=i,
-                        uuid=_text(nv("nvmlDeviceGetUUID", h, default="")),
-                        name=_text(nv("nvmlDeviceGetName", h, default="")),
-                        memory_total=int(mem.total) if mem is not None else 0,
-                        compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
-                        pci_bus_id=bus,
-                        pci_path=_realpath(sysdev) if sysdev else None,
-                        numa_node=numa,
-                        cpu_affinity=cpus,
-                        nvlink_peers=[],
-                        mig=_probe_mig(pynvml, nv, h),
-                        memory_free=int(mem.free) if getattr(mem, "free", None) is not None else None,
-                    ),
-                    h,
+            gpus.append(
+                GPU(
+                    index=i,
+                    uuid=_text(nv("nvmlDeviceGetUUID", h, default="")),
+                    name=_text(nv("nvmlDeviceGetName", h, default="")),
+                    memory_total=int(mem.total) if mem is not None else 0,
+                    compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
+                    pci_bus_id=bus,
+                    pci_path=_realpath(sysdev) if sysdev else None,
+                    numa_node=numa,
+                    cpu_affinity=cpus,
+                    mig=_probe_mig(pynvml, nv, h),
                 )
             )
-        _probe_nvlink(pynvml, nv, devices)
-        return (_text(driver) if driver is not None else None), cuda, [g for g, _ in devices]
+        return (_text(driver) if driver is not None else None), cuda, gpus
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -264,37 +225,6 @@ def _probe_mig(pynvml: Any, nv: Any, h: Any) -> dict[str, Any]:
     return {"enabled": enabled, "instances": instances}
 
 
-def _probe_nvlink(pynvml: Any, nv: Any, devices: list[tuple[GPU, Any]]) -> None:
-    """Fill nvlink_peers: direct GPU links, plus everyone on the same NVSwitch fabric."""
-    by_bus: dict[str | None, int] = {g.pci_bus_id: g.index for g, _ in devices if g.pci_bus_id}
-    gpu_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_GPU", 0)
-    switch_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
-    npu_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_IBMNPU", 1)
-    enabled = getattr(pynvml, "NVML_FEATURE_ENABLED", 1)
-    on_switch: set[int] = set()
-    direct: dict[int, set[int]] = {}
-    for gpu, h in devices:
-        peers = direct.setdefault(gpu.index, set())
-        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
-            if nv("nvmlDeviceGetNvLinkState", h, link) != enabled:
-                continue
-            kind = nv("nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
-            if kind == switch_t:
-                on_switch.add(gpu.index)
-                continue
-            if kind == npu_t:
-                continue  # NVLink to a POWER CPU, not to a GPU
-            pci = nv("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
-            remote = by_bus.get(_norm_bus_id(pci.busId) if pci is not None else None)
-            if remote is not None:
-                peers.add(remote)
-            elif kind != gpu_t:
-                on_switch.add(gpu.index)  # type unknown and not one of our GPUs: a switch
-    for gpu, _ in devices:
-        peers = direct[gpu.index] | (on_switch if gpu.index in on_switch else set())
-        gpu.nvlink_peers = sorted(peers - {gpu.index})
-
-
 def probe_facts(packages: Mapping[str, Sequence[str]] | None = None) -> Facts:
     """Probe this host.  Never creates a CUDA context.  ``packages``: the packages the
     plugins read, ``{key: distribution names}`` (the first installed one's version), beside
@@ -308,7 +238,6 @@ def probe_facts(packages: Mapping[str, Sequence[str]] | None = None) -> Facts:
         driver_version=driver,
         cuda_driver_version=cuda,
         gpus=gpus,
-        ib_devices=_probe_ib_devices(),
         net_interfaces=_probe_net_interfaces(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         ucx_transports=probe_ucx_transports(),

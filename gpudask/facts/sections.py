@@ -9,12 +9,19 @@ the probe, the key path and the fragment's ``x-accepts`` text), kept in
 ``facts.sections[name]`` and read with ``ctx.facts.section(name)``.  A described host
 without the section gives None: the plugin says what an unknown fact means.
 
+A schema-1 facts file (the previous version, where some plugins' facts were keys of the
+core's: GPU keys, top-level lists) is upgraded here: a section the file's ``sections`` does
+not hold is asked for ``from_v1(file)``, the value it makes of the keys it used to own (the
+loader validated them with the frozen schema-1 schema).  A section's ``check`` says what its
+schema cannot (a GPU index that names no GPU of the host).
+
 ``jsonschema`` is imported only when a section is validated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -31,12 +38,27 @@ class FactsSection:
     ``schema``: a JSON Schema (draft 2020-12) fragment for the section's value; its
     ``x-accepts`` texts (on it or on its properties) are what the one-line errors say is
     accepted.  ``probe(facts)``: the section's value on this host, from the core's facts
-    (run only on a real host, never on a described one; it must not create a CUDA context).
+    (run only on a real host, never on a described one, once per process; it must not
+    create a CUDA context).
+
+    Optional:
+
+    * ``from_v1(data)``: the section's value taken from a schema-1 facts file (``data``, the
+      whole file as read, valid against the frozen schema 1), or None when the file does not
+      say -- for a section whose facts were keys of schema 1 (a GPU key, a top-level list);
+    * ``check(value, facts)``: what the schema cannot say (references to the core's facts):
+      None, or ``(key path inside the section, what is accepted, the value found)`` for the
+      first problem, which becomes the usual one-line error;
+    * ``summary(value)``: a few words for the host line of ``gpudask info`` ("2 active ...
+      port(s)"), or None; ``value`` is None when a described host does not say.
     """
 
     name: str
     schema: Mapping[str, Any]
     probe: Callable[[Facts], Any]
+    from_v1: Callable[[Mapping[str, Any]], Any] | None = None
+    check: Callable[[Any, Facts], tuple[Sequence[str | int], str, Any] | None] | None = None
+    summary: Callable[[Any], str | None] | None = None
 
 
 def check_declared(plugin: str, distribution: str | None, result: Any, taken: Mapping[str, str]) -> list[FactsSection]:
@@ -47,9 +69,11 @@ def check_declared(plugin: str, distribution: str | None, result: Any, taken: Ma
     out: list[FactsSection] = []
     for section in result or []:
         if not isinstance(section, FactsSection) or not isinstance(section.name, str) or not section.name \
-                or not isinstance(section.schema, Mapping) or not callable(section.probe):
+                or not isinstance(section.schema, Mapping) or not callable(section.probe) \
+                or not all(f is None or callable(f) for f in (section.from_v1, section.check, section.summary)):
             raise PluginError(plugin, distribution, hook, f"returned {section!r:.80}; expected "
-                              "gpudask.pluginapi.FactsSection(name, schema, probe) with a JSON Schema mapping")
+                              "gpudask.pluginapi.FactsSection(name, schema, probe) with a JSON Schema mapping "
+                              "(from_v1, check, summary: callables or None)")
         if section.name in taken:
             raise PluginError(plugin, distribution, hook, f"facts section {section.name!r} is plugin "
                               f"{taken[section.name]!r}'s; accepted: a section name of its own")
@@ -61,27 +85,87 @@ def check_declared(plugin: str, distribution: str | None, result: Any, taken: Ma
     return out
 
 
+# a section probed in this process, by (name, probe, the host's core facts): a probe runs once
+# per process, as the core's own probe (gpudask.facts.clear_cache forgets them)
+_PROBED: dict[tuple[Any, ...], Any] = {}
+
+
+def clear_probed() -> None:
+    _PROBED.clear()
+
+
+def _probed(plugin: str, section: FactsSection, facts: Facts) -> Any:
+    key = (section.name, section.probe, facts.hostname, tuple((g.index, g.uuid, g.pci_bus_id) for g in facts.gpus))
+    if key not in _PROBED:
+        try:
+            _PROBED[key] = section.probe(facts)
+        except FactsError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a probe's failure names its plugin
+            raise PluginError(plugin, None, f"the probe of facts section {section.name!r}", e) from e
+    return copy.deepcopy(_PROBED[key])
+
+
 def with_sections(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> Facts:
     """``facts`` with every declared section: taken from the facts (a described host's file,
-    or facts handed on by a planning parent) or probed on a real host, then validated."""
+    or facts handed on by a planning parent), upgraded from a schema-1 file's keys
+    (``from_v1``) or probed on a real host, then validated."""
     sections = dict(facts.sections)
     for plugin, section in declared:
+        upgraded = False
         if section.name in sections:
             value = sections[section.name]
-        elif facts.described:
-            continue  # the file does not describe it: None for the plugin
         else:
-            try:
-                value = section.probe(facts)
-            except FactsError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a probe's failure names its plugin
-                raise PluginError(plugin, None, f"the probe of facts section {section.name!r}", e) from e
+            value = None
+            if facts.v1 is not None and section.from_v1 is not None:
+                try:
+                    value = section.from_v1(facts.v1)
+                except Exception as e:  # noqa: BLE001 - an upgrade's failure names its plugin
+                    raise PluginError(plugin, None, f"the schema-1 upgrade of facts section {section.name!r}",
+                                      e) from e
+                upgraded = value is not None
+            if value is None:
+                if facts.described:
+                    continue  # the file does not describe it: None for the plugin
+                value = _probed(plugin, section, facts)
             sections[section.name] = value
-        error = section_error(facts.where(), section, value, plugin)
+        error = section_error(facts.where(), section, value, plugin) or _check_error(facts, section, value, plugin)
         if error is not None:
+            if upgraded:
+                error = FactsError(f"{error}; made from the file's schema-1 keys")
             raise error
     return facts if sections == facts.sections else replace(facts, sections=sections)
+
+
+def _check_error(facts: Facts, section: FactsSection, value: Any, plugin: str) -> FactsError | None:
+    """The section's own check of ``value`` against the core's facts, as one line, or None."""
+    if section.check is None:
+        return None
+    try:
+        found = section.check(value, facts)
+    except Exception as e:  # noqa: BLE001 - a check's failure names its plugin
+        raise PluginError(plugin, None, f"the check of facts section {section.name!r}", e) from e
+    if found is None:
+        return None
+    from gpudask.facts.loader import _fail, _key
+
+    path, accepted, got = found
+    return FactsError(f"{_fail(facts.where(), _key(['sections', section.name, *path]), accepted, got)} "
+                      f"(facts section of plugin {plugin!r})")
+
+
+def summaries(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> list[str]:
+    """The declared sections' few words for the host line of ``gpudask info`` (``summary``)."""
+    out = []
+    for plugin, section in declared:
+        if section.summary is not None:
+            try:
+                text = section.summary(facts.section(section.name))
+            except Exception as e:  # noqa: BLE001 - a summary's failure names its plugin
+                raise PluginError(plugin, None, f"the summary of facts section {section.name!r}", e) from e
+            if text:
+                out.append(str(text))
+    return out
 
 
 def section_error(where: str, section: FactsSection, value: Any, plugin: str) -> FactsError | None:

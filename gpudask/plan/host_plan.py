@@ -9,7 +9,7 @@ with one line (:class:`PlanFileError`) naming what was wrong and what is accepte
 
 Format 1, one JSON object::
 
-    {"format": 1, "facts": {...schema 1...}, "facts_origin": "probed" | path,
+    {"format": 1, "facts": {...schema 2...}, "facts_origin": "probed" | path,
      "protocol": "ucx", "nworkers": 2, "plugins": [{"name": ..., ...}], "warnings": [str],
      "scheduler": {process plan}, "nanny": {...}, "client": {...}, "workers": [{...}] * nworkers,
      "user_values": {"env": {name: str | null}, "config": {key: value}}}

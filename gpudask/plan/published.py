@@ -99,7 +99,7 @@ class Published(TypedDict):
     version: str  # gpudask's
     role: str
     protocol: str
-    facts: dict[str, Any]  # the host's facts (a facts file's format, schema 1)
+    facts: dict[str, Any]  # the host's facts (a facts file's format, schema 2)
     facts_origin: str | None  # the facts file, when the host is described
     plugins: list[PluginInfo]
     plan: PublishedPlan

@@ -52,7 +52,7 @@ def facts_file(directory: str | os.PathLike[str], base: str | Mapping[str, Any] 
                **changes: Any) -> pathlib.Path:
     """A new facts file in ``directory``: ``base`` (an example host's name, or the facts as a
     dict) with the top-level keys in ``changes`` replaced -- ``facts_file(tmp_path,
-    "hgx-4gpu-2ib", ib_devices=[])``.  Each call writes a file of its own (facts are read
+    "hgx-4gpu-2ib", cuda_visible_devices="0,1")``.  Each call writes a file of its own (facts are read
     once per path)."""
     data = dict(base) if isinstance(base, Mapping) else json.loads(example_host(base).read_text())
     data.update(changes)

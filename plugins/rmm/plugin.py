@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import ConfigError, hookimpl, tls_enables
+from gpudask.pluginapi import ConfigError, FactsSection, hookimpl, tls_enables
 
+from . import facts as rmm_facts
 from . import report as rmm_report
 from . import setup as rmm_setup
 from .options import (UCXX_POOL_KEYS, RmmSettings, explicit, options, parse_pool_size, read_settings,
@@ -54,6 +55,12 @@ SECTION_KEYS = ("allocator", "initial_pool_size", "maximum_pool_size", "gpu")
 # libraries another plugin points at RMM's current resource (torch-rmm: ["torch"]), so a
 # default pool need not be capped for them.
 REQUEST_ALLOCATES_THROUGH = "allocates_through"
+
+
+@hookimpl
+def gpudask_facts_sections() -> list[FactsSection]:
+    """Device memory free on each GPU when the facts were read (:mod:`.facts`)."""
+    return list(rmm_facts.SECTIONS)
 
 
 @hookimpl

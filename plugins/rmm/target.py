@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import ConfigError, process_gpu, tls_enables, workers_sharing_gpu
 
+from .facts import memory_free
 from .options import ALIGNMENT, DEFAULT_FRACTION, UCXX_POOL_KEYS, shown
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def target_of(ctx: PlanContext, plan: ProcessPlan) -> Target | None:
         return Target(label, memory, chosen.get("uuid"), gpu.index)
     shared = max(1, len(workers_sharing_gpu(ctx, plan)))
     label = f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}, {gib(gpu.memory_total)})"
-    return Target(label, int(gpu.memory_total), gpu.uuid, gpu.index, shared, gpu.memory_free)
+    return Target(label, int(gpu.memory_total), gpu.uuid, gpu.index, shared, memory_free(ctx.facts, gpu.index))
 
 
 # Other processes may hold this much of a GPU before gpudask plans for the host rather than for

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import (Option, hookimpl, parse_optional_bool, parse_ucx_tls, process_gpu, tls_enables,
-                               ucx_supports)
+from gpudask.pluginapi import (FactsSection, Option, hookimpl, parse_optional_bool, parse_ucx_tls, process_gpu,
+                               tls_enables, ucx_supports)
+
+from . import infiniband_facts
+from .infiniband_facts import Port, ports as all_ports
 
 from .rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick, set_flag,
                     user_tls)
 
 if TYPE_CHECKING:
-    from gpudask.pluginapi import GPU, Facts, IBDevice, PlanContext, ProcessPlan
+    from gpudask.pluginapi import GPU, Facts, PlanContext, ProcessPlan
 
 name = "infiniband"
 priority = 70
@@ -79,14 +82,14 @@ def _common(a: list[str], b: list[str]) -> int:
     return n
 
 
-def nearness(gpu: GPU, port: IBDevice) -> tuple[int, int]:
+def nearness(gpu: GPU, port: Port) -> tuple[int, int]:
     """(shared PCI path components, same NUMA node): larger is nearer, compared in that order."""
     shared = _common(_pci_components(gpu.pci_path), _pci_components(port.pci_path))
     same_numa = int(gpu.numa_node is not None and gpu.numa_node == port.numa_node)
     return shared, same_numa
 
 
-def _describe(gpu: GPU, port: IBDevice) -> str:
+def _describe(gpu: GPU, port: Port) -> str:
     shared, same_numa = nearness(gpu, port)
     parts = _pci_components(gpu.pci_path)
     if shared >= 3:
@@ -104,18 +107,18 @@ def _describe(gpu: GPU, port: IBDevice) -> str:
     return f"{port.name}: no PCIe or NUMA locality with GPU {gpu.index} is known (no active port is nearer)"
 
 
-def active_ports(facts: Facts) -> list[IBDevice]:
-    return sorted((d for d in facts.ib_devices if d.is_infiniband), key=lambda d: (d.name, d.port))
+def active_ports(facts: Facts) -> list[Port]:
+    return infiniband_facts.active_ports(facts)
 
 
-def port_label(port: IBDevice) -> str:
+def port_label(port: Port) -> str:
     return f"{port.name}:{port.port}"
 
 
-def nearest_ports(gpus: list[GPU], ports: list[IBDevice]) -> dict[int, tuple[IBDevice, str]]:
+def nearest_ports(gpus: list[GPU], ports: list[Port]) -> dict[int, tuple[Port, str]]:
     """GPU index -> (port, why), spreading GPUs over equally near ports."""
     load: dict[str, int] = {port_label(p): 0 for p in ports}
-    out: dict[int, tuple[IBDevice, str]] = {}
+    out: dict[int, tuple[Port, str]] = {}
     for gpu in sorted(gpus, key=lambda g: g.index):
         best = max(nearness(gpu, p) for p in ports)
         tied = [p for p in ports if nearness(gpu, p) == best]  # in name order
@@ -132,7 +135,7 @@ def nearest_ports(gpus: list[GPU], ports: list[IBDevice]) -> dict[int, tuple[IBD
 # -- the hook ---------------------------------------------------------------------------
 def _ignored(facts: Facts) -> str:
     out = []
-    for d in sorted(facts.ib_devices, key=lambda d: (d.name, d.port)):
+    for d in sorted(all_ports(facts), key=lambda d: (d.name, d.port)):
         if d.is_infiniband:
             continue
         if d.state != "ACTIVE":
@@ -141,6 +144,12 @@ def _ignored(facts: Facts) -> str:
             kind = " (RoCE)" if d.link_layer == "Ethernet" else ""
             out.append(f"{port_label(d)} has link layer {d.link_layer}{kind}")
     return "; ".join(out)
+
+
+@hookimpl
+def gpudask_facts_sections() -> list[FactsSection]:
+    """The host's InfiniBand/RoCE ports (:mod:`.infiniband_facts`)."""
+    return list(infiniband_facts.SECTIONS)
 
 
 @hookimpl

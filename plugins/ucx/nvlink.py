@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import (Finding, Option, facts_from_dict, hookimpl, parse_optional_bool, process_gpu,
-                               tls_enables, ucx_supports, ucxx_creates_cuda_context, workers_sharing_gpu)
+from gpudask.pluginapi import (FactsSection, Finding, Option, facts_from_dict, hookimpl, parse_optional_bool,
+                               process_gpu, tls_enables, ucx_supports, ucxx_creates_cuda_context, workers_sharing_gpu)
 
+from . import nvlink_facts
 from .rules import UCX_AUTO, decide, mode, mode_why, set_flag, user_tls
 
 if TYPE_CHECKING:
@@ -52,6 +53,12 @@ def gpudask_config_options() -> list[Option]:
                "is present), true, false.", parse_optional_bool, "true, false or null (auto)",
                legacy=("distributed.comm.ucx.cuda-copy", "distributed-ucxx.cuda-copy")),
     ]
+
+
+@hookimpl
+def gpudask_facts_sections() -> list[FactsSection]:
+    """The host's NVLink peers (:mod:`.nvlink_facts`)."""
+    return list(nvlink_facts.SECTIONS)
 
 
 @hookimpl
@@ -154,7 +161,8 @@ def _ipc_detection(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> tuple[bool,
 def _ipc_peers(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> str:
     """What this plan knows of the peers CUDA IPC reaches from ``gpu``."""
     visible = {g.index for g in ctx.gpus}
-    peers = sorted(set(gpu.nvlink_peers) & visible)
+    known = nvlink_facts.peers(ctx.facts, gpu.index)
+    peers = sorted(set(known or []) & visible)
     if peers:
         return (f"GPU {gpu.index} has NVLink peer{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))} "
                 "among the visible GPUs")
@@ -163,10 +171,13 @@ def _ipc_peers(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> str:
         return f"the {plan.role} and worker(s) {', '.join(map(str, sharing))} of this host use GPU {gpu.index}"
     if [j for j in sharing if j != plan.index]:
         return f"GPU {gpu.index} is shared by workers {', '.join(map(str, sharing))} of this command"
-    hidden = sorted(set(gpu.nvlink_peers) - visible)
+    hidden = sorted(set(known or []) - visible)
     if hidden:
         return (f"GPU {gpu.index}: its NVLink peer{'s' if len(hidden) > 1 else ''} {', '.join(map(str, hidden))} "
                 f"{'are' if len(hidden) > 1 else 'is'} not visible here (other processes may use them)")
+    if known is None:
+        return (f"GPU {gpu.index}: its NVLink peers are not described ({ctx.facts.where()} has no nvlink section) "
+                "and no other worker of this command is on it")
     return f"GPU {gpu.index}: no NVLink peer and no other worker of this command on it"
 
 

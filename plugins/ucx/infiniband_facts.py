@@ -1,0 +1,176 @@
+"""The infiniband plugin's facts: the host's InfiniBand and RoCE ports.
+
+Its section of the host's facts (``ctx.facts.section("infiniband")``)::
+
+    {"ports": [{"name": "mlx5_0", "port": 1, "state": "ACTIVE", "link_layer": "InfiniBand",
+                "pci_path": "/sys/devices/...", "numa_node": 0, "netdev": "ib0"}, ...]}
+
+Probed from ``/sys/class/infiniband`` (no verbs library needed; a test points
+``$GPUDASK_SYSFS_ROOT`` at a fake tree); a schema-1 facts file said it as the top-level
+``ib_devices``, which :func:`from_v1` takes.  Other plugins (forkserver) read the ports
+through :func:`ports` and :func:`active_ports`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpudask.pluginapi import FactsSection, sysfs_root
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import Facts
+
+SECTION = "infiniband"
+
+_STR_OR_NULL = {"type": ["string", "null"], "x-accepts": "a string or null"}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "x-accepts": 'an object {"ports": [InfiniBand/RoCE ports]}',
+    "required": ["ports"],
+    "properties": {
+        "ports": {
+            "type": "array",
+            "x-accepts": "a list of ports (from /sys/class/infiniband)",
+            "items": {
+                "type": "object",
+                "x-accepts": "an object",
+                "required": ["name", "port", "state", "link_layer", "pci_path", "numa_node", "netdev"],
+                "properties": {
+                    "name": {"type": "string", "x-accepts": "a string", "description": "mlx5_0"},
+                    "port": {"type": "integer", "x-accepts": "an integer", "description": "Port number (1-based)."},
+                    "state": {"type": "string", "x-accepts": "a string", "description": "ACTIVE, DOWN, ..."},
+                    "link_layer": {"type": "string", "x-accepts": "a string",
+                                   "description": "InfiniBand or Ethernet (RoCE)."},
+                    "pci_path": _STR_OR_NULL,
+                    "numa_node": {"type": ["integer", "null"], "x-accepts": "an integer or null"},
+                    "netdev": dict(_STR_OR_NULL, description="The port's IP interface (ib0)."),
+                },
+            },
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class Port:
+    """One InfiniBand or RoCE port of the host."""
+
+    name: str
+    port: int
+    state: str
+    link_layer: str
+    pci_path: str | None
+    numa_node: int | None
+    netdev: str | None
+
+    @property
+    def is_infiniband(self) -> bool:
+        # DOWN ports and RoCE (link layer Ethernet) are not InfiniBand for UCX's rc.
+        return self.state == "ACTIVE" and self.link_layer == "InfiniBand"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "port": self.port, "state": self.state, "link_layer": self.link_layer,
+                "pci_path": self.pci_path, "numa_node": self.numa_node, "netdev": self.netdev}
+
+
+def _port(data: Mapping[str, Any]) -> Port:
+    return Port(*(data[k] for k in ("name", "port", "state", "link_layer", "pci_path", "numa_node", "netdev")))
+
+
+def ports(facts: Facts) -> list[Port]:
+    """The host's InfiniBand/RoCE ports (none when a described host does not say)."""
+    section = facts.section(SECTION)
+    return [_port(p) for p in (section or {}).get("ports", [])]
+
+
+def active_ports(facts: Facts) -> list[Port]:
+    """The ports UCX's rc can use (ACTIVE, link layer InfiniBand), by name and port."""
+    return sorted((p for p in ports(facts) if p.is_infiniband), key=lambda p: (p.name, p.port))
+
+
+# -- the probe: sysfs ----------------------------------------------------------------------
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _realpath(path: str) -> str | None:
+    """Resolved sysfs path, written as under /sys even when the root is a fake tree."""
+    if not os.path.exists(path):
+        return None
+    real = os.path.realpath(path)
+    root = os.path.realpath(sysfs_root())
+    if root != "/sys" and real.startswith(root + os.sep):
+        real = "/sys" + real[len(root):]
+    return real
+
+
+def _numa(path: str) -> int | None:
+    try:
+        node = int(_read(path))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if node < 0 else node  # -1: the kernel does not know
+
+
+def probe_ports() -> list[Port]:
+    """InfiniBand/RoCE ports from <sysfs>/class/infiniband."""
+    base = os.path.join(sysfs_root(), "class", "infiniband")
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return []
+    result = []
+    for name in names:
+        dev = os.path.join(base, name)
+        device = os.path.join(dev, "device")
+        try:
+            nets = sorted(os.listdir(os.path.join(device, "net")))
+        except OSError:
+            nets = []
+        try:
+            numbers = sorted((p for p in os.listdir(os.path.join(dev, "ports")) if p.isdigit()), key=int)
+        except OSError:
+            numbers = []
+        for number in numbers:
+            pdir = os.path.join(dev, "ports", number)
+            state = (_read(os.path.join(pdir, "state")) or "").split(":")[-1].strip()  # "4: ACTIVE"
+            # A two-port card has one netdev per port; dev_port tells them apart.
+            netdev = next((n for n in nets if _read(os.path.join(device, "net", n, "dev_port")) == str(int(number) - 1)),
+                          None)
+            result.append(Port(
+                name=name,
+                port=int(number),
+                state=state or "UNKNOWN",
+                link_layer=_read(os.path.join(pdir, "link_layer")) or "UNKNOWN",
+                pci_path=_realpath(device),
+                numa_node=_numa(os.path.join(device, "numa_node")),
+                netdev=netdev or (nets[0] if nets else None),
+            ))
+    return result
+
+
+def probe(facts: Facts) -> dict[str, Any]:
+    return {"ports": [p.to_dict() for p in probe_ports()]}
+
+
+def from_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Schema 1 said it at the top level: ``ib_devices``."""
+    return {"ports": [dict(p) for p in data["ib_devices"]]}
+
+
+def summary(value: Any) -> str | None:
+    """The host line of ``gpudask info``: how many ports UCX's rc can use."""
+    if value is None:
+        return None
+    active = sum(_port(p).is_infiniband for p in value["ports"])
+    return f"{active} active InfiniBand port(s)"
+
+
+SECTIONS = [FactsSection(SECTION, SCHEMA, probe, from_v1=from_v1, summary=summary)]

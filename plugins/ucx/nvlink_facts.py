@@ -1,0 +1,150 @@
+"""The nvlink plugin's facts: which GPUs of the host reach each other over NVLink.
+
+Its section of the host's facts (``ctx.facts.section("nvlink")``)::
+
+    {"peers": {"0": [1, 2, 3], "1": [0, 2, 3], ...}}
+
+GPU index (as a string: a JSON key) -> the indices of the GPUs it reaches over NVLink,
+directly or through an NVSwitch; a GPU not listed has no NVLink peer.  Probed through NVML
+(never a CUDA context; pynvml is imported by the probe only); a schema-1 facts file said it
+as ``gpus[].nvlink_peers``, which :func:`from_v1` takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpudask.pluginapi import FactsSection
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import Facts
+
+SECTION = "nvlink"
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "x-accepts": 'an object {"peers": {GPU index: [indices of its NVLink peers]}}',
+    "required": ["peers"],
+    "properties": {
+        "peers": {
+            "type": "object",
+            "x-accepts": 'an object {GPU index ("0"): [indices of the GPUs it reaches over NVLink]}',
+            "propertyNames": {"pattern": "^(0|[1-9][0-9]*)$", "x-accepts": 'a GPU index ("0", "1", ...)'},
+            "additionalProperties": {
+                "type": "array",
+                "x-accepts": "a list of GPU indices",
+                "items": {"type": "integer", "minimum": 0, "x-accepts": "an integer >= 0 (a GPU index)"},
+            },
+        },
+    },
+}
+
+
+def peers(facts: Facts, index: int) -> list[int] | None:
+    """The NVLink peers of GPU ``index``, or None when the facts do not say (a described host
+    without the section)."""
+    section = facts.section(SECTION)
+    if section is None:
+        return None
+    return sorted(section["peers"].get(str(index), []))
+
+
+def probe(facts: Facts) -> dict[str, Any]:
+    """NVLink peers through NVML: direct GPU links, plus everyone on the same NVSwitch fabric.
+    GPUs are found by UUID (facts handed in for another host's GPUs find none here)."""
+    try:
+        import pynvml
+    except ImportError:
+        return {"peers": {}}
+    if not facts.gpus:
+        return {"peers": {}}
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no libnvidia-ml: nothing known to link
+        return {"peers": {}}
+
+    def nv(fn_name: str, *args: Any, default: Any = None) -> Any:
+        fn = getattr(pynvml, fn_name, None)
+        if fn is None:
+            return default
+        try:
+            return fn(*args)
+        except pynvml.NVMLError:
+            return default
+
+    try:
+        handles = [(gpu.index, gpu.pci_bus_id, nv("nvmlDeviceGetHandleByUUID", gpu.uuid)) for gpu in facts.gpus]
+        return {"peers": {str(i): p for i, p in _peers(pynvml, nv, [(i, b, h) for i, b, h in handles
+                                                                      if h is not None]).items() if p}}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _peers(pynvml: Any, nv: Any, devices: Sequence[tuple[int, str | None, Any]]) -> dict[int, list[int]]:
+    """GPU index -> its NVLink peers, from NVML handles ``(index, pci bus id, handle)``."""
+    by_bus: dict[str | None, int] = {bus: index for index, bus, _ in devices if bus}
+    gpu_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_GPU", 0)
+    switch_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+    npu_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_IBMNPU", 1)
+    enabled = getattr(pynvml, "NVML_FEATURE_ENABLED", 1)
+    on_switch: set[int] = set()
+    direct: dict[int, set[int]] = {}
+    for index, _, h in devices:
+        found = direct.setdefault(index, set())
+        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            if nv("nvmlDeviceGetNvLinkState", h, link) != enabled:
+                continue
+            kind = nv("nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
+            if kind == switch_t:
+                on_switch.add(index)
+                continue
+            if kind == npu_t:
+                continue  # NVLink to a POWER CPU, not to a GPU
+            pci = nv("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+            remote = by_bus.get(norm_bus_id(pci.busId) if pci is not None else None)
+            if remote is not None:
+                found.add(remote)
+            elif kind != gpu_t:
+                on_switch.add(index)  # type unknown and not one of our GPUs: a switch
+    return {index: sorted((direct[index] | (on_switch if index in on_switch else set())) - {index})
+            for index, _, _ in devices}
+
+
+def norm_bus_id(bus_id: Any) -> str | None:
+    """NVML's '00000000:19:00.0' -> sysfs's '0000:19:00.0' (as the core's facts write it)."""
+    if isinstance(bus_id, bytes):
+        bus_id = bus_id.decode(errors="replace")
+    if not bus_id:
+        return None
+    parts = bus_id.strip().lower().split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+    except ValueError:
+        return None
+
+
+def from_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Schema 1 said it per GPU: ``gpus[i].nvlink_peers``."""
+    return {"peers": {str(g["index"]): list(g["nvlink_peers"]) for g in data["gpus"] if g["nvlink_peers"]}}
+
+
+def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
+    """Every GPU named is one of the host's, and a GPU is not its own peer."""
+    indices = [g.index for g in facts.gpus]
+    known = ", ".join(map(str, sorted(indices))) or "none"
+    for key, found in value["peers"].items():
+        if int(key) not in indices:
+            return ["peers", key], f"keyed by the index of a GPU of the host ({known})", key
+        for j, peer in enumerate(found):
+            if peer not in indices or peer == int(key):
+                return ["peers", key, j], f"the index of another GPU ({known})", peer
+    return None
+
+
+SECTIONS = [FactsSection(SECTION, SCHEMA, probe, from_v1=from_v1, check=check)]
