@@ -112,8 +112,13 @@ if __name__ == "__main__":
             if set(cluster.scheduler_info["workers"]) == set(client.scheduler_info()["workers"]):
                 break
             time.sleep(0.1)
-    print("RESULT " + json.dumps(out))
+        print("RESULT " + json.dumps(out), flush=True)
 """
+
+# the script's result is printed before the cluster closes: when the close still loses that race
+# (distributed's KeyError, seen once on a loaded CI machine after the wait above), the result stands
+# and the close's error is told apart from gpudask's
+CLOSE_RACE = "in _update_worker_status"
 
 
 @pytest.mark.process
@@ -121,8 +126,10 @@ def test_scale_down_and_up_and_restart_keep_one_worker_per_gpu(tmp_path):
     (tmp_path / "scale.py").write_text(SCALE)
     out = subprocess.run([sys.executable, "scale.py"], capture_output=True, text=True, timeout=240,
                          env=base_env(GPUDASK_FACTS=TWO_GPUS), cwd=str(tmp_path))
-    assert out.returncode == 0, out.stderr[-3000:]
-    start, one, two, restarted = json.loads(out.stdout.split("RESULT ", 1)[1])
+    raced = out.returncode != 0 and "RESULT " in out.stdout and CLOSE_RACE in out.stderr \
+        and out.stderr.rstrip().splitlines()[-1].startswith("KeyError: ")
+    assert out.returncode == 0 or raced, out.stderr[-3000:]
+    start, one, two, restarted = json.loads(out.stdout.split("RESULT ", 1)[1].splitlines()[0])
     assert start == two == restarted == ["0,1", "1,0"]
     assert one[0] in ("0,1", "1,0")
     assert "beyond" not in out.stderr and "share" not in out.stderr

@@ -18,6 +18,10 @@ from gpudask_bench import configs, measures, report, workers  # noqa: E402
 from gpudask_bench.report import size_label  # noqa: E402
 
 
+# one test process runs this module (pytest-xdist): the smoke run below is made once
+pytestmark = pytest.mark.xdist_group("bench-smoke")
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """One quick run of tcp, gpudask and raw-ucxx, everything it creates under a private TMPDIR."""

@@ -24,7 +24,9 @@ import urllib.request
 import pytest
 from conftest import base_env
 
-pytestmark = pytest.mark.process  # every test here starts dask processes
+# every test here starts dask processes; one test process runs them all (pytest-xdist), so the
+# packages are installed once (the module fixture below)
+pytestmark = [pytest.mark.process, pytest.mark.xdist_group("contrib-installed")]
 
 ROOT = pathlib.Path(__file__).parents[1]
 CONTRIB = ROOT / "contrib"
