@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
 
     from gpudask.config import Option
+    from gpudask.facts.model import Facts
     from gpudask.facts.sections import FactsSection
     from gpudask.findings import Finding, ProcessSide
     from gpudask.plan.context import PlanContext
@@ -158,6 +159,28 @@ def gpudask_facts_packages() -> dict[str, list[str]] | None:
     **Combined:** the keys of all plugins; a key two plugins name keeps the first one's
     distributions (priority order).  **Failure:** raising or returning something else than
     such a dict stops the process (one line naming the plugin).
+    """
+
+
+@hookspec
+def gpudask_ucx_offered(facts: Facts) -> list[str] | None:
+    """Say which transports this host's UCX offers: the names a user's ``UCX_TLS`` may use
+    beside UCX's own aliases and transport names.
+
+    **When:** called once per host plan over UCX, before ``gpudask_validate``, for the core's
+    check of the user's ``UCX_TLS``.  **Called in:** every process that builds a host plan
+    over UCX (as ``gpudask_validate``).
+
+    :param facts: the host's facts, the plugins' sections included.
+    :return: the transport names (``["cma", "rc_mlx5", "self", "tcp"]``), or None when this
+        plugin does not know them.  The built-in ``tcp`` plugin answers from its facts section
+        (what ``ucx_info -d`` lists).
+
+    **Combined:** the names of every answer together; None when no plugin knows (the user's
+    ``UCX_TLS`` is then checked against UCX's own names only).  A ``UCX_TLS`` naming anything
+    else is refused in one line that lists what the host offers.  **Failure:** raising or
+    returning something else than a list of strings stops the process (one line naming the
+    plugin).
     """
 
 

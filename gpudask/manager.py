@@ -46,6 +46,7 @@ from gpudask.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT
                                   LoadedPlugin, declared, refused_option, renamed, select, unknown_hook)
 
 if TYPE_CHECKING:
+    from gpudask.facts.model import Facts
     from gpudask.facts.sections import FactsSection
     from gpudask.findings import ProcessSide
     from gpudask.plan.context import PlanContext
@@ -338,6 +339,21 @@ class PluginManager:
             for key, dists in result.items():
                 out.setdefault(key, list(dists))
         return out
+
+    def ucx_offered(self, facts: Facts) -> list[str] | None:
+        """The transports this host's UCX offers, as the plugins say (``gpudask_ucx_offered``):
+        every answer's names together, in priority order, or None when no plugin knows."""
+        hook = "gpudask_ucx_offered"
+        found: list[str] | None = None
+        for plugin, result in self._call(hook, facts=facts):
+            if result is None:
+                continue
+            if not isinstance(result, (list, tuple)) or not all(isinstance(t, str) for t in result):
+                raise PluginError(plugin.name, plugin.distribution, hook, f"returned {result!r:.80}; expected a "
+                                  "list of transport names (strings) or None")
+            found = found if found is not None else []
+            found += [t for t in result if t not in found]
+        return found
 
     def validate(self, ctx: PlanContext) -> None:
         self._call("gpudask_validate", ctx=ctx)

@@ -13,12 +13,13 @@ stage (the apply stage answers :func:`applied_role` through :mod:`gpudask.plan.a
   section, ``plan.set_section``), :class:`HostPlan`; the checks: :class:`Finding`,
   :class:`ProcessSide` (what ``gpudask_scheduler_check`` receives);
 * shared rules: what a ``UCX_TLS`` value means (:func:`parse_ucx_tls`, the one parser,
-  :func:`tls_enables`, :func:`ucxx_creates_cuda_context`, :func:`ucx_supports`), which GPU a
+  :func:`tls_enables`, :func:`ucxx_creates_cuda_context`), which GPU a
   process of the plan uses and who shares it (:func:`process_gpu`, :func:`workers_sharing_gpu`),
   :func:`cpu_ranges`, :func:`format_bytes` / :func:`parse_bytes` (dask's);
 * facts a plugin owns: :class:`FactsSection` (``gpudask_facts_sections``), read with
   ``ctx.facts.section(name)``; :func:`sysfs_root` (where a probe reads sysfs: /sys, or the
-  tests' fake tree);
+  tests' fake tree); the user's private state directory, where a slow probe keeps its answer
+  (:func:`state_dir`, :class:`StateDirError`, :func:`read_private`, :func:`write_atomic`);
 * facts of another process: :func:`facts_from_dict` (validates published facts),
   :func:`fingerprint` (an exact key for plain data, to read the same facts once);
 * what a process publishes (typed: :class:`Published`, :class:`PublishedPlan`,
@@ -34,8 +35,8 @@ from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_op
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 from gpudask.facts import GPU, Facts, facts_from_dict
 from gpudask.facts.sections import FactsSection
-from gpudask.facts.probe import sysfs_root, ucx_unused_variables
-from gpudask.facts.statedir import host_lock
+from gpudask.facts.probe import sysfs_root
+from gpudask.facts.statedir import StateDirError, host_lock, read_private, state_dir, write_atomic
 from gpudask.findings import Finding, ProcessSide, fingerprint
 from gpudask.hookspecs import hookimpl
 from gpudask.plan import HostPlan, PlanContext, ProcessPlan, cpu_ranges
@@ -43,7 +44,7 @@ from gpudask.plan.applied import applied_role
 from gpudask.plan.gpus import process_gpu, workers_sharing_gpu
 from gpudask.plan.published import (PUBLISHED_KEY, AppliedState, CudaContextState, Mismatch, PlannedActual, PluginInfo,
                                     Published, PublishedPlan, PublishedReason)
-from gpudask.plan.ucx_tls import parse_ucx_tls, tls_enables, ucx_supports, ucxx_creates_cuda_context
+from gpudask.plan.ucx_tls import parse_ucx_tls, tls_enables, ucxx_creates_cuda_context
 
 __all__ = [
     # hooks
@@ -59,10 +60,10 @@ __all__ = [
     "PUBLISHED_KEY", "Published", "PublishedPlan", "PublishedReason", "AppliedState", "CudaContextState",
     "PlannedActual", "Mismatch", "PluginInfo",
     # what ctx.facts holds (for annotations), and a plugin's own facts
-    "Facts", "GPU", "FactsSection", "sysfs_root",
+    "Facts", "GPU", "FactsSection", "sysfs_root", "state_dir", "StateDirError", "read_private", "write_atomic",
     # this process
-    "applied_role", "ucx_unused_variables", "host_lock",
+    "applied_role", "host_lock",
     # shared rules
-    "parse_ucx_tls", "tls_enables", "ucxx_creates_cuda_context", "ucx_supports", "process_gpu",
+    "parse_ucx_tls", "tls_enables", "ucxx_creates_cuda_context", "process_gpu",
     "workers_sharing_gpu", "cpu_ranges", "format_bytes", "parse_bytes",
 ]

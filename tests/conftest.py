@@ -162,6 +162,7 @@ def as_schema_2(data: dict) -> dict:
     sections = out.setdefault("sections", {})
     sections["nvlink"] = {"peers": {str(g["index"]): g["nvlink_peers"] for g in out["gpus"] if g["nvlink_peers"]}}
     sections["infiniband"] = {"ports": out.pop("ib_devices")}
+    sections["ucx_info"] = {"transports": out.pop("ucx_transports")}
     free = {str(g["index"]): g["memory_free"] for g in out["gpus"] if g.get("memory_free") is not None}
     if free:
         sections["rmm"] = {"memory_free": free}

@@ -1,10 +1,13 @@
 """The core (``gpudask/``) holds no plugin's key names: every setting, legacy key, dask-cuda
 argument, plan-section key, config key and fact a built-in plugin owns is named in ``plugins/`` only.
 
-Facts: the built-in plugins' facts sections (their names: ``nvlink``, ``infiniband``, ``rmm``)
-and the keys schema 1 had that schema 2 leaves to them (``nvlink_peers``, ``ib_devices``,
-``memory_free``, found by comparing the two schemas) appear in no string, name or data file
-of the core, in any case or spelling (``IBDevice``, ``_probe_nvlink``), docstrings excluded.
+Facts: the built-in plugins' facts sections (their names: ``nvlink``, ``infiniband``, ``rmm``,
+``ucx_info``) and the keys schema 1 had that schema 2 leaves to them (``nvlink_peers``,
+``ib_devices``, ``memory_free``, ``ucx_transports``, found by comparing the two schemas) appear
+in no string, name or data file of the core, in any case or spelling (``IBDevice``,
+``_probe_nvlink``, ``probe_ucx_info``), docstrings excluded.  A moved key that is also a field
+of the core's plan (``ProcessPlan.ucx_transports``: what the transport plugins compose into
+``UCX_TLS``) may be named as the plan's, never read off the facts (``facts.ucx_transports``).
 
 The keys are collected from the plugins themselves -- their ``gpudask_config_options`` and the
 plans they make for every described host in ``tests/hosts`` -- so the test follows a new
@@ -38,6 +41,12 @@ NOT_PLUGIN_WORDS = {
 # (module, fact word) -> why that text is no knowledge of a plugin's facts
 NOT_PLUGIN_FACTS = {
     ("gpudask/config_files.py", "rmm"): "DASK_GPUDASK__RMM__POOL_SIZE: how a setting is spelled in the environment",
+}
+# a moved fact's word (as matched: no plural s) that is also a field of the core's plan -> what
+# the plan's field is; it is a hit only where it is read off the facts (facts.x, facts["x"])
+PLAN_FIELDS = {
+    "ucx_transport": "ProcessPlan.ucx_transports / add_ucx_transport: the UCX transports the transport plugins "
+                     "contribute to a process's plan, composed into UCX_TLS by the core",
 }
 
 
@@ -158,6 +167,25 @@ def _fact_pattern(words: frozenset[str]) -> re.Pattern[str]:
     return re.compile("|".join(spelled(w) for w in sorted(words, key=len, reverse=True)), re.IGNORECASE)
 
 
+def _facts_reads(tree: ast.AST) -> set[tuple[int, str]]:
+    """(line, key) of every attribute or constant key read off an expression naming facts
+    (``facts.ucx_transports``, ``ctx.facts["ucx_transports"]``, ``facts_dict.get("x")``)."""
+    def on_facts(node: ast.AST) -> bool:
+        return "facts" in ast.unparse(node).lower()
+
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and on_facts(node.value):
+            out.add((node.lineno, node.attr))
+        elif isinstance(node, ast.Subscript) and on_facts(node.value) and isinstance(node.slice, ast.Constant) \
+                and isinstance(node.slice.value, str):
+            out.add((node.lineno, node.slice.value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and on_facts(node.func.value) \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            out.add((node.lineno, node.args[0].value))
+    return out
+
+
 def fact_hits(package: pathlib.Path = PACKAGE) -> list[str]:
     find = _fact_pattern(_fact_words())
     out = []
@@ -165,9 +193,12 @@ def fact_hits(package: pathlib.Path = PACKAGE) -> list[str]:
         module = str(path.relative_to(package.parent))
         if module in REGISTRIES:
             continue
-        for line, text in _texts(ast.parse(path.read_text(), module)):
+        tree = ast.parse(path.read_text(), module)
+        reads = _facts_reads(tree)
+        for line, text in _texts(tree):
             out += [f"{module}:{line}: {m.group(0)!r}" for m in find.finditer(text)
-                    if (module, m.group(0).lower()) not in NOT_PLUGIN_FACTS]
+                    if (module, m.group(0).lower()) not in NOT_PLUGIN_FACTS
+                    and (m.group(0).lower() not in PLAN_FIELDS or (line, text) in reads)]
     for path in sorted(package.rglob("*.json")):
         module = str(path.relative_to(package.parent))
         # the frozen schema 1 (read and upgraded, never written) and the example hosts, which
@@ -183,17 +214,34 @@ def test_the_core_names_no_fact_of_a_builtin_plugin():
 
 
 def test_the_fact_guard_finds_a_plugin_fact_where_the_core_would_name_one(tmp_path):
-    assert {"nvlink", "infiniband", "rmm", "nvlink_peers", "ib_devices", "memory_free"} <= _fact_words()
+    assert {"nvlink", "infiniband", "rmm", "ucx_info", "nvlink_peers", "ib_devices", "memory_free",
+            "ucx_transports"} <= _fact_words()
     (tmp_path / "gpudask").mkdir()
     (tmp_path / "gpudask" / "_guard_probe_tmp.py").write_text(
         '"""NVLink and InfiniBand in a docstring are fine."""\n'
         'class IBDevice: pass\n'
         'def _probe_nvlink(gpu): return gpu["memory_free"]\n'
-        'KEY = "ib_devices"\n')
+        'KEY = "ib_devices"\n'
+        'def probe_ucx_info(facts): return facts.ucx_transports\n'
+        'def planned(plan): return plan.ucx_transports\n'
+        'def load(data): return data["facts"]["ucx_transports"]\n'
+        'def add_ucx_transport(plan, name): plan.ucx_transports.append(name)\n')
     (tmp_path / "gpudask" / "schema.json").write_text('{"nvlink_peers": []}')
     found = sorted(h.split(": ", 1)[1] for h in fact_hits(tmp_path / "gpudask"))
     # matched without a plural s: ib_device, nvlink_peer
-    assert found == sorted(["'IBDevice'", "'nvlink'", "'memory_free'", "'ib_device'", "'nvlink_peer'"]), found
+    # the plan's ucx_transports is no hit; the facts' is
+    assert found == sorted(["'IBDevice'", "'nvlink'", "'memory_free'", "'ib_device'", "'nvlink_peer'",
+                            "'ucx_info'", "'ucx_transport'", "'ucx_transport'"]), found
+
+
+def test_the_facts_model_has_no_field_of_a_builtin_plugin():
+    import dataclasses
+
+    from gpudask.facts.model import GPU, Facts
+
+    find = _fact_pattern(_fact_words())
+    fields = [f.name for cls in (Facts, GPU) for f in dataclasses.fields(cls)]
+    assert [f for f in fields if find.search(f)] == []
 
 
 def test_the_guard_finds_a_plugin_key_where_the_core_would_name_one(tmp_path):

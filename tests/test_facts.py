@@ -17,7 +17,7 @@ HOSTS = os.path.join(ROOT, "tests", "hosts")
 
 from gpudask import facts as F  # noqa: E402
 from gpudask.facts import probe as P  # noqa: E402
-from gpudask.facts import ucx_info as U  # noqa: E402
+from gpudask.plugins.ucx import ucx_info as U  # noqa: E402
 
 FactsError = F.FactsError
 
@@ -111,7 +111,7 @@ def test_dgx():
     for d in ports(f):
         switch = d.pci_path.split("/")[:6]
         assert sum(g.pci_path.split("/")[:6] == switch for g in f.gpus) == 2
-    assert "rc_mlx5" in f.ucx_transports
+    assert "rc_mlx5" in U.transports(f) and U.supports(f, "rc") is True
 
 
 def test_ib_down_and_roce():
@@ -134,8 +134,9 @@ def test_partial_nvlink_and_mig_and_ucx_missing():
     m = F.load_facts(host("mig.json")).gpus[0]
     assert m.mig["enabled"] and len(m.mig["instances"]) == 2
     assert all(i["uuid"].startswith("MIG-") for i in m.mig["instances"])
-    u = F.load_facts(host("ucx-missing.json"))
-    assert u.ucx_transports is None and u.packages["distributed-ucxx"] is None
+    u = loaded(host("ucx-missing.json"))
+    assert u.section("ucx_info") == {"transports": None} and U.transports(u) is None and U.supports(u, "tcp") is None
+    assert u.packages["distributed-ucxx"] is None
     n = F.load_facts(host("no-gpu.json"))
     assert n.gpus == [] and n.cuda_major is None and n.visible_gpus() == []
     assert F.load_facts(host("h200-single.json")).cuda_major == 13
@@ -429,7 +430,10 @@ def test_probe_this_host():
     except md.PackageNotFoundError:
         pass
     else:
-        assert f.ucx_transports and "tcp" in f.ucx_transports and f.ucx_transports == sorted(set(f.ucx_transports))
+        # the tcp plugin's section: what the real ucx_info of libucx lists (UCX over TCP here)
+        found = U.transports(with_sections(f))
+        assert found and "tcp" in found and found == sorted(set(found))
+    assert "ucx_transports" not in f.to_dict() and f.section("ucx_info") is None  # the core probes no UCX
     # what was probed is a valid schema-2 file
     assert F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed") == f
 

@@ -1,16 +1,18 @@
 """Facts files of schema 1 (the plugins' facts as core keys: ``gpus[].nvlink_peers``,
-``ib_devices``, ``gpus[].memory_free``) and of schema 2 (the same facts in the nvlink,
-infiniband and rmm plugins' sections) give the same plan: each moved fact, in both shapes."""
+``ib_devices``, ``ucx_transports``, ``gpus[].memory_free``) and of schema 2 (the same facts in
+the nvlink, infiniband, tcp (``ucx_info``) and rmm plugins' sections) give the same plan: each
+moved fact, in both shapes."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import types
 
 import pytest
 from conftest import HOSTS, as_schema_2, plan_on
 
-from gpudask.errors import FactsError
+from gpudask.errors import ConfigError, FactsError
 
 
 def _write(tmp_path: pathlib.Path, data: dict, name: str) -> str:
@@ -75,6 +77,94 @@ def test_infiniband_ports_in_either_shape(tmp_path):
     assert all("rc" not in w.ucx_transports for w in plan_on(new, "ucx").workers)
 
 
+def test_ucx_transports_in_either_shape(tmp_path):
+    """What the host's UCX offers is the tcp plugin's section ``ucx_info``: a UCX without
+    cuda_ipc and rc leaves them out of every plan, in both shapes, and null (UCX missing)
+    stays null."""
+    data = json.loads((HOSTS / "hgx-4gpu-2ib.json").read_text())
+    data["ucx_transports"] = ["cma", "cuda_copy", "posix", "self", "tcp"]
+    old, new = _both(tmp_path, data)
+    assert json.loads(pathlib.Path(new).read_text())["sections"]["ucx_info"] == {
+        "transports": ["cma", "cuda_copy", "posix", "self", "tcp"]}
+    assert _plan(old, "ucx") == _plan(new, "ucx")
+    for path in (old, new):
+        h = plan_on(path, "ucx")
+        facts = h.to_dict()["facts"]
+        assert "ucx_transports" not in facts and facts["sections"]["ucx_info"]["transports"] == data["ucx_transports"]
+        assert all(w.ucx_transports == ["tcp", "cuda_copy"] for w in h.workers), [w.ucx_transports for w in h.workers]
+    missing = json.loads((HOSTS / "ucx-missing.json").read_text())
+    old, new = _write(tmp_path, missing, "m1.json"), _write(tmp_path, as_schema_2(missing), "m2.json")
+    for path in (old, new):
+        assert plan_on(path, "tcp").facts.section("ucx_info") == {"transports": None}
+    assert _plan(old, "tcp") == _plan(new, "tcp")
+
+
+@pytest.mark.parametrize("tls, accepted", [("my_tl,tcp", True), ("^rc_mlx5", True), ("garbage", False), ("", False)])
+def test_the_users_ucx_tls_is_checked_against_the_hosts_ucx_in_either_shape(tmp_path, monkeypatch, tls, accepted):
+    """The core refuses a UCX_TLS naming what neither UCX nor this host's UCX (the tcp
+    plugin's section, through gpudask_ucx_offered) knows -- the same line in both shapes."""
+    data = json.loads((HOSTS / "hgx-4gpu-2ib.json").read_text())
+    data["ucx_transports"] = ["my_tl", "rc_mlx5", "self", "tcp"]
+    old, new = _both(tmp_path, data)
+    monkeypatch.setenv("UCX_TLS", tls)
+    if accepted:
+        assert _plan(old, "ucx") == _plan(new, "ucx")
+        return
+    lines = []
+    for path in (old, new):
+        with pytest.raises(ConfigError) as info:
+            plan_on(path, "ucx")
+        assert type(info.value) is ConfigError  # the core's one line, never a plugin's failure
+        lines.append(str(info.value))
+    assert lines[0] == lines[1] and "\n" not in lines[0]
+    if tls:
+        assert lines[0].startswith(f"UCX_TLS={tls!r} names unknown transport(s) {tls!r}; accepted: this host's UCX "
+                                   "offers my_tl, rc_mlx5, self, tcp; UCX's names all, "), lines[0]
+    else:
+        assert lines[0].startswith("UCX_TLS is set but empty"), lines[0]
+
+
+def test_without_the_section_a_ucx_tls_is_checked_against_ucxs_names_only(tmp_path, monkeypatch):
+    data = as_schema_2(json.loads((HOSTS / "hgx-4gpu-2ib.json").read_text()))
+    del data["sections"]["ucx_info"]
+    path = _write(tmp_path, data, "bare.json")
+    monkeypatch.setenv("UCX_TLS", "my_tl")
+    with pytest.raises(ConfigError, match=r"^UCX_TLS='my_tl' names unknown transport\(s\) 'my_tl'; accepted: UCX's "
+                                          r"names all, "):
+        plan_on(path, "ucx")
+    monkeypatch.delenv("UCX_TLS")
+    h = plan_on(path, "ucx")
+    assert h.facts.section("ucx_info") is None
+    # unknown is not "missing": no transport is left out for it
+    assert plan_on(path, "ucx").workers[0].ucx_transports == plan_on(str(HOSTS / "hgx-4gpu-2ib.json"),
+                                                                      "ucx").workers[0].ucx_transports
+
+
+def test_another_plugin_may_say_what_the_hosts_ucx_offers(tmp_path, monkeypatch):
+    """gpudask_ucx_offered: every plugin's names count together; a wrong answer is one line
+    naming the plugin."""
+    from gpudask import hookimpl
+    from gpudask.errors import PluginError
+    from gpudask.testing import plan_for
+
+    def plugin(answer):
+        return types.SimpleNamespace(name="my-ucx", priority=300,
+                                     gpudask_ucx_offered=hookimpl(lambda facts: answer))
+
+    path = str(HOSTS / "hgx-4gpu-2ib.json")
+    monkeypatch.setenv("UCX_TLS", "tcp,my_tl")
+    with pytest.raises(ConfigError, match="names unknown transport"):
+        plan_for(path, "ucx", plugins=[plugin(None)])
+    assert plan_for(path, "ucx", plugins=[plugin(["my_tl"])]).workers[0].env["UCX_TLS"] == "tcp,my_tl"
+    monkeypatch.setenv("UCX_TLS", "garbage")
+    with pytest.raises(ConfigError) as info:
+        plan_for(path, "ucx", plugins=[plugin(["my_tl"])])
+    assert "this host's UCX offers cma, cuda_copy, cuda_ipc, my_tl, " in str(info.value)  # the tcp plugin's too
+    with pytest.raises(PluginError, match=r"^gpudask plugin 'my-ucx' failed in gpudask_ucx_offered: returned 'tcp'; "
+                                          r"expected a list of transport names \(strings\) or None$"):
+        plan_for(path, "ucx", plugins=[plugin("tcp")])
+
+
 @pytest.mark.parametrize("fraction", [0.49, 0.99])
 def test_memory_free_in_either_shape(tmp_path, fraction):
     """The rmm plugin's default pool from what is free (a second command on the GPU), in both shapes."""
@@ -119,6 +209,11 @@ def test_a_plan_written_from_an_old_file_is_schema_2_and_reads_back(tmp_path):
     ("v1", lambda d: d["ib_devices"][0].update(port="1"), "key 'ib_devices[0].port' must be an integer, got '1'"),
     ("v2", lambda d: d["sections"]["infiniband"]["ports"][0].update(port="1"),
      "key 'sections.infiniband.ports[0].port' must be an integer, got '1' (facts section of plugin 'infiniband')"),
+    ("v1", lambda d: d.update(ucx_transports="tcp"), "key 'ucx_transports' must be a list or null, got 'tcp'"),
+    ("v2", lambda d: d["sections"]["ucx_info"].update(transports="tcp"),
+     "key 'sections.ucx_info.transports' must be a list or null, got 'tcp' (facts section of plugin 'tcp')"),
+    ("v2", lambda d: d["sections"].update(ucx_info={}),
+     "key 'sections.ucx_info.transports' is missing (expected a list or null) (facts section of plugin 'tcp')"),
     ("v2", lambda d: d["sections"]["nvlink"]["peers"].update({"x": []}),
      "key 'sections.nvlink.peers' must be a GPU index (\"0\", \"1\", ...), got 'x' (facts section of plugin 'nvlink')"),
     ("v2", lambda d: d["sections"].update(rmm={"memory_free": {"9": 1}}),

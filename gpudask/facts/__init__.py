@@ -9,8 +9,8 @@ Facts come from one of three places, chosen by :func:`get_facts`:
   described host).  gpudask sets it nowhere -- a nanny's workers get their facts from the
   host plan (:mod:`gpudask.apply.hostfile`) -- it lets a test hand in what a probe of some
   host finds;
-* :func:`probe_facts`: NVML, sysfs, ``importlib.metadata`` and ``ucx_info``
-  (:mod:`gpudask.facts.probe`).
+* :func:`probe_facts`: NVML, sysfs and ``importlib.metadata`` (:mod:`gpudask.facts.probe`);
+  the plugins probe their own sections (:mod:`gpudask.facts.sections`).
 
 Importing this package stays cheap and never touches CUDA: it runs in every
 ``dask worker --preload gpudask`` CLI process before UCX is set up.

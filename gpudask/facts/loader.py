@@ -200,7 +200,6 @@ def _build(data: dict[str, Any], origin: str) -> Facts:
         net_interfaces={k: list(v) for k, v in data["net_interfaces"].items()},
         # The one key that may be left out: unset is its natural state.
         cuda_visible_devices=data.get("cuda_visible_devices"),
-        ucx_transports=None if data["ucx_transports"] is None else list(data["ucx_transports"]),
         packages=dict(data["packages"]),
         # the plugins' own facts, by section (validated by each plugin's schema fragment)
         sections=copy.deepcopy(dict(data.get("sections") or {})),

@@ -57,7 +57,6 @@ class Facts:
     gpus: list[GPU]
     net_interfaces: dict[str, list[str]]
     cuda_visible_devices: str | None
-    ucx_transports: list[str] | None
     packages: dict[str, str | None]
     origin: str  # "probed", or the path of the facts file
     schema: int = SCHEMA_VERSION
@@ -91,7 +90,6 @@ class Facts:
             "gpus": [g.to_dict() for g in self.gpus],
             "net_interfaces": {k: list(v) for k, v in self.net_interfaces.items()},
             "cuda_visible_devices": self.cuda_visible_devices,
-            "ucx_transports": None if self.ucx_transports is None else list(self.ucx_transports),
             "packages": dict(self.packages),
             # only when a plugin's section is there: facts without one read as before
             **({"sections": copy.deepcopy(self.sections)} if self.sections else {}),

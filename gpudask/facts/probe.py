@@ -1,6 +1,5 @@
-"""Probing this host: NVML, sysfs, ``importlib.metadata`` and ``ucx_info``
-(:mod:`gpudask.facts.ucx_info`) -- the core's facts.  The plugins probe their own
-(``gpudask_facts_sections``).
+"""Probing this host: NVML, sysfs and ``importlib.metadata`` -- the core's facts.  The
+plugins probe their own (``gpudask_facts_sections``).
 
 Never through a CUDA context, so probing is safe in the ``dask worker`` CLI process.
 Only the standard library is imported at module level; pynvml and psutil are imported
@@ -15,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpudask.facts.model import GPU, Facts
-from gpudask.facts.ucx_info import probe_ucx_transports
-from gpudask.facts.ucx_info import ucx_unused_variables as ucx_unused_variables
 
 # Where sysfs lives; tests point $GPUDASK_SYSFS_ROOT at a fake tree instead.
 SYSFS_ROOT = "/sys"
@@ -240,7 +237,6 @@ def probe_facts(packages: Mapping[str, Sequence[str]] | None = None) -> Facts:
         gpus=gpus,
         net_interfaces=_probe_net_interfaces(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        ucx_transports=probe_ucx_transports(),
         packages=_probe_packages(packages),
         origin="probed",
     )

@@ -1,4 +1,4 @@
-"""The per-user state directory: host plans, worker slots, the ucx_info cache.
+"""The per-user state directory: host plans, worker slots, what the plugins' slow probes cache.
 
 Only its owner may write it, as ssh and tmux require of theirs:
 

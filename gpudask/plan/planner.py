@@ -65,7 +65,8 @@ def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None =
     if ctx.uses_ucx:
         from gpudask.plan.ucx_tls import check_user_tls
 
-        check_user_tls(ctx.user_env.get("UCX_TLS"), facts.ucx_transports)
+        # the names this host's UCX offers, as the plugin that probes UCX says (gpudask_ucx_offered)
+        check_user_tls(ctx.user_env.get("UCX_TLS"), manager.ucx_offered(facts))
     # each hook is called once per process of the host (scheduler, nanny, client and each
     # worker: 5 calls for 2 workers), in the planning process only: worker processes read
     # the plan their parent wrote

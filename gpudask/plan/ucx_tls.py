@@ -9,11 +9,6 @@ plugins' business (``gpudask.plugins.ucx``).  Re-exported by :mod:`gpudask.plugi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gpudask.facts import Facts
-
 # What each UCX_TLS name (ucx_info -c / UCX docs) lets UCX use, in the transports gpudask
 # reasons about: "rc" stands for InfiniBand whatever the verbs flavour (rc or dc).
 _MEANS: dict[str, frozenset[str]] = {
@@ -62,7 +57,7 @@ def ucxx_creates_cuda_context(tls: str | None) -> bool:
 
 # Every name UCX_TLS accepts whatever the host (UCX's aliases and transport names, UCX
 # 1.12-1.18 docs and ``ucx_info -c``): a name not here must be one this host's UCX lists
-# (facts.ucx_transports) to be accepted.
+# (what the plugins say it offers: gpudask_ucx_offered) to be accepted.
 UCX_TLS_NAMES = frozenset({
     "all", "sm", "shm", "mm", "posix", "sysv", "xpmem", "cma", "knem", "self", "tcp",
     "ib", "rc", "rc_v", "rc_verbs", "rc_x", "rc_mlx5", "ud", "ud_v", "ud_verbs", "ud_x", "ud_mlx5",
@@ -75,7 +70,7 @@ UCX_TLS_NAMES = frozenset({
 def check_user_tls(value: str | None, host_transports: list[str] | None) -> None:
     """Refuse, in one line, a UCX_TLS that UCX cannot start with: set but empty (UCX then
     has no transport: ``UCXXNoElemError``), or naming transports neither UCX's aliases nor
-    this host's UCX (``host_transports``, when known) have.
+    this host's UCX (``host_transports``: what the plugins say it offers, when known) have.
 
     :raises ConfigError:
     """
@@ -99,9 +94,3 @@ def check_user_tls(value: str | None, host_transports: list[str] | None) -> None
                           f"accepted: {offered}UCX's names {', '.join(sorted(UCX_TLS_NAMES))}, comma-separated "
                           "(a leading ^ excludes)")
 
-
-def ucx_supports(facts: Facts, transport: str) -> bool | None:
-    """Whether this host's UCX lists ``transport`` (``rc`` matches rc_verbs/rc_mlx5); None when unknown."""
-    if facts.ucx_transports is None:
-        return None
-    return any(t == transport or t.startswith(transport + "_") for t in facts.ucx_transports)

@@ -22,9 +22,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (FactsSection, Option, hookimpl, parse_optional_bool, parse_ucx_tls, process_gpu,
-                               tls_enables, ucx_supports)
+                               tls_enables)
 
 from . import infiniband_facts
+from .ucx_info import supports as ucx_supports
 from .infiniband_facts import Port, ports as all_ports
 
 from .rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick, set_flag,

@@ -23,9 +23,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (FactsSection, Finding, Option, facts_from_dict, hookimpl, parse_optional_bool,
-                               process_gpu, tls_enables, ucx_supports, ucxx_creates_cuda_context, workers_sharing_gpu)
+                               process_gpu, tls_enables, ucxx_creates_cuda_context, workers_sharing_gpu)
 
 from . import nvlink_facts
+from .ucx_info import supports as ucx_supports
 from .rules import UCX_AUTO, decide, mode, mode_why, set_flag, user_tls
 
 if TYPE_CHECKING:

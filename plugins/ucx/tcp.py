@@ -1,7 +1,7 @@
 """The base UCX transport (tcp), the transport mode, and the plain-TCP fallback.
 
-This plugin owns what every UCX process needs whatever the hardware: the
-``gpudask.transport.mode`` switch, ``tcp`` in ``UCX_TLS``, the connect timeout, an
+This plugin owns what every UCX process needs whatever the hardware: what this host's UCX
+offers (its facts section ``ucx_info``, :mod:`.ucx_info`), the ``gpudask.transport.mode`` switch, ``tcp`` in ``UCX_TLS``, the connect timeout, an
 interface the user names, and the one clear error when ``--protocol ucx`` is asked
 for without distributed-ucxx.  The helpers below are shared with the ``nvlink`` and
 ``infiniband`` plugins, which decide the CUDA and InfiniBand transports the same way
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import (ConfigError, Option, choice, hookimpl, parse_optional_bool, process_gpu, ucx_supports,
-                               ucx_unused_variables)
+from gpudask.pluginapi import ConfigError, FactsSection, Option, choice, hookimpl, parse_optional_bool, process_gpu
 
+from . import ucx_info
 from .rules import AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick, set_flag
 
 if TYPE_CHECKING:
-    from gpudask.pluginapi import PlanContext, ProcessPlan
+    from gpudask.pluginapi import Facts, PlanContext, ProcessPlan
 
 name = "tcp"
 priority = 50
@@ -49,6 +49,18 @@ def gpudask_facts_packages() -> dict[str, list[str]]:
     # a ucx:// plan needs distributed-ucxx (gpudask_validate says which one is missing)
     return {"ucxx": ["ucxx", "ucxx-cu12", "ucxx-cu13"],
             "distributed-ucxx": ["distributed-ucxx", "distributed-ucxx-cu12", "distributed-ucxx-cu13"]}
+
+
+@hookimpl
+def gpudask_facts_sections() -> list[FactsSection]:
+    """What this host's UCX offers, as ``ucx_info`` says (:mod:`.ucx_info`)."""
+    return list(ucx_info.SECTIONS)
+
+
+@hookimpl
+def gpudask_ucx_offered(facts: Facts) -> list[str] | None:
+    # the core checks the user's UCX_TLS against UCX's names and these
+    return ucx_info.transports(facts)
 
 
 @hookimpl
@@ -114,7 +126,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     if mode(ctx) == UCX_AUTO:
         _ucx_auto(ctx, plan)
         return
-    support = ucx_supports(ctx.facts, "tcp")
+    support = ucx_info.supports(ctx.facts, "tcp")
     detected = support is not False
     detect_why = ("the base transport of every UCX process: connection setup and the fallback for data"
                   if detected else "this host's UCX has no tcp transport")
@@ -147,7 +159,7 @@ def _quiet_ucx(ctx: PlanContext, plan: ProcessPlan) -> None:
         # user's variables (a ucx_info run, seconds under load) is for the processes that plan
         # the host (dask scheduler, the dask worker process, a client, gpudask info)
         return
-    unused = ucx_unused_variables(dict(ctx.user_env))
+    unused = ucx_info.ucx_unused_variables(dict(ctx.user_env))
     for name, maybe in unused or []:
         ctx.warn(f"{name}={ctx.user_env[name]} is not a variable UCX uses here"
                  + (f" (did you mean {maybe}?)" if maybe else "") + ": UCX ignores it")

@@ -1,6 +1,15 @@
-"""UCX's own answers, through ``ucx_info``: the transports this host offers
-(:func:`probe_ucx_transports`, part of the facts) and which ``UCX_*`` variables UCX would
-not use (:func:`ucx_unused_variables`).
+"""The tcp plugin's facts: what this host's UCX offers, through UCX's own ``ucx_info``.
+
+Its section of the host's facts (``ctx.facts.section("ucx_info")``)::
+
+    {"transports": ["cma", "cuda_copy", "cuda_ipc", "posix", "rc_mlx5", "self", "tcp", ...]}
+
+the transports ``ucx_info -d`` lists (:func:`probe_ucx_transports`), or ``null`` when UCX is
+not installed or ``ucx_info`` fails; a schema-1 facts file said it as the top-level
+``ucx_transports``, which :func:`from_v1` takes.  The plugins of this folder read it through
+:func:`transports` and :func:`supports`; the tcp plugin answers the core's
+``gpudask_ucx_offered`` with it (the names a user's ``UCX_TLS`` may use on this host).  Also
+here: which ``UCX_*`` variables UCX would not use (:func:`ucx_unused_variables`).
 
 ``ucx_info`` is found in the libucx wheel first (what ucxx loads), then on ``PATH``; it is
 run with a timeout, and its answers -- and failures, for a while -- are cached per boot in
@@ -11,10 +20,66 @@ Standard library only at module level.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gpudask.pluginapi import FactsSection, StateDirError, read_private, state_dir, write_atomic
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import Facts
+
+logger = logging.getLogger("distributed.gpudask")
+
+SECTION = "ucx_info"
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "x-accepts": 'an object {"transports": [UCX transports] or null}',
+    "required": ["transports"],
+    "properties": {
+        "transports": {
+            "type": ["array", "null"],
+            "x-accepts": "a list or null",
+            "items": {"type": "string", "x-accepts": "a string"},
+            "description": "Transports `ucx_info -d` lists; null when UCX is missing.",
+        },
+    },
+}
+
+
+def transports(facts: Facts) -> list[str] | None:
+    """The transports this host's UCX lists, or None when unknown (UCX missing, or a
+    described host that does not say)."""
+    section = facts.section(SECTION)
+    if section is None or section["transports"] is None:
+        return None
+    return list(section["transports"])
+
+
+def supports(facts: Facts, transport: str) -> bool | None:
+    """Whether this host's UCX lists ``transport`` (``rc`` matches rc_verbs/rc_mlx5); None when unknown."""
+    found = transports(facts)
+    if found is None:
+        return None
+    return any(t == transport or t.startswith(transport + "_") for t in found)
+
+
+def probe(facts: Facts) -> dict[str, Any]:
+    return {"transports": probe_ucx_transports()}
+
+
+def from_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Schema 1 said it at the top level: ``ucx_transports``."""
+    found = data["ucx_transports"]
+    return {"transports": None if found is None else list(found)}
+
+
+SECTIONS = [FactsSection(SECTION, SCHEMA, probe, from_v1=from_v1)]
+
 
 # How long `ucx_info -d` may take before we give up on listing UCX transports.
 UCX_INFO_TIMEOUT_S = 10
@@ -85,8 +150,6 @@ def _ucx_cache_path(kind: str, extra: str = "") -> pathlib.Path | None:
     """
     import hashlib
 
-    from gpudask.facts import statedir
-
     try:
         boot_id = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -100,11 +163,11 @@ def _ucx_cache_path(kind: str, extra: str = "") -> pathlib.Path | None:
         ident.append(f"{os.path.realpath(exe)}:{st.st_mtime_ns}:{st.st_size}")
     key = hashlib.sha1("|".join(ident).encode()).hexdigest()[:16]
     try:
-        base = statedir.state_dir()
-    except statedir.StateDirError as e:
+        base = state_dir()
+    except StateDirError as e:
         if not _UNSAFE_SAID:
             _UNSAFE_SAID.append(str(e))
-            statedir.logger.warning("gpudask: the ucx_info answer is not cached: %s", e)
+            logger.warning("gpudask: the ucx_info answer is not cached: %s", e)
         return None
     return base / f"ucx-{kind}-{key}.json"
 
@@ -116,10 +179,8 @@ def _cache_read(kind: str, extra: str = "") -> tuple[bool, Any]:
     """``(found, value)`` of a cached ucx_info answer (a failure is ``None``, kept a while)."""
     import time
 
-    from gpudask.facts import statedir
-
     path = _ucx_cache_path(kind, extra)
-    text = statedir.read_private(path, "ucx_info cache") if path is not None else None
+    text = read_private(path, "ucx_info cache") if path is not None else None
     if not text:
         return False, None
     try:
@@ -137,13 +198,11 @@ def _cache_read(kind: str, extra: str = "") -> tuple[bool, Any]:
 def _cache_write(kind: str, value: Any, extra: str = "") -> None:
     import time
 
-    from gpudask.facts import statedir
-
     path = _ucx_cache_path(kind, extra)
     if path is None:
         return
     try:
-        statedir.write_atomic(path, json.dumps({"value": value, "at": time.time()}))
+        write_atomic(path, json.dumps({"value": value, "at": time.time()}))
     except OSError:
         pass
 
@@ -168,6 +227,8 @@ def _run_ucx_info() -> list[str] | None:
         if transports:
             return transports
     return None
+
+
 # -- UCX's own view of a set of UCX_* variables ---------------------------------------------------
 _UNUSED_CACHE: dict[str, list[tuple[str, str | None]]] = {}
 
