@@ -723,9 +723,9 @@ def test_probe_nvml_init_fails(monkeypatch):
 
 
 def test_bus_id_normalised():
-    assert P._norm_bus_id(b"00000000:9A:00.0") == "0000:9a:00.0"
-    assert P._norm_bus_id("00010000:01:00.0") == "10000:01:00.0"  # VMD domains are wider
-    assert P._norm_bus_id("") is None and P._norm_bus_id("junk") is None
+    assert P.norm_bus_id(b"00000000:9A:00.0") == "0000:9a:00.0"
+    assert P.norm_bus_id("00010000:01:00.0") == "10000:01:00.0"  # VMD domains are wider
+    assert P.norm_bus_id("") is None and P.norm_bus_id("junk") is None
 
 
 # ------------------------------------------------------------------ get_facts

@@ -35,10 +35,8 @@ def sysfs_root() -> str:
     return os.environ.get("GPUDASK_SYSFS_ROOT") or SYSFS_ROOT
 
 
-_sysfs_root = sysfs_root
-
-
-def _read(path: str) -> str | None:
+def read_sysfs(path: str) -> str | None:
+    """A sysfs file's text, stripped; None when it cannot be read (a probe says "unknown")."""
     try:
         with open(path) as f:
             return f.read().strip()
@@ -46,24 +44,25 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _realpath(path: str) -> str | None:
+def sysfs_realpath(path: str) -> str | None:
     """Resolved sysfs path, written as under /sys even when the root is a fake tree."""
     if not os.path.exists(path):
         return None
     real = os.path.realpath(path)
-    root = os.path.realpath(_sysfs_root())
+    root = os.path.realpath(sysfs_root())
     if root != "/sys" and real.startswith(root + os.sep):
         real = "/sys" + real[len(root):]
     return real
 
 
-def _numa(path: str) -> int | None:
-    text = _read(path)
+def sysfs_numa_node(path: str) -> int | None:
+    """A device's ``numa_node`` file: the node, or None (unreadable, or -1: the kernel does not know)."""
+    text = read_sysfs(path)
     try:
         node = int(text)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-    return None if node < 0 else node  # -1: the kernel does not know
+    return None if node < 0 else node
 
 
 def _parse_cpulist(text: str | None) -> list[int]:
@@ -80,7 +79,7 @@ def _parse_cpulist(text: str | None) -> list[int]:
     return cpus
 
 
-def _norm_bus_id(bus_id: Any) -> str | None:
+def norm_bus_id(bus_id: Any) -> str | None:
     """NVML's '00000000:19:00.0' -> sysfs's '0000:19:00.0'."""
     if isinstance(bus_id, bytes):
         bus_id = bus_id.decode(errors="replace")
@@ -157,19 +156,19 @@ def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
         driver = nv("nvmlSystemGetDriverVersion")
         cuda = nv("nvmlSystemGetCudaDriverVersion")
         ncpu = os.cpu_count() or 1
-        root = _sysfs_root()
+        root = sysfs_root()
         gpus = []
         for i in range(nv("nvmlDeviceGetCount", default=0)):
             h = nv("nvmlDeviceGetHandleByIndex", i)
             if h is None:
                 continue  # a lost or inaccessible GPU
             pci = nv("nvmlDeviceGetPciInfo", h)
-            bus = _norm_bus_id(pci.busId) if pci is not None else None
+            bus = norm_bus_id(pci.busId) if pci is not None else None
             sysdev = os.path.join(root, "bus", "pci", "devices", bus) if bus else None
             mem = nv("nvmlDeviceGetMemoryInfo", h)
             cc = nv("nvmlDeviceGetCudaComputeCapability", h)
 
-            numa = _numa(os.path.join(sysdev, "numa_node")) if sysdev else None
+            numa = sysfs_numa_node(os.path.join(sysdev, "numa_node")) if sysdev else None
             if numa is None:
                 numa = nv("nvmlDeviceGetNumaNodeId", h)
                 numa = numa if isinstance(numa, int) and numa >= 0 else None
@@ -177,7 +176,7 @@ def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
             mask = nv("nvmlDeviceGetCpuAffinity", h, (ncpu + 63) // 64)
             cpus = [w * 64 + b for w, word in enumerate(mask or []) for b in range(64) if int(word) >> b & 1]
             if not cpus and sysdev:
-                cpus = _parse_cpulist(_read(os.path.join(sysdev, "local_cpulist")))
+                cpus = _parse_cpulist(read_sysfs(os.path.join(sysdev, "local_cpulist")))
 
             gpus.append(
                 GPU(
@@ -187,7 +186,7 @@ def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
                     memory_total=int(mem.total) if mem is not None else 0,
                     compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
                     pci_bus_id=bus,
-                    pci_path=_realpath(sysdev) if sysdev else None,
+                    pci_path=sysfs_realpath(sysdev) if sysdev else None,
                     numa_node=numa,
                     cpu_affinity=cpus,
                     mig=_probe_mig(pynvml, nv, h),

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import FactsSection, sysfs_root
+from gpudask.pluginapi import FactsSection, read_sysfs, sysfs_numa_node, sysfs_realpath, sysfs_root
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import Facts
@@ -92,33 +92,6 @@ def active_ports(facts: Facts) -> list[Port]:
 
 
 # -- the probe: sysfs ----------------------------------------------------------------------
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _realpath(path: str) -> str | None:
-    """Resolved sysfs path, written as under /sys even when the root is a fake tree."""
-    if not os.path.exists(path):
-        return None
-    real = os.path.realpath(path)
-    root = os.path.realpath(sysfs_root())
-    if root != "/sys" and real.startswith(root + os.sep):
-        real = "/sys" + real[len(root):]
-    return real
-
-
-def _numa(path: str) -> int | None:
-    try:
-        node = int(_read(path))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return None if node < 0 else node  # -1: the kernel does not know
-
-
 def probe_ports() -> list[Port]:
     """InfiniBand/RoCE ports from <sysfs>/class/infiniband."""
     base = os.path.join(sysfs_root(), "class", "infiniband")
@@ -140,17 +113,17 @@ def probe_ports() -> list[Port]:
             numbers = []
         for number in numbers:
             pdir = os.path.join(dev, "ports", number)
-            state = (_read(os.path.join(pdir, "state")) or "").split(":")[-1].strip()  # "4: ACTIVE"
+            state = (read_sysfs(os.path.join(pdir, "state")) or "").split(":")[-1].strip()  # "4: ACTIVE"
             # A two-port card has one netdev per port; dev_port tells them apart.
-            netdev = next((n for n in nets if _read(os.path.join(device, "net", n, "dev_port")) == str(int(number) - 1)),
+            netdev = next((n for n in nets if read_sysfs(os.path.join(device, "net", n, "dev_port")) == str(int(number) - 1)),
                           None)
             result.append(Port(
                 name=name,
                 port=int(number),
                 state=state or "UNKNOWN",
-                link_layer=_read(os.path.join(pdir, "link_layer")) or "UNKNOWN",
-                pci_path=_realpath(device),
-                numa_node=_numa(os.path.join(device, "numa_node")),
+                link_layer=read_sysfs(os.path.join(pdir, "link_layer")) or "UNKNOWN",
+                pci_path=sysfs_realpath(device),
+                numa_node=sysfs_numa_node(os.path.join(device, "numa_node")),
                 netdev=netdev or (nets[0] if nets else None),
             ))
     return result

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import FactsSection
+from gpudask.pluginapi import FactsSection, norm_bus_id
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import Facts
@@ -112,21 +112,6 @@ def _peers(pynvml: Any, nv: Any, devices: Sequence[tuple[int, str | None, Any]])
                 on_switch.add(index)  # type unknown and not one of our GPUs: a switch
     return {index: sorted((direct[index] | (on_switch if index in on_switch else set())) - {index})
             for index, _, _ in devices}
-
-
-def norm_bus_id(bus_id: Any) -> str | None:
-    """NVML's '00000000:19:00.0' -> sysfs's '0000:19:00.0' (as the core's facts write it)."""
-    if isinstance(bus_id, bytes):
-        bus_id = bus_id.decode(errors="replace")
-    if not bus_id:
-        return None
-    parts = bus_id.strip().lower().split(":")
-    if len(parts) != 3:
-        return None
-    try:
-        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
-    except ValueError:
-        return None
 
 
 def from_v1(data: Mapping[str, Any]) -> dict[str, Any]:
