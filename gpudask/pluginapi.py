@@ -35,7 +35,8 @@ from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_op
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 from gpudask.facts import GPU, Facts, facts_from_dict
 from gpudask.facts.sections import FactsSection
-from gpudask.facts.probe import norm_bus_id, read_sysfs, sysfs_numa_node, sysfs_realpath, sysfs_root
+from gpudask.facts.probe import (norm_bus_id, nvml_session, read_sysfs, sysfs_numa_node,
+                                 sysfs_realpath, sysfs_root)
 from gpudask.facts.statedir import StateDirError, host_lock, read_private, state_dir, write_atomic
 from gpudask.findings import Finding, ProcessSide, fingerprint
 from gpudask.hookspecs import hookimpl
@@ -60,7 +61,7 @@ __all__ = [
     "PUBLISHED_KEY", "Published", "PublishedPlan", "PublishedReason", "AppliedState", "CudaContextState",
     "PlannedActual", "Mismatch", "PluginInfo",
     # what ctx.facts holds (for annotations), and a plugin's own facts
-    "Facts", "GPU", "FactsSection", "sysfs_root", "read_sysfs", "sysfs_realpath", "sysfs_numa_node", "norm_bus_id", "state_dir", "StateDirError", "read_private", "write_atomic",
+    "Facts", "GPU", "FactsSection", "sysfs_root", "read_sysfs", "sysfs_realpath", "sysfs_numa_node", "norm_bus_id", "nvml_session", "state_dir", "StateDirError", "read_private", "write_atomic",
     # this process
     "applied_role", "host_lock",
     # shared rules

@@ -9,8 +9,9 @@ rmm, ucxx, torch) is imported at all.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from gpudask.facts.model import GPU, Facts
@@ -131,73 +132,97 @@ def _probe_packages(declared: Mapping[str, Sequence[str]] | None = None) -> dict
 
 
 
-def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
-    """Driver, CUDA driver version and GPUs through NVML (never a CUDA context)."""
-    try:
-        import pynvml
-    except ImportError:
-        return None, None, []
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # no driver, no libnvidia-ml, driver/library mismatch: no GPU
-        return None, None, []
+class NVMLSession:
+    """NVML, open for one probe.  ``call(name, *args, default=None)``: an NVML call, or
+    ``default`` where this GPU, driver or binding does not support it (old GPU, VM, MIG, old
+    nvidia-ml-py).  ``module``: pynvml itself, for its constants."""
 
-    def nv(fn_name: str, *args: Any, default: Any = None) -> Any:
-        # Unsupported calls (old GPU, VM, MIG, old binding) give the empty value.
-        fn = getattr(pynvml, fn_name, None)
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def call(self, fn_name: str, *args: Any, default: Any = None) -> Any:
+        fn = getattr(self.module, fn_name, None)
         if fn is None:
             return default
         try:
             return fn(*args)
-        except pynvml.NVMLError:
+        except self.module.NVMLError:
             return default
 
+
+@contextlib.contextmanager
+def nvml_session() -> Iterator[NVMLSession | None]:
+    """NVML opened for a probe and shut down after it (never a CUDA context); None where
+    there is no NVML: no nvidia-ml-py, no driver, no libnvidia-ml, a driver/library mismatch."""
     try:
-        driver = nv("nvmlSystemGetDriverVersion")
-        cuda = nv("nvmlSystemGetCudaDriverVersion")
-        ncpu = os.cpu_count() or 1
-        root = sysfs_root()
-        gpus = []
-        for i in range(nv("nvmlDeviceGetCount", default=0)):
-            h = nv("nvmlDeviceGetHandleByIndex", i)
-            if h is None:
-                continue  # a lost or inaccessible GPU
-            pci = nv("nvmlDeviceGetPciInfo", h)
-            bus = norm_bus_id(pci.busId) if pci is not None else None
-            sysdev = os.path.join(root, "bus", "pci", "devices", bus) if bus else None
-            mem = nv("nvmlDeviceGetMemoryInfo", h)
-            cc = nv("nvmlDeviceGetCudaComputeCapability", h)
-
-            numa = sysfs_numa_node(os.path.join(sysdev, "numa_node")) if sysdev else None
-            if numa is None:
-                numa = nv("nvmlDeviceGetNumaNodeId", h)
-                numa = numa if isinstance(numa, int) and numa >= 0 else None
-
-            mask = nv("nvmlDeviceGetCpuAffinity", h, (ncpu + 63) // 64)
-            cpus = [w * 64 + b for w, word in enumerate(mask or []) for b in range(64) if int(word) >> b & 1]
-            if not cpus and sysdev:
-                cpus = _parse_cpulist(read_sysfs(os.path.join(sysdev, "local_cpulist")))
-
-            gpus.append(
-                GPU(
-                    index=i,
-                    uuid=_text(nv("nvmlDeviceGetUUID", h, default="")),
-                    name=_text(nv("nvmlDeviceGetName", h, default="")),
-                    memory_total=int(mem.total) if mem is not None else 0,
-                    compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
-                    pci_bus_id=bus,
-                    pci_path=sysfs_realpath(sysdev) if sysdev else None,
-                    numa_node=numa,
-                    cpu_affinity=cpus,
-                    mig=_probe_mig(pynvml, nv, h),
-                )
-            )
-        return (_text(driver) if driver is not None else None), cuda, gpus
+        import pynvml
+    except ImportError:
+        yield None
+        return
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - whatever the binding raises, there is no NVML here
+        yield None
+        return
+    try:
+        yield NVMLSession(pynvml)
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001 - nothing to do about a failed shutdown
             pass
+
+
+def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
+    """Driver, CUDA driver version and GPUs through NVML (never a CUDA context)."""
+    with nvml_session() as session:
+        if session is None:
+            return None, None, []
+        return _probe_gpus(session)
+
+
+def _probe_gpus(session: NVMLSession) -> tuple[str | None, int | None, list[GPU]]:
+    pynvml, nv = session.module, session.call
+    driver = nv("nvmlSystemGetDriverVersion")
+    cuda = nv("nvmlSystemGetCudaDriverVersion")
+    ncpu = os.cpu_count() or 1
+    root = sysfs_root()
+    gpus = []
+    for i in range(nv("nvmlDeviceGetCount", default=0)):
+        h = nv("nvmlDeviceGetHandleByIndex", i)
+        if h is None:
+            continue  # a lost or inaccessible GPU
+        pci = nv("nvmlDeviceGetPciInfo", h)
+        bus = norm_bus_id(pci.busId) if pci is not None else None
+        sysdev = os.path.join(root, "bus", "pci", "devices", bus) if bus else None
+        mem = nv("nvmlDeviceGetMemoryInfo", h)
+        cc = nv("nvmlDeviceGetCudaComputeCapability", h)
+
+        numa = sysfs_numa_node(os.path.join(sysdev, "numa_node")) if sysdev else None
+        if numa is None:
+            numa = nv("nvmlDeviceGetNumaNodeId", h)
+            numa = numa if isinstance(numa, int) and numa >= 0 else None
+
+        mask = nv("nvmlDeviceGetCpuAffinity", h, (ncpu + 63) // 64)
+        cpus = [w * 64 + b for w, word in enumerate(mask or []) for b in range(64) if int(word) >> b & 1]
+        if not cpus and sysdev:
+            cpus = _parse_cpulist(read_sysfs(os.path.join(sysdev, "local_cpulist")))
+
+        gpus.append(
+            GPU(
+                index=i,
+                uuid=_text(nv("nvmlDeviceGetUUID", h, default="")),
+                name=_text(nv("nvmlDeviceGetName", h, default="")),
+                memory_total=int(mem.total) if mem is not None else 0,
+                compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
+                pci_bus_id=bus,
+                pci_path=sysfs_realpath(sysdev) if sysdev else None,
+                numa_node=numa,
+                cpu_affinity=cpus,
+                mig=_probe_mig(pynvml, nv, h),
+            )
+        )
+    return (_text(driver) if driver is not None else None), cuda, gpus
 
 
 def _probe_mig(pynvml: Any, nv: Any, h: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import FactsSection
+from gpudask.pluginapi import FactsSection, nvml_session
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import Facts
@@ -50,28 +50,18 @@ def memory_free(facts: Facts, index: int) -> int | None:
 def probe(facts: Facts) -> dict[str, Any]:
     """Free memory of each GPU, through NVML (by UUID: facts handed in for another host's GPUs
     find none here, and say unknown)."""
-    if not facts.gpus:
-        return {"memory_free": {}}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no driver, no libnvidia-ml: unknown
-        return {"memory_free": {}}
     free: dict[str, int] = {}
-    try:
+    if not facts.gpus:
+        return {"memory_free": free}
+    with nvml_session() as nvml:
+        if nvml is None:  # no driver, no libnvidia-ml: unknown
+            return {"memory_free": free}
         for gpu in facts.gpus:
-            try:
-                info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid))
-            except Exception:  # noqa: BLE001 - a lost GPU, an old binding: unknown
-                continue
-            if getattr(info, "free", None) is not None:
-                free[str(gpu.index)] = int(info.free)
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+            handle = nvml.call("nvmlDeviceGetHandleByUUID", gpu.uuid)
+            info = nvml.call("nvmlDeviceGetMemoryInfo", handle) if handle is not None else None
+            value = getattr(info, "free", None)
+            if value is not None:  # else a lost GPU, an old binding: unknown
+                free[str(gpu.index)] = int(value)
     return {"memory_free": free}
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import FactsSection, norm_bus_id
+from gpudask.pluginapi import FactsSection, norm_bus_id, nvml_session
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import Facts
@@ -53,35 +53,14 @@ def peers(facts: Facts, index: int) -> list[int] | None:
 def probe(facts: Facts) -> dict[str, Any]:
     """NVLink peers through NVML: direct GPU links, plus everyone on the same NVSwitch fabric.
     GPUs are found by UUID (facts handed in for another host's GPUs find none here)."""
-    try:
-        import pynvml
-    except ImportError:
-        return {"peers": {}}
     if not facts.gpus:
         return {"peers": {}}
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # no driver, no libnvidia-ml: nothing known to link
-        return {"peers": {}}
-
-    def nv(fn_name: str, *args: Any, default: Any = None) -> Any:
-        fn = getattr(pynvml, fn_name, None)
-        if fn is None:
-            return default
-        try:
-            return fn(*args)
-        except pynvml.NVMLError:
-            return default
-
-    try:
-        handles = [(gpu.index, gpu.pci_bus_id, nv("nvmlDeviceGetHandleByUUID", gpu.uuid)) for gpu in facts.gpus]
-        return {"peers": {str(i): p for i, p in _peers(pynvml, nv, [(i, b, h) for i, b, h in handles
-                                                                      if h is not None]).items() if p}}
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+    with nvml_session() as nvml:
+        if nvml is None:  # no driver, no libnvidia-ml: nothing known to link
+            return {"peers": {}}
+        handles = [(gpu.index, gpu.pci_bus_id, nvml.call("nvmlDeviceGetHandleByUUID", gpu.uuid)) for gpu in facts.gpus]
+        found = _peers(nvml.module, nvml.call, [(i, b, h) for i, b, h in handles if h is not None])
+        return {"peers": {str(i): p for i, p in found.items() if p}}
 
 
 def _peers(pynvml: Any, nv: Any, devices: Sequence[tuple[int, str | None, Any]]) -> dict[int, list[int]]:
