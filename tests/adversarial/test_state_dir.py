@@ -228,19 +228,32 @@ def test_a_restarted_worker_never_shares_a_gpu_when_the_state_directory_is_gone(
     assert "Traceback" not in cluster.log("worker"), cluster.log("worker")[-3000:]
 
 
+def _two_gpu_workers(cluster, tmpdir) -> None:
+    """A scheduler and ``dask worker --nworkers 2`` on the described 2-GPU host, with ``tmpdir``
+    as their TMPDIR (so their state directory) and no XDG_RUNTIME_DIR to prefer over it."""
+    env = base_env(GPUDASK_FACTS=TWO_GPUS, TMPDIR=str(tmpdir))
+    env.pop("XDG_RUNTIME_DIR", None)
+    cluster.scheduler(env=env)
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
+
+
 def _restart_worker_one(cluster, tmpdir, how):
     import shutil
     import signal
     import time
 
-    env = base_env(GPUDASK_FACTS=TWO_GPUS, TMPDIR=str(tmpdir))
-    env.pop("XDG_RUNTIME_DIR", None)
-    cluster.scheduler(env=env)
-    cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
+    _two_gpu_workers(cluster, tmpdir)
     with cluster.client() as client:
         client.wait_for_workers(2, timeout=60)
         before = _indexes(client)
         assert sorted(before.values()) == [(0, 0), (1, 1)], before
+        # a worker registers before its nanny has finished starting: a worker killed in between
+        # is "Nanny failed to start" and ends the whole dask worker command (distributed's rule,
+        # seen under load); kill only once every nanny is running
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and set(client.run(lambda dask_worker: dask_worker.status.name,
+                                                             nanny=True).values()) != {"running"}:
+            time.sleep(0.2)
         pids = client.run(os.getpid)
         state = tmpdir / f"gpudask-{os.getuid()}"
         if how == "removed":  # what systemd-tmpfiles does to /tmp on a long-lived host
@@ -270,10 +283,7 @@ def test_a_tmpdir_too_long_for_a_unix_socket_still_starts_forkserver_workers(clu
     kernel's 107 bytes and ``dask worker`` ended on ``OSError: AF_UNIX path too long``."""
     deep = tmp_path / ("scratch-" + "d" * 100)
     deep.mkdir()
-    env = base_env(GPUDASK_FACTS=TWO_GPUS, TMPDIR=str(deep))
-    env.pop("XDG_RUNTIME_DIR", None)
-    cluster.scheduler(env=env)
-    cluster.worker("--preload", "gpudask", "--nworkers", "2", env=env)
+    _two_gpu_workers(cluster, deep)
     with cluster.client() as client:
         client.wait_for_workers(2, timeout=90)
         methods = client.run(lambda: __import__("multiprocessing").get_start_method(allow_none=True))
