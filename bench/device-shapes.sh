@@ -21,6 +21,9 @@ export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n
 {
 echo "== install $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+# what gpudask reads of this host (the facts probes: NVML, sysfs, ucx_info) and plans, on the real GPU
+timeout 60 gpudask info --protocol ucx --reasons > "$OUT/info-reasons.txt" 2>&1; echo "== gpudask info rc $?"
+timeout 60 gpudask info --protocol ucx --json > "$OUT/info.json" 2>&1; echo "== gpudask info --json rc $?"
 # what is left, less 25 s for the last side's kill, the logs and the way back
 b=$(( TOTAL_S - ($(date +%s) - t0) - 25 ))
 [ "$b" -gt 500 ] && b=500

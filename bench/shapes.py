@@ -1,8 +1,11 @@
 """The shape matrix (issue 29, item 4): every way a user starts a cluster, gpudask beside dask-cuda.
 
-Each *shape* is started fresh twice in a row -- first the gpudask form, then the dask-cuda form
-a user would pick instead -- and in each the same *paths* are timed for each *size* (float64
-arrays made on a worker, CuPy on a GPU, NumPy with ``--cpu``):
+Each *shape* is started in both forms at once -- the gpudask form and the dask-cuda form a user
+would pick instead, two clusters side by side on the host -- and in each the same *paths* are
+timed for each *size* (float64 arrays made on a worker, CuPy on a GPU, NumPy with ``--cpu``),
+the two sides' repetitions alternated one by one (ABBA), so that both medians come from the same
+seconds of the machine: run one after the other, the same cell of the same dask-cuda shape moved
+by up to 60 % between runs on the H200 (docs/benchmarks.md), more than the differences measured:
 
 * ``client-via-scheduler``: ``future.result()`` with distributed's default
   ``direct-to-workers: null`` (the scheduler relays the data);
@@ -18,8 +21,9 @@ multiples of 0.25, so the sums are exact in any order) is checked against the so
 gpudask and dask-cuda cells against each other (``result_match``).
 
 Each side runs in its own client process (``--_side``; UCX reads its environment once per
-process, and gpudask's and dask-cuda's client set-ups must not meet), killed with everything it
-started when its time is up.  Every process started carries ``SHAPES_BENCH_RUN=<id>`` in its
+process, and gpudask's and dask-cuda's client set-ups must not meet) that takes one command at a
+time from the driver on its stdin and writes its records to a file; it is killed with everything
+it started when its time is up.  Every process started carries ``SHAPES_BENCH_RUN=<id>`` in its
 environment; after each side, any process still carrying this run's id is killed by pid.
 
 Output (in ``--out``): ``shapes.jsonl`` as it goes (one ``side`` record per cluster started,
@@ -29,7 +33,7 @@ start, commands, errors) and then one row per (shape, path, size) with ``gpudask
 ``dask-cuda_s`` (medians), ``ratio``, ``result_match``, the workers' environments, notes.
 
 Usage: python bench/shapes.py --out DIR [--shapes a,b] [--sizes 1MiB,64MiB,1GiB] [--max-seconds 500]
-       python bench/shapes.py --out DIR --cpu --sizes 1MiB,8MiB      (CPU dry run: gpudask sides only)
+       python bench/shapes.py --out DIR --cpu --sizes 1MiB,8MiB      (CPU dry run: stock distributed as reference)
 """
 
 from __future__ import annotations
@@ -214,7 +218,9 @@ def env_view(dask_worker=None, dask_scheduler=None) -> dict:
 class Side:
     def __init__(self, args, shape: str, side: str, out_file: str, budget: float):
         self.args, self.shape, self.side = args, shape, side
-        self.spec = SHAPES[shape][side]
+        self.spec = side_spec(args, shape, side)
+        self.a: str | None = None
+        self.b: str | None = None
         self.out_file = out_file
         self.t0 = time.monotonic()
         self.deadline = self.t0 + budget - args.teardown_reserve
@@ -263,6 +269,11 @@ class Side:
 
             self.commands.append("gpudask.LocalGPUCluster(protocol='ucx', n_workers=1)")
             self.local = gpudask.LocalGPUCluster(**kw)
+        elif self.spec.get("stock"):
+            from distributed import LocalCluster
+
+            self.commands.append("distributed.LocalCluster(protocol='ucx', n_workers=1)  # --cpu: no dask-cuda")
+            self.local = LocalCluster(**kw)
         else:
             from dask_cuda import LocalCUDACluster
 
@@ -302,6 +313,10 @@ class Side:
             if w[0] == "gpudask":
                 cl.worker("--nworkers", str(w[1]), "--preload", "gpudask", label=f"worker-{i}")
                 self.commands.append(f"{prefix}dask worker --nworkers {w[1]} --preload gpudask")
+                wanted += w[1]
+            elif w[0] == "stock":
+                cl.worker("--nworkers", str(w[1]), label=f"worker-{i}")
+                self.commands.append(f"{prefix}dask worker --nworkers {w[1]}  # --cpu: no dask-cuda")
                 wanted += w[1]
             else:
                 argv = dask_command("cuda", "worker", "--scheduler-file", cl.scheduler_file, "--host", "127.0.0.1",
@@ -366,8 +381,11 @@ class Side:
         out["client"] = env_view()
         return out
 
-    # measure ----------------------------------------------------------------------------------------
+    # measure: one operation per command from the driver ------------------------------------------------
     def run(self) -> None:
+        """Start, say so, then serve the driver's commands (one JSON line each on stdin) until ``end``:
+        the driver alternates the two sides' repetitions of every cell, so both sides of a shape are
+        measured in the same seconds (the same drift of the machine), not one after the other."""
         stage = "start"
         start_note = None
         try:
@@ -378,11 +396,14 @@ class Side:
                     raise
                 start_note = str(e)
                 wanted = e.have
+            workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+            self.a = workers[0]
+            self.b = workers[1] if len(workers) > 1 else None
             self.emit({"type": "start", "ready_s": round(time.monotonic() - self.t0, 2), "workers": wanted,
                        "start_error": start_note, "commands": self.commands, "env": self.views(),
                        "logs": self.logs() if start_note else None})
             stage = "measure"
-            self.measure()
+            self.serve()
         except BaseException as e:  # noqa: BLE001 - the side's failure is its record
             self.emit({"type": "error", "stage": stage, "error": _err(e),
                        "traceback": traceback.format_exc()[-2000:], "commands": self.commands,
@@ -390,75 +411,54 @@ class Side:
         finally:
             self.close()
 
-    def measure(self) -> None:
+    def serve(self) -> None:
         from distributed import wait
 
         c = self.client
-        workers = sorted(c.scheduler_info(n_workers=-1)["workers"])
-        a = workers[0]
-        b = workers[1] if len(workers) > 1 else None
-        sizes = self.args.sizes
-        cells_left = len(sizes) * len(PATHS)
-        dead: dict[str, str] = {}  # path -> why larger sizes are skipped
-        for n in sizes:
-            label = _label(n)
-            src = None
-            src_sum = None
-            try:
-                if self.left() > 1:
-                    src = c.submit(make, n, self.array, workers=[a], pure=False, key=f"src-{label}-{uuid.uuid4().hex[:6]}")
-                    wait(src, timeout=self.op_timeout())
-                    src_sum = c.submit(checksum, src, workers=[a], pure=False).result(timeout=self.op_timeout())
-            except Exception as e:  # noqa: BLE001
-                for p in PATHS:
-                    self.cell(p, n, error=f"source array: {_err(e, 300)}")
-                cells_left -= len(PATHS)
+        sources: dict[int, object] = {}
+        for line in sys.stdin:
+            if not line.strip():
                 continue
-            for p in MEASURE_ORDER:
-                cap = min(self.args.cell_cap, self.left() / max(cells_left, 1))
-                cells_left -= 1
-                if p in dead:
-                    self.cell(p, n, skipped=dead[p])
-                    continue
-                if p == "worker-pull" and b is None:
-                    self.cell(p, n, skipped=LOCAL_PULL_NA if self.spec.get("local") else "one worker only (start)")
-                    continue
-                if src is None or self.left() < 1.0 or cap < 0.3:
-                    self.cell(p, n, skipped=f"time box ({self.left():.1f} s left in this side)")
-                    continue
-                t = time.monotonic()
-                try:
-                    res = self.path(p, n, src, a, b, cap)
-                except Exception as e:  # noqa: BLE001
-                    res = {"times": [], "error": _err(e, 400)}
-                res["cell_s"] = round(time.monotonic() - t, 2)
-                res["source_checksum"] = src_sum
-                if "TimeoutError" in str(res.get("error", "")) or "timed out" in str(res.get("error", "")).lower():
-                    dead[p] = f"the {label} cell of this path timed out"
-                self.cell(p, n, **res)
-            del src
+            cmd = json.loads(line)
+            op, seq = cmd["op"], cmd["seq"]
+            if op == "end":
+                return
+            n = int(cmd.get("n", 0))
+            rec: dict = {"type": "reply", "seq": seq, "op": op}
+            try:
+                if op == "source":
+                    src = c.submit(make, n, self.array, workers=[self.a], pure=False,
+                                   key=f"src-{_label(n)}-{uuid.uuid4().hex[:6]}")
+                    wait(src, timeout=self.op_timeout())
+                    rec["checksum"] = c.submit(checksum, src, workers=[self.a], pure=False).result(
+                        timeout=self.op_timeout())
+                    sources[n] = src
+                elif op == "drop":
+                    sources.pop(n, None)
+                elif op == "reps":
+                    rec.update(self.path(cmd["path"], n, sources[n], int(cmd["warm"]), int(cmd["reps"])))
+                else:
+                    rec["error"] = f"unknown op {op!r}"
+            except Exception as e:  # noqa: BLE001 - the cell's record
+                rec["error"] = _err(e, 400)
+            self.emit(rec)
 
-    def cell(self, path: str, n: int, **rec) -> None:
-        times = rec.get("times") or []
-        rec["reps"] = len(times)
-        rec["median_s"] = round(statistics.median(times), 6) if times else None
-        rec["times"] = [round(t, 6) for t in times]
-        if rec.get("checksum") is not None and rec.get("source_checksum") is not None:
-            rec["checksum_ok"] = rec["checksum"] == rec["source_checksum"]
-        self.emit({"type": "cell", "path": path, "size": _label(n), "size_bytes": n, **rec})
-
-    def path(self, p: str, n: int, src, a: str, b: str | None, cap: float) -> dict:
+    def path(self, p: str, n: int, src, warm: int, reps: int) -> dict:
+        """``warm`` untimed then ``reps`` timed repetitions of path ``p``; the last result's checksum."""
         c = self.client
-        warm = self.args.warmup if n < 2**30 else max(1, self.args.warmup - 1)
+        a, b = self.a, self.b
         if p == "worker-pull":
-            pw = self.args.pull_warmup if n < 2**30 else 1  # a staged 1 GiB pull takes seconds
-            budget = min(cap + (pw + 1) * self.op_timeout(n) + 10, max(self.left(), 0) + 15)
-            got = c.sync(c._run, pull, a, src.key, pw, self.args.reps_pull, cap,
-                         self.op_timeout(n), self.array, workers=[b], callback_timeout=budget)
-            return got[b]
+            if b is None:
+                raise RuntimeError("one worker only: no worker-to-worker path")
+            budget = (warm + reps + 1) * self.op_timeout(n) + 10
+            got = c.sync(c._run, pull, a, src.key, warm, reps, float("inf"), self.op_timeout(n), self.array,
+                         workers=[b], callback_timeout=budget)
+            out = got[b]
+            if out.get("error"):
+                raise RuntimeError(out["error"])
+            return out
         if p == "submit-arg":
             x = make(n, self.array)
-            want = checksum(x)
 
             def once():
                 f = c.submit(checksum, x, pure=False)
@@ -467,23 +467,14 @@ class Side:
                 finally:
                     f.release()
         elif p == "client-via-scheduler":
-            want = None
-
             def once():
                 return src.result(timeout=self.op_timeout(n))  # direct-to-workers: null (distributed's default)
         else:
-            want = None
-
             def once():
                 return c.sync(c._gather, [src], direct=True, callback_timeout=self.op_timeout(n))[0]
         times: list[float] = []
         last = None
-        t_cell = time.perf_counter()
-        for i in range(warm + self.args.reps_client):
-            if i == warm:
-                t_cell = time.perf_counter()  # the cap is on the timed reps
-            if i > warm and time.perf_counter() - t_cell + statistics.median(times) > cap:
-                break
+        for i in range(warm + reps):
             last = None
             t = time.perf_counter()
             last = once()
@@ -494,8 +485,8 @@ class Side:
         out: dict = {"times": times}
         if p == "submit-arg":
             out["checksum"] = last
-            out["client_checksum"] = want
-        else:
+            out["client_checksum"] = checksum(x)
+        elif last is not None:
             out["checksum"] = checksum(last)
         return out
 
@@ -608,8 +599,12 @@ def meta(args) -> dict:
                       "client-direct": "client.gather(future, direct=True) (= Client(direct_to_workers=True))",
                       "worker-pull": "get_data_from_worker inside the receiving worker (client.run)",
                       "submit-arg": "client.submit(checksum, x).result(), x made in the client"},
-            "timing": "median seconds of the timed reps after warm-ups; each cell stops early at its time cap "
-                      "(reps in the row)",
+            "timing": "both sides of a shape run at once (two clusters on the host); in each cell, warm-ups on "
+                      "each side, then rounds of one timed repetition per side, the first side swapped each round "
+                      "(ABBA), until --reps-* rounds or the cell's time cap; median seconds of each side's timed "
+                      "repetitions (reps in the row)",
+            "reference": ("stock distributed (dask scheduler / dask worker / LocalCluster): --cpu, dask-cuda needs "
+                          "a GPU") if args.cpu else "dask-cuda",
             "sides": {}}
 
 
@@ -633,7 +628,7 @@ def merge(shape: str, recs: dict[str, list[dict]], args) -> list[dict]:
                 detail: dict = {}
                 if cell:
                     detail = {k: cell.get(k) for k in ("reps", "times", "checksum", "checksum_ok", "cell_s", "error",
-                                                       "skipped", "client_checksum") if cell.get(k) is not None}
+                                                       "skipped", "client_checksum", "rounds", "interleaved_with") if cell.get(k) is not None}
                     if cell.get("error"):
                         notes.append(f"{s}: {cell['error']}")
                     if cell.get("skipped"):
@@ -710,83 +705,23 @@ def driver(args) -> int:
     print(f"shapes: {info['machine']} | {info['versions']} | budget {args.max_seconds:.0f} s", flush=True)
     print(f"{'shape':36} {'path':21} {'size':>6} {'gpudask ms':>10} {'dask-cuda ms':>12} {'ratio':>7} match",
           flush=True)
-    todo = [(sh, s) for sh in args.shapes for s in SIDES]
-    runnable = [(sh, s) for sh, s in todo if not skip_reason(args, sh, s)]
     try:
-        for shape in args.shapes:
-            recs: dict[str, list[dict]] = {s: [] for s in SIDES}
-            for side in SIDES:
-                key = f"{shape}/{side}"
-                why = skip_reason(args, shape, side) or (f"not run: the script was stopped ({stopped})" if stopped else None)
-                left = deadline - time.monotonic()
-                pending = runnable[runnable.index((shape, side)):] if (shape, side) in runnable else []
-                budget = min(args.max_side_seconds, (left - args.teardown_grace - 5) / max(len(pending), 1))
-                if not why and budget < args.min_side_seconds:
-                    why = f"time box: {left:.0f} s left for {len(pending)} side(s)"
-                if why:
-                    rec = {"type": "skipped", "shape": shape, "side": side, "skipped": why}
-                    recs[side].append(rec)
-                    log({"type": "side", **rec})
-                    info["sides"][key] = {"skipped": why}
-                    continue
-                side_file = work / f"{shape}-{side}.jsonl"
-                side_file.unlink(missing_ok=True)
-                env = {**os.environ, **SHAPES[shape][side].get("env", {})}
-                argv = [sys.executable, os.path.abspath(__file__), "--_side", shape, side, "--_file", str(side_file),
-                        "--_budget", f"{budget:.1f}", *passthrough(args)]
-                t = time.monotonic()
-                with open(work / f"{shape}-{side}.console", "ab") as console:
-                    proc = subprocess.Popen(argv, env=env, stdout=console, stderr=subprocess.STDOUT, cwd=work,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
-                    try:
-                        rc = proc.wait(timeout=budget + args.teardown_grace)
-                        killed = None
-                    except subprocess.TimeoutExpired:
-                        kill_tree(proc)
-                        rc, killed = proc.returncode, f"killed after {budget + args.teardown_grace:.0f} s"
-                    except Terminated as e:
-                        kill_tree(proc)
-                        stopped = str(e)
-                        rc, killed = proc.returncode, f"killed: the script was stopped ({e})"
-                survivors = kill_marked(run_id)
-                wall = round(time.monotonic() - t, 1)
-                try:
-                    got = [json.loads(ln) for ln in side_file.read_text().splitlines() if ln.strip()]
-                except OSError:
-                    got = []
-                if killed:
-                    got.append({"type": "error", "stage": "driver", "error": killed})
-                if rc not in (0, None) and not any(r.get("type") == "error" for r in got):
-                    tail = _tail((work / f"{shape}-{side}.console").read_text(errors="replace"), 1500)
-                    got.append({"type": "error", "stage": "process", "error": f"side process exit {rc}", "console": tail})
-                if not any(r.get("type") in ("start", "error") for r in got):
-                    got.append({"type": "error", "stage": "process", "error": "no record from the side process"})
-                recs[side] = got
-                start = next((r for r in got if r.get("type") == "start"), {})
-                errs = [r for r in got if r.get("type") == "error"]
-                info["sides"][key] = {"budget_s": round(budget, 1), "wall_s": wall, "rc": rc,
-                                      "ready_s": start.get("ready_s"), "workers": start.get("workers"),
-                                      "start_error": start.get("start_error"),
-                                      "commands": start.get("commands") or (errs[0].get("commands") if errs else None),
-                                      "errors": [{k: e.get(k) for k in ("stage", "error", "traceback", "logs", "console")
-                                                  if e.get(k)} for e in errs] or None,
-                                      "start_logs": start.get("logs"), "env": start.get("env"),
-                                      "survivors_killed": survivors or None,
-                                      "gpu_used_mib_after": None if args.cpu else gpu_used_mib()}
-                log({"type": "side", "shape": shape, "side": side, **info["sides"][key],
-                     "cells": [r for r in got if r.get("type") == "cell"]})
-                state = (f"error: {errs[0]['error'][:150]}" if errs else
-                         f"ready {start.get('ready_s')} s, {start.get('workers')} worker(s)"
-                         + (f" ({start['start_error']})" if start.get("start_error") else ""))
-                print(f"-- {key}: {state}; {wall} s", flush=True)
+        for i_shape, shape in enumerate(args.shapes):
+            left = deadline - time.monotonic()
+            budget = min(args.max_shape_seconds, (left - args.teardown_grace - 5) / (len(args.shapes) - i_shape))
+            recs = run_shape(args, shape, budget, work, run_id, info, stopped)
             shape_rows = merge(shape, recs, args)
             for row in shape_rows:
                 log({"type": "row", **row})
                 ratio = f"{row['ratio']:7.2f}" if row["ratio"] is not None else f"{'-':>7}"
                 print(f"{shape:36} {row['path']:21} {row['size']:>6} {fmt(row['gpudask_s'])} {fmt(row['dask-cuda_s']):>12} "
                       f"{ratio} {row['result_match']}", flush=True)
+            for side in SIDES:
+                log({"type": "side", "shape": shape, "side": side, **info["sides"][f"{shape}/{side}"],
+                     "cells": [r for r in recs[side] if r.get("type") == "cell"]})
             rows.extend(shape_rows)
             save()
+            stopped = info.get("terminated")
     except Terminated as e:  # outside a side's wait: what was measured is saved below
         info["terminated"] = str(e)
         kill_marked(run_id)
@@ -801,12 +736,288 @@ def driver(args) -> int:
     return 0
 
 
+class SideProc:
+    """One side of a shape in its own process: commands on its stdin, records in its file."""
+
+    def __init__(self, args, shape: str, side: str, work: pathlib.Path, budget: float):
+        self.shape, self.side, self.key = shape, side, f"{shape}/{side}"
+        self.file = work / f"{shape}-{side}.jsonl"
+        self.file.unlink(missing_ok=True)
+        self.console = work / f"{shape}-{side}.console"
+        self.recs: list[dict] = []
+        self.seq = 0
+        self._offset = 0
+        self._partial = ""
+        self.t0 = time.monotonic()
+        env = {**os.environ, **side_spec(args, shape, side).get("env", {})}
+        argv = [sys.executable, os.path.abspath(__file__), "--_side", shape, side, "--_file", str(self.file),
+                "--_budget", f"{budget:.1f}", *passthrough(args)]
+        with open(self.console, "ab") as console:
+            self.proc = subprocess.Popen(argv, env=env, stdout=console, stderr=subprocess.STDOUT, cwd=work,
+                                         stdin=subprocess.PIPE, start_new_session=True)
+
+    def _read(self) -> list[dict]:
+        try:
+            with open(self.file, "r") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+                self._offset = f.tell()
+        except FileNotFoundError:
+            return []
+        text = self._partial + chunk
+        lines = text.split("\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the rest
+        got = [json.loads(ln) for ln in lines if ln.strip()]
+        self.recs.extend(got)
+        return got
+
+    def wait_for(self, match, timeout: float) -> dict | None:
+        """The first new record ``match`` accepts; None when the process exits or ``timeout`` passes."""
+        end = time.monotonic() + timeout
+        pause = 0.0002
+        while True:
+            for rec in self._read():
+                if match(rec):
+                    return rec
+            if self.proc.poll() is not None:
+                for rec in self._read():
+                    if match(rec):
+                        return rec
+                return None
+            if time.monotonic() > end:
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+
+    def send(self, op: str, **kw) -> int:
+        self.seq += 1
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps({"op": op, "seq": self.seq, **kw}) + "\n").encode())
+        self.proc.stdin.flush()
+        return self.seq
+
+    def call(self, op: str, timeout: float, **kw) -> dict:
+        """Send one command and wait for its reply; a dead or silent side raises SideGone."""
+        try:
+            seq = self.send(op, **kw)
+        except (BrokenPipeError, OSError) as e:
+            raise SideGone(f"the side process is gone ({type(e).__name__}, rc {self.proc.poll()})") from None
+        rec = self.wait_for(lambda r: r.get("type") == "reply" and r.get("seq") == seq, timeout)
+        if rec is None:
+            why = (f"the side process exited (rc {self.proc.returncode})" if self.proc.poll() is not None
+                   else f"no reply to {op} within {timeout:.0f} s")
+            raise SideGone(why)
+        return rec
+
+    def finish(self, grace: float) -> tuple[int | None, str | None]:
+        try:
+            self.send("end")
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError, AttributeError):
+            pass
+        try:
+            rc = self.proc.wait(timeout=grace)
+            killed = None
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc)
+            rc, killed = self.proc.returncode, f"killed {grace:.0f} s after its end"
+        self._read()
+        return rc, killed
+
+
+class SideGone(RuntimeError):
+    pass
+
+
+def run_shape(args, shape: str, budget: float, work: pathlib.Path, run_id: str, info: dict,
+              stopped: str | None) -> dict[str, list[dict]]:
+    """Both sides of one shape at once: each starts its cluster in its own process (at the same
+    time: the GPU holds both), then every cell is measured with the sides' repetitions alternated
+    -- warm-ups on each side, then one timed repetition on each, the first side swapped every
+    round (ABBA) -- until ``--reps-*`` rounds or the cell's time cap.  Returns each side's records."""
+    recs: dict[str, list[dict]] = {s: [] for s in SIDES}
+    why_not: dict[str, str] = {}
+    for side in SIDES:
+        why = skip_reason(args, shape, side) or (f"not run: the script was stopped ({stopped})" if stopped else None)
+        if not why and budget < args.min_side_seconds:
+            why = f"time box: {budget:.0f} s left for this shape"
+        if why:
+            why_not[side] = why
+            recs[side].append({"type": "skipped", "shape": shape, "side": side, "skipped": why})
+            info["sides"][f"{shape}/{side}"] = {"skipped": why}
+    t_shape = time.monotonic()
+    end_shape = t_shape + budget - args.teardown_reserve
+    procs = {s: SideProc(args, shape, s, work, budget + args.teardown_grace) for s in SIDES if s not in why_not}
+    live: list[str] = []
+    try:
+        for s, sp in procs.items():
+            rec = sp.wait_for(lambda r: r.get("type") in ("start", "error"),
+                              max(1.0, min(args.start_timeout + args.connect_timeout + 10, end_shape - time.monotonic())))
+            if rec is not None and rec["type"] == "start":
+                live.append(s)
+        measure_interleaved(args, shape, procs, live, end_shape)
+    except Terminated as e:
+        info["terminated"] = str(e)
+    finally:
+        for s, sp in procs.items():
+            rc, killed = sp.finish(args.teardown_grace if not info.get("terminated") else 1.0)
+            got = sp.recs
+            recs[s] = [r for r in got if r.get("type") != "reply"] + sp.cells  # type: ignore[attr-defined]
+            if killed:
+                recs[s].append({"type": "error", "stage": "driver", "error": killed})
+            if rc not in (0, None) and not any(r.get("type") == "error" for r in recs[s]):
+                tail = _tail(sp.console.read_text(errors="replace"), 1500)
+                recs[s].append({"type": "error", "stage": "process", "error": f"side process exit {rc}",
+                                "console": tail})
+            if not any(r.get("type") in ("start", "error") for r in recs[s]):
+                recs[s].append({"type": "error", "stage": "process", "error": "no record from the side process"})
+            start = next((r for r in recs[s] if r.get("type") == "start"), {})
+            errs = [r for r in recs[s] if r.get("type") == "error"]
+            info["sides"][sp.key] = {"budget_s": round(budget, 1), "wall_s": round(time.monotonic() - sp.t0, 1),
+                                     "rc": rc, "ready_s": start.get("ready_s"), "workers": start.get("workers"),
+                                     "start_error": start.get("start_error"),
+                                     "commands": start.get("commands") or (errs[0].get("commands") if errs else None),
+                                     "errors": [{k: e.get(k) for k in ("stage", "error", "traceback", "logs", "console")
+                                                 if e.get(k)} for e in errs] or None,
+                                     "start_logs": start.get("logs"), "env": start.get("env")}
+            state = (f"error: {errs[0]['error'][:150]}" if errs else
+                     f"ready {start.get('ready_s')} s, {start.get('workers')} worker(s)"
+                     + (f" ({start['start_error']})" if start.get("start_error") else ""))
+            print(f"-- {sp.key}: {state}; {info['sides'][sp.key]['wall_s']} s", flush=True)
+        survivors = kill_marked(run_id)
+        for sp in procs.values():
+            info["sides"][sp.key]["survivors_killed"] = survivors or None
+            info["sides"][sp.key]["gpu_used_mib_after"] = None if args.cpu else gpu_used_mib()
+    return recs
+
+
+def measure_interleaved(args, shape: str, procs: dict[str, SideProc], live: list[str], end_shape: float) -> None:
+    for sp in procs.values():
+        sp.cells = []  # type: ignore[attr-defined]
+
+    def left() -> float:
+        return end_shape - time.monotonic()
+
+    def op_timeout(n: int | None = None) -> float:
+        return args.op_timeout if n is None else min(args.op_timeout, 5.0 + 20.0 * n / 2**30)
+
+    def cell(s: str, p: str, n: int, **rec) -> None:
+        times = rec.get("times") or []
+        rec["reps"] = len(times)
+        rec["median_s"] = round(statistics.median(times), 6) if times else None
+        rec["times"] = [round(t, 6) for t in times]
+        if rec.get("checksum") is not None and rec.get("source_checksum") is not None:
+            rec["checksum_ok"] = rec["checksum"] == rec["source_checksum"]
+        procs[s].cells.append({"type": "cell", "shape": shape, "side": s, "path": p, "size": _label(n),  # type: ignore[attr-defined]
+                               "size_bytes": n, **rec})
+
+    workers = {s: next(r for r in procs[s].recs if r.get("type") == "start")["workers"] for s in live}
+    dead: dict[str, dict[str, str]] = {s: {} for s in live}  # side -> path -> why larger sizes are skipped
+    cells_left = len(args.sizes) * len(PATHS)
+    for n in args.sizes:
+        label = _label(n)
+        src_sum: dict[str, str] = {}
+        for s in list(live):
+            try:
+                r = procs[s].call("source", op_timeout() * 2 + 5, n=n)
+            except SideGone as e:
+                live.remove(s)
+                for p in PATHS:
+                    cell(s, p, n, error=f"side lost: {e}")
+                continue
+            if r.get("error"):
+                for p in PATHS:
+                    cell(s, p, n, error=f"source array: {r['error']}")
+            else:
+                src_sum[s] = r["checksum"]
+        for p in MEASURE_ORDER:
+            cap = min(args.cell_cap, left() / max(cells_left, 1))
+            cells_left -= 1
+            sides: list[str] = []
+            for s in live:
+                if s not in src_sum:
+                    continue
+                if p in dead[s]:
+                    cell(s, p, n, skipped=dead[s][p])
+                elif p == "worker-pull" and workers[s] < 2:
+                    cell(s, p, n, skipped=LOCAL_PULL_NA if side_spec(args, shape, s).get("local") else "one worker only (start)")
+                elif left() < 1.0 or cap < 0.3:
+                    cell(s, p, n, skipped=f"time box ({max(left(), 0):.1f} s left in this shape)")
+                else:
+                    sides.append(s)
+            if not sides:
+                continue
+            if p == "worker-pull":
+                warm, target = (args.pull_warmup if n < 2**30 else 1), args.reps_pull
+            else:
+                warm, target = (args.warmup if n < 2**30 else max(1, args.warmup - 1)), args.reps_client
+            got: dict[str, dict] = {s: {"times": []} for s in sides}
+            t_cell = {s: 0.0 for s in sides}
+            failed: dict[str, str] = {}
+
+            def one(s: str, w: int, k: int) -> None:
+                t = time.monotonic()
+                try:
+                    r = procs[s].call("reps", (w + k + 1) * op_timeout(n) + 15, path=p, n=n, warm=w, reps=k)
+                except SideGone as e:
+                    failed[s] = f"side lost: {e}"
+                    live.remove(s)
+                    return
+                finally:
+                    t_cell[s] += time.monotonic() - t
+                if r.get("error"):
+                    failed[s] = r["error"]
+                    return
+                got[s]["times"].extend(r.get("times") or [])
+                for k2 in ("checksum", "client_checksum"):
+                    if r.get(k2) is not None:
+                        got[s][k2] = r[k2]
+
+            for s in sides:
+                one(s, warm, 0)
+            t0 = time.monotonic()
+            rounds = 0
+            while True:
+                order = sides if rounds % 2 == 0 else sides[::-1]
+                active = [s for s in order if s not in failed]
+                if not active:
+                    break
+                for s in active:
+                    one(s, 0, 1)
+                rounds += 1
+                spent = time.monotonic() - t0
+                if rounds >= target or spent + spent / rounds > cap or left() < 1.0:
+                    break
+            for s in sides:
+                err = failed.get(s)
+                if err and ("TimeoutError" in err or "timed out" in err.lower() or "no reply" in err):
+                    dead[s][p] = f"the {label} cell of this path timed out"
+                cell(s, p, n, **got[s], source_checksum=src_sum[s], rounds=rounds, cell_s=round(t_cell[s], 2),
+                     interleaved_with=[o for o in sides if o != s] or None, **({"error": err} if err else {}))
+        for s in live:
+            try:
+                procs[s].call("drop", 30, n=n)
+            except SideGone:
+                live.remove(s)
+
+
 def skip_reason(args, shape: str, side: str) -> str | None:
-    if args.cpu and side == "dask-cuda":
-        return "--cpu: dask-cuda needs a GPU"
-    if args.cpu and any(w[0] == "dask-cuda" for w in SHAPES[shape][side].get("workers", [])):
+    if args.cpu and any(w[0] == "dask-cuda" for w in SHAPES[shape][side].get("workers", [])) and side == "gpudask":
         return "--cpu: dask cuda worker needs a GPU"
     return None
+
+
+def side_spec(args, shape: str, side: str) -> dict:
+    """How a side starts.  On a CPU (``--cpu``, the dry run) dask-cuda cannot run: its side is stock
+    distributed instead -- the same processes without gpudask or dask-cuda -- so the alternation of
+    two live sides is exercised there too (its figures name no dask-cuda; meta says so)."""
+    spec = SHAPES[shape][side]
+    if not (args.cpu and side == "dask-cuda"):
+        return spec
+    if spec.get("local"):
+        return {"local": True, "client": "plain", "stock": True}
+    return {"scheduler": "stock", "client": "plain", "env": spec.get("env", {}),
+            "workers": [("stock", 1) if w[0] == "dask-cuda" else ("stock", w[1]) for w in spec["workers"]]}
 
 
 def passthrough(args) -> list[str]:
@@ -825,15 +1036,15 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--sizes", default=None, help="default 1MiB,64MiB,1GiB (--cpu: 1MiB,8MiB)")
-    p.add_argument("--cpu", action="store_true", help="CPU dry run: NumPy arrays, gpudask sides only")
+    p.add_argument("--cpu", action="store_true", help="CPU dry run: NumPy arrays, stock distributed as the reference")
     p.add_argument("--max-seconds", type=float, default=500)
-    p.add_argument("--max-side-seconds", type=float, default=90, help="at most this much per cluster")
-    p.add_argument("--min-side-seconds", type=float, default=20, help="skip a side given less")
-    p.add_argument("--reps-client", type=int, default=5)
-    p.add_argument("--reps-pull", type=int, default=10)
+    p.add_argument("--max-shape-seconds", type=float, default=150, help="at most this much per shape (both sides)")
+    p.add_argument("--min-side-seconds", type=float, default=20, help="skip a shape given less")
+    p.add_argument("--reps-client", type=int, default=25, help="timed rounds per client cell at most")
+    p.add_argument("--reps-pull", type=int, default=25, help="timed rounds per pull cell at most")
     p.add_argument("--warmup", type=int, default=2, help="client paths (one less at 1 GiB and up)")
     p.add_argument("--pull-warmup", type=int, default=3, help="(1 at 1 GiB and up)")
-    p.add_argument("--cell-cap", type=float, default=12.0, help="seconds of timed reps per cell at most")
+    p.add_argument("--cell-cap", type=float, default=14.0, help="seconds of timed rounds per cell at most")
     p.add_argument("--op-timeout", type=float, default=30.0, help="one gather/submit/pull at most")
     p.add_argument("--start-timeout", type=float, default=60.0)
     p.add_argument("--start-stall", type=float, default=12.0,
