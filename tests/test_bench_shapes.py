@@ -56,3 +56,36 @@ def test_cpu_dry_run_of_one_shape_measures_and_checks_every_cell(tmp_path):
     lines = [json.loads(ln) for ln in (tmp_path / "shapes.jsonl").read_text().splitlines()]
     assert [ln["type"] for ln in lines].count("row") == len(rows)
     assert "one-command-2w" in out.stdout and "worker-pull" in out.stdout
+
+
+def _run(rows: list[dict]) -> dict:
+    return {"meta": {"date": "d"}}, rows
+
+
+def _row(shape, g_times, d_times, g_sum="s", d_sum="s"):
+    import statistics
+    g, d = statistics.median(g_times), statistics.median(d_times)
+    return {"shape": shape, "path": "client-direct", "size": "1MiB", "size_bytes": 2**20, "gpudask_s": g,
+            "dask-cuda_s": d, "ratio": round(g / d, 3), "result_match": g_sum == d_sum, "notes": None,
+            "gpudask": {"times": g_times, "reps": len(g_times), "checksum": g_sum, "checksum_ok": True},
+            "dask-cuda": {"times": d_times, "reps": len(d_times), "checksum": d_sum, "checksum_ok": True}}
+
+
+def test_pooled_runs_take_the_median_of_every_repetition_and_keep_each_run():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import shapes_pool
+    finally:
+        sys.path.remove(str(BENCH))
+    first = [_row("local", [1.0, 1.2, 1.4], [1.0, 1.0, 1.0]), _row("one-command-2w", [2.0], [2.0])]
+    second = [_row("local", [0.8, 0.9, 1.0], [1.1, 1.2, 1.3])]
+    rows = shapes_pool.pool([({"meta": 1}, first), ({"meta": 2}, second)])
+    local = rows[0]
+    # six repetitions a side: medians 1.0 and 1.05, not the mean of the runs' ratios (1.2, 0.75)
+    assert (local["gpudask_s"], local["dask-cuda_s"], local["ratio"]) == (1.0, 1.05, 0.952)
+    assert local["reps"] == {"gpudask": 6, "dask-cuda": 6}
+    assert [r["ratio"] for r in local["runs"]] == [1.2, 0.75] and local["result_match"] is True
+    assert rows[1]["notes"] == "not in run(s) [1]"
+    # a checksum that differs between the runs is a mismatch, whatever each run said
+    odd = shapes_pool.pool([({}, [_row("local", [1.0], [1.0])]), ({}, [_row("local", [1.0], [1.0], "t", "t")])])
+    assert odd[0]["result_match"] is False
