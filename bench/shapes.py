@@ -89,6 +89,16 @@ SHAPES: dict[str, dict[str, dict]] = {
         "dask-cuda": {**_DC, "env": {"UCX_TLS": "all"}},
     },
 }
+# Controls (not in the default matrix): dask-cuda on both sides, to show the spread this harness
+# measures where there is no difference at all -- the "gpudask" columns of their rows are a second
+# dask-cuda cluster started beside the first.
+CONTROLS: dict[str, dict[str, dict]] = {
+    "control-dask-cuda-commands": {"gpudask": _DC, "dask-cuda": _DC},
+    "control-local-cuda-cluster": {
+        "gpudask": {"local": True, "client": "dask-cuda", "dask_cuda": True},
+        "dask-cuda": {"local": True, "client": "dask-cuda"},
+    },
+}
 LOCAL_PULL_NA = ("not applicable: dask-cuda's LocalCUDACluster starts one worker per entry of CUDA_VISIBLE_DEVICES "
                  "and names each worker by its device (new_worker_spec: min(set(CUDA_VISIBLE_DEVICES) - names)), so "
                  "a repeated device cannot give a second worker ('Can not scale beyond visible devices'); on one GPU "
@@ -264,7 +274,7 @@ class Side:
 
     def _start_local(self) -> int:
         kw = {"protocol": "ucx", "n_workers": 1, "dashboard_address": ":0"}
-        if self.side == "gpudask":
+        if self.side == "gpudask" and not self.spec.get("dask_cuda"):
             import gpudask
 
             self.commands.append("gpudask.LocalGPUCluster(protocol='ucx', n_workers=1)")
@@ -1002,8 +1012,9 @@ def measure_interleaved(args, shape: str, procs: dict[str, SideProc], live: list
 
 
 def skip_reason(args, shape: str, side: str) -> str | None:
-    if args.cpu and any(w[0] == "dask-cuda" for w in SHAPES[shape][side].get("workers", [])) and side == "gpudask":
-        return "--cpu: dask cuda worker needs a GPU"
+    spec = {**SHAPES, **CONTROLS}[shape][side]
+    if args.cpu and side == "gpudask" and (spec.get("dask_cuda") or any(w[0] == "dask-cuda" for w in spec.get("workers", []))):
+        return "--cpu: dask-cuda needs a GPU"
     return None
 
 
@@ -1011,7 +1022,7 @@ def side_spec(args, shape: str, side: str) -> dict:
     """How a side starts.  On a CPU (``--cpu``, the dry run) dask-cuda cannot run: its side is stock
     distributed instead -- the same processes without gpudask or dask-cuda -- so the alternation of
     two live sides is exercised there too (its figures name no dask-cuda; meta says so)."""
-    spec = SHAPES[shape][side]
+    spec = {**SHAPES, **CONTROLS}[shape][side]
     if not (args.cpu and side == "dask-cuda"):
         return spec
     if spec.get("local"):
@@ -1062,7 +1073,7 @@ def main() -> int:
     p.add_argument("--_budget", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.list:
-        for k, v in SHAPES.items():
+        for k, v in {**SHAPES, **CONTROLS}.items():
             print(k, json.dumps(v))
         return 0
     if args.sizes is None:
@@ -1073,9 +1084,10 @@ def main() -> int:
         print(f"shapes: --sizes {args.sizes!r} is not valid; accepted: e.g. 1MiB,64MiB,1GiB", file=sys.stderr)
         return 2
     args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    unknown = [s for s in args.shapes if s not in SHAPES]
+    unknown = [s for s in args.shapes if s not in SHAPES and s not in CONTROLS]
     if unknown:
-        print(f"shapes: unknown shape(s) {', '.join(unknown)}; accepted: {', '.join(SHAPES)}", file=sys.stderr)
+        print(f"shapes: unknown shape(s) {', '.join(unknown)}; accepted: {', '.join(SHAPES)} (the matrix) and "
+              f"{', '.join(CONTROLS)} (controls: dask-cuda on both sides)", file=sys.stderr)
         return 2
     if args._side:
         import warnings
