@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The shape matrix (issue 29 item 4) on the GPU machine, in one device call of at most ~9 minutes:
-# bench/shapes.py over every shape, each gpudask form followed by its dask-cuda form.
+# bench/shapes.py over every shape, each gpudask form started with its dask-cuda form, their repetitions
+# alternated; gpudask info (the probed facts and the plan) first, into info*.
 #
 # Here, once:   ../shared/device/wheels.sh            (dask-cuda, distributed-ucxx, rmm ... into .whl/)
 # Then:         run(command="bash bench/device-shapes.sh", carry=[".whl"], timeout_s=600)
-# Back in $OUT: shapes.json (the rows; docs/device-runs/<date>-shapes-h200.json), shapes.jsonl (as it
+# Back in $OUT: shapes.json (one run's rows: pool runs -- fresh pairs of clusters, one call each -- with
+#               bench/shapes_pool.py into docs/device-runs/<date>-shapes-h200.json), shapes.jsonl (as it
 #               went), console.txt, logs.tgz (every cluster's logs, each side's console).
 # Knobs (environment): TOTAL_S (default 540: the whole call), SHAPES (default: all), SIZES, EXTRA (more
 #               arguments for bench/shapes.py, e.g. "--dask-cuda-worker-args=--rmm-pool-size=8GB").

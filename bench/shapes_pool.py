@@ -1,21 +1,24 @@
-"""Pool several runs of the shape matrix (bench/shapes.py) into one record: each cell's figure is
-the median of the runs' medians.
+"""Pool several runs of the shape matrix (bench/shapes.py) into one record: each side's figure is
+the geometric mean of the runs' medians, so the ratio is the geometric mean of the runs' ratios.
 
 Why: bench/shapes.py alternates the two sides' repetitions within one pair of clusters, which
 takes the machine's drift out of each ratio; what is left is the pair itself.  On one H200 the
 same cell of the same dask-cuda shape, started twice, differed by up to 40 % (client-direct 1 MiB:
 1.86 and 2.59 ms in one call), on both sides alike: where a process lands (CPU, the moment UCX's
 progress thread wakes) is fixed for a cluster's life.  Fresh pairs of clusters, pooled, average
-that out.  Each run counts once, whatever its number of repetitions: the median of the runs'
-medians (with two runs, their mean), not the median of all repetitions together -- two runs at
-different levels (17 ms and 25 ms, both sides alike) made that one bimodal, and its median fell
-wherever the split of each side's repetitions put it.  Each run's own figures stay in the row
+that out.  Each run counts once, whatever its number of repetitions, and its two sides stay
+paired (they were measured in the same seconds): the geometric mean of each side's per-run
+medians, whose ratio is the geometric mean of the runs' ratios.  Not the median of all
+repetitions together -- two runs at different levels (17 ms and 25 ms, both sides alike) made
+that one bimodal, and its median fell wherever the split of each side's repetitions put it --
+and not each side's median of the runs' medians, which may take the two sides from different
+runs (1.17, 1.35 and 0.98 gave 1.32).  Each run's own figures stay in the row
 (``runs``), so nothing is hidden.
 
 Usage: python bench/shapes_pool.py OUT.json RUN1.json RUN2.json [...] [--markdown]
 Output: a list whose first element is ``{"meta": {"what": ..., "runs": [each run's meta]}}`` and
-then one row per (shape, path, size) with ``gpudask_s`` and ``dask-cuda_s`` (the medians of the runs'
-medians), ``ratio``, ``result_match`` (every run's checksums equal, on both sides), ``reps`` and
+then one row per (shape, path, size) with ``gpudask_s`` and ``dask-cuda_s`` (the geometric means of
+the runs' medians, over the runs that measured both sides), ``ratio``, ``result_match`` (every run's checksums equal, on both sides), ``reps`` and
 ``runs`` ([{gpudask_s, dask-cuda_s, ratio, reps} per run]); a cell one run lacks is pooled from the
 others, and says so in ``notes``.
 """
@@ -62,12 +65,13 @@ def pool(runs: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> list[dict[s
             for s in SIDES:
                 detail = r.get(s) or {}
                 times[s].extend(detail.get("times") or [])
-                if r.get(f"{s}_s") is not None:
-                    medians[s].append(r[f"{s}_s"])
                 if detail.get("checksum"):
                     sums[s].add(detail["checksum"])
                 if detail.get("checksum_ok") is False:
                     ok = False
+            if r.get("gpudask_s") and r.get("dask-cuda_s"):  # paired: a run counts where it measured both
+                for s in SIDES:
+                    medians[s].append(r[f"{s}_s"])
             per_run.append({"run": i, "gpudask_s": r.get("gpudask_s"), "dask-cuda_s": r.get("dask-cuda_s"),
                             "ratio": r.get("ratio"),
                             "reps": [(r.get(s) or {}).get("reps") for s in SIDES]})
@@ -75,7 +79,7 @@ def pool(runs: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> list[dict[s
                 notes.append(f"run {i}: {r['notes']}")
             if r.get("result_match") is False:
                 ok = False
-        med = {s: round(statistics.median(medians[s]), 6) if medians[s] else None for s in SIDES}
+        med = {s: round(statistics.geometric_mean(medians[s]), 6) if medians[s] else None for s in SIDES}
         g, d = med["gpudask"], med["dask-cuda"]
         match = None
         if sums["gpudask"] and sums["dask-cuda"]:
@@ -116,8 +120,9 @@ def main() -> int:
         print(f"shapes_pool: {e}", file=sys.stderr)
         return 2
     rows = pool(runs)
-    meta = {"what": args.what, "pooled": "each side's figure: the median of the runs' medians (two runs: their "
-                                         "mean); reps: the timed repetitions of all runs",
+    meta = {"what": args.what, "pooled": "each side's figure: the geometric mean of its medians in the runs that "
+                                         "measured both sides (the ratio: the geometric mean of the runs' ratios); "
+                                         "reps: the timed repetitions of all runs",
             "runs": [m for m, _ in runs]}
     with open(args.out, "w") as f:
         json.dump([{"meta": meta}, *rows], f, indent=1)

@@ -81,8 +81,10 @@ def test_pooled_runs_take_the_median_of_every_repetition_and_keep_each_run():
     second = [_row("local", [0.8, 0.9, 1.0], [1.1, 1.2, 1.3])]
     rows = shapes_pool.pool([({"meta": 1}, first), ({"meta": 2}, second)])
     local = rows[0]
-    # each run once: the runs' medians (1.2 and 0.9; 1.0 and 1.2) averaged, whatever the repetitions
-    assert (local["gpudask_s"], local["dask-cuda_s"], local["ratio"]) == (1.05, 1.1, 0.955)
+    # each run once, its sides paired: geometric means of the runs' medians (1.2 and 0.9; 1.0 and 1.2),
+    # whose ratio is the geometric mean of the runs' ratios (1.2 and 0.75), whatever the repetitions
+    assert (local["gpudask_s"], local["dask-cuda_s"], local["ratio"]) == (1.03923, 1.095445, 0.949)
+    assert local["ratio"] == round((1.2 * 0.75) ** 0.5, 3)
     assert local["reps"] == {"gpudask": 6, "dask-cuda": 6}
     assert [r["ratio"] for r in local["runs"]] == [1.2, 0.75] and local["result_match"] is True
     assert rows[1]["notes"] == "not in run(s) [1]"
