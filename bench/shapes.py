@@ -205,7 +205,7 @@ async def pull(addr: str, key: str, warmup: int, reps: int, cap: float, op_timeo
 
 def env_view(dask_worker=None, dask_scheduler=None) -> dict:
     """What a process runs with, as far as transports go."""
-    keep = ("UCX_", "UCXPY_", "CUDA_VISIBLE_DEVICES", "DASK_DISTRIBUTED", "RAPIDS_NO_INITIALIZE")
+    keep = ("UCX_", "UCXPY_", "CUDA_VISIBLE_DEVICES", "DASK_DISTRIBUTED", "DASK_GPUDASK", "GPUDASK_", "RAPIDS_NO_INITIALIZE")
     out: dict = {k: v for k, v in sorted(os.environ.items()) if k.startswith(keep) and k != "UCX_WARN_UNUSED_ENV_VARS"}
     try:
         import dask.config
@@ -299,7 +299,9 @@ class Side:
         from gpudask.testing.processes import ProcessCluster, clean_env, dask_command
 
         snapshot = dict(os.environ)  # before any client set-up changes this process's environment
-        env = clean_env(snapshot, **self.spec.get("env", {}))
+        # clean_env drops DASK_GPUDASK__* / GPUDASK_* (a test sets its own): a lever is put back
+        env = clean_env(snapshot, **self.spec.get("env", {}),
+                        **(dict(self.args.gpudask_env) if self.side == "gpudask" else {}))
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"{self.shape}-{self.side}-", dir=self.args.work))
         self.cluster = cl = ProcessCluster(work, env=env, grace=5)
         sched = self.spec["scheduler"]
@@ -759,7 +761,8 @@ class SideProc:
         self._offset = 0
         self._partial = ""
         self.t0 = time.monotonic()
-        env = {**os.environ, **side_spec(args, shape, side).get("env", {})}
+        env = {**os.environ, **side_spec(args, shape, side).get("env", {}),
+               **(dict(args.gpudask_env) if side == "gpudask" else {})}
         argv = [sys.executable, os.path.abspath(__file__), "--_side", shape, side, "--_file", str(self.file),
                 "--_budget", f"{budget:.1f}", *passthrough(args)]
         with open(self.console, "ab") as console:
@@ -1037,6 +1040,8 @@ def passthrough(args) -> list[str]:
               "connect_timeout", "teardown_reserve", "gpudask_client"):
         out += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
     out += [f"--dask-cuda-worker-args={args.dask_cuda_worker_args}"]
+    for key, value in args.gpudask_env:
+        out += ["--gpudask-env", f"{key}={value}"]
     if args.cpu:
         out.append("--cpu")
     return out
@@ -1066,6 +1071,9 @@ def main() -> int:
     p.add_argument("--gpudask-client", choices=("initialize", "plain"), default="initialize",
                    help="the gpudask sides' client: gpudask.initialize(protocol='ucx') first (docs/usage.md) or not")
     p.add_argument("--dask-cuda-worker-args", default="", help="added to every `dask cuda worker`")
+    p.add_argument("--gpudask-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="a lever: this variable in every process of the gpudask sides (client, scheduler, workers), "
+                        "e.g. DASK_GPUDASK__RMM__POOL_SIZE=false; repeatable; recorded in meta")
     p.add_argument("--work", default=None, help="logs and scratch of every cluster (default OUT/work)")
     p.add_argument("--list", action="store_true")
     p.add_argument("--_side", nargs=2, help=argparse.SUPPRESS)
@@ -1083,6 +1091,15 @@ def main() -> int:
     except ValueError:
         print(f"shapes: --sizes {args.sizes!r} is not valid; accepted: e.g. 1MiB,64MiB,1GiB", file=sys.stderr)
         return 2
+    pairs = []
+    for item in args.gpudask_env:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not key.replace("_", "").isalnum():
+            print(f"shapes: --gpudask-env {item!r} is not KEY=VALUE; accepted: e.g. DASK_GPUDASK__RMM__POOL_SIZE=false",
+                  file=sys.stderr)
+            return 2
+        pairs.append((key.strip(), value))
+    args.gpudask_env = pairs
     args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in args.shapes if s not in SHAPES and s not in CONTROLS]
     if unknown:

@@ -25,7 +25,8 @@ PATHS = ["client-via-scheduler", "client-direct", "worker-pull", "submit-arg"]
 def test_cpu_dry_run_of_one_shape_measures_and_checks_every_cell(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH / "shapes.py"), "--out", str(tmp_path), "--cpu",
                           "--shapes", "one-command-2w", "--sizes", "64KiB,1MiB", "--reps-client", "2",
-                          "--reps-pull", "3", "--max-seconds", "80"],
+                          "--reps-pull", "3", "--max-seconds", "80",
+                          "--gpudask-env", "DASK_GPUDASK__RMM__POOL_SIZE=false"],
                          env=base_env(), capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads((tmp_path / "shapes.json").read_text())
@@ -53,6 +54,11 @@ def test_cpu_dry_run_of_one_shape_measures_and_checks_every_cell(tmp_path):
         # alternated: both sides ran the same number of rounds, each one timed repetition a round
         assert r["gpudask"]["reps"] == r["dask-cuda"]["reps"] >= 1, r
         assert set(r["gpudask_env"]) == {"w0", "w1"} and "UCX_TLS" in r["gpudask_env"]["w0"]
+        # a lever reaches every process of the gpudask side, and only those
+        assert r["gpudask_env"]["w1"]["DASK_GPUDASK__RMM__POOL_SIZE"] == "false"
+        assert "DASK_GPUDASK__RMM__POOL_SIZE" not in r["dask-cuda_env"]["w1"]
+    assert side["env"]["client"]["DASK_GPUDASK__RMM__POOL_SIZE"] == "false"
+    assert side["env"]["scheduler"]["DASK_GPUDASK__RMM__POOL_SIZE"] == "false"
     lines = [json.loads(ln) for ln in (tmp_path / "shapes.jsonl").read_text().splitlines()]
     assert [ln["type"] for ln in lines].count("row") == len(rows)
     assert "one-command-2w" in out.stdout and "worker-pull" in out.stdout
