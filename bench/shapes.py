@@ -757,6 +757,7 @@ class SideProc:
         self.file.unlink(missing_ok=True)
         self.console = work / f"{shape}-{side}.console"
         self.recs: list[dict] = []
+        self.cells: list[dict] = []  # the driver's cell records for this side (measure_interleaved)
         self.seq = 0
         self._offset = 0
         self._partial = ""
@@ -875,7 +876,7 @@ def run_shape(args, shape: str, budget: float, work: pathlib.Path, run_id: str, 
         for s, sp in procs.items():
             rc, killed = sp.finish(args.teardown_grace if not info.get("terminated") else 1.0)
             got = sp.recs
-            recs[s] = [r for r in got if r.get("type") != "reply"] + sp.cells  # type: ignore[attr-defined]
+            recs[s] = [r for r in got if r.get("type") != "reply"] + sp.cells
             if killed:
                 recs[s].append({"type": "error", "stage": "driver", "error": killed})
             if rc not in (0, None) and not any(r.get("type") == "error" for r in recs[s]):
@@ -905,9 +906,6 @@ def run_shape(args, shape: str, budget: float, work: pathlib.Path, run_id: str, 
 
 
 def measure_interleaved(args, shape: str, procs: dict[str, SideProc], live: list[str], end_shape: float) -> None:
-    for sp in procs.values():
-        sp.cells = []  # type: ignore[attr-defined]
-
     def left() -> float:
         return end_shape - time.monotonic()
 
@@ -921,7 +919,7 @@ def measure_interleaved(args, shape: str, procs: dict[str, SideProc], live: list
         rec["times"] = [round(t, 6) for t in times]
         if rec.get("checksum") is not None and rec.get("source_checksum") is not None:
             rec["checksum_ok"] = rec["checksum"] == rec["source_checksum"]
-        procs[s].cells.append({"type": "cell", "shape": shape, "side": s, "path": p, "size": _label(n),  # type: ignore[attr-defined]
+        procs[s].cells.append({"type": "cell", "shape": shape, "side": s, "path": p, "size": _label(n),
                                "size_bytes": n, **rec})
 
     workers = {s: next(r for r in procs[s].recs if r.get("type") == "start")["workers"] for s in live}
@@ -1007,7 +1005,7 @@ def measure_interleaved(args, shape: str, procs: dict[str, SideProc], live: list
                     dead[s][p] = f"the {label} cell of this path timed out"
                 cell(s, p, n, **got[s], source_checksum=src_sum[s], rounds=rounds, cell_s=round(t_cell[s], 2),
                      interleaved_with=[o for o in sides if o != s] or None, **({"error": err} if err else {}))
-        for s in live:
+        for s in list(live):
             try:
                 procs[s].call("drop", 30, n=n)
             except SideGone:

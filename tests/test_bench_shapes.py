@@ -97,3 +97,22 @@ def test_pooled_runs_take_the_median_of_every_repetition_and_keep_each_run():
     # a checksum that differs between the runs is a mismatch, whatever each run said
     odd = shapes_pool.pool([({}, [_row("local", [1.0], [1.0])]), ({}, [_row("local", [1.0], [1.0], "t", "t")])])
     assert odd[0]["result_match"] is False
+
+
+@pytest.mark.process
+def test_a_side_that_cannot_start_is_recorded_and_the_other_side_is_measured(tmp_path):
+    # a lever gpudask refuses: its scheduler stops with one line, the stock side goes on alone
+    out = subprocess.run([sys.executable, str(BENCH / "shapes.py"), "--out", str(tmp_path), "--cpu",
+                          "--shapes", "two-commands-1w", "--sizes", "64KiB", "--reps-client", "2", "--reps-pull", "2",
+                          "--max-seconds", "80", "--gpudask-env", "DASK_GPUDASK__RMM__POOL_SIZE=lots"],
+                         env=base_env(), capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads((tmp_path / "shapes.json").read_text())
+    meta, rows = data[0]["meta"], data[1:]
+    (error,) = meta["sides"]["two-commands-1w/gpudask"]["errors"]
+    assert error["stage"] == "start" and "gpudask.rmm.pool-size = 'lots'" in error["error"], error
+    assert meta["sides"]["two-commands-1w/dask-cuda"]["errors"] is None
+    assert [r["path"] for r in rows] == PATHS
+    for r in rows:
+        assert r["gpudask_s"] is None and r["dask-cuda_s"] > 0 and r["ratio"] is None, r
+        assert r["notes"].startswith("gpudask: not measured: RuntimeError: scheduler did not start"), r
