@@ -77,7 +77,7 @@ def _row(shape, g_times, d_times, g_sum="s", d_sum="s"):
             "dask-cuda": {"times": d_times, "reps": len(d_times), "checksum": d_sum, "checksum_ok": True}}
 
 
-def test_pooled_runs_take_the_median_of_every_repetition_and_keep_each_run():
+def test_pooled_runs_count_each_run_once_with_its_sides_paired_and_keep_each_run():
     sys.path.insert(0, str(BENCH))
     try:
         import shapes_pool
