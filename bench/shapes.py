@@ -224,6 +224,12 @@ def env_view(dask_worker=None, dask_scheduler=None) -> dict:
     return out
 
 
+def transfer_timeout(args, n: int | None = None) -> float:
+    """One transfer at most: --op-timeout, less for small sizes (5 s + 20 s per GiB: a 1 MiB transfer
+    that takes seconds is broken, and a relay that hangs must not eat the shape's budget)."""
+    return args.op_timeout if n is None else min(args.op_timeout, 5.0 + 20.0 * n / 2**30)
+
+
 # -- one side of one shape, in its own process (--_side) ----------------------------------------------------
 class Side:
     def __init__(self, args, shape: str, side: str, out_file: str, budget: float):
@@ -249,10 +255,8 @@ class Side:
         return self.deadline - time.monotonic()
 
     def op_timeout(self, n: int | None = None) -> float:
-        """One transfer at most: --op-timeout, less for small sizes (5 s + 20 s per GiB: a 1 MiB transfer
-        that takes seconds is broken, and a relay that hangs must not eat the side's budget)."""
-        t = self.args.op_timeout if n is None else min(self.args.op_timeout, 5.0 + 20.0 * n / 2**30)
-        return max(3.0, min(t, self.left() + 5))
+        """:func:`transfer_timeout`, and never far past this side's own deadline."""
+        return max(3.0, min(transfer_timeout(self.args, n), self.left() + 5))
 
     # start ------------------------------------------------------------------------------------
     def start(self) -> int:
@@ -910,7 +914,7 @@ def measure_interleaved(args, shape: str, procs: dict[str, SideProc], live: list
         return end_shape - time.monotonic()
 
     def op_timeout(n: int | None = None) -> float:
-        return args.op_timeout if n is None else min(args.op_timeout, 5.0 + 20.0 * n / 2**30)
+        return transfer_timeout(args, n)
 
     def cell(s: str, p: str, n: int, **rec) -> None:
         times = rec.get("times") or []
