@@ -26,6 +26,7 @@ others, and says so in ``notes``.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -35,7 +36,9 @@ SIDES = ("gpudask", "dask-cuda")
 
 
 def load(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    data = json.load(open(path))
+    # the raw runs kept in docs/device-runs/ are gzipped (a device call carries the tree, 64 MiB at most)
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        data = json.load(f)
     if not (isinstance(data, list) and data and isinstance(data[0], dict) and "meta" in data[0]):
         raise ValueError(f"{path}: not a bench/shapes.py record (a list whose first element is {{'meta': ...}})")
     return data[0]["meta"], data[1:]
