@@ -7,7 +7,8 @@
 # Then:         run(command="bash bench/device-shape-levers.sh", carry=[".whl"], timeout_s=600)
 # LEVERS:       one run per line: NAME|SHAPES|OUTER ENV (KEY=VALUE ..., for both sides)|MORE bench/shapes.py ARGS
 #               (e.g. --gpudask-env DASK_GPUDASK__RMM__POOL_SIZE=false: the gpudask side only).  Default: below.
-# SIZES:        default 1MiB.  TOTAL_S: the whole call (default 540).
+# SIZES:        default 1MiB.  TOTAL_S: the whole call (default 540).  SHAPE_S: seconds given to each shape of a
+#               run (default 35: enough at 1 MiB; more for larger sizes).
 # Back in $OUT: levers.jsonl (every row of every run, with "lever" and "run"), summary.txt (one line per cell and
 #               run: the two medians and their ratio), console.txt, logs-<NAME>.tgz for runs named proto-* (worker
 #               logs, e.g. with UCX_PROTO_INFO=y).
@@ -18,6 +19,7 @@ WORK=/tmp/shape-levers-work
 mkdir -p "$OUT" "$WORK"
 TOTAL_S=${TOTAL_S:-540}
 SIZES=${SIZES:-1MiB}
+SHAPE_S=${SHAPE_S:-35}
 POOL_OFF="--gpudask-env DASK_GPUDASK__RMM__POOL_SIZE=false"
 CUPY_OWN="--gpudask-env DASK_GPUDASK__RMM__LIBRARIES=[]"
 LEVERS=${LEVERS:-"base-1|ucx-tls-all||
@@ -42,10 +44,12 @@ i=0
 while IFS='|' read -r name shapes outer extra; do
   [ -z "$name" ] && continue
   i=$((i + 1))
-  left=$(( TOTAL_S - ($(date +%s) - t0) - 20 ))
-  # what is left, shared by the runs still to go
-  b=$(( left / (n_runs - i + 1) )); [ "$b" -gt 150 ] && b=150
-  if [ "$b" -lt 25 ]; then echo "== $name: skipped, $left s left"; continue; fi
+  left=$(( TOTAL_S - ($(date +%s) - t0) - 15 ))
+  # bench/shapes.py keeps 25 s of its budget for the last side's teardown; each shape then needs about
+  # SHAPE_S (two clusters ready in 10-14 s, four 1 MiB cells); a run that cannot have that is skipped
+  n_shapes=$(( $(tr -cd ',' <<< "$shapes" | wc -c) + 1 ))
+  b=$(( 25 + SHAPE_S * n_shapes ))
+  if [ "$left" -lt "$b" ]; then echo "== $name: skipped, $left s left (needs $b)"; continue; fi
   echo "== $name: $shapes ${outer:+[$outer]} $extra (budget $b s)"
   rm -rf "$WORK/$name"; mkdir -p "$WORK/$name"
   # shellcheck disable=SC2086  # outer and extra are lists of words
