@@ -64,6 +64,8 @@ except (OSError, ValueError) as e:
     print(f"   {name}: no rows ({type(e).__name__})"); sys.exit(0)
 with open(jsonl, "a") as j, open(summary, "a") as s:
     for r in rows:
+        if "meta" in r:  # the run's versions, machine and arguments, for bench/shapes_pool.py
+            j.write(json.dumps({"lever": name, "run": int(run), **r}) + "\n")
         if "shape" not in r:
             continue
         j.write(json.dumps({"lever": name, "run": int(run), **r}) + "\n")

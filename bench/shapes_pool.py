@@ -16,6 +16,7 @@ runs (1.17, 1.35 and 0.98 gave 1.32).  Each run's own figures stay in the row
 (``runs``), so nothing is hidden.
 
 Usage: python bench/shapes_pool.py OUT.json RUN1.json RUN2.json [...] [--markdown]
+       (a run may also be one lever's run of bench/device-shape-levers.sh: levers.jsonl#NAME)
 Output: a list whose first element is ``{"meta": {"what": ..., "runs": [each run's meta]}}`` and
 then one row per (shape, path, size) with ``gpudask_s`` and ``dask-cuda_s`` (the geometric means of
 the runs' medians, over the runs that measured both sides), ``ratio``, ``result_match`` (every run's checksums equal, on both sides), ``reps`` and
@@ -35,7 +36,30 @@ from typing import Any
 SIDES = ("gpudask", "dask-cuda")
 
 
+def load_lever_run(path: str, lever: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One run of bench/device-shape-levers.sh (``levers.jsonl#NAME``): its rows, and its meta when the
+    file holds it (earlier files did not: then the meta names the file and the run)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    meta: dict[str, Any] = {"lever": lever, "source": path}
+    rows = []
+    with opener(path, "rt") as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("lever") != lever:
+                continue
+            if "meta" in r:
+                meta = {"lever": lever, "source": path, **r["meta"]}
+            elif "shape" in r:
+                rows.append({k: v for k, v in r.items() if k not in ("lever", "run")})
+    if not rows:
+        raise ValueError(f"{path}: no rows of lever {lever!r}")
+    return meta, rows
+
+
 def load(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    if "#" in path:
+        file, _, lever = path.rpartition("#")
+        return load_lever_run(file, lever)
     # the raw runs kept in docs/device-runs/ are gzipped (a device call carries the tree, 64 MiB at most)
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         data = json.load(f)

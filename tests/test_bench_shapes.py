@@ -99,6 +99,29 @@ def test_pooled_runs_count_each_run_once_with_its_sides_paired_and_keep_each_run
     assert odd[0]["result_match"] is False
 
 
+def test_one_lever_run_of_a_levers_file_is_pooled_as_a_run_with_its_meta(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import shapes_pool
+    finally:
+        sys.path.remove(str(BENCH))
+    lines = [{"lever": "base-1", "run": 1, "meta": {"versions": {"gpudask": "x"}}},
+             {"lever": "base-1", "run": 1, **_row("local", [1.0], [2.0])},
+             {"lever": "pool-off-1", "run": 2, **_row("local", [9.0], [1.0])},
+             {"lever": "base-2", "run": 3, **_row("local", [4.0], [2.0])}]
+    levers = tmp_path / "levers.jsonl"
+    levers.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    meta, rows = shapes_pool.load(f"{levers}#base-1")
+    assert meta == {"lever": "base-1", "source": str(levers), "versions": {"gpudask": "x"}}
+    assert rows == [_row("local", [1.0], [2.0])]
+    # a file without the meta line (written before it was kept) still names where the run came from
+    assert shapes_pool.load(f"{levers}#base-2")[0] == {"lever": "base-2", "source": str(levers)}
+    pooled = shapes_pool.pool([shapes_pool.load(f"{levers}#{name}") for name in ("base-1", "base-2")])
+    assert [r["ratio"] for r in pooled[0]["runs"]] == [0.5, 2.0] and pooled[0]["ratio"] == 1.0
+    with pytest.raises(ValueError, match="no rows of lever 'base-9'"):
+        shapes_pool.load(f"{levers}#base-9")
+
+
 @pytest.mark.process
 def test_a_side_that_cannot_start_is_recorded_and_the_other_side_is_measured(tmp_path):
     # a lever gpudask refuses: its scheduler stops with one line, the stock side goes on alone
