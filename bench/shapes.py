@@ -245,6 +245,7 @@ class Side:
         self.local = None
         self.client = None
         self.commands: list[str] = []
+        self.samplers: dict = {}
 
     def emit(self, rec: dict) -> None:
         rec = {"shape": self.shape, "side": self.side, **rec}
@@ -452,7 +453,12 @@ class Side:
                 elif op == "drop":
                     sources.pop(n, None)
                 elif op == "reps":
-                    rec.update(self.path(cmd["path"], n, sources[n], int(cmd["warm"]), int(cmd["reps"])))
+                    sampler = self.sampler(cmd["path"], n) if int(cmd["reps"]) > 0 else None
+                    if sampler is None:
+                        rec.update(self.path(cmd["path"], n, sources[n], int(cmd["warm"]), int(cmd["reps"])))
+                    else:
+                        with sampler:
+                            rec.update(self.path(cmd["path"], n, sources[n], int(cmd["warm"]), int(cmd["reps"])))
                 else:
                     rec["error"] = f"unknown op {op!r}"
             except Exception as e:  # noqa: BLE001 - the cell's record
@@ -506,7 +512,30 @@ class Side:
             out["checksum"] = checksum(last)
         return out
 
+    def sampler(self, p: str, n: int):
+        """--sample PATH: the stack sampler of this cell (bench/stack_sampler.py), around its timed
+        repetitions only; None for the other paths."""
+        if p not in self.args.sample:
+            return None
+        key = f"{p}/{_label(n)}"
+        if key not in self.samplers:
+            sys.path.insert(0, str(pathlib.Path(__file__).parent))
+            from stack_sampler import StackSampler
+
+            self.samplers[key] = StackSampler()
+        return self.samplers[key]
+
+    def write_samples(self) -> None:
+        if self.samplers:
+            with open(self.out_file + ".samples.json", "w") as f:
+                json.dump({"shape": self.shape, "side": self.side,
+                           "cells": {k: v.result() for k, v in self.samplers.items()}}, f, indent=1)
+
     def close(self) -> None:
+        try:
+            self.write_samples()
+        except Exception as e:  # noqa: BLE001 - a profile is never worth the side's record
+            self.emit({"type": "note", "note": f"samples not written: {_err(e)}"})
         try:
             if self.client is not None:
                 self.client.close(timeout=10)
@@ -1044,6 +1073,8 @@ def passthrough(args) -> list[str]:
     out += [f"--dask-cuda-worker-args={args.dask_cuda_worker_args}"]
     for key, value in args.gpudask_env:
         out += ["--gpudask-env", f"{key}={value}"]
+    for path in args.sample:
+        out += ["--sample", path]
     if args.cpu:
         out.append("--cpu")
     return out
@@ -1073,6 +1104,9 @@ def main() -> int:
     p.add_argument("--gpudask-client", choices=("initialize", "plain"), default="initialize",
                    help="the gpudask sides' client: gpudask.initialize(protocol='ucx') first (docs/usage.md) or not")
     p.add_argument("--dask-cuda-worker-args", default="", help="added to every `dask cuda worker`")
+    p.add_argument("--sample", action="append", default=[], choices=PATHS, metavar="PATH",
+                   help="sample the Python stacks of every thread of each side's client process during this path's "
+                        "timed repetitions (bench/stack_sampler.py) into WORK/<shape>-<side>.jsonl.samples.json")
     p.add_argument("--gpudask-env", action="append", default=[], metavar="KEY=VALUE",
                    help="a lever: this variable in every process of the gpudask sides (client, scheduler, workers), "
                         "e.g. DASK_GPUDASK__RMM__POOL_SIZE=false; repeatable; recorded in meta")
