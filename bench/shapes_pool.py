@@ -140,12 +140,16 @@ def main() -> int:
     p.add_argument("runs", nargs="+")
     p.add_argument("--what", default="the shape matrix, pooled over runs of bench/shapes.py")
     p.add_argument("--markdown", action="store_true", help="also print the table")
+    p.add_argument("--skip-shape", action="append", default=[], metavar="PREFIX",
+                   help="leave out the rows of shapes whose name starts so (e.g. control-: the controls measured "
+                        "in the same runs, recorded apart)")
     args = p.parse_args()
     try:
         runs = [load(path) for path in args.runs]
     except (OSError, ValueError, json.JSONDecodeError) as e:
         print(f"shapes_pool: {e}", file=sys.stderr)
         return 2
+    runs = [(meta, [r for r in rows if not r["shape"].startswith(tuple(args.skip_shape))]) for meta, rows in runs]
     rows = pool(runs)
     meta = {"what": args.what, "pooled": "each side's figure: the geometric mean of its medians in the runs that "
                                          "measured both sides (the ratio: the geometric mean of the runs' ratios); "
