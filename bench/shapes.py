@@ -31,6 +31,8 @@ one ``row`` per cell once both sides ran), ``shapes.json`` rewritten after each 
 whose first element is ``{"meta": {...}}`` (machine, versions, date, arguments, each side's
 start, commands, errors) and then one row per (shape, path, size) with ``gpudask_s`` and
 ``dask-cuda_s`` (medians), ``ratio``, ``result_match``, the workers' environments, notes.
+With ``--sample PATH``: ``WORK/<shape>-<side>.jsonl.samples.json``, where each side's client process
+spent that path's timed repetitions, thread by thread (bench/stack_sampler.py).
 
 Usage: python bench/shapes.py --out DIR [--shapes a,b] [--sizes 1MiB,64MiB,1GiB] [--max-seconds 500]
        python bench/shapes.py --out DIR --cpu --sizes 1MiB,8MiB      (CPU dry run: stock distributed as reference)
@@ -788,6 +790,7 @@ class SideProc:
         self.shape, self.side, self.key = shape, side, f"{shape}/{side}"
         self.file = work / f"{shape}-{side}.jsonl"
         self.file.unlink(missing_ok=True)
+        pathlib.Path(f"{self.file}.samples.json").unlink(missing_ok=True)  # --sample's, of an earlier run
         self.console = work / f"{shape}-{side}.console"
         self.recs: list[dict] = []
         self.cells: list[dict] = []  # the driver's cell records for this side (measure_interleaved)

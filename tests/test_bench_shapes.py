@@ -26,7 +26,8 @@ def test_cpu_dry_run_of_one_shape_measures_and_checks_every_cell(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH / "shapes.py"), "--out", str(tmp_path), "--cpu",
                           "--shapes", "one-command-2w", "--sizes", "64KiB,1MiB", "--reps-client", "2",
                           "--reps-pull", "3", "--max-seconds", "80",
-                          "--gpudask-env", "DASK_GPUDASK__RMM__POOL_SIZE=false"],
+                          "--gpudask-env", "DASK_GPUDASK__RMM__POOL_SIZE=false", "--sample", "client-direct",
+                          "--work", str(tmp_path / "work")],
                          env=base_env(), capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads((tmp_path / "shapes.json").read_text())
@@ -62,6 +63,13 @@ def test_cpu_dry_run_of_one_shape_measures_and_checks_every_cell(tmp_path):
     lines = [json.loads(ln) for ln in (tmp_path / "shapes.jsonl").read_text().splitlines()]
     assert [ln["type"] for ln in lines].count("row") == len(rows)
     assert "one-command-2w" in out.stdout and "worker-pull" in out.stdout
+    # --sample: each side's client process sampled during that path's timed repetitions, and only that path's
+    for s in ("gpudask", "dask-cuda"):
+        samples = json.loads((tmp_path / "work" / f"one-command-2w-{s}.jsonl.samples.json").read_text())
+        assert samples["side"] == s and sorted(samples["cells"]) == ["client-direct/1MiB", "client-direct/64KiB"]
+        threads = samples["cells"]["client-direct/1MiB"]["threads"]
+        # the client's event loop runs in distributed's "IO loop" thread: its stacks were read
+        assert threads["IO loop"]["samples"] > 0 and threads["IO loop"]["inclusive"], threads.keys()
 
 
 def _run(rows: list[dict]) -> dict:
