@@ -101,6 +101,79 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(4, os.cpu_count() or 1))
 
 
+# A test marked ``ucx_client`` opens UCX in the test process itself (a Client or a server on a
+# ucx:// address).  UCX, once initialised, stays in that process for the rest of the run (its
+# context, progress thread and memory hooks): a pytest-xdist test process that had done so
+# segfaulted later in pure-Python code (psutil, in another test's teardown), and xdist then lost
+# the run.  So under xdist each such test runs in a fresh pytest process of its own, whose outcome
+# is reported as the test's: UCX ends with it, and a crash there is that test's failure alone.
+# (pytest-forked would fork instead; its 1.7.5 fails every test under pytest 9 with "EXITED with
+# status 3", and its earlier releases need the retired ``py`` library.)  Without xdist (the device
+# scripts run one process, -o addopts=) such tests run in place.
+IN_ISOLATED_CHILD = "PYTEST_GPUDASK_ISOLATED_CHILD"  # not GPUDASK_*: the child's autouse fixture clears those
+ISOLATE_UCX_CLIENTS = bool(os.environ.get("PYTEST_XDIST_WORKER")) and not os.environ.get(IN_ISOLATED_CHILD)
+ISOLATED_TIMEOUT_S = 280  # below pytest-timeout's 300 s in this process, so the child's own fires first
+
+
+def _ucx_initialised() -> bool:
+    """Has UCX been initialised in this process (distributed-ucxx's init_once ran)?"""
+    comm = sys.modules.get("distributed_ucxx.ucxx")
+    return comm is not None and getattr(comm, "ucxx", None) is not None
+
+
+def _isolated_reports(item: pytest.Item) -> list[pytest.TestReport]:
+    """Run ``item`` alone in a fresh pytest process; its outcome as this process's reports."""
+    import tempfile
+    import time
+    import xml.etree.ElementTree as ET
+
+    keywords = {k: 1 for k in item.keywords}
+
+    def report(when: str, outcome: str, longrepr: object = None, duration: float = 0.0) -> pytest.TestReport:
+        return pytest.TestReport(item.nodeid, item.location, keywords, outcome, longrepr, when,  # type: ignore[arg-type]
+                                 duration=duration)
+
+    env = {**os.environ, IN_ISOLATED_CHILD: "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = pathlib.Path(tmp) / "junit.xml"
+        argv = [sys.executable, "-m", "pytest", "-o", "addopts=", "-o", f"timeout={ISOLATED_TIMEOUT_S}", "-p",
+                "no:cacheprovider", "-q", f"--junitxml={junit}", item.nodeid]
+        start = time.monotonic()
+        try:
+            out = subprocess.run(argv, cwd=item.config.rootpath, env=env, capture_output=True, text=True,
+                                 timeout=ISOLATED_TIMEOUT_S + 15)
+            output, rc = out.stdout + out.stderr, out.returncode
+        except subprocess.TimeoutExpired as e:
+            output, rc = f"{e.stdout or ''}{e.stderr or ''}", None
+        took = time.monotonic() - start
+        cases = ET.parse(junit).getroot().iter("testcase") if junit.exists() else iter(())
+        case = next(cases, None)
+    where = f"run alone in a fresh pytest process (ucx_client, tests/conftest.py): exit status {rc}"
+    tail = "\n".join(output.splitlines()[-80:])
+    if case is None:
+        return [report("setup", "failed", f"{where}, no result\n{tail}", took)]
+    skipped = case.find("skipped")
+    failed = [e for e in case if e.tag in ("failure", "error")]
+    if failed or rc not in (0, None) and skipped is None:
+        return [report("setup", "passed"), report("call", "failed", f"{where}\n{tail}", took),
+                report("teardown", "passed")]
+    if skipped is not None:
+        path, line, _ = item.location
+        return [report("setup", "skipped", (str(path), (line or 0) + 1, skipped.get("message", "skipped")), took)]
+    return [report("setup", "passed"), report("call", "passed", None, took), report("teardown", "passed")]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not ISOLATE_UCX_CLIENTS or "ucx_client" not in item.keywords:
+        return None
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    for rep in _isolated_reports(item):
+        item.ihook.pytest_runtest_logreport(report=rep)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
 def pytest_collection_modifyitems(config, items):
     if real_gpu_count():
         return
@@ -108,6 +181,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_ucx_left_in_the_test_process(request):
+    """Under xdist, a test not marked ``ucx_client`` must not leave UCX initialised in the test
+    process (why: ISOLATE_UCX_CLIENTS above)."""
+    before = _ucx_initialised()
+    yield
+    if ISOLATE_UCX_CLIENTS and not before and _ucx_initialised():
+        pytest.fail("this test initialised UCX in the pytest process (a Client or server on ucx://): "
+                    "mark it @pytest.mark.ucx_client, so that it runs in a fresh pytest process of its own",
+                    pytrace=False)
 
 
 @pytest.fixture(autouse=True)

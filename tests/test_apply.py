@@ -304,6 +304,7 @@ def test_a_scheduler_listening_on_several_protocols_starts_with_gpudask(tmp_path
 
 
 @pytest.mark.process
+@pytest.mark.ucx_client
 def test_a_worker_started_before_the_scheduler_file_exists_plans_for_the_schedulers_protocol(cluster):
     """The usual job script starts `dask scheduler --scheduler-file F` and `dask worker
     --scheduler-file F` together: distributed waits for F and takes the scheduler's protocol,

@@ -383,6 +383,7 @@ def test_tcp_gpu_less_scheduler_warns_in_log_events_scheduler_info_and_check(clu
 
 
 @pytest.mark.process
+@pytest.mark.ucx_client
 def test_ucx_gpu_less_scheduler_is_an_error_told_to_every_client(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("UCX_TLS", "tcp")
     env = dict(UCX_TLS="tcp", DASK_GPUDASK__SCHEDULER_CHECK__ACTION="error")
@@ -420,6 +421,7 @@ def test_ucx_gpu_less_scheduler_is_an_error_told_to_every_client(cluster, tmp_pa
 
 
 @pytest.mark.process
+@pytest.mark.ucx_client
 def test_gpu_processes_without_cuda_ipc_are_staged_through_host_memory_and_the_check_says_so(cluster, monkeypatch):
     """UCX_TLS without cuda_ipc on a GPU host: the check was ok while every transfer between the worker,
     the scheduler and a client on that host went through host memory (850x slower at 1 GiB).  (tcp only

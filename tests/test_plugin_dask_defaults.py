@@ -237,6 +237,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # run in the worker
 
 
 @pytest.mark.process
+@pytest.mark.ucx_client
 def test_the_planned_offload_threshold_takes_effect_in_worker_processes(cluster):
     """distributed reads distributed.comm.offload when it is imported -- before a worker's plan
     applies: the config alone never took effect (docs/benchmarks.md)."""

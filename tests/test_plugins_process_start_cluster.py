@@ -138,6 +138,7 @@ def test_preload_nanny_gives_each_worker_its_gpu(cluster):
         assert sorted(real.values()) == first
 
 
+@pytest.mark.ucx_client
 def test_workers_come_from_a_fork_server_with_ucx_over_infiniband(cluster):
     facts = host("hgx-4gpu-2ib.json")
     env = base_env(GPUDASK_FACTS=facts, UCX_TLS="tcp", GPUDASK_PLUGINS=PROCESS_PLUGINS)

@@ -86,6 +86,7 @@ def client_over_tcp(monkeypatch):
     monkeypatch.setenv("UCX_WARN_UNUSED_ENV_VARS", "n")
 
 
+@pytest.mark.ucx_client
 def test_ucx_processes_run_with_the_transports_their_plan_says(cluster, client_over_tcp):
     """Probed CPU host, no UCX_* exported: gpudask plans tcp (no GPU) and every process runs UCX that way."""
     env = ucx_env(DASK_GPUDASK__TRANSPORT__CONNECT_TIMEOUT="5s")
@@ -124,6 +125,7 @@ def test_ucx_processes_run_with_the_transports_their_plan_says(cluster, client_o
     assert 4 < seconds < 25
 
 
+@pytest.mark.ucx_client
 def test_ucx_tls_all_exported_starts_every_process_and_computes(cluster, client_over_tcp):
     """dask-cuda's automatic mode exports UCX_TLS=all: on a host without an InfiniBand port gpudask
     must not add rdmacm (UCX then had no component to listen with and the nanny died)."""
@@ -142,6 +144,7 @@ def test_ucx_tls_all_exported_starts_every_process_and_computes(cluster, client_
         assert view["flags"]["rdmacm"] in (False, None)
 
 
+@pytest.mark.ucx_client
 def test_ucx_auto_runs_ucx_with_its_own_choice(cluster, client_over_tcp):
     env = ucx_env(DASK_GPUDASK__TRANSPORT__MODE="ucx-auto")
     cluster.scheduler("--preload", "gpudask", protocol="ucx", env=env)
@@ -299,6 +302,7 @@ def test_two_workers_sharing_the_gpu_move_data_over_cuda_ipc(cluster, client_ove
 
 
 @pytest.mark.process
+@pytest.mark.ucx_client
 def test_ucx_processes_are_quiet_but_a_users_misspelt_variable_is_reported(cluster):
     """UCX warned in every process about UCX_MEMTYPE_CACHE (set by ucxx itself); a user's own
     misspelt UCX_* variable is still reported -- by gpudask, with UCX's own suggestion."""

@@ -33,7 +33,7 @@ def path_lines(stdout: str) -> dict[str, str]:
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("protocol", ["tcp", "ucx"])
+@pytest.mark.parametrize("protocol", ["tcp", pytest.param("ucx", marks=pytest.mark.ucx_client)])
 def test_probe_passes_every_path_and_the_page_shows_it(cluster, protocol):
     cluster.scheduler("--preload", "gpudask", "--dashboard-address", "127.0.0.1:0", protocol=protocol)
     cluster.worker("--preload", "gpudask", "--protocol", protocol, "--nworkers", "2", "--nthreads", "1")
