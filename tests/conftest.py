@@ -168,7 +168,18 @@ def pytest_runtest_protocol(item, nextitem):
     if not ISOLATE_UCX_CLIENTS or "ucx_client" not in item.keywords:
         return None
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    for rep in _isolated_reports(item):
+    reports = _isolated_reports(item)
+    # this process never set the item up, but the previous item's teardown kept the module (and
+    # session) fixtures this item would share: end those the next item does not, as pytest's own
+    # teardown would (else the next item's setup finds them and stops: "previous item was not torn
+    # down properly")
+    try:
+        item.session._setupstate.teardown_exact(nextitem)
+    except Exception as e:  # noqa: BLE001 - a fixture's teardown error is this item's teardown report
+        failed = pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed",
+                                   f"teardown of the fixtures before the next test: {e!r}", "teardown")
+        reports = [r for r in reports if r.when != "teardown"] + [failed]
+    for rep in reports:
         item.ihook.pytest_runtest_logreport(report=rep)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
