@@ -41,6 +41,7 @@ Usage: python bench/shapes.py --out DIR [--shapes a,b] [--sizes 1MiB,64MiB,1GiB]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -456,11 +457,8 @@ class Side:
                     sources.pop(n, None)
                 elif op == "reps":
                     sampler = self.sampler(cmd["path"], n) if int(cmd["reps"]) > 0 else None
-                    if sampler is None:
+                    with sampler or contextlib.nullcontext():
                         rec.update(self.path(cmd["path"], n, sources[n], int(cmd["warm"]), int(cmd["reps"])))
-                    else:
-                        with sampler:
-                            rec.update(self.path(cmd["path"], n, sources[n], int(cmd["warm"]), int(cmd["reps"])))
                 else:
                     rec["error"] = f"unknown op {op!r}"
             except Exception as e:  # noqa: BLE001 - the cell's record
@@ -521,7 +519,9 @@ class Side:
             return None
         key = f"{p}/{_label(n)}"
         if key not in self.samplers:
-            sys.path.insert(0, str(pathlib.Path(__file__).parent))
+            here = str(pathlib.Path(__file__).parent)
+            if here not in sys.path:
+                sys.path.insert(0, here)
             from stack_sampler import StackSampler
 
             self.samplers[key] = StackSampler()

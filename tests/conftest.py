@@ -154,7 +154,7 @@ def _isolated_reports(item: pytest.Item) -> list[pytest.TestReport]:
         return [report("setup", "failed", f"{where}, no result\n{tail}", took)]
     skipped = case.find("skipped")
     failed = [e for e in case if e.tag in ("failure", "error")]
-    if failed or rc not in (0, None) and skipped is None:
+    if failed or (rc not in (0, None) and skipped is None):  # a failure, or an exit status it does not explain
         return [report("setup", "passed"), report("call", "failed", f"{where}\n{tail}", took),
                 report("teardown", "passed")]
     if skipped is not None:
