@@ -36,13 +36,18 @@ from typing import Any
 SIDES = ("gpudask", "dask-cuda")
 
 
+def _open_text(path: str) -> Any:
+    """A run's file as text; the raw runs kept in docs/device-runs/ are gzipped (a device call carries
+    the tree, 64 MiB at most)."""
+    return gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+
+
 def load_lever_run(path: str, lever: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One run of bench/device-shape-levers.sh (``levers.jsonl#NAME``): its rows, and its meta when the
     file holds it (earlier files did not: then the meta names the file and the run)."""
-    opener = gzip.open if path.endswith(".gz") else open
     meta: dict[str, Any] = {"lever": lever, "source": path}
     rows = []
-    with opener(path, "rt") as f:
+    with _open_text(path) as f:
         for line in f:
             r = json.loads(line)
             if r.get("lever") != lever:
@@ -60,8 +65,7 @@ def load(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if "#" in path:
         file, _, lever = path.rpartition("#")
         return load_lever_run(file, lever)
-    # the raw runs kept in docs/device-runs/ are gzipped (a device call carries the tree, 64 MiB at most)
-    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+    with _open_text(path) as f:
         data = json.load(f)
     if not (isinstance(data, list) and data and isinstance(data[0], dict) and "meta" in data[0]):
         raise ValueError(f"{path}: not a bench/shapes.py record (a list whose first element is {{'meta': ...}})")

@@ -121,18 +121,19 @@ def _ucx_initialised() -> bool:
     return comm is not None and getattr(comm, "ucxx", None) is not None
 
 
+def _report(item: pytest.Item, when: str, outcome: str, longrepr: object = None,
+            duration: float = 0.0) -> pytest.TestReport:
+    return pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, outcome,  # type: ignore[arg-type]
+                             longrepr, when, duration=duration)
+
+
 def _isolated_reports(item: pytest.Item) -> list[pytest.TestReport]:
     """Run ``item`` alone in a fresh pytest process; its outcome as this process's reports."""
     import tempfile
     import time
     import xml.etree.ElementTree as ET
 
-    keywords = {k: 1 for k in item.keywords}
-
-    def report(when: str, outcome: str, longrepr: object = None, duration: float = 0.0) -> pytest.TestReport:
-        return pytest.TestReport(item.nodeid, item.location, keywords, outcome, longrepr, when,  # type: ignore[arg-type]
-                                 duration=duration)
-
+    report = functools.partial(_report, item)
     env = {**os.environ, IN_ISOLATED_CHILD: "1"}
     with tempfile.TemporaryDirectory() as tmp:
         junit = pathlib.Path(tmp) / "junit.xml"
@@ -176,8 +177,7 @@ def pytest_runtest_protocol(item, nextitem):
     try:
         item.session._setupstate.teardown_exact(nextitem)
     except Exception as e:  # noqa: BLE001 - a fixture's teardown error is this item's teardown report
-        failed = pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed",
-                                   f"teardown of the fixtures before the next test: {e!r}", "teardown")
+        failed = _report(item, "teardown", "failed", f"teardown of the fixtures before the next test: {e!r}")
         reports = [r for r in reports if r.when != "teardown"] + [failed]
     for rep in reports:
         item.ihook.pytest_runtest_logreport(report=rep)
