@@ -11,10 +11,11 @@ It calls the plugins one at a time in priority order, each through pluggy's hook
 for that plugin alone (``PluginManager.subset_hook_caller`` without every other plugin,
 cached per hook and plugin), so that a failure names the plugin, its distribution and the
 hook, reasons are attributed to the plugin that made them, and a hook that isolates
-failures lets the others run; and traces the calls (``enable_tracing``, through pluggy's
-``add_hookcall_monitoring``: one line per plugin and call).  Each call goes through
-:func:`gpudask.hookcall.call_isolated`, which bounds it and turns whatever it raises into a
-one-line PluginError.
+failures lets the others run; and traces the calls (``enable_tracing``: :mod:`gpudask.hooktrace`
+through pluggy's ``add_hookcall_monitoring``, one line per plugin and call).  Each call goes
+through :func:`gpudask.hookcall.call_isolated`, which bounds it and turns whatever it raises
+into a one-line PluginError; what it returns is checked by :mod:`gpudask.hookresults` before
+gpudask uses it.
 
 Only pluggy's public API is used.  What pluggy would order or wrap differently -- hook
 wrappers (``wrapper=True``, ``hookwrapper=True``) and ``tryfirst``/``trylast`` -- is refused
@@ -25,25 +26,21 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import logging
-import sys
-import threading
 import time
-import types
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
-from gpudask import hookspecs
+from gpudask import hookresults, hookspecs, hooktrace
 from gpudask.config import CORE_OPTIONS, Option, Settings
-from gpudask.errors import GpudaskError, PluginError
+from gpudask.errors import PluginError
 from gpudask.findings import Finding
 from gpudask.hookcall import PluginStopped, call_isolated
-from gpudask.plan.values import value_problem
 from gpudask.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
                                   ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
-                                  LoadedPlugin, declared, refused_option, renamed, select, unknown_hook)
+                                  LoadedPlugin, declared, pluggy_target, refused_option, renamed, select,
+                                  unknown_hook)
 
 if TYPE_CHECKING:
     from gpudask.facts.model import Facts
@@ -55,31 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["BUILTIN_DISTRIBUTION", "BUILTIN_PLUGINS", "DEFAULT_PRIORITY", "ENTRY_POINT_GROUP", "ESSENTIAL_PLUGINS",
            "HOOKS", "MAX_PRIORITY", "MIN_PRIORITY", "REFUSED_HOOKIMPL_OPTIONS", "LoadedPlugin", "PluginManager"]
 
-trace_logger = logging.getLogger("distributed.gpudask.trace")
-
 _M = TypeVar("_M", bound="PluginManager")
-
-
-def _hashable(obj: Any) -> bool:
-    try:
-        hash(obj)
-    except TypeError:
-        return False
-    return True
-
-
-def _hashable_copy(obj: Any, name: str) -> types.ModuleType:
-    """What pluggy holds for a plugin object that cannot be hashed (a ``SimpleNamespace``):
-    a module with its attributes, hooks included.  pluggy's subset hook callers keep the
-    plugins they leave out in a set, and pluggy reads hooks statically (no proxy)."""
-    copy = types.ModuleType(f"gpudask-plugin-{name}")
-    for attr in dir(obj):
-        if not attr.startswith("__"):
-            try:
-                setattr(copy, attr, getattr(obj, attr))
-            except Exception:  # noqa: BLE001 - an attribute that cannot be read is pluggy's to report
-                continue
-    return copy
 
 
 class _Pluggy(pluggy.PluginManager):
@@ -186,7 +159,7 @@ class PluginManager:
         stale = renamed(self._pm, obj)
         if stale is not None:
             raise PluginError(name, distribution, "registration", stale)
-        target = obj if _hashable(obj) else _hashable_copy(obj, name)
+        target = pluggy_target(obj, name)
         self._pm.direct = True
         try:
             self._pm.register(target, name=name)
@@ -223,7 +196,7 @@ class PluginManager:
         ``add_hookcall_monitoring`` (each call is one plugin's: :meth:`_caller`)."""
         if not self.trace:
             self.trace = True
-            self._pm.add_hookcall_monitoring(_trace_before, _trace_after)
+            self._pm.add_hookcall_monitoring(hooktrace.before, hooktrace.after)
 
     # -- calling ---------------------------------------------------------------
     def _impls(self, hook_name: str) -> dict[str, pluggy.HookImpl]:
@@ -301,16 +274,8 @@ class PluginManager:
     def config_options(self) -> list[Option]:
         options = list(CORE_OPTIONS)
         for plugin, result in self._call("gpudask_config_options"):
-            if result is not None and not isinstance(result, (list, tuple)):
-                raise PluginError(plugin.name, plugin.distribution, "gpudask_config_options",
-                                  f"returned a {type(result).__name__} ({result!r:.60}); expected a list of "
-                                  "gpudask.pluginapi.Option")
-            for opt in result or []:
-                if not isinstance(opt, Option) or not opt.key.startswith("gpudask."):
-                    raise PluginError(plugin.name, plugin.distribution, "gpudask_config_options",
-                                      f"options must be gpudask.pluginapi.Option with keys under 'gpudask.', "
-                                      f"got {opt!r}")
-                options.append(opt)
+            _refuse(plugin, "gpudask_config_options", hookresults.options_problem(result))
+            options += result or []
         return options
 
     def facts_sections(self) -> list[tuple[str, FactsSection]]:
@@ -329,14 +294,8 @@ class PluginManager:
         """The packages the plugins read: ``{key: distributions}``, the first plugin's wins."""
         out: dict[str, list[str]] = {}
         for plugin, result in self._call("gpudask_facts_packages"):
-            if result is None:
-                continue
-            if not isinstance(result, Mapping) or not all(
-                    isinstance(k, str) and k and isinstance(v, (list, tuple)) and v and all(isinstance(d, str) for d in v)
-                    for k, v in result.items()):
-                raise PluginError(plugin.name, plugin.distribution, "gpudask_facts_packages",
-                                  f"returned {result!r:.80}; expected {{key: [distribution, ...]}} of strings")
-            for key, dists in result.items():
+            _refuse(plugin, "gpudask_facts_packages", hookresults.facts_packages_problem(result))
+            for key, dists in (result or {}).items():
                 out.setdefault(key, list(dists))
         return out
 
@@ -346,11 +305,9 @@ class PluginManager:
         hook = "gpudask_ucx_offered"
         found: list[str] | None = None
         for plugin, result in self._call(hook, facts=facts):
+            _refuse(plugin, hook, hookresults.ucx_offered_problem(result))
             if result is None:
                 continue
-            if not isinstance(result, (list, tuple)) or not all(isinstance(t, str) for t in result):
-                raise PluginError(plugin.name, plugin.distribution, hook, f"returned {result!r:.80}; expected a "
-                                  "list of transport names (strings) or None")
             found = found if found is not None else []
             found += [t for t in result if t not in found]
         return found
@@ -378,7 +335,7 @@ class PluginManager:
         problems: list[str] = []
         seen: dict[str, str] = {}  # column -> the plugin that has it
         for plugin, result in self._call("gpudask_report_rows", plan, isolate=True, published=published):
-            problem = str(result) if isinstance(result, PluginError) else _report_rows_problem(result)
+            problem = str(result) if isinstance(result, PluginError) else hookresults.report_rows_problem(result)
             if problem is not None:
                 problems.append(f"plugin {plugin.name}'s report rows left out: {problem}")
                 continue
@@ -387,7 +344,7 @@ class PluginManager:
                 if first == plugin.name:
                     rows.append({"plugin": plugin.name, **row})
                 else:
-                    _warn_column_twice(row["column"], first, plugin.name)
+                    hookresults.warn_column_twice(row["column"], first, plugin.name)
         return rows, problems
 
     def context_init(self, ctx: PlanContext, plan: ProcessPlan) -> None:
@@ -399,13 +356,9 @@ class PluginManager:
         (:func:`gpudask.apply.process.setup_memory`)."""
         out = {}
         for plugin, result in self._call("gpudask_setup_memory", plan, ctx=ctx):
-            if result is None:
-                continue
-            problem = value_problem(result) if isinstance(result, Mapping) else f"a {type(result).__name__}"
-            if problem is not None:  # published by the worker: refused here, not on the wire
-                raise PluginError(plugin.name, plugin.distribution, "gpudask_setup_memory",
-                                  f"returned {problem}; expected None or a dict of JSON values")
-            out[plugin.name] = result
+            _refuse(plugin, "gpudask_setup_memory", hookresults.setup_memory_problem(result))
+            if result is not None:
+                out[plugin.name] = result
         return out
 
     def server_setup(self, ctx: PlanContext, plan: ProcessPlan, server: Any) -> None:
@@ -415,14 +368,9 @@ class PluginManager:
         """Each plugin's read-back of what it applied: ``{plugin: {key: {planned, actual}}}``."""
         out = {}
         for plugin, result in self._call("gpudask_applied_state", plan, ctx=ctx):
-            if not result:
-                continue
-            problem = _applied_state_problem(result)
-            if problem is not None:
-                raise PluginError(plugin.name, plugin.distribution, "gpudask_applied_state",
-                                  f"returned {problem}; expected None or a dict "
-                                  "{key: {'planned': value, 'actual': value}}")
-            out[plugin.name] = result
+            _refuse(plugin, "gpudask_applied_state", hookresults.applied_state_problem(result))
+            if result:
+                out[plugin.name] = result
         return out
 
     def scheduler_check(self, ctx: PlanContext | None, reference: ProcessSide | Mapping[str, Any],
@@ -448,100 +396,7 @@ class PluginManager:
         return findings
 
 
-def _applied_state_problem(result: Any) -> str | None:
-    """What is wrong with a ``gpudask_applied_state`` result, or None."""
-    if not isinstance(result, Mapping):
-        return f"a {type(result).__name__}"
-    for key, pair in result.items():
-        if not isinstance(key, str):
-            return f"a {type(key).__name__} key {key!r:.60}"
-        if not isinstance(pair, Mapping):
-            return f"{type(pair).__name__} for key {key!r:.60}"
-        if "planned" not in pair or "actual" not in pair:
-            return f"{sorted(map(str, pair))!r:.80} for key {key!r:.60}"
-    # NaN is allowed (the page shows it as text); an integer msgpack cannot carry is not
-    return value_problem(dict(result), finite=False)
-
-
-REPORT_ROW_KEYS: dict[str, type | tuple[type, ...]] = {"column": str, "summary": str, "note": (str, type(None)),
-                                                      "bytes": bool, "keys": (list, tuple)}
-
-
-_COLUMNS_WARNED: set[tuple[str, str, str]] = set()
-
-
-def _warn_column_twice(column: str, first: str, second: str) -> None:
-    """A report column two plugins name: the first keeps it, said once per process."""
-    if (column, first, second) in _COLUMNS_WARNED:
-        return
-    _COLUMNS_WARNED.add((column, first, second))
-    import warnings
-
-    warnings.warn(f"report column {column!r} of plugin {second!r} left out: plugin {first!r} (earlier in "
-                  "priority order) already has a column of that name; accepted: a column name of its own",
-                  UserWarning, stacklevel=3)
-
-
-def _report_rows_problem(result: Any) -> str | None:
-    """What is wrong with a ``gpudask_report_rows`` result, or None."""
-    if result is None:
-        return None
-    if not isinstance(result, (list, tuple)):
-        return f"returned a {type(result).__name__}; expected None or a list of rows"
-    for row in result:
-        if not isinstance(row, Mapping) or not isinstance(row.get("column"), str) or not isinstance(
-                row.get("summary", ""), str):
-            return f"a row {row!r:.80} is not a dict with a string 'column' and 'summary'"
-        for key, kinds in REPORT_ROW_KEYS.items():
-            if key in row and not isinstance(row[key], kinds):
-                return f"a row's {key!r} is a {type(row[key]).__name__}"
-    return None
-
-
-def _trace_line(hook: str, plugin: str, plan: Any, result: Any, seconds: float) -> str:
-    """One traced call: the hook, the plugin, the process it planned or applied for, its
-    result (short; a failure's line) and its duration."""
-    where = "" if plan is None else f" role={plan.role}" + ("" if plan.index is None else f" index={plan.index}")
-    if isinstance(result, PluginError):
-        shown = f"failed: {result}"
-    else:
-        shown = repr(result).replace("\n", " ")
-        shown = shown if len(shown) <= 100 else shown[:99] + "…"
-    return f"{hook} -> {plugin}{where}: {shown} ({seconds * 1e3:.1f} ms)"
-
-
-_TRACE_STARTS = threading.local()  # when each traced call began (calls nest: a stack per thread)
-
-
-def _trace_before(hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
-    """pluggy's ``add_hookcall_monitoring`` before: when the call began."""
-    _TRACE_STARTS.__dict__.setdefault("stack", []).append(time.perf_counter())
-
-
-def _trace_after(outcome: pluggy.Result[Any], hook_name: str, impls: Sequence[pluggy.HookImpl],
-                 kwargs: Mapping[str, Any]) -> None:
-    """pluggy's ``add_hookcall_monitoring`` after: one line per plugin called (one, here)."""
-    starts = _TRACE_STARTS.__dict__.setdefault("stack", [])
-    seconds = time.perf_counter() - (starts.pop() if starts else time.perf_counter())
-    plan = kwargs.get("plan")
-    tracked = plan if plan is not None and not isinstance(plan, Mapping) else None
-    error = outcome.exception
-    for impl in impls:
-        if error is not None:
-            cause: BaseException | str = str(error) if isinstance(error, GpudaskError) else error
-            result: Any = PluginError(impl.plugin_name, None, hook_name, cause)
-        else:
-            found = outcome.get_result()
-            result = found[0] if found else None
-        _trace_write(_trace_line(hook_name, impl.plugin_name, tracked, result, seconds))
-
-
-def _trace_write(message: str) -> None:
-    if not trace_logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("gpudask trace: %(message)s"))
-        trace_logger.addHandler(handler)
-        trace_logger.setLevel(logging.INFO)
-        trace_logger.propagate = False
-    for line in message.rstrip("\n").splitlines():
-        trace_logger.info(line)
+def _refuse(plugin: LoadedPlugin, hook: str, problem: str | None) -> None:
+    """A plugin's result that :mod:`gpudask.hookresults` found wrong: its one-line PluginError."""
+    if problem is not None:
+        raise PluginError(plugin.name, plugin.distribution, hook, problem)

@@ -12,7 +12,9 @@ their hooks; it registers them by these rules, which hold no state:
   the refusal of what gpudask would not run as written -- hook wrappers and
   ``tryfirst``/``trylast`` (:data:`REFUSED_HOOKIMPL_OPTIONS`), and hooks and parameters
   renamed since gpudask 0.1.0 (:data:`gpudask.hookspecs.RENAMED_HOOKS`,
-  :data:`gpudask.hookspecs.RENAMED_PARAMETERS`), which would otherwise never run.
+  :data:`gpudask.hookspecs.RENAMED_PARAMETERS`), which would otherwise never run;
+* what pluggy holds for it (:func:`pluggy_target`): the object, or a module copy of one that
+  cannot be hashed.
 
 pluggy does the registration and the spec validation (argument names checked against the
 spec), the blocking of disabled plugins (``set_blocked``), the loading of entry points
@@ -25,6 +27,7 @@ import difflib
 import importlib.metadata
 import inspect
 import os
+import types
 from dataclasses import dataclass, field
 from collections.abc import Iterable
 from typing import Any
@@ -197,6 +200,25 @@ def declared(obj: Any, name: str, distribution: str | None) -> tuple[int, tuple[
                           f"argument: what to use instead}} of strings, got {refused_args!r:.80}")
     return priority, tuple(reads), tuple(read_at_start)
 
+
+
+def pluggy_target(obj: Any, name: str) -> Any:
+    """What pluggy holds for a plugin: the object itself, or, when it cannot be hashed (a
+    ``SimpleNamespace``), a module with its attributes, hooks included.  pluggy's subset hook
+    callers keep the plugins they leave out in a set, and pluggy reads hooks statically (no proxy)."""
+    try:
+        hash(obj)
+        return obj
+    except TypeError:
+        pass
+    copy = types.ModuleType(f"gpudask-plugin-{name}")
+    for attr in dir(obj):
+        if not attr.startswith("__"):
+            try:
+                setattr(copy, attr, getattr(obj, attr))
+            except Exception:  # noqa: BLE001 - an attribute that cannot be read is pluggy's to report
+                continue
+    return copy
 
 def refused_option(pm: pluggy.PluginManager, obj: Any, name: str) -> str | None:
     """The first of plugin ``name``'s hookimpls (registered in ``pm`` as ``obj``) marked with an

@@ -29,6 +29,8 @@ STAGE_OF = {
     # the hook contract, the plugins' registration and the manager that calls them are
     # typed with the plan's types
     "plan": "plan", "hookspecs": "plan", "registration": "plan", "manager": "plan",
+    # the checks of what a hook returned and the trace of each call: the manager's
+    "hookresults": "plan", "hooktrace": "plan",
     # config, plugins, settings, the user's view and facts, once per process
     "bootstrap": "bootstrap",
     # another project's API (dask-cuda's arguments and options) as gpudask settings: reads the
