@@ -3,7 +3,8 @@
 Each function takes one plugin's result of one hook and returns what is wrong with it, in
 the words of the one-line :class:`~gpudask.errors.PluginError` the manager raises (or the
 problem line a report shows), or None when the result is what the hook's specification in
-:mod:`gpudask.hookspecs` asks for.  Nothing here calls a plugin.
+:mod:`gpudask.hookspecs` asks for; :func:`findings_of` turns a check's result into findings,
+whatever it holds.  Nothing here calls a plugin.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpudask.config import Option
+from gpudask.findings import Finding
 from gpudask.plan.values import value_problem
 
 
@@ -80,6 +82,21 @@ def _applied_state_shape(result: Any) -> str | None:
             return f"{sorted(map(str, pair))!r:.80} for key {key!r:.60}"
     # NaN is allowed (the page shows it as text); an integer msgpack cannot carry is not
     return value_problem(dict(result), finite=False)
+
+
+def findings_of(plugin: str, result: Any) -> list[Finding]:
+    """``gpudask_scheduler_check``: its findings (dicts of the published form read back), each
+    naming ``plugin`` unless it names another; anything else becomes a ``plugin-failed`` finding."""
+    out = []
+    for finding in result or []:
+        if isinstance(finding, dict) and Finding.is_finding_dict(finding):
+            finding = Finding.from_dict(finding)
+        if not isinstance(finding, Finding):
+            finding = Finding("warning", "plugin-failed", f"the check could not finish: plugin returned "
+                              f"{type(finding).__name__}, not a gpudask.pluginapi.Finding", plugin=plugin)
+        finding.plugin = finding.plugin or plugin
+        out.append(finding)
+    return out
 
 
 REPORT_ROW_KEYS: dict[str, type | tuple[type, ...]] = {"column": str, "summary": str, "note": (str, type(None)),

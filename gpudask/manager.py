@@ -384,15 +384,7 @@ class PluginManager:
                 findings.append(Finding("warning", "plugin-failed", f"the check could not finish: {result}",
                                         plugin=plugin.name))
                 continue
-            for finding in result or []:
-                if isinstance(finding, dict) and Finding.is_finding_dict(finding):
-                    finding = Finding.from_dict(finding)
-                if not isinstance(finding, Finding):
-                    finding = Finding("warning", "plugin-failed", f"the check could not finish: plugin returned "
-                                      f"{type(finding).__name__}, not a gpudask.pluginapi.Finding",
-                                      plugin=plugin.name)
-                finding.plugin = finding.plugin or plugin.name
-                findings.append(finding)
+            findings += hookresults.findings_of(plugin.name, result)
         return findings
 
 
