@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=/tmp/site/libucx/lib:${LD_LIBRARY_PATH:-} \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || { echo "install failed"; exit 1; }
+  && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e ./contrib/gpudask-bench || { echo "install failed"; exit 1; }
 export PATH=/tmp/site/bin:$PATH
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/console.txt"
 echo "== installed after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/console.txt"

@@ -86,8 +86,14 @@ PATHS = textwrap.dedent("""
             "from_array": lambda: float(da.from_array(x, chunks=x.size // 4).sum().compute(timeout=60)),
             "scatter_then_submit": lambda: client.submit(first, client.scatter(x, direct=True),
                                                          pure=False).result(timeout=60),
+            # without dask's tokenize of the array (a copy to the host and a hash): the transfers alone
+            "from_array_name_false": lambda: float(da.from_array(x, chunks=x.size // 4, name=False).sum().compute(
+                timeout=60)),
+            "scatter_hash_false_then_submit": lambda: client.submit(first, client.scatter(x, direct=True, hash=False),
+                                                                    pure=False).result(timeout=60),
         }
-        expected = {"submit": expected_first, "from_array": expected_sum, "scatter_then_submit": expected_first}
+        expected = {"submit": expected_first, "from_array": expected_sum, "scatter_then_submit": expected_first,
+                    "from_array_name_false": expected_sum, "scatter_hash_false_then_submit": expected_first}
         for name, call in paths.items():
             times, answers, error = [], set(), None
             for i in range(reps + 1):  # the first one warms up
@@ -120,7 +126,37 @@ def scheduler_gpu_mib(pid: int) -> float:
     return 0.0
 
 
+def record_of(records: pathlib.Path, workloads: pathlib.Path, machine: str) -> list[dict]:
+    """Issue 39's record: the seed and workload lines per shape, the paths per side, the memory."""
+    out: list[dict] = [{"machine": machine, "what": __doc__.split("\n\n")[0].strip()}]
+    for line in records.read_text().splitlines():
+        r = json.loads(line)
+        if "workload" in r:
+            out.append({k: r.get(k) for k in ("shape", "scheduler_gpu", "client", "workload", "ok", "answer",
+                                              "seconds")})
+        elif "path" in r:
+            out.append({k: r.get(k) for k in ("path", "side", "shape", "scheduler_gpu", "client", "median_ms",
+                                              "runs_ms", "answers_ok", "error")})
+        elif "scheduler_gpu_memory_mib" in r:
+            out.append({k: r.get(k) for k in ("shape", "scheduler_gpu", "scheduler_gpu_memory_mib")})
+    suites = {"processes-ucx-cupy-gpu-less-scheduler-gpudask-client": ("gpudask-gpu-less", False, "gpudask"),
+              "processes-ucx-cupy-gpu-less-scheduler": ("gpudask-gpu-less", False, "plain"),
+              "processes-ucx-cupy": ("gpudask-gpu", True, "plain"), "dask-cuda-ucx-cupy": ("dask-cuda", True, "plain")}
+    for line in workloads.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("suite") not in suites or "workflow" not in r or r["workflow"].endswith("-end"):
+            continue
+        shape, gpu, client = suites[r["suite"]]
+        out.append({"shape": shape, "scheduler_gpu": gpu, "client": client, "workload": r["workflow"],
+                    "ok": r["status"] == "ok", "status": r["status"], "answer": r.get("value", r.get("error")),
+                    "seconds": r.get("seconds")})
+    return out
+
+
 def main() -> int:
+    if sys.argv[1] == "--record":  # --record RECORDS.jsonl WORKLOADS.jsonl MACHINE > the docs record
+        print(json.dumps(record_of(pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3]), sys.argv[4]), indent=1))
+        return 0
     out = pathlib.Path(sys.argv[1])
     reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 5
     mib = int(sys.argv[sys.argv.index("--mib") + 1]) if "--mib" in sys.argv else 256
