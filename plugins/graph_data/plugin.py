@@ -122,7 +122,8 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     _DEFERRED[0] = deferred_modules(ctx)
     seams.wrap_pickle_family(lambda original: deferral.deferring_pickle_loads(original, lambda: _DEFERRED[0]))
     seams.wrap_stream_handler(server, "update-graph", _reading_graph)
-    server.set_metadata(keys=METADATA_KEYS, value={"direct": not ctx.gpus})  # type: ignore[union-attr]
+    scheduler: Any = server  # the role says so; distributed is not annotated
+    scheduler.set_metadata(keys=METADATA_KEYS, value={"direct": not ctx.gpus})
 
 
 # -- the client -----------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def wrap_graph_submission(rewrite: Rewrite) -> bool:
     """Have every client of this process pass its graphs through ``rewrite`` before sending."""
     from distributed import Client
 
-    original = Client._graph_to_futures
+    original: Any = Client._graph_to_futures  # distributed is not annotated
     if getattr(original, WRAPPED, False):
         return False
 
@@ -52,7 +52,7 @@ def wrap_graph_submission(rewrite: Rewrite) -> bool:
             del keep  # after the graph is queued: the scheduler sees it before any release
 
     setattr(_graph_to_futures, WRAPPED, True)
-    Client._graph_to_futures = _graph_to_futures  # type: ignore[method-assign]
+    setattr(Client, "_graph_to_futures", _graph_to_futures)  # noqa: B010 - distributed's private method, wrapped
     return True
 
 
@@ -60,7 +60,8 @@ def wrap_direct_default(decide: DirectDefault) -> bool:
     """``gather``/``scatter`` with ``direct=None`` (and no ``direct_to_workers``): ask ``decide``."""
     from distributed import Client
 
-    gather, scatter = Client._gather, Client._scatter
+    gather: Any = Client._gather  # distributed is not annotated
+    scatter: Any = Client._scatter
     if getattr(gather, WRAPPED, False):
         return False
 
@@ -72,15 +73,16 @@ def wrap_direct_default(decide: DirectDefault) -> bool:
         return await gather(self, futures, errors=errors, direct=direct, local_worker=local_worker)
 
     @functools.wraps(scatter)
-    async def _scatter(self: Any, data: Any, *args: Any, direct: Any = None, **kwargs: Any) -> Any:
+    async def _scatter(self: Any, data: Any, workers: Any = None, broadcast: bool = False, direct: Any = None,
+                       **kwargs: Any) -> Any:
         if direct is None and self.direct_to_workers is None:
             direct = await decide(self) or None
-        return await scatter(self, data, *args, direct=direct, **kwargs)
+        return await scatter(self, data, workers=workers, broadcast=broadcast, direct=direct, **kwargs)
 
     setattr(_gather, WRAPPED, True)
     setattr(_scatter, WRAPPED, True)
-    Client._gather = _gather  # type: ignore[method-assign]
-    Client._scatter = _scatter  # type: ignore[method-assign]
+    setattr(Client, "_gather", _gather)  # noqa: B010 - distributed's private methods, wrapped
+    setattr(Client, "_scatter", _scatter)  # noqa: B010
     return True
 
 
@@ -97,7 +99,8 @@ def wrap_pickle_family(make_loads: Callable[[Callable[..., Any]], Callable[..., 
     dumps, loads, _ = families["pickle"]
     if getattr(loads, "gpudask_deferring", False):
         return False
-    register_serialization_family("pickle", dumps, make_loads(loads))
+    register: Any = register_serialization_family  # distributed is not annotated
+    register("pickle", dumps, make_loads(loads))
     return True
 
 
