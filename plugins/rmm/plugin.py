@@ -24,8 +24,9 @@ from . import report as rmm_report
 from . import setup as rmm_setup
 from .options import (UCXX_POOL_KEYS, RmmSettings, explicit, options, parse_pool_size, read_settings,
                       shown)
+from .options import DEFAULT_FRACTION, SHARED_MAXIMUM_FRACTION
 from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib, reset_ucxx_keys, resolve,
-                     default_initial, target_of)
+                     default_initial, share_maximum, target_of)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -228,7 +229,7 @@ def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
     if kind is None:
         plan.note("memory: none", "; ".join(reasons))
         return
-    initial, maximum, threshold = _sizes(ctx, plan, s, target, who, kind, want_pool, by_default, reasons)
+    initial, maximum, threshold, share = _sizes(ctx, plan, s, target, who, kind, want_pool, by_default, reasons)
     _refuse_what_fails_at_run_time(ctx, s, target, who, kind, managed, fast)
     if not ctx.facts.packages.get("rmm"):
         what = f"an RMM {kind} allocator on {target.label} of {who}"
@@ -256,7 +257,10 @@ def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
                "gpu_memory": target.memory,
                # a default initial size shrinks to fit what is free when the worker starts (fit.py);
                # a size the user set is refused in one line if it does not fit
-               "fit_to_free": initial is not None and s.pool_size is None}
+               "fit_to_free": initial is not None and s.pool_size is None,
+               # a default pool's share of the GPU, counted again when the worker starts (setup.py):
+               # a gpudask command started after this one adds its workers to the count
+               "share": share, "release_wait": s.release_wait}
     _set_memory(plan, kind, initial, maximum, target.uuid, details, "; ".join(reasons))
 
 
@@ -304,9 +308,11 @@ def _allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | Non
 
 
 def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, who: str, kind: str, want_pool: bool, by_default: bool,
-           reasons: list[str]) -> tuple[int | None, int | None, int | None]:
-    """(initial, maximum, release threshold) in bytes for this worker's GPU; adds the reasons."""
+           reasons: list[str]) -> tuple[int | None, int | None, int | None, dict[str, Any] | None]:
+    """(initial, maximum, release threshold) in bytes for this worker's GPU, and how a default
+    pool's share was planned (None: not a default pool); adds the reasons."""
     initial = maximum = threshold = None
+    shared = 0  # workers a default pool is planned for (0: not a default pool)
     if want_pool:
         if s.pool_size is not None and s.pool_size is not False:
             initial = resolve(s.pool_size, target)
@@ -314,7 +320,7 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
             reasons.append(f"{shown(ctx, 'gpudask.rmm.pool-size')} = {describe_size(s.pool_size, initial)} "
                            f"on {target.label}")
         elif kind == "pool" or by_default:
-            initial = default_initial(ctx, plan, target, reasons)
+            initial, shared = default_initial(ctx, plan, target, reasons, s.workers_per_gpu)
     if s.maximum is not None:
         maximum = resolve(s.maximum, target)
         check_fits(ctx, "gpudask.rmm.maximum-pool-size", maximum, target, who, shared=False)
@@ -334,6 +340,12 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
             reasons.append(f"maximum = initial size: PyTorch {torch} is installed and does not allocate through RMM "
                            f"(gpudask.rmm.libraries, the torch-rmm plugin), so a growing pool could starve it; set "
                            f"gpudask.rmm.maximum-pool-size, or add torch to gpudask.rmm.libraries")
+        elif shared > 1 and initial is not None:
+            maximum = max(initial, share_maximum(target.memory, shared) or 0)
+            reasons.append(f"maximum {maximum} bytes ({gib(maximum)}): {SHARED_MAXIMUM_FRACTION:g} of the GPU split "
+                           f"between its {shared} workers -- a task that runs this pool out of memory gets a "
+                           "MemoryError instead of taking the memory its neighbours' pools are planned on "
+                           "(gpudask.rmm.maximum-pool-size sets it)")
         else:
             reasons.append("no maximum: the pool grows on demand and never shrinks "
                            "(gpudask.rmm.maximum-pool-size caps it)")
@@ -342,7 +354,16 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
         if threshold > target.memory:
             check_fits(ctx, "gpudask.rmm.release-threshold", threshold, target, who, shared=False)
         reasons.append(f"{shown(ctx, 'gpudask.rmm.release-threshold')} = {threshold} bytes")
-    return initial, maximum, threshold
+    share = None
+    if shared:
+        share = {"workers": shared, "fraction": DEFAULT_FRACTION, "command_workers": target.shared_by,
+                 "other_workers": {str(pid): n for pid, n in sorted((target.others or {}).items())},
+                 "declared": s.workers_per_gpu,
+                 # how the maximum follows a share counted again at start: set by you (kept), equal to
+                 # the initial size (PyTorch beside the pool), or the share of SHARED_MAXIMUM_FRACTION
+                 "maximum": "set" if s.maximum is not None else (
+                     "initial" if maximum is not None and maximum == initial else "share")}
+    return initial, maximum, threshold, share
 
 
 def _refuse_what_fails_at_run_time(ctx: PlanContext, s: RmmSettings, target: Target, who: str, kind: str, managed: bool,
