@@ -121,7 +121,7 @@ def probe(facts: Facts) -> dict[str, Any]:
         out["other_workers"] = counted
     with nvml_session() as nvml:
         if nvml is None:  # no driver, no libnvidia-ml: unknown
-            return {"memory_free": free}
+            return out
         for gpu in facts.gpus:
             handle = nvml.call("nvmlDeviceGetHandleByUUID", gpu.uuid)
             info = nvml.call("nvmlDeviceGetMemoryInfo", handle) if handle is not None else None
