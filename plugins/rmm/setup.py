@@ -162,7 +162,8 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
     needed = int(initial) + fit.reserve(first[1])
     if first[0] >= needed:
         return None
-    timeout = float(memory.get("release_wait") if memory.get("release_wait") is not None else 30.0)
+    wait = memory.get("release_wait")
+    timeout = float(wait) if isinstance(wait, (int, float)) else 30.0
     waited = shares.wait_for_memory(read, needed, timeout, leaving)
     if waited is None:
         return None
