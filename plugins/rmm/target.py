@@ -158,8 +158,7 @@ def sharing_text(target: Target, declared: int | None) -> tuple[int, str]:
                        f"planned for {counted}")
         return n, f"gpudask.rmm.workers-per-gpu = {declared} (declared; counted now: {where})"
     if others:
-        return counted, (f"{counted} workers share it: {where} (other gpudask commands of this user, from their "
-                         "host plans in the state directory)")
+        return counted, f"{where}; other gpudask commands of this user counted from their host plans in the state directory"
     return counted, where
 
 
@@ -178,7 +177,8 @@ def default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons
                    "restarts; the rest is left to CUDA contexts (the client's, the scheduler's), UCX and "
                    "allocators outside RMM")
     if target.others and declared is None:
-        ctx.warn(f"GPU {target.index}: {who}: each default RMM pool is {gib(initial)} ({DEFAULT_FRACTION:g} of the "
+        ctx.warn(f"GPU {target.index} is shared with other gpudask commands ({who.split(';')[0]}): each default "
+                 f"RMM pool is {gib(initial)} ({DEFAULT_FRACTION:g} of the "
                  f"GPU / {n}); workers started earlier keep their larger pool until they restart "
                  "(gpudask.rmm.workers-per-gpu declares the count for every command from the start)")
     if target.free is not None and target.free - reserve_of(target.memory) < initial:
