@@ -64,13 +64,20 @@ def sleeper():
         p.wait()
 
 
-def write_plan(state, pid: int, workers: int, uuid: str = H200_UUID, hostname: str = HOSTNAME) -> None:
-    """A host plan of another command: ``workers`` workers planned on GPU ``uuid``."""
+def write_plan(state, pid: int, workers: int, uuid: str = H200_UUID, hostname: str = HOSTNAME,
+               started: int | None = None) -> None:
+    """A host plan of another command: ``workers`` workers planned on GPU ``uuid``, the first
+    ``started`` of them (default: all) started (their slot files, as gpudask/apply/runtime.py
+    leaves them)."""
     doc = {"format": 1, "facts": {"hostname": hostname, "gpus": [{"uuid": uuid, "index": 0}]},
            "workers": [{"role": "worker", "index": i, "gpu": uuid} for i in range(workers)]}
     path = state / f"plan-{pid}.json"
     path.write_text(json.dumps(doc))
     os.chmod(path, 0o600)
+    group = state / f"pid-{pid}"
+    group.mkdir(mode=0o700, exist_ok=True)
+    for i in range(workers if started is None else started):
+        (group / f"slot-{i}.lock").touch(mode=0o600)
 
 
 # --------------------------------------------------------------------------- counting other commands
@@ -83,6 +90,15 @@ def test_other_commands_are_counted_from_their_host_plans(own_state, sleeper):
     assert shares.other_commands(HOSTNAME) == {H200_UUID: {a: 1, b: 3}, "GPU-other": {max(
         pid for pid in shares.other_commands(HOSTNAME)["GPU-other"]): 2}}
     assert shares.other_commands(HOSTNAME, exclude={b})[H200_UUID] == {a: 1}
+
+
+def test_only_started_workers_are_counted(own_state, sleeper):
+    """A client that planned (gpudask.initialize()) but started no worker counts nothing; a
+    command with 1 of its 4 workers started so far counts 1."""
+    client, command = sleeper(), sleeper()
+    write_plan(own_state, client, 2, started=0)
+    write_plan(own_state, command, 4, started=1)
+    assert shares.other_commands(HOSTNAME) == {H200_UUID: {command: 1}}
 
 
 def test_dead_reused_and_broken_plans_are_not_counted(own_state, sleeper):

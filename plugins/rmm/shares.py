@@ -6,10 +6,11 @@ fraction of what happens to be free when the worker starts (a restarted worker w
 process has not let go of its pool yet, a peer that grew, a client's context).  So:
 
 * :func:`other_commands` counts the workers other live gpudask processes of this user planned
-  on each GPU, from their host plans in the private state directory (``plan-<pid>.json``, the
-  files ``dask worker`` / ``LocalGPUCluster`` write for their workers and remove at exit).
-  Those processes (the nanny hosts) live through every restart of their workers, so the count
-  does not change while a worker restarts or is killed;
+  on each GPU and started, from their host plans in the private state directory
+  (``plan-<pid>.json``, the files ``dask worker`` / ``LocalGPUCluster`` write for their workers
+  and remove at exit) and their slot folders (``pid-<pid>/slot-<i>.lock``: worker ``i`` has
+  started).  Those processes (the nanny hosts) live through every restart of their workers and
+  a slot's file stays, so the count does not change while a worker restarts or is killed;
 * :func:`wait_for_memory` lets a starting worker wait, bounded, while memory its predecessor
   (or any process going away) still holds is released, instead of sizing against it;
 * :func:`holders` names who holds the memory when it really is short: NVML's process list.
@@ -98,16 +99,31 @@ def other_commands(hostname: str, exclude: set[int] | None = None) -> dict[str, 
             continue
         if not alive_since(pid, written):
             continue
+        started = _started_workers(path.parent / f"pid-{pid}")
+        if not started:
+            continue  # a client that planned but started no worker (gpudask.initialize()), or not yet
         text = read_private(path, "host plan")
         if text is None:
             continue
-        for uuid, count in _workers_per_gpu(text, hostname).items():
+        for uuid, count in _workers_per_gpu(text, hostname, started).items():
             out.setdefault(uuid, {})[pid] = count
     return out
 
 
-def _workers_per_gpu(text: str, hostname: str) -> dict[str, int]:
-    """{GPU UUID: workers planned on it} of one host plan file (nothing of a file not understood)."""
+def _started_workers(group: Any) -> set[int]:
+    """The worker numbers ever claimed in a command's slot folder (``slot-<i>.lock``,
+    gpudask/apply/runtime.py): a slot's file stays while its worker restarts or is killed, so
+    the count does not drop during a restart."""
+    try:
+        names = [p.name for p in group.glob("slot-*.lock")][:4096]
+    except OSError:
+        return set()
+    return {int(n[len("slot-"):-len(".lock")]) for n in names if n[len("slot-"):-len(".lock")].isdigit()}
+
+
+def _workers_per_gpu(text: str, hostname: str, started: set[int]) -> dict[str, int]:
+    """{GPU UUID: workers planned on it and started} of one host plan file (nothing of a file
+    not understood)."""
     try:
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("facts", {}).get("hostname") != hostname:
@@ -115,8 +131,8 @@ def _workers_per_gpu(text: str, hostname: str) -> dict[str, int]:
         gpus = [g for g in data["facts"].get("gpus") or [] if isinstance(g, dict)]
         device0 = gpus[0].get("uuid") if gpus else None
         counts: dict[str, int] = {}
-        for w in data.get("workers") or []:
-            if not isinstance(w, dict):
+        for i, w in enumerate(data.get("workers") or []):
+            if not isinstance(w, dict) or i not in started:
                 continue
             uuid = w.get("gpu") or device0  # a worker without a GPU of its own computes on device 0
             if isinstance(uuid, str) and uuid:
