@@ -277,3 +277,16 @@ def shown(ctx: PlanContext, key: str) -> str:
 
 def explicit(ctx: PlanContext, key: str) -> bool:
     return ctx.require(key).explicit
+
+
+def allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | None:
+    """The allocator a worker gets: async, pool (a pool wanted), managed, default, or None (none)."""
+    if s.allocator == "async":
+        return "async"
+    if want_pool:
+        return "pool"
+    if managed:
+        return "managed"
+    if s.allocator == "default":
+        return "default"
+    return None

@@ -22,11 +22,10 @@ from gpudask.pluginapi import ConfigError, FactsSection, hookimpl, tls_enables
 from . import facts as rmm_facts
 from . import report as rmm_report
 from . import setup as rmm_setup
-from .options import (UCXX_POOL_KEYS, RmmSettings, explicit, options, parse_pool_size, read_settings,
-                      shown)
-from .options import DEFAULT_FRACTION, SHARED_MAXIMUM_FRACTION
+from .options import (SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings, allocator_kind, explicit, options,
+                      parse_pool_size, read_settings, shown)
 from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib, reset_ucxx_keys, resolve,
-                     default_initial, share_maximum, target_of)
+                     default_initial, share_maximum, share_record, target_of)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -111,7 +110,6 @@ def gpudask_validate(ctx: PlanContext) -> None:
 def _same_kind(a: Any, b: Any) -> bool:
     return (isinstance(a, float) and isinstance(b, float)) or (
         type(a) is int and type(b) is int)
-
 
 
 @hookimpl
@@ -204,7 +202,6 @@ def _scheduler_ucxx_pool(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, ...]
     return UCXX_POOL_KEYS  # distributed-ucxx reads the other key first, then falls back to the one given
 
 
-
 def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
     s = read_settings(ctx)
     who = f"worker {plan.index}"
@@ -218,7 +215,7 @@ def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
     fast = fast_transports(ctx, plan)
     managed = s.managed or s.allocator == "managed"
     want_pool, by_default, reasons = _want_pool(ctx, s, fast)
-    kind = _allocator_kind(s, want_pool, managed)
+    kind = allocator_kind(s, want_pool, managed)
     asked = [k for k in ("gpudask.rmm.track-allocations", "gpudask.rmm.log-directory", "gpudask.rmm.libraries")
              if explicit(ctx, k)]
     if kind is None and asked:
@@ -295,18 +292,6 @@ def _want_pool(ctx: PlanContext, s: RmmSettings, fast: list[str]) -> tuple[bool,
     return False, False, [f"no pool: {what}, and no gpudask.rmm.pool-size set"]
 
 
-def _allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | None:
-    if s.allocator == "async":
-        return "async"
-    if want_pool:
-        return "pool"
-    if managed:
-        return "managed"
-    if s.allocator == "default":
-        return "default"
-    return None
-
-
 def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, who: str, kind: str, want_pool: bool, by_default: bool,
            reasons: list[str]) -> tuple[int | None, int | None, int | None, dict[str, Any] | None]:
     """(initial, maximum, release threshold) in bytes for this worker's GPU, and how a default
@@ -344,8 +329,7 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
             maximum = max(initial, share_maximum(target.memory, shared) or 0)
             reasons.append(f"maximum {maximum} bytes ({gib(maximum)}): {SHARED_MAXIMUM_FRACTION:g} of the GPU split "
                            f"between its {shared} workers -- a task that runs this pool out of memory gets a "
-                           "MemoryError instead of taking the memory its neighbours' pools are planned on "
-                           "(gpudask.rmm.maximum-pool-size sets it)")
+                           "MemoryError, not its neighbours' planned memory (gpudask.rmm.maximum-pool-size sets it)")
         else:
             reasons.append("no maximum: the pool grows on demand and never shrinks "
                            "(gpudask.rmm.maximum-pool-size caps it)")
@@ -354,15 +338,7 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
         if threshold > target.memory:
             check_fits(ctx, "gpudask.rmm.release-threshold", threshold, target, who, shared=False)
         reasons.append(f"{shown(ctx, 'gpudask.rmm.release-threshold')} = {threshold} bytes")
-    share = None
-    if shared:
-        share = {"workers": shared, "fraction": DEFAULT_FRACTION, "command_workers": target.shared_by,
-                 "other_workers": {str(pid): n for pid, n in sorted((target.others or {}).items())},
-                 "declared": s.workers_per_gpu,
-                 # how the maximum follows a share counted again at start: set by you (kept), equal to
-                 # the initial size (PyTorch beside the pool), or the share of SHARED_MAXIMUM_FRACTION
-                 "maximum": "set" if s.maximum is not None else (
-                     "initial" if maximum is not None and maximum == initial else "share")}
+    share = share_record(target, shared, s.workers_per_gpu, s.maximum is not None, initial, maximum)
     return initial, maximum, threshold, share
 
 

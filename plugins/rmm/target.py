@@ -158,7 +158,8 @@ def sharing_text(target: Target, declared: int | None) -> tuple[int, str]:
                        f"planned for {counted}")
         return n, f"gpudask.rmm.workers-per-gpu = {declared} (declared; counted now: {where})"
     if others:
-        return counted, f"{where}; other gpudask commands of this user counted from their host plans in the state directory"
+        return counted, (f"{where}; other gpudask commands of this user counted from their host plans in the "
+                         "state directory")
     return counted, where
 
 
@@ -193,3 +194,17 @@ def default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons
 def reserve_of(total: int) -> int:
     """Left free beside a pool (the same as fit.reserve)."""
     return max(256 * 2**20, int(0.01 * total))
+
+
+def share_record(target: Target, shared: int, declared: int | None, maximum_set: bool, initial: int | None,
+                 maximum: int | None) -> dict[str, Any] | None:
+    """How a default pool's share was planned (the plan's ``share``), for the worker to count
+    again when it starts (setup.py); None: not a default pool."""
+    if not shared:
+        return None
+    return {"workers": shared, "fraction": DEFAULT_FRACTION, "command_workers": target.shared_by,
+            "other_workers": {str(pid): n for pid, n in sorted((target.others or {}).items())},
+            "declared": declared,
+            # how the maximum follows a share counted again at start: set by you (kept), equal to
+            # the initial size (PyTorch beside the pool), or the share of SHARED_MAXIMUM_FRACTION
+            "maximum": "set" if maximum_set else ("initial" if maximum is not None and maximum == initial else "share")}
