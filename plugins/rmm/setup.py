@@ -151,9 +151,11 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
         return fit.device_memory(uuid)
 
     def leaving() -> bool:
-        listed = shares.gpu_processes(uuid)
-        if listed is None:
-            return before is not None and not shares.going(before)
+        # the predecessor is this process's sibling (same nanny host, same pid namespace): while it
+        # lives it still holds its pool, whatever NVML lists (NVML's pids may be another namespace's)
+        if before is not None and not shares.going(before):
+            return True
+        listed = shares.gpu_processes(uuid) or []
         return any(pid == before or (pid in known and shares.going(pid)) or _zombie(pid) for pid, _ in listed)
 
     first = read()
