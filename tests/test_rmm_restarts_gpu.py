@@ -123,8 +123,10 @@ def _write(figures: dict) -> None:
 @pytest.mark.gpu
 @pytest.mark.process
 @pytest.mark.timeout(300)
-def test_two_commands_pools_equal_and_identical_through_restarts_kill_and_oom(gpudask_cluster_factory):
+def test_two_commands_pools_equal_and_identical_through_restarts_kill_and_oom(gpudask_cluster_factory, tmp_path):
     pytest.importorskip("rmm")
+    own = tmp_path / "tmp"  # a state directory of this test's own: no other gpudask command is counted
+    own.mkdir(mode=0o700)
     figures: dict = {"gpudask": [], "dask_cuda": [], "nvml": []}
     cuda = None
     if importlib.util.find_spec("dask_cuda") is not None:
@@ -136,7 +138,8 @@ def test_two_commands_pools_equal_and_identical_through_restarts_kill_and_oom(gp
     else:
         figures["dask_cuda"] = "skipped: dask_cuda is not importable"
 
-    env = base_env(DASK_GPUDASK__RMM__ALLOCATOR="pool")
+    env = base_env(DASK_GPUDASK__RMM__ALLOCATOR="pool", TMPDIR=str(own))
+    env.pop("XDG_RUNTIME_DIR", None)
     gd = gpudask_cluster_factory("gpudask")
     gd.scheduler(env=env)
     gd.worker("--preload", "gpudask", "--nworkers", "1", "--nthreads", "1", env=env, label="first")

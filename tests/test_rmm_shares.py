@@ -266,12 +266,15 @@ def _reports(client):
 
 @pytest.mark.process
 @pytest.mark.timeout(240)
-def test_two_commands_on_one_gpu_get_equal_pools_through_restarts_and_a_kill(cluster):
+def test_two_commands_on_one_gpu_get_equal_pools_through_restarts_and_a_kill(cluster, tmp_path):
     """Two ``dask worker --nworkers 1`` commands on the one GPU of a described H200: the second
     counts the first (its host plan) and starts at 0.5 / 2 of the GPU; after a restart the first
     does too, and both keep that pool through restarts and a kill -9 of a worker."""
+    own = tmp_path / "tmp"  # a state directory of this test's own: other tests' commands are not counted
+    own.mkdir(mode=0o700)
     env = base_env(GPUDASK_FACTS=host("h200-single.json"), DASK_GPUDASK__RMM__ALLOCATOR="pool",
-                   DASK_DISTRIBUTED__WORKER__DAEMON="False")
+                   DASK_DISTRIBUTED__WORKER__DAEMON="False", TMPDIR=str(own))
+    env.pop("XDG_RUNTIME_DIR", None)
     cluster.scheduler(env=env)
     cluster.worker("--preload", "gpudask", "--nworkers", "1", "--nthreads", "1", env=env, label="first")
     share = H200_TOTAL // 4 // 256 * 256
