@@ -142,15 +142,15 @@ def test_two_commands_pools_equal_and_identical_through_restarts_kill_and_oom(gp
     env.pop("XDG_RUNTIME_DIR", None)
     gd = gpudask_cluster_factory("gpudask")
     gd.scheduler(env=env)
-    gd.worker("--preload", "gpudask", "--nworkers", "1", "--nthreads", "1", env=env, label="first")
-    client = gd.client(timeout=60)
     cuda_client = cuda.client(timeout=60) if cuda is not None else None
+    client = gd.client(timeout=60)
     try:
+        if cuda_client is not None:  # dask-cuda's pools first: gpudask's workers start beside them
+            _wait_for(cuda_client, 2)
+        gd.worker("--preload", "gpudask", "--nworkers", "1", "--nthreads", "1", env=env, label="first")
         _wait_for(client, 1)
         gd.worker("--preload", "gpudask", "--nworkers", "1", "--nthreads", "1", env=env, label="second")
         _wait_for(client, 2)
-        if cuda_client is not None:
-            _wait_for(cuda_client, 2)
 
         def step(name: str) -> list[tuple[int | None, int | None]]:
             pools = client.run(_pool)
