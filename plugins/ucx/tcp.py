@@ -174,3 +174,4 @@ def _ucx_auto(ctx: PlanContext, plan: ProcessPlan) -> None:
     else:
         plan.set_env("UCX_TLS", "^cuda", f"{mode_why(ctx)}: UCX chooses among all its transports but CUDA ones "
                                          f"({why}: no CUDA context for UCX here)")
+
