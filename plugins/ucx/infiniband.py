@@ -61,12 +61,12 @@ def gpudask_config_options() -> list[Option]:
                "false.", parse_optional_bool, "true, false or null (auto)",
                legacy=("distributed.comm.ucx.infiniband", "distributed-ucxx.infiniband"),
                dask_cuda_kwarg="enable_infiniband",
-               dask_cuda_option="--enable-infiniband/--disable-infiniband"),
+               dask_cuda_option="--enable-infiniband/--disable-infiniband", ucx_only=True),
         Option(RDMACM, None, "Connections over InfiniBand set up by the RDMA connection manager "
                "(UCX_SOCKADDR_TLS_PRIORITY): null = auto (with InfiniBand), true, false.", parse_optional_bool,
                "true, false or null (auto)", legacy=("distributed.comm.ucx.rdmacm", "distributed-ucxx.rdmacm"),
                dask_cuda_kwarg="enable_rdmacm",
-               dask_cuda_option="--enable-rdmacm/--disable-rdmacm"),
+               dask_cuda_option="--enable-rdmacm/--disable-rdmacm", ucx_only=True),
         Option(NET_DEVICES, None, "UCX_NET_DEVICES: null = auto (the InfiniBand port nearest each worker's GPU), a "
                "value for every process (mlx5_0:1), or a list (worker i takes item i mod length).",
                parse_name_or_list, "null, a UCX_NET_DEVICES value or a list of them",

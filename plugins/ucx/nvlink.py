@@ -49,7 +49,7 @@ def gpudask_config_options() -> list[Option]:
                "GPU process, unless MIG), true, false.",
                parse_optional_bool, "true, false or null (auto)",
                legacy=("distributed.comm.ucx.nvlink", "distributed-ucxx.nvlink"), dask_cuda_kwarg="enable_nvlink",
-               dask_cuda_option="--enable-nvlink/--disable-nvlink"),
+               dask_cuda_option="--enable-nvlink/--disable-nvlink", ucx_only=True),
         Option(CUDA_COPY, None, "cuda_copy in UCX_TLS (GPU buffers over any transport): null = auto (whenever a GPU "
                "is present), true, false.", parse_optional_bool, "true, false or null (auto)",
                legacy=("distributed.comm.ucx.cuda-copy", "distributed-ucxx.cuda-copy")),
