@@ -17,7 +17,7 @@ pytest.importorskip("distributed_ucxx")
 
 # UCX's log lines ("[1796221525.39] [host:9912:0] parser.c:2355 UCX WARN ...") and
 # distributed's ("2026-12-02 14:20:01,123 - distributed.worker - INFO - ...")
-LOG_LINE = re.compile(r"UCX\s+(WARN|ERROR|INFO|DIAG|DEBUG)|\bparser\.c:|- distributed\.\S+ - [A-Z]+ -")
+LOG_LINE = re.compile(r"UCXX?\s+(WARN|ERROR|INFO|DIAG|DEBUG)|\bparser\.c:|- distributed\.\S+ - [A-Z]+ -")
 
 
 def _user_env() -> dict[str, str]:
