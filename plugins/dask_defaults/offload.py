@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
 
 OFFLOAD = "gpudask.comm.offload-threshold"
-# Measured on one H200 (2026-12-01, bench/pull-levers.py, medians of 15 in-worker pulls, ms at 1 MiB /
+# Measured on one H200 (2026-12-01, lab/bench/pull-levers.py, medians of 15 in-worker pulls, ms at 1 MiB /
 # 64 MiB / 1 GiB): distributed's 10 MiB 0.71 / 1.45 / 1.99; 512 MiB 0.57 / 0.58 / 1.73; never 0.91 /
 # 0.96 / 1.35; dask cuda worker 0.98 / 1.78 / 2.42.  2 GiB keeps every GPU pull up to 2 GiB inline
 # while a host message above it is still handed to a thread.
