@@ -120,33 +120,17 @@ def test_the_package_list_is_the_plugins(monkeypatch):
         bootstrap.inputs(extra_plugins=[bad])
 
 
-def test_a_third_party_section_works_unchanged_in_a_schema_1_and_a_schema_2_file(tmp_path):
-    """A plugin's section declared as before (no from_v1): a schema-1 file's ``sections`` and
-    a schema-2 file's give it alike, and both upgrade the built-in plugins' old keys beside it."""
-    from conftest import as_schema_2
-
-    old = json.loads((HOSTS / "partial-nvlink.json").read_text())
-    old["sections"] = {"thing": {"ok": False}}
-    for data in (old, as_schema_2(old)):
-        path = facts_file(tmp_path, data)
-        host = plan_for(path, "tcp", plugins=[owner()])
-        assert host.facts.section("thing") == {"ok": False}
-        assert host.facts.section("nvlink") == {"peers": {"0": [1], "1": [0], "2": [3], "3": [2]}}
-        assert "thing={'ok': False}" in [r.decision for r in host.workers[0].reasons]
-    del old["sections"]
-    host = plan_for(facts_file(tmp_path, old), "tcp", plugins=[owner()])
-    assert host.facts.section("thing") is None  # a schema-1 file without it: None, as before
-
-
-def test_an_upgrade_that_fails_names_its_plugin(tmp_path):
-    def boom(data):
-        raise KeyError("gpus")
-
-    plugin = types.SimpleNamespace(name="upgrader", priority=300)
-    plugin.gpudask_facts_sections = hookimpl(lambda: [FactsSection("up", SCHEMA, lambda f: {"ok": True}, from_v1=boom)])
-    with pytest.raises(PluginError) as info:
-        plan_for("single-gpu", "tcp", plugins=[plugin])
-    assert str(info.value).startswith("gpudask plugin 'upgrader' failed in the schema-1 upgrade of facts section 'up'")
+def test_a_third_party_section_is_read_beside_the_built_in_ones(tmp_path):
+    """A plugin's section in a described host's ``sections``, beside the built-in plugins'."""
+    data = json.loads((HOSTS / "partial-nvlink.json").read_text())
+    data["sections"]["thing"] = {"ok": False}
+    host = plan_for(facts_file(tmp_path, data), "tcp", plugins=[owner()])
+    assert host.facts.section("thing") == {"ok": False}
+    assert host.facts.section("nvlink") == {"peers": {"0": [1], "1": [0], "2": [3], "3": [2]}}
+    assert "thing={'ok': False}" in [r.decision for r in host.workers[0].reasons]
+    del data["sections"]["thing"]
+    host = plan_for(facts_file(tmp_path, data), "tcp", plugins=[owner()])
+    assert host.facts.section("thing") is None  # a described host without it: None
 
 
 def test_a_summary_is_on_the_host_line_of_gpudask_info():

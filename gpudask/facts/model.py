@@ -14,7 +14,7 @@ from typing import Any
 
 from gpudask.errors import FactsError
 
-SCHEMA_VERSION = 2  # 1: the previous version, read and upgraded (loader.py)
+SCHEMA_VERSION = 2  # schema 1 (pre-release) is refused with one line (loader.py)
 
 
 @dataclass
@@ -62,9 +62,6 @@ class Facts:
     schema: int = SCHEMA_VERSION
     # the plugins' own facts, by section name (gpudask.facts.sections): read with section()
     sections: dict[str, Any] = field(default_factory=dict)
-    # a schema-1 file as read: handed to each declared section's from_v1 (gpudask.facts.sections),
-    # which takes the keys it owned from it; None for schema-2 facts
-    v1: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def described(self) -> bool:

@@ -7,13 +7,11 @@ Its section of the host's facts (``ctx.facts.section("rmm")``)::
 GPU index (as a string: a JSON key) -> bytes free (NVML: other processes' contexts and
 pools, a second command's workers, taken); a GPU not listed: unknown.  A default pool is
 sized from it (:mod:`.target`).  Probed through NVML (never a CUDA context; pynvml is
-imported by the probe only); a schema-1 facts file said it as ``gpus[].memory_free``, which
-:func:`from_v1` takes.
+imported by the probe only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import FactsSection, nvml_session
@@ -65,12 +63,6 @@ def probe(facts: Facts) -> dict[str, Any]:
     return {"memory_free": free}
 
 
-def from_v1(data: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Schema 1 said it per GPU, optionally: ``gpus[i].memory_free``; None when no GPU says."""
-    free = {str(g["index"]): g["memory_free"] for g in data["gpus"] if g.get("memory_free") is not None}
-    return {"memory_free": free} if free else None
-
-
 def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
     """Every GPU named is one of the host's, and its free memory at most its memory_total."""
     by_index = {g.index: g for g in facts.gpus}
@@ -84,4 +76,4 @@ def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
     return None
 
 
-SECTIONS = [FactsSection(SECTION, SCHEMA, probe, from_v1=from_v1, check=check)]
+SECTIONS = [FactsSection(SECTION, SCHEMA, probe, check=check)]
