@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import Option, parse_bytes
+from gpudask.pluginapi import Option, offload_threshold, parse_bytes, set_offload_threshold
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
@@ -83,19 +83,14 @@ def plan_offload(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 def threshold_in_effect() -> Any:
     """The threshold distributed's comms use in this process (read back)."""
-    import sys
-
-    module = sys.modules.get("distributed.comm.utils")
-    return getattr(module, "OFFLOAD_THRESHOLD", None)
+    return offload_threshold()
 
 
 def apply_offload(plan: ProcessPlan) -> None:
     """Make the planned distributed.comm.offload the one distributed's comms read."""
     if plan.role != "worker" or DISTRIBUTED_KEY not in plan.config:
         return
-    import distributed.comm.utils as comm_utils
-
-    comm_utils.OFFLOAD_THRESHOLD = plan.config[DISTRIBUTED_KEY]
+    set_offload_threshold(plan.config[DISTRIBUTED_KEY])
 
 
 def applied(plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
