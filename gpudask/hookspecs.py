@@ -118,7 +118,9 @@ def gpudask_facts_sections() -> list[FactsSection] | None:
         host does not say.
 
         Optional fields (:class:`~gpudask.pluginapi.FactsSection`): ``check(value, facts)``,
-        what the schema cannot say; ``summary(value)``, words for ``gpudask info``.
+        what the schema cannot say; ``summary(value)``, words for ``gpudask info``;
+        ``decides=False`` for a section no decision depends on: probed (and validated) on a
+        real host only when first read, in the process that reads it.
 
     **Combined:** the sections of all plugins, each name owned by one plugin.
     **Failure:** raising, returning something that is not a ``FactsSection``, a name

@@ -142,3 +142,41 @@ def test_a_summary_is_on_the_host_line_of_gpudask_info():
     host = plan_for("hgx-4gpu-2ib", "ucx", plugins=[plugin])
     for text in (plan_summary(host, width=None), plan_table(host, width=None)):
         assert "driver 570.86.15, 2 active InfiniBand port(s), summed unknown" in text
+
+
+def test_a_section_that_decides_nothing_is_probed_only_when_read():
+    """``decides=False`` (the nvlink plugin's peers): on a real host the probe runs, and its
+    value is validated, when the section is first read -- not in every process that reads facts."""
+    from gpudask.facts import facts_from_dict
+    from gpudask.facts.sections import with_sections
+
+    calls = []
+    lazy = FactsSection("lazy", SCHEMA, lambda facts: calls.append(1) or {"ok": True}, decides=False)
+    bad = FactsSection("bad-lazy", SCHEMA, lambda facts: {"ok": "yes"}, decides=False)
+    probed = facts_from_dict(json.loads((HOSTS / "single-gpu.json").read_text()), "probed")
+    facts = with_sections(probed, [("lazy-owner", lazy), ("bad-owner", bad)])
+    assert calls == [] and "lazy" not in facts.to_dict().get("sections", {})
+    assert facts.section("lazy") == {"ok": True} and facts.section("lazy") == {"ok": True}
+    assert len(calls) <= 1  # once per process (a probe's value is memoised)
+    assert facts.to_dict()["sections"]["lazy"] == {"ok": True}  # published once read
+    with pytest.raises(FactsError) as e:
+        facts.section("bad-lazy")
+    assert "sections.bad-lazy.ok" in str(e.value) and "plugin 'bad-owner'" in str(e.value)
+    # a described host's file is read and validated as any section
+    described = with_sections(facts_from_dict(json.loads((HOSTS / "single-gpu.json").read_text()), "x.json"),
+                              [("lazy-owner", lazy)])
+    assert described.section("lazy") is None and described.deferred == {}
+
+
+def test_the_nvlink_peers_decide_nothing():
+    from gpudask.plugins.ucx import nvlink_facts
+
+    assert [s.decides for s in nvlink_facts.SECTIONS] == [False]
+
+
+def test_decides_must_be_a_bool():
+    plugin = types.SimpleNamespace(name="odd", priority=300)
+    plugin.gpudask_facts_sections = hookimpl(lambda: [FactsSection("odd", SCHEMA, lambda f: {"ok": True},
+                                                                   decides="no")])
+    with pytest.raises(PluginError, match="decides: a bool"):
+        plan_for("single-gpu", "tcp", plugins=[plugin])

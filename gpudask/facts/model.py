@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,9 @@ class Facts:
     schema: int = SCHEMA_VERSION
     # the plugins' own facts, by section name (gpudask.facts.sections): read with section()
     sections: dict[str, Any] = field(default_factory=dict)
+    # sections that decide nothing (FactsSection.decides false), not probed yet: each probed
+    # and validated when first read (section()), in the process that reads it
+    deferred: dict[str, Callable[[], Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def described(self) -> bool:
@@ -70,7 +74,9 @@ class Facts:
     def section(self, name: str) -> Any:
         """The facts section ``name`` a plugin declared (``gpudask_facts_sections``): probed
         on a real host, read from a described host's ``sections``; None when the described
-        host does not say."""
+        host does not say.  A section that decides nothing is probed here, when first read."""
+        if name not in self.sections and name in self.deferred:
+            self.sections[name] = self.deferred.pop(name)()
         return self.sections.get(name)
 
     @property

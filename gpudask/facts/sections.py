@@ -17,6 +17,7 @@ A section's ``check`` says what its schema cannot (a GPU index that names no GPU
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,10 @@ class FactsSection:
       None, or ``(key path inside the section, what is accepted, the value found)`` for the
       first problem, which becomes the usual one-line error;
     * ``summary(value)``: a few words for the host line of ``gpudask info`` ("2 active ...
-      port(s)"), or None; ``value`` is None when a described host does not say.
+      port(s)"), or None; ``value`` is None when a described host does not say;
+    * ``decides``: False for a section no plan decision depends on (read for a reason's
+      text only): on a real host it is probed and validated when first read
+      (``facts.section(name)``), not in every process that reads facts.
     """
 
     name: str
@@ -51,6 +55,7 @@ class FactsSection:
     probe: Callable[[Facts], Any]
     check: Callable[[Any, Facts], tuple[Sequence[str | int], str, Any] | None] | None = None
     summary: Callable[[Any], str | None] | None = None
+    decides: bool = True
 
 
 def check_declared(plugin: str, distribution: str | None, result: Any, taken: Mapping[str, str]) -> list[FactsSection]:
@@ -62,10 +67,11 @@ def check_declared(plugin: str, distribution: str | None, result: Any, taken: Ma
     for section in result or []:
         if not isinstance(section, FactsSection) or not isinstance(section.name, str) or not section.name \
                 or not isinstance(section.schema, Mapping) or not callable(section.probe) \
-                or not all(f is None or callable(f) for f in (section.check, section.summary)):
+                or not all(f is None or callable(f) for f in (section.check, section.summary)) \
+                or not isinstance(section.decides, bool):
             raise PluginError(plugin, distribution, hook, f"returned {section!r:.80}; expected "
                               "gpudask.pluginapi.FactsSection(name, schema, probe) with a JSON Schema mapping "
-                              "(check, summary: callables or None)")
+                              "(check, summary: callables or None; decides: a bool)")
         if section.name in taken:
             raise PluginError(plugin, distribution, hook, f"facts section {section.name!r} is plugin "
                               f"{taken[section.name]!r}'s; accepted: a section name of its own")
@@ -102,17 +108,34 @@ def with_sections(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) ->
     """``facts`` with every declared section: taken from the facts (a described host's file,
     or facts handed on by a planning parent) or probed on a real host, then validated."""
     sections = dict(facts.sections)
+    deferred: dict[str, Callable[[], Any]] = {}
     for plugin, section in declared:
         if section.name in sections:
             value = sections[section.name]
         elif facts.described:
             continue  # the file does not describe it: None for the plugin
+        elif not section.decides:
+            # probed when read (facts.section), in the process that reads it
+            deferred[section.name] = functools.partial(_probe_and_check, plugin, section, facts)
+            continue
         else:
             value = sections[section.name] = _probed(plugin, section, facts)
-        error = section_error(facts.where(), section, value, plugin) or _check_error(facts, section, value, plugin)
-        if error is not None:
-            raise error
-    return facts if sections == facts.sections else replace(facts, sections=sections)
+        _raise_if_invalid(facts, plugin, section, value)
+    if sections == facts.sections and not deferred:
+        return facts
+    return replace(facts, sections=sections, deferred=deferred)
+
+
+def _raise_if_invalid(facts: Facts, plugin: str, section: FactsSection, value: Any) -> None:
+    error = section_error(facts.where(), section, value, plugin) or _check_error(facts, section, value, plugin)
+    if error is not None:
+        raise error
+
+
+def _probe_and_check(plugin: str, section: FactsSection, facts: Facts) -> Any:
+    value = _probed(plugin, section, facts)
+    _raise_if_invalid(facts, plugin, section, value)
+    return value
 
 
 def _check_error(facts: Facts, section: FactsSection, value: Any, plugin: str) -> FactsError | None:

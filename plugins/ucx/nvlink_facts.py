@@ -105,4 +105,6 @@ def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
     return None
 
 
-SECTIONS = [FactsSection(SECTION, SCHEMA, probe, check=check)]
+# no plan decision depends on the peers (CUDA IPC is allowed wherever UCX can use it): they are
+# read for the text of the nvlink plugin's reason only, so probed where that text is made
+SECTIONS = [FactsSection(SECTION, SCHEMA, probe, check=check, decides=False)]
