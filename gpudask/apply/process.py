@@ -107,7 +107,8 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
     if apply:
         _apply(session, cli)
         if role in ("nanny", "client"):
-            hostfile.publish(host)  # the worker processes this one starts read their plan there
+            # the worker processes this one starts read their plan there (and never plan)
+            hostfile.publish(host, always=role == "nanny")
         if role in ("nanny", "client") and session.plan.multiprocessing_method == "forkserver":
             _start_forkserver()
     return session
