@@ -206,9 +206,10 @@ class Settings:
     def add_options(self, options: Iterable[Option]) -> None:
         """Add options (the plugins', once they are loaded: the core's decide which load)."""
         added = {o.key: o for o in options}
+        for key, opt in added.items():  # the values already read (the core's) stand
+            if self.options.get(key) != opt:
+                self._cache.pop(key, None)
         self.options.update(added)
-        for key in added:  # the values already read (the core's) stand
-            self._cache.pop(key, None)
 
     def resolved(self) -> dict[str, dict[str, Any]]:
         """Every option's value and where it came from, as JSON (``{key: {"value", "source"}}``):
@@ -235,9 +236,16 @@ class Settings:
                 self._cache[key] = Setting(key, item["value"], str(item["source"]))
 
     def read_config(self, config: dict[str, Any]) -> None:
-        """Read from ``config`` from now on (the user's view once the plugins' defaults are in)."""
+        """Read from ``config`` from now on (the user's view once the plugins' defaults are in).
+        A value read already stands where ``config`` gives its key (and legacy keys) the same
+        raw value: it is not parsed again."""
+        before = {key: self._raws(key) for key in self._cache}
         self._config = config
-        self._cache.clear()
+        self._cache = {key: s for key, s in self._cache.items() if self._raws(key) == before[key]}
+
+    def _raws(self, key: str) -> list[Any]:
+        opt = self.options.get(key)
+        return [self._raw(k) for k in (key, *(opt.legacy if opt is not None else ()))]
 
     def _raw(self, key: str) -> Any:
         import dask.config
