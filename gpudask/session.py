@@ -40,6 +40,21 @@ class ProcessState:
     plugins: collections.OrderedDict[str, Any] = field(default_factory=collections.OrderedDict)
     # the user's values of what gpudask applied in this process (gpudask.bootstrap.keep_user_values)
     kept: Any = None
+    # key -> (file, value) as last merged from gpudask.toml / --config (gpudask.config_files)
+    file_values: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    # the apply stage's session of this process: the plan it applied, or a plan-only one
+    # (gpudask.apply.process.current)
+    applied: Any = None
+    # what gpudask_setup_memory returned here, by pid: a forked child sets up its own
+    memory_setup: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # plan-only sessions by (role, inputs), and the config keys such plans depend on
+    # (gpudask.apply.preload)
+    plan_only: dict[tuple[str, str], Any] = field(default_factory=dict)
+    plan_keys: set[str] = field(default_factory=set)
+    # dask-cuda options taken from this command line: {setting: the option as given}
+    taken_options: dict[str, str] = field(default_factory=dict)
+    # this worker process's number once claimed late (gpudask.apply.server_plugins)
+    late_index: int | None = None
 
     def count(self, what: str) -> None:
         with _LOCK:
