@@ -134,3 +134,22 @@ def test_preloaded_workers_publish_that_they_bootstrapped_nothing(cluster, facts
         assert p["applied"]["startup"] == {"bootstrap": 0, "facts_read": 0, "facts_schema": 0, "parsed": {}}
         if facts:
             assert p["plan"]["sections"]["rmm"]["initial_pool_size"] == 1_000_000_000
+
+
+@pytest.mark.gpu
+@pytest.mark.process
+def test_on_a_gpu_host_workers_read_their_plan_and_set_up_the_pool_it_holds(cluster):
+    """A real GPU host over ucx: the `dask worker` process probes and plans once; its workers
+    bootstrap nothing and set up the RMM pool the plan holds (the size parsed in the parent)."""
+    env = {k: v for k, v in base_env(DASK_GPUDASK__RMM__POOL_SIZE="1GiB").items()
+           if not k.startswith("UCX_") or k == "UCX_WARN_UNUSED_ENV_VARS"}
+    cluster.scheduler("--preload", "gpudask", protocol="ucx", env=env)
+    cluster.worker("--preload", "gpudask", "--nworkers", "2", "--nthreads", "1", env=env)
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=120)
+        published = [w["gpudask"] for w in client.scheduler_info(n_workers=-1)["workers"].values()]
+    for p in published:
+        assert p["applied"]["startup"] == {"bootstrap": 0, "facts_read": 0, "facts_schema": 0, "parsed": {}}
+        assert p["plan"]["sections"]["rmm"]["initial_pool_size"] == 2**30
+        assert "rmm" in p["memory"], "the pool was set up from the plan's section"
+        assert not [m for m in p["mismatches"] if m["plugin"] == "rmm"], p["mismatches"]
