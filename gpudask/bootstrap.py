@@ -24,7 +24,6 @@ everything (tests).
 
 from __future__ import annotations
 
-import collections
 import copy
 import hashlib
 import json
@@ -32,8 +31,9 @@ import os
 import pathlib
 import threading
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from gpudask import session
 from gpudask.plan import HostPlan, PlanInputs, UserValues, build_plan, check_protocol
 from gpudask.plan.planner import check_nworkers
 
@@ -41,16 +41,16 @@ if TYPE_CHECKING:
     from gpudask.config import Settings
     from gpudask.errors import PluginError
     from gpudask.manager import PluginManager
+    from gpudask.plan.host_plan import PlanDocument
 
 # gpudask's bookkeeping variables (the host plan file, the worker group): not the user's
 _BOOKKEEPING = ("GPUDASK_HOST_PLAN", "GPUDASK_GROUP")
 _MAX_CACHED = 16  # inputs keep changing (a test suite): the oldest are forgotten
 
-_CACHE: collections.OrderedDict[str, PlanInputs] = collections.OrderedDict()
-_PLUGINS: collections.OrderedDict[str, _Plugins] = collections.OrderedDict()  # the same, facts aside
 _LOCK = threading.RLock()  # the scheduler check plans off the event loop, in threads
-_KEPT: UserValues | None = None  # the user's values of what gpudask applied in this process
-_BUILDS = 0  # how many times this process built a plugin manager and its settings
+# what this module builds is held by the process state (gpudask.session): the plan inputs
+# by key (plan_inputs), their facts-free part (plugins), the user's values of what gpudask
+# applied in this process (kept), and the count of builds (counts["bootstrap"])
 
 
 def inputs(facts_path: str | os.PathLike[str] | None = None, config_file: str | os.PathLike[str] | None = None,
@@ -64,18 +64,19 @@ def inputs(facts_path: str | os.PathLike[str] | None = None, config_file: str | 
     its host plan); left out, those :func:`keep_user_values` recorded in this process."""
     extras = tuple(extra_plugins)
     with _LOCK:
+        cache = session.current().plan_inputs
         key = _key(facts_path, config_file, extras, user_env, user_config, kept)
-        found = _CACHE.get(key)
+        found = cache.get(key)
         if found is not None:
-            _CACHE.move_to_end(key)
-            return found
+            cache.move_to_end(key)
+            return cast(PlanInputs, found)
         built = _build(facts_path, config_file, extras, user_env, user_config, kept)
         # loading config and registering defaults changed dask.config: the same inputs, asked
         # for again, now look like this
         for k in (key, _key(facts_path, config_file, extras, user_env, user_config, kept)):
-            _CACHE[k] = built
-        while len(_CACHE) > _MAX_CACHED:
-            _CACHE.popitem(last=False)
+            cache[k] = built
+        while len(cache) > _MAX_CACHED:
+            cache.popitem(last=False)
         return built
 
 
@@ -106,8 +107,7 @@ def plugins(broken: list[PluginError]) -> PluginManager:
 def keep_user_values(values: UserValues | None) -> None:
     """Record the user's values of what gpudask applies in this process (None: forget
     them): later plans of this process see the user's view, not gpudask's changes."""
-    global _KEPT
-    _KEPT = values
+    session.current().kept = values
 
 
 def user_view(kept: UserValues | None = None) -> tuple[dict[str, str], dict[str, Any]]:
@@ -115,7 +115,7 @@ def user_view(kept: UserValues | None = None) -> tuple[dict[str, str], dict[str,
     (or what :func:`keep_user_values` recorded) put back.  Copies; changes nothing."""
     import dask.config
 
-    kept = kept if kept is not None else _KEPT
+    kept = kept if kept is not None else session.current().kept
     env = dict(os.environ)
     config = _snapshot(dask.config.config)
     for name, value in (kept.env.items() if kept is not None else ()):
@@ -129,19 +129,37 @@ def user_view(kept: UserValues | None = None) -> tuple[dict[str, str], dict[str,
 
 
 def reset() -> None:
-    """Forget the cached inputs and the kept user values (tests; a process starts clean)."""
-    global _KEPT, _BUILDS
+    """Forget the cached inputs, the kept user values and everything else this process's
+    state holds (tests; a process starts clean): :func:`gpudask.session.reset`."""
     with _LOCK:
-        _CACHE.clear()
-        _PLUGINS.clear()
-        _KEPT = None
-        _BUILDS = 0
+        session.reset()
 
 
 def builds() -> int:
     """How many times this process built a plugin manager and its settings (plan inputs
     for another facts file share them)."""
-    return _BUILDS
+    return session.current().counts["bootstrap"]
+
+
+def from_plan(doc: PlanDocument) -> PlanInputs:
+    """The plan inputs of a worker process, taken from the host plan its parent wrote:
+    the parent's facts (validated there) and its resolved settings, with their sources,
+    as they are -- no config file read, no facts probed or validated, no setting parsed
+    (counted: none of ``bootstrap``, ``facts read``, ``facts schema``, ``parsed <key>``).
+    Only the plugin manager is built, from the plugins the settings select, since this
+    process calls their apply hooks."""
+    from gpudask.config import CORE_OPTIONS, Settings, register_defaults
+    from gpudask.manager import PluginManager
+
+    env, config = user_view(doc.user_values)
+    settings = Settings(CORE_OPTIONS, config=config, environ=env)
+    settings.take_resolved(doc.settings)
+    manager = PluginManager.from_environment(core=settings)
+    options = manager.config_options()
+    settings.add_options(options)
+    settings.take_resolved(doc.settings)
+    register_defaults(options)  # dask.config.get("gpudask.<plugin key>") in the worker's own code
+    return PlanInputs(doc.facts, settings, manager, env, config)
 
 
 def manager(config_file: str | os.PathLike[str] | None = None, extra_plugins: Iterable[Any] = ()) -> PluginManager:
@@ -165,25 +183,25 @@ def _plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any, ...]
              kept: UserValues | None) -> _Plugins:
     """The plugins and settings for these inputs (facts aside), built once per process."""
     with _LOCK:
+        cache = session.current().plugins
         key = _key(None, config_file, extras, user_env, user_config, kept)
-        found = _PLUGINS.get(key)
+        found = cache.get(key)
         if found is not None:
-            _PLUGINS.move_to_end(key)
-            return found
+            cache.move_to_end(key)
+            return cast(_Plugins, found)
         built = _build_plugins(config_file, extras, user_env, user_config, kept)
         # loading config and registering defaults changed dask.config: the same inputs, asked
         # for again, now look like this
         for k in (key, _key(None, config_file, extras, user_env, user_config, kept)):
-            _PLUGINS[k] = built
-        while len(_PLUGINS) > _MAX_CACHED:
-            _PLUGINS.popitem(last=False)
+            cache[k] = built
+        while len(cache) > _MAX_CACHED:
+            cache.popitem(last=False)
         return built
 
 
 def _build_plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any, ...],
                    user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
                    kept: UserValues | None) -> _Plugins:
-    global _BUILDS
     from gpudask.config import CORE_OPTIONS, Settings, load_dask_config, register_defaults, warn_unknown
     from gpudask.manager import PluginManager
 
@@ -203,7 +221,7 @@ def _build_plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any
         config = user_view(kept)[1]  # with the plugins' defaults, as dask.config.get sees them
         settings.read_config(config)
     warn_unknown(settings.validate_all())
-    _BUILDS += 1
+    session.count("bootstrap")
     return _Plugins(manager, settings, env, config)
 
 
@@ -214,6 +232,7 @@ def _build(facts_path: str | os.PathLike[str] | None, config_file: str | os.Path
     from gpudask.facts.sections import with_sections
 
     plugins = _plugins(config_file, extras, user_env, user_config, kept)
+    session.count("facts read")
     # the core's facts, then the plugins' own sections (read from a described host, probed on a real one)
     facts = with_sections(get_facts(facts_path, plugins.manager.facts_packages()), plugins.manager.facts_sections())
     return PlanInputs(facts, plugins.settings, plugins.manager, plugins.env, plugins.config)

@@ -23,9 +23,10 @@ here too).
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import pathlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from gpudask.config_files import load_dask_config as load_dask_config
 from gpudask.config_files import read_toml as read_toml
 from gpudask.config_files import read_yaml as read_yaml
 from gpudask.config_files import toml_path as toml_path
+from gpudask import session
 from gpudask.errors import ConfigError
 
 _MISSING = object()
@@ -168,19 +170,14 @@ def _positive_seconds(value: Any) -> float:
     return float(seconds)
 
 
-# where a value set by dask.config.set came from, when gpudask set it for the user (a
-# `dask worker` option, a LocalGPUCluster keyword): key -> (value, words naming it)
-_LABELS: dict[str, tuple[Any, str]] = {}
-
-
 def label_source(key: str, value: Any, label: str) -> None:
     """Name where ``key``'s value ``value`` came from (shown in reasons and errors while the
-    key has that value), instead of "dask config"."""
-    _LABELS[key] = (value, label)
+    key has that value), instead of "dask config" (held by this process's state)."""
+    session.current().labels[key] = (value, label)
 
 
 def forget_source(key: str) -> None:
-    _LABELS.pop(key, None)
+    session.current().labels.pop(key, None)
 
 
 def register_defaults(options: Iterable[Option]) -> None:
@@ -211,13 +208,47 @@ class Settings:
 
     def add_options(self, options: Iterable[Option]) -> None:
         """Add options (the plugins', once they are loaded: the core's decide which load)."""
-        self.options.update((o.key, o) for o in options)
-        self._cache.clear()
+        added = {o.key: o for o in options}
+        for key, opt in added.items():  # the values already read (the core's) stand
+            if self.options.get(key) != opt:
+                self._cache.pop(key, None)
+        self.options.update(added)
+
+    def resolved(self) -> dict[str, dict[str, Any]]:
+        """Every option's value and where it came from, as JSON (``{key: {"value", "source"}}``):
+        what a planning process writes into its host plan, so that the processes reading the
+        plan take the values as they are and parse nothing again.  A value JSON does not
+        hold exactly is left out (a reader parses that one itself)."""
+        out: dict[str, dict[str, Any]] = {}
+        for key in self.options:
+            setting = self.get(key)
+            try:
+                exact = json.loads(json.dumps(setting.value)) == setting.value
+            except (TypeError, ValueError):
+                exact = False
+            if exact:
+                out[key] = {"value": setting.value, "source": setting.source}
+        return out
+
+    def take_resolved(self, resolved: Mapping[str, Mapping[str, Any]]) -> None:
+        """Take ``resolved`` (a planning process's :meth:`resolved`, read from its host plan)
+        as the values of these options: not parsed again.  Keys of options not declared here
+        are ignored; options it lacks are read from the config as usual."""
+        for key, item in resolved.items():
+            if key in self.options:
+                self._cache[key] = Setting(key, item["value"], str(item["source"]))
 
     def read_config(self, config: dict[str, Any]) -> None:
-        """Read from ``config`` from now on (the user's view once the plugins' defaults are in)."""
+        """Read from ``config`` from now on (the user's view once the plugins' defaults are in).
+        A value read already stands where ``config`` gives its key (and legacy keys) the same
+        raw value: it is not parsed again."""
+        before = {key: self._raws(key) for key in self._cache}
         self._config = config
-        self._cache.clear()
+        self._cache = {key: s for key, s in self._cache.items() if self._raws(key) == before[key]}
+
+    def _raws(self, key: str) -> list[Any]:
+        opt = self.options.get(key)
+        return [self._raw(k) for k in (key, *(opt.legacy if opt is not None else ()))]
 
     def _raw(self, key: str) -> Any:
         import dask.config
@@ -225,7 +256,7 @@ class Settings:
         return dask.config.get(key, default=_MISSING, config=self._config)
 
     def _source(self, key: str) -> str:
-        labelled = _LABELS.get(key)
+        labelled = session.current().labels.get(key)
         if labelled is not None and labelled[0] == self._raw(key):
             return labelled[1]
         env_name = "DASK_" + key.upper().replace(".", "__").replace("-", "_")
@@ -252,6 +283,7 @@ class Settings:
                     break
         else:
             source = self._source(key)
+        session.count(f"parsed {key}")
         try:
             value = opt.parse(raw)
         except (ValueError, TypeError) as e:

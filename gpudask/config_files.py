@@ -14,6 +14,7 @@ import pathlib
 import sys
 from typing import Any
 
+from gpudask import session
 from gpudask.errors import ConfigError
 
 _HERE = pathlib.Path(__file__).parent
@@ -160,13 +161,14 @@ def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
         for key in _flatten(doc):
             name = key.replace("_", "-")
             value = dask.config.get(key, config=doc)
-            previous = _FILE_VALUES.get(name)
+            previous = session.current().file_values.get(name)
             current = dask.config.get(name, default=None)
             # explicit elsewhere (a DASK_* variable, or a value that differs from the default
             # and from what a file set before): keep it
             if name in env_keys or (not _not_chosen(name) and (previous is None or previous[1] != current)):
                 continue
-            _FILE_VALUES[name] = (str(path), value)
+            # to name the source (the process state's file_values)
+            session.current().file_values[name] = (str(path), value)
             dask.config.set({name: value})
 
 
@@ -187,8 +189,6 @@ def _default_of(key: str) -> Any:
     return dask.config.get(key, default=None, config=merged)
 
 
-# key -> (file, value) as last merged from gpudask.toml / --config, to name the source
-_FILE_VALUES: dict[str, tuple[str, Any]] = {}
 
 def _flatten(tree: Any, prefix: str = "") -> list[str]:
     if not isinstance(tree, dict) or not tree:
@@ -201,7 +201,7 @@ def _flatten(tree: Any, prefix: str = "") -> list[str]:
 
 def file_value(key: str) -> tuple[str | None, Any]:
     """``(path, value)`` of ``key`` as a config file last set it, or ``(None, None)``."""
-    return _FILE_VALUES.get(key.replace("_", "-"), (None, None))
+    return session.current().file_values.get(key.replace("_", "-"), (None, None))
 
 
 def flatten(tree: Any, prefix: str = "") -> list[str]:

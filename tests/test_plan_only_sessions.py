@@ -9,13 +9,15 @@ import dask
 import pytest
 from conftest import host
 
+from gpudask import session
 from gpudask.apply import preload
 
 
 @pytest.fixture
 def fresh(monkeypatch):
-    monkeypatch.setattr(preload, "_PLAN_ONLY", {})
-    monkeypatch.setattr(preload, "_PLAN_KEYS", set())
+    # the process state of a fresh process (no plan-only sessions, no keys learnt; the
+    # autouse fixture of conftest.py resets it again after the test)
+    session.reset()
     monkeypatch.setenv("GPUDASK_FACTS", host("workstation-2gpu-pcie.json"))
     for name in ("UCX_TLS", "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
@@ -25,14 +27,14 @@ def fresh(monkeypatch):
 
     client = process.Session("client", process.plan_host("tcp"), process.plan_host("tcp").client)
     client.applied = True
-    monkeypatch.setattr(process, "_SESSION", client)
+    session.current().applied = client
 
 
 def test_the_same_inputs_reuse_the_plan_and_a_key_the_plans_depend_on_replans(fresh):
     first = preload._session_for("worker")
     assert preload._session_for("worker") is first
     # learnt from the plans, not listed in the core: rmm's legacy key, the key gpu-dask-defaults sets
-    assert {"distributed.rmm.pool-size", "array.rechunk.method"} <= preload._PLAN_KEYS
+    assert {"distributed.rmm.pool-size", "array.rechunk.method"} <= session.current().plan_keys
     with dask.config.set({"some.unrelated-key": 1}):
         assert preload._session_for("worker") is first  # the rest of dask's config does not count
     with dask.config.set({"distributed.rmm.pool-size": "1GB"}):

@@ -6,8 +6,9 @@ it in ``$GPUDASK_HOST_PLAN``; its worker processes inherit the variable at spawn
 any of their code runs, and take their own plan from the file instead of planning again.
 Each worker claims its number in ``$GPUDASK_GROUP`` (:func:`gpudask.apply.runtime.worker_index`).
 
-On a host where gpudask decides nothing (a CPU host over tcp) nothing is written and no
-variable is exported.  Files and slot folders of processes that died are removed by the
+A ``dask worker`` process writes its plan on every host, so that its workers never plan; a
+client (the user's own process) writes nothing and exports nothing where gpudask decides
+nothing (a CPU host over tcp).  Files and slot folders of processes that died are removed by the
 next planning process of the same user.
 
 Everything lives in the user's private state directory (:mod:`gpudask.facts.statedir`):
@@ -39,9 +40,11 @@ def state_dir() -> pathlib.Path:
     return statedir.state_dir()
 
 
-def publish(host: HostPlan) -> None:
-    """Write ``host`` for this process's worker processes (a no-op where nothing was decided)."""
-    if not decided_anything(host):
+def publish(host: HostPlan, always: bool = False) -> None:
+    """Write ``host`` for this process's worker processes.  ``always``: even where nothing
+    was decided (the ``dask worker`` process: its workers then read the plan and never plan
+    for themselves); otherwise (a client, the user's own process) a no-op there."""
+    if not always and not decided_anything(host):
         return
     base = state_dir()
     reclaim_stale(base)
@@ -61,8 +64,9 @@ def decided_anything(host: HostPlan) -> bool:
 
 def load() -> HostPlan | None:
     """The host plan this worker process's parent wrote, or None (no parent plan, or a file
-    that is not safe to read).  Changes nothing in this process: its context is made from
-    this process's plan inputs as the user set them (the file's user values put back).
+    that is not safe to read).  Changes nothing in this process, and bootstraps nothing:
+    its context holds the parent's facts and resolved settings as the file has them, and
+    this process's plugin manager (:func:`gpudask.bootstrap.from_plan`).
 
     :raises PlanFileError: the file is not a host plan this gpudask reads (one line)."""
     path = os.environ.get(PLAN_ENV)
@@ -74,7 +78,7 @@ def load() -> HostPlan | None:
         return None  # the parent is gone, wrote nothing, or the file is not safe: the worker plans for itself
     where = f"the host plan {path} (${PLAN_ENV})"
     doc = parse_document(text, where)
-    return HostPlan.from_document(doc, bootstrap.inputs(kept=doc.user_values))
+    return HostPlan.from_document(doc, bootstrap.from_plan(doc))
 
 
 def restore_user_values(host: HostPlan) -> None:

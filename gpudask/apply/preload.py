@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+import sys
+from typing import Any, cast
 
+from gpudask import session as process_state
 from gpudask.apply import hostfile, process, runtime, state
 from gpudask.errors import GpudaskError
 
@@ -42,7 +44,7 @@ def on_import() -> None:
     assert s is not None
     level = logging.INFO if hostfile.decided_anything(s.host) else logging.DEBUG
     logger.log(level, process.startup_line(s))
-    taken = _TAKEN if role in ("nanny", "worker") else {}
+    taken = process_state.current().taken_options if role in ("nanny", "worker") else {}
     from gpudask.compat.dask_cuda import without_effect
 
     for warning in (s.host.warnings + _worker_count_warnings(s, cli) + _other_commands_warnings(s, cli)
@@ -81,17 +83,13 @@ def _take_preload_argv(preload: Any, argv: Any, command: str, cli: runtime.CliAr
         from gpudask.config import label_source
 
         settings, given_as = dask_cuda.take_cli_argv(list(argv), command)
-        _TAKEN.update(given_as)
+        process_state.current().taken_options.update(given_as)
         dask.config.set(settings)  # process-wide: this process's plan and its worker processes
         for key, value in settings.items():
             label_source(key, value, f"dask {command} {given_as[key]}")
 
     _fail_here(take, cli, report=False)
     dask_setup = DASK_SETUP_COMMAND
-
-
-# the dask-cuda options taken from this command line: {setting: the option as given}
-_TAKEN: dict[str, str] = {}
 
 
 def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
@@ -188,11 +186,10 @@ def initialize(protocol: str | None = None, nworkers: int | None = None) -> proc
     return process.start("client", protocol=protocol, nworkers=nworkers)
 
 
-_PLAN_ONLY: dict[tuple[str, str], process.Session] = {}
-# the dask config keys (beyond gpudask.*) the plans made in this process depend on: the
-# plugins' legacy keys and every key a plan set (the user's value wins, so the plan reads
-# it) -- learnt from the plans themselves, so the core names no plugin's keys
-_PLAN_KEYS: set[str] = set()
+# plan-only sessions are held by the process state (plan_only), with the dask config keys
+# (beyond gpudask.*) the plans made in this process depend on (plan_keys): the plugins'
+# legacy keys and every key a plan set (the user's value wins, so the plan reads it) --
+# learnt from the plans themselves, so the core names no plugin's keys
 # distributed's own key the plan's start method reads (a core field of the plan)
 _CORE_KEYS = ("gpudask", "distributed.worker.multiprocessing-method")
 
@@ -206,17 +203,18 @@ def _session_for(role: str) -> process.Session:
     s = process.current()
     if s is not None and s.role == role:
         return s
+    state = process_state.current()
     key = (role, _inputs())
-    if key not in _PLAN_ONLY:
-        if len(_PLAN_ONLY) >= 8:  # inputs keep changing (a test suite): forget the oldest
-            del _PLAN_ONLY[next(iter(_PLAN_ONLY))]
+    if key not in state.plan_only:
+        if len(state.plan_only) >= 8:  # inputs keep changing (a test suite): forget the oldest
+            del state.plan_only[next(iter(state.plan_only))]
         made = process.start(role, apply=False)
-        known = len(_PLAN_KEYS)
-        _PLAN_KEYS.update(plan_keys(made))
+        known = len(state.plan_keys)
+        state.plan_keys.update(plan_keys(made))
         # keyed by what it depends on: with keys learnt from this plan, by the inputs now
-        _PLAN_ONLY[key if len(_PLAN_KEYS) == known else (role, _inputs())] = made
+        state.plan_only[key if len(state.plan_keys) == known else (role, _inputs())] = made
         return made
-    return _PLAN_ONLY[key]
+    return cast(process.Session, state.plan_only[key])
 
 
 session_for = _session_for  # LocalGPUCluster makes its scheduler's plan before starting it
@@ -239,7 +237,7 @@ def _inputs() -> str:
 
     env = sorted((k, v) for k, v in os.environ.items()
                  if k.startswith(("GPUDASK_", "DASK_GPUDASK", "DASK_DISTRIBUTED_UCXX", "UCX_", "CUDA_", "RAPIDS_")))
-    sections = {key: dask.config.get(key, default=None) for key in sorted({*_CORE_KEYS, *_PLAN_KEYS})}
+    sections = {key: dask.config.get(key, default=None) for key in sorted({*_CORE_KEYS, *process_state.current().plan_keys})}
     return json.dumps([env, sections], sort_keys=True, default=repr)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gpudask import bootstrap
+from gpudask import session as process_state
 from gpudask.apply import hostfile, runtime
 from gpudask.bootstrap import plan_host
 from gpudask.errors import GpudaskError
@@ -65,21 +66,19 @@ class Session:
             "applied": self.state, "mismatches": self.mismatches})
 
 
-_SESSION: Session | None = None
-# What gpudask_setup_memory returned in this process, by pid (a forked child sets up its own).
-_MEMORY_SETUP: dict[int, dict[str, Any]] = {}
-
-
 def current() -> Session | None:
-    return _SESSION
+    """This process's session (held by the process state, :mod:`gpudask.session`)."""
+    return cast("Session | None", process_state.current().applied)
 
 
 def _applied_role() -> str | None:
-    return _SESSION.role if _SESSION is not None and _SESSION.applied else None
+    s = current()
+    return s.role if s is not None and s.applied else None
 
 
 def _session_context() -> Any:
-    return _SESSION.ctx if _SESSION is not None else None
+    s = current()
+    return s.ctx if s is not None else None
 
 
 applied.set_role_source(_applied_role)  # what gpudask.pluginapi.applied_role() answers
@@ -89,7 +88,6 @@ applied.set_context_source(_session_context)  # the plugin manager the /gpudask 
 def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = None,
           nworkers: int | None = None, apply: bool = True) -> Session:
     """Plan for this host and apply this process's part (``role``: scheduler, nanny, client)."""
-    global _SESSION
     if cli is not None:
         protocol = protocol or cli.scheduler_protocol()
         nworkers = nworkers or cli.nworkers or None  # 0: distributed refuses it and starts nothing
@@ -100,14 +98,16 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
     host = plan_host(protocol, nworkers, user_interface=cli.interface if cli is not None else None,
                      planner=role)
     session = Session(role, host, host.for_role(role))
-    if apply or _SESSION is None or not _SESSION.applied:
+    existing = current()
+    if apply or existing is None or not existing.applied:
         # a plan-only session (e.g. a LocalCluster's scheduler inside a client process)
         # never replaces the one this process applied
-        _SESSION = session
+        process_state.current().applied = session
     if apply:
         _apply(session, cli)
         if role in ("nanny", "client"):
-            hostfile.publish(host)  # the worker processes this one starts read their plan there
+            # the worker processes this one starts read their plan there (and never plan)
+            hostfile.publish(host, always=role == "nanny")
         if role in ("nanny", "client") and session.plan.multiprocessing_method == "forkserver":
             _start_forkserver()
     return session
@@ -119,7 +119,6 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
     Runs at the first ``import gpudask`` of the process, whoever imports it: the preload
     in ``Worker.__init__``, or a user's script re-imported as ``__mp_main__`` when the
     worker process was spawned (earlier still: before any task can touch CUDA)."""
-    global _SESSION
     locals_ = locals_ or {}
     index = runtime.worker_index(str(locals_["nanny"]) if locals_.get("nanny") else None)
     host = hostfile.load()
@@ -138,7 +137,7 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
         # the one for index+1 workers, made here, once (GPUs shared round-robin, with a warning)
         host = plan_host(host.protocol, index + 1, planner="worker")
     session = Session("worker", host, host.for_role("worker", index))
-    _SESSION = session
+    process_state.current().applied = session
     _apply(session)
     return session
 
@@ -176,16 +175,17 @@ def setup_memory(manager: Any, ctx: Any, plan: ProcessPlan) -> dict[str, Any]:
     later one (a WorkerPlugin registered on a running worker, a second preload, another
     manager of a re-plan) gets what the first returned.  A pool is never built twice in
     one process."""
-    kept = _MEMORY_SETUP.get(os.getpid())
+    done = process_state.current().memory_setup
+    kept = done.get(os.getpid())
     if kept is None:
         kept = manager.setup_memory(ctx, plan)
-        _MEMORY_SETUP[os.getpid()] = kept
+        done[os.getpid()] = kept
     return kept
 
 
 def forget_memory_setup() -> None:
     """Forget what :func:`setup_memory` kept in this process (for tests that set up twice)."""
-    _MEMORY_SETUP.pop(os.getpid(), None)
+    process_state.current().memory_setup.pop(os.getpid(), None)
 
 
 def apply_config(plan: ProcessPlan) -> dict[str, Any]:

@@ -163,9 +163,6 @@ class WorkerPlugin(_dp.WorkerPlugin):
             worker.startup_information.pop("gpudask", None)
 
 
-_LATE_INDEX: int | None = None  # this worker process's number, once claimed
-
-
 def _plan_worker(worker: Any) -> Any:
     """A plan-only session for this running worker process.
 
@@ -174,12 +171,14 @@ def _plan_worker(worker: Any) -> Any:
     them, and the plan is made from the user's view of the environment all the same."""
     from gpudask.apply.process import Session, plan_host
 
-    global _LATE_INDEX
-    if _LATE_INDEX is None:
+    from gpudask import session as process_state
+
+    state = process_state.current()
+    if state.late_index is None:
         # $GPUDASK_WORKER_INDEX, or the lowest free number of this host's group (held
         # until the process exits; a restarted worker of the same nanny gets it back)
-        _LATE_INDEX = runtime.worker_index(str(worker.nanny) if worker.nanny else None)
-    index = _LATE_INDEX
+        state.late_index = runtime.worker_index(str(worker.nanny) if worker.nanny else None)
+    index = state.late_index
     from gpudask.apply import hostfile
 
     host = hostfile.load()  # the plan this worker's parent made, when it made one

@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Any
 
+from gpudask import session as process_state
+
 
 def _who(session: Any) -> str:
     plan = session.plan
@@ -46,6 +48,8 @@ def read(session: Any) -> dict[str, Any]:
     ucx = _ucx_config()
     if ucx is not None:
         out["ucx"] = ucx
+    # what this process paid for at start: a worker that read its host plan bootstrapped nothing
+    out["startup"] = process_state.current().startup_counts()
     plugins = session.manager.applied_state(ctx, plan) if hasattr(session.manager, "applied_state") else {}
     if plugins:
         out["plugins"] = plugins

@@ -26,6 +26,7 @@ import stat
 from collections.abc import Iterable
 from typing import Any
 
+from gpudask import session
 from gpudask.errors import FactsError
 from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, resolve_visible
 
@@ -74,22 +75,22 @@ def _key(path: Iterable[Any]) -> str:
     return out
 
 
-# the same facts are read again and again (every worker's published facts, at every check):
-# data that passed the schema once passes again
-_VALID: set[bytes] = set()
-
-
 def _schema_error(where: str, data: Any) -> FactsError | None:
-    """The first schema violation in ``data`` as a one-line FactsError, or None."""
+    """The first schema violation in ``data`` as a one-line FactsError, or None.
+
+    The same facts are read again and again (every worker's published facts, at every
+    check): data that passed the schema once in this process passes again (the memo is the
+    process state's ``valid_facts``)."""
     from gpudask.findings import fingerprint
 
+    valid = session.current().valid_facts
     # msgpack, not json.dumps(sort_keys=True): a third of the time, and {1: x} is not {"1": x}
     key = fingerprint(data)
-    if key is not None and key in _VALID:
+    if key is not None and key in valid:
         return None
     error = _first_schema_error(where, data)
-    if error is None and key is not None and len(_VALID) < 256:
-        _VALID.add(key)
+    if error is None and key is not None and len(valid) < 256:
+        valid.add(key)
     return error
 
 
@@ -98,6 +99,7 @@ def _first_schema_error(where: str, data: Any) -> FactsError | None:
         # the pre-release format (plugins' facts as GPU and top-level keys): not read any more
         return FactsError(f"{where}: key 'schema' is 1, a format gpudask no longer reads; rewrite the file as "
                           f"schema {SCHEMA_VERSION} (the plugins' facts move into 'sections': docs/facts.md)")
+    session.count("facts schema")
     return first_error(_validator(), data, where)
 
 
@@ -222,10 +224,15 @@ def _bounds_error(where: str, value: Any, path: tuple[Any, ...] = ()) -> FactsEr
     return None
 
 
-def from_dict(data: Any, origin: str, where: str, described: bool) -> Facts:
+def from_dict(data: Any, origin: str, where: str, described: bool, schema_checked: bool = False) -> Facts:
     """Validate parsed JSON and build Facts; errors name ``where`` and the key.  A
-    ``described`` host is also checked for CPU numbers and its ``cuda_visible_devices``."""
-    error = _schema_error(where, data)
+    ``described`` host is also checked for CPU numbers and its ``cuda_visible_devices``.
+
+    ``schema_checked``: the planning process that wrote these facts into a host plan
+    validated them, and the plan's digest says they are what it validated
+    (:func:`gpudask.plan.host_plan.parse_document`): the JSON Schema is not run again
+    (the bounds and the checks between keys are, and cost little)."""
+    error = None if schema_checked else _schema_error(where, data)
     if error is None:
         error = _bounds_error(where, data)
     if error is not None:

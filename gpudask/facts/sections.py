@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from gpudask import session
 from gpudask.errors import FactsError, PluginError
 
 if TYPE_CHECKING:
@@ -83,25 +84,24 @@ def check_declared(plugin: str, distribution: str | None, result: Any, taken: Ma
     return out
 
 
-# a section probed in this process, by (name, probe, the host's core facts): a probe runs once
-# per process, as the core's own probe (gpudask.facts.clear_cache forgets them)
-_PROBED: dict[tuple[Any, ...], Any] = {}
-
-
 def clear_probed() -> None:
-    _PROBED.clear()
+    session.current().probed_sections.clear()
 
 
 def _probed(plugin: str, section: FactsSection, facts: Facts) -> Any:
+    """The section probed in this process, by (name, probe, the host's core facts): a probe
+    runs once per process, as the core's own probe (the process state's ``probed_sections``;
+    gpudask.facts.clear_cache forgets them)."""
+    probed = session.current().probed_sections
     key = (section.name, section.probe, facts.hostname, tuple((g.index, g.uuid, g.pci_bus_id) for g in facts.gpus))
-    if key not in _PROBED:
+    if key not in probed:
         try:
-            _PROBED[key] = section.probe(facts)
+            probed[key] = section.probe(facts)
         except FactsError:
             raise
         except Exception as e:  # noqa: BLE001 - a probe's failure names its plugin
             raise PluginError(plugin, None, f"the probe of facts section {section.name!r}", e) from e
-    return copy.deepcopy(_PROBED[key])
+    return copy.deepcopy(probed[key])
 
 
 def with_sections(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> Facts:
@@ -173,6 +173,7 @@ def section_error(where: str, section: FactsSection, value: Any, plugin: str) ->
     """The first place ``value`` leaves the section's schema, as one line, or None."""
     from gpudask.facts.loader import first_error
 
+    session.count("facts schema")
     error = first_error(_validator(section.schema), value, where, ["sections", section.name])
     return None if error is None else FactsError(f"{error} (facts section of plugin {plugin!r})")
 

@@ -12,11 +12,21 @@ Format 1, one JSON object::
     {"format": 1, "facts": {...schema 2...}, "facts_origin": "probed" | path,
      "protocol": "ucx", "nworkers": 2, "plugins": [{"name": ..., ...}], "warnings": [str],
      "scheduler": {process plan}, "nanny": {...}, "client": {...}, "workers": [{...}] * nworkers,
-     "user_values": {"env": {name: str | null}, "config": {key: value}}}
+     "user_values": {"env": {name: str | null}, "config": {key: value}},
+     "settings": {key: {"value": ..., "source": str}}, "facts_digest": "sha256 hex"}
+
+The file is the only thing that crosses from the planning process to its workers: it holds
+what the planning process resolved, with the sources, so a worker takes it as it is and
+bootstraps nothing (:func:`gpudask.bootstrap.from_plan`).  ``settings`` are the planning
+process's settings as parsed there (:meth:`gpudask.config.Settings.resolved`).
+``facts_digest`` is the SHA-256 of the facts as the planning process validated them
+(:func:`facts_digest`): a reader whose facts have that digest does not run the facts
+schema again; any other facts (a file edited or damaged since) are validated in full.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,6 +73,8 @@ class PlanDocument:
     warnings: list[str]
     processes: list[ProcessPlan]  # scheduler, nanny, client, then the workers
     user_values: UserValues
+    # the planning process's resolved settings: {key: {"value": ..., "source": str}}
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,7 +124,9 @@ class HostPlan:
     def to_json(self) -> str:
         """The host plan file (format :data:`FORMAT`); :meth:`from_json` reads it back.  A
         user's config value JSON cannot hold (an object) is written as its ``str``."""
-        return json.dumps({"format": FORMAT, **self.to_dict(), "user_values": self.user_values.to_dict()},
+        data = self.to_dict()
+        return json.dumps({"format": FORMAT, **data, "user_values": self.user_values.to_dict(),
+                           "settings": self.ctx.settings.resolved(), "facts_digest": facts_digest(data["facts"])},
                           default=str)
 
     @classmethod
@@ -123,7 +137,8 @@ class HostPlan:
 
     @classmethod
     def from_document(cls, doc: PlanDocument, inputs: PlanInputs) -> HostPlan:
-        """A document :func:`parse_document` accepted, as a plan."""
+        """A document :func:`parse_document` accepted, as a plan (``inputs``: the reading
+        process's, e.g. :func:`gpudask.bootstrap.from_plan`)."""
         from gpudask.plan.context import PlanContext
 
         ctx = PlanContext(doc.facts, inputs.settings, doc.protocol, doc.nworkers, user_env=inputs.user_env,
@@ -162,18 +177,43 @@ def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
     if len(doc["workers"]) != doc["nworkers"]:
         raise PlanFileError(f"{where}: key 'workers' holds {len(doc['workers'])} plans for nworkers "
                             f"{doc['nworkers']}; accepted: one plan per worker")
+    settings = _settings(doc.get("settings"), where)
     try:
         from gpudask.facts.loader import from_dict
 
         origin = doc["facts_origin"]
-        facts = from_dict(doc.get("facts"), origin, f"{where}, key 'facts'", described=origin != "probed")
+        # the planning process validated these facts before it wrote them: the same bytes need
+        # no second schema validation; anything else is validated in full
+        checked = isinstance(doc.get("facts_digest"), str) and doc["facts_digest"] == facts_digest(doc.get("facts"))
+        facts = from_dict(doc.get("facts"), origin, f"{where}, key 'facts'", described=origin != "probed",
+                          schema_checked=checked)
     except FactsError as e:
         raise PlanFileError(f"{e}; {_ACCEPTED}") from None
     plans = [("scheduler", doc.get("scheduler")), ("nanny", doc.get("nanny")), ("client", doc.get("client"))]
     plans += [(f"workers[{i}]", w) for i, w in enumerate(doc["workers"])]
     processes = [_process(data, key, where) for key, data in plans]
     return PlanDocument(facts, doc["protocol"], doc["nworkers"], doc["plugins"], doc["warnings"], processes,
-                        _user_values(doc.get("user_values"), where))
+                        _user_values(doc.get("user_values"), where), settings)
+
+
+def facts_digest(facts: Any) -> str:
+    """SHA-256 of ``facts`` (parsed JSON) in one canonical form: what the host plan file
+    records of the facts its writer validated."""
+    try:
+        text = json.dumps(facts, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return ""  # not JSON facts: never the digest of validated ones
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _settings(data: Any, where: str) -> dict[str, dict[str, Any]]:
+    accepted = 'an object {key: {"value": ..., "source": a string}}'
+    if not isinstance(data, dict):
+        raise _wrong(where, "settings", data, accepted)
+    for key, item in data.items():
+        if not (isinstance(item, dict) and set(item) == {"value", "source"} and isinstance(item["source"], str)):
+            raise _wrong(where, f"settings.{key}", item, '{"value": ..., "source": a string}')
+    return dict(data)
 
 
 def _process(data: Any, key: str, where: str) -> ProcessPlan:

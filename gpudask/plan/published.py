@@ -58,6 +58,16 @@ class CudaContextState(TypedDict, total=False):
     error: str  # why NVML could not tell
 
 
+class StartupCounts(TypedDict):
+    """How many times a process took each costly step (:mod:`gpudask.session`): a worker
+    process that read its host plan shows 0 everywhere."""
+
+    bootstrap: int  # config, plugin manager and settings built from its own config
+    facts_read: int  # facts probed or read, and the plugins' sections taken
+    facts_schema: int  # JSON Schema validations of facts or of a facts section
+    parsed: dict[str, int]  # settings parsed from their raw value, by key
+
+
 class AppliedState(TypedDict, total=False):
     """What the live process runs with, read after setup (``gpudask.apply.state``): the
     keys its plan decides, nothing else."""
@@ -69,6 +79,7 @@ class AppliedState(TypedDict, total=False):
     cpu_affinity: list[int]  # Linux only
     cuda_context: CudaContextState  # a real GPU host only
     ucx: dict[str, str]  # ucxx's configuration, once UCX is up
+    startup: StartupCounts  # what the process paid for at start (gpudask.session)
     plugins: dict[str, dict[str, PlannedActual]]  # each plugin's gpudask_applied_state
 
 

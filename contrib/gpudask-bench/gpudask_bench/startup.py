@@ -1,0 +1,143 @@
+"""Start-up cost of ``--preload gpudask``: stock ``dask scheduler`` + ``dask worker --nworkers N``,
+plain and preloaded, launched in turn (plain, preloaded, plain, ...), each timed from the
+scheduler's launch until the scheduler has registered every worker.
+
+    python -m gpudask_bench.startup --pairs 20 [--nworkers 2] [--facts host.json] [--json out.json]
+
+Interleaving pairs keeps the ratio meaningful on a machine whose speed drifts (other jobs):
+the figure is the median of the pair ratios, with the plain and preloaded medians and their
+spread beside it, and the load average before and after.  ``--facts`` describes the host
+(``GPUDASK_FACTS``) for both sides, so a CPU machine measures what a GPU host's workers do
+(their host plan read from the file their parent wrote); plain workers never read it.
+
+The waiting side is one client in this process, connected once the scheduler file appears:
+its imports are paid once, before the first launch, not per run.
+
+Whether gpudask's modules load from bytecode matters more than anything gpudask does at
+start: an installed wheel has it, while an editable install under ``PYTHONDONTWRITEBYTECODE=1``
+compiles gpudask's and its plugins' sources (about 11,000 lines) in every process, four per
+launch.  The report says which (``bytecode``); ``python -m compileall`` over the gpudask
+package gives an editable install what a wheel has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def _launch(preload: bool, nworkers: int, env: dict[str, str], timeout: float) -> float:
+    """One cluster launch; the seconds from the scheduler's launch until it has ``nworkers`` workers."""
+    from distributed import Client
+
+    extra = ["--preload", "gpudask"] if preload else []
+    with tempfile.TemporaryDirectory(prefix="gpudask-startup-") as d:
+        sched_file = os.path.join(d, "scheduler.json")
+        common = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env, "cwd": d}
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                   "--port", "0", "--no-dashboard", "--scheduler-file", sched_file, *extra],
+                                  start_new_session=True, **common)]  # type: ignore[call-overload]
+        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                                       sched_file, "--nworkers", str(nworkers), "--nthreads", "1",
+                                       "--no-dashboard", *extra],
+                                      start_new_session=True, **common))  # type: ignore[call-overload]
+        try:
+            while not os.path.exists(sched_file):
+                if time.perf_counter() - t0 > timeout:
+                    raise TimeoutError("the scheduler wrote no scheduler file")
+                time.sleep(0.01)
+            with Client(scheduler_file=sched_file, timeout=timeout) as client:
+                client.wait_for_workers(nworkers, timeout=timeout)
+                return time.perf_counter() - t0
+        finally:
+            for p in reversed(procs):
+                try:
+                    os.killpg(p.pid, 15)
+                except ProcessLookupError:
+                    pass
+            for p in reversed(procs):
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, 9)
+                    p.wait()
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """min, median, max and the interquartile range of ``values``."""
+    ordered = sorted(values)
+    quartiles = statistics.quantiles(ordered, n=4) if len(ordered) >= 2 else [ordered[0]] * 3
+    return {"min": ordered[0], "median": statistics.median(ordered), "max": ordered[-1],
+            "q1": quartiles[0], "q3": quartiles[2]}
+
+
+def bytecode() -> dict[str, Any]:
+    """Do gpudask and its plugins load from bytecode here (an installed wheel), or are their
+    sources compiled in every process (an editable install without ``__pycache__``)?"""
+    import importlib.util
+
+    found = {}
+    for name in ("gpudask", "gpudask.plugins"):
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        found[name] = bool(origin) and os.path.exists(importlib.util.cache_from_source(origin))
+    return {**found, "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE")}
+
+
+def summarize(plain: list[float], preloaded: list[float]) -> dict[str, Any]:
+    """The figures of paired runs: each side's spread and the pair ratios' (preloaded / plain)."""
+    ratios = [b / a for a, b in zip(plain, preloaded)]
+    return {"pairs": len(ratios), "plain_s": spread(plain), "preloaded_s": spread(preloaded),
+            "ratio": spread(ratios), "ratio_of_medians": statistics.median(preloaded) / statistics.median(plain)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m gpudask_bench.startup", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("--nworkers", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1, help="pairs run first and not counted")
+    parser.add_argument("--facts", help="a facts file describing the host (GPUDASK_FACTS) for both sides")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds one launch may take")
+    parser.add_argument("--json", help="write the runs and figures to this file")
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    env.pop("GPUDASK_HOST_PLAN", None)
+    env.pop("GPUDASK_GROUP", None)
+    if args.facts:
+        env["GPUDASK_FACTS"] = os.path.abspath(args.facts)
+    load_before = os.getloadavg()
+    plain: list[float] = []
+    preloaded: list[float] = []
+    for i in range(args.warmup + args.pairs):
+        a = _launch(False, args.nworkers, env, args.timeout)
+        b = _launch(True, args.nworkers, env, args.timeout)
+        if i >= args.warmup:
+            plain.append(a)
+            preloaded.append(b)
+            print(f"pair {i - args.warmup + 1}: plain {a:.3f} s, preloaded {b:.3f} s, ratio {b / a:.3f}",
+                  flush=True)
+    report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
+              "nworkers": args.nworkers, "facts": args.facts, "bytecode": bytecode(), "loadavg_before": load_before,
+              "loadavg_after": os.getloadavg(), **summarize(plain, preloaded), "runs": {"plain": plain,
+                                                                                       "preloaded": preloaded}}
+    r, p, q = report["ratio"], report["plain_s"], report["preloaded_s"]
+    print(f"{report['pairs']} pairs: plain median {p['median']:.3f} s (min {p['min']:.3f}, max {p['max']:.3f}), "
+          f"preloaded median {q['median']:.3f} s (min {q['min']:.3f}, max {q['max']:.3f}); "
+          f"pair ratio median {r['median']:.3f} (IQR {r['q1']:.3f}-{r['q3']:.3f}); "
+          f"load {load_before[0]:.2f} -> {report['loadavg_after'][0]:.2f}; bytecode {report['bytecode']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""What gpudask holds for this one process, in one object (the base stage).
+
+Each process gpudask runs in keeps one :class:`ProcessState`: what it did once and must not
+do again, the memos that spare it work, and the count of the costly steps it took.  The
+modules keep no registries of their own for these: they ask :func:`current`, so a test (or
+a process that must start clean) forgets everything with one :func:`reset`, and what a
+process did is one thing to read (``counts``, published with a worker's applied state).
+
+The counts say what a process paid for: ``bootstrap`` (config, plugin manager and typed
+settings built from this process's config), ``facts read`` (the host's facts probed or a
+facts file read, and the plugins' sections taken), ``facts schema`` (a JSON Schema
+validation of facts or of one facts section), ``parsed <key>`` (one setting parsed from its
+raw value).  A worker process that reads its host plan shows none of them: its parent
+planned, and wrote what it resolved into the plan.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ProcessState:
+    """This process's gpudask state: one object, made at first use, replaced by :func:`reset`."""
+
+    # how many times this process took each costly step (module docstring)
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    # where a value gpudask set in dask.config came from (a `dask worker` option, a
+    # LocalGPUCluster keyword): key -> (value, words naming it); gpudask.config.label_source
+    labels: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    # facts that passed the facts schema in this process, by fingerprint (gpudask.facts.loader)
+    valid_facts: set[bytes] = field(default_factory=set)
+    # the plugins' facts sections probed in this process (gpudask.facts.sections)
+    probed_sections: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    # the plan inputs built in this process, and their facts-free part (gpudask.bootstrap)
+    plan_inputs: collections.OrderedDict[str, Any] = field(default_factory=collections.OrderedDict)
+    plugins: collections.OrderedDict[str, Any] = field(default_factory=collections.OrderedDict)
+    # the user's values of what gpudask applied in this process (gpudask.bootstrap.keep_user_values)
+    kept: Any = None
+    # key -> (file, value) as last merged from gpudask.toml / --config (gpudask.config_files)
+    file_values: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    # the apply stage's session of this process: the plan it applied, or a plan-only one
+    # (gpudask.apply.process.current)
+    applied: Any = None
+    # what gpudask_setup_memory returned here, by pid: a forked child sets up its own
+    memory_setup: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # plan-only sessions by (role, inputs), and the config keys such plans depend on
+    # (gpudask.apply.preload)
+    plan_only: dict[tuple[str, str], Any] = field(default_factory=dict)
+    plan_keys: set[str] = field(default_factory=set)
+    # dask-cuda options taken from this command line: {setting: the option as given}
+    taken_options: dict[str, str] = field(default_factory=dict)
+    # this worker process's number once claimed late (gpudask.apply.server_plugins)
+    late_index: int | None = None
+
+    def count(self, what: str) -> None:
+        with _LOCK:
+            self.counts[what] += 1
+
+    def startup_counts(self) -> dict[str, Any]:
+        """The counts as published with a process's applied state: the three steps, and the
+        settings parsed here by key."""
+        with _LOCK:
+            counts = dict(self.counts)
+        return {"bootstrap": counts.get("bootstrap", 0), "facts_read": counts.get("facts read", 0),
+                "facts_schema": counts.get("facts schema", 0),
+                "parsed": {k[len("parsed "):]: n for k, n in sorted(counts.items()) if k.startswith("parsed ")}}
+
+
+_LOCK = threading.RLock()  # the scheduler check plans off the event loop, in threads
+_STATE: ProcessState | None = None
+
+
+def current() -> ProcessState:
+    """This process's state (made at first use)."""
+    global _STATE
+    if _STATE is None:
+        with _LOCK:
+            if _STATE is None:
+                _STATE = ProcessState()
+    return _STATE
+
+
+def reset() -> ProcessState:
+    """Forget everything this process held (tests; a process that starts clean); the new state."""
+    global _STATE
+    with _LOCK:
+        _STATE = ProcessState()
+        return _STATE
+
+
+def count(what: str) -> None:
+    """Count one costly step of this process (module docstring)."""
+    current().count(what)
