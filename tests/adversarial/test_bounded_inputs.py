@@ -1,0 +1,123 @@
+"""Inputs that ran without bound or ended in a traceback (issue 40, items 3 and 4): a YAML
+alias bomb, deep nesting, 5000-digit integers and ``1e400GB`` in config files; facts files
+of 10 000 GPUs, deep nesting, lone surrogates, duplicate UUIDs or writable by others; a
+scheduler file that is ``/dev/zero``, a FIFO or a ``tls://`` address; output to a terminal
+that cannot show a host's name.  Each is one line naming what was wrong and what is accepted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import base_env, host
+
+from gpudask.config import MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, load_dask_config
+from gpudask.errors import ConfigError
+
+
+def _one_line(out: subprocess.CompletedProcess, *parts: str) -> str:
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert "Traceback" not in text, text
+    lines = [x for x in text.splitlines() if x.strip() and " - INFO - " not in x]  # distributed's own INFO
+    assert len(lines) == 1, text
+    for part in parts:
+        assert part in lines[0], lines[0]
+    return lines[0]
+
+
+def _gpudask(tmp_path, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpudask.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=str(tmp_path), env=base_env(**env))
+
+
+# -- config files ---------------------------------------------------------------------
+def _alias_bomb(levels: int = 9) -> str:
+    """About 1 KB of YAML that expands to 9**9 (387 million) values."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "gpudask:\n  rmm:\n" + "".join(f"    {line}\n" for line in lines)
+
+
+def _mapping_bomb(levels: int = 9) -> str:
+    lines = ["m0: &m0 {" + ", ".join(f"k{j}: {j}" for j in range(9)) + "}"]
+    lines += [f"m{i}: &m{i} {{" + ", ".join(f"k{j}: *m{i - 1}" for j in range(9)) + "}" for i in range(1, levels)]
+    return "gpudask:\n  x:\n" + "".join(f"    {line}\n" for line in lines)
+
+
+CONFIG_BOMBS = {
+    "alias-bomb.yaml": (_alias_bomb(), f"more than {MAX_CONFIG_NODES} values once its aliases are expanded"),
+    "mapping-bomb.yaml": (_mapping_bomb(), f"more than {MAX_CONFIG_NODES} values once its aliases are expanded"),
+    "recursive.yaml": ("gpudask:\n  x: &a [1, *a]\n", "an alias inside the node it names"),
+    "deep.yaml": ("gpudask: " + "[" * 5000 + "]" * 5000 + "\n", f"nested more than {MAX_CONFIG_DEPTH} deep"),
+    "deep-mapping.yaml": ("gpudask: " + "{a: " * 100 + "1" + "}" * 100 + "\n", f"nested more than {MAX_CONFIG_DEPTH}"),
+    "deep.toml": ("a = " + "[" * 5000 + "]" * 5000 + "\n", f"nested more than {MAX_CONFIG_DEPTH} deep"),
+    "digits.toml": ("[rmm]\npool-size = " + "9" * 5000 + "\n", "not a valid TOML file (Exceeds the limit"),
+    "digits.yaml": ("gpudask:\n  rmm:\n    pool-size: " + "9" * 5000 + "\n", "not valid YAML (Exceeds the limit"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIG_BOMBS))
+@pytest.mark.parametrize("way", ["GPUDASK_CONFIG", "--config"])
+def test_a_config_file_that_expands_or_nests_without_bound_is_one_line(tmp_path, monkeypatch, name, way):
+    """Before: the alias bombs ran until killed (the 1 KB file expands to 387 million values
+    when dask's config merges it); deep nesting and 5000 digits were tracebacks."""
+    text, message = CONFIG_BOMBS[name]
+    path = tmp_path / name
+    path.write_text(text)
+    assert len(text) < 11000
+    if way == "GPUDASK_CONFIG":
+        monkeypatch.setenv("GPUDASK_CONFIG", str(path))
+        expected_start = f"GPUDASK_CONFIG={path}: "
+    else:
+        expected_start = f"--config {path}: "
+    with pytest.raises(ConfigError) as e:
+        load_dask_config(path if way == "--config" else None)
+    text = str(e.value)
+    assert text.startswith(expected_start) and message in text and "\n" not in text, text
+
+
+def test_yaml_aliases_a_config_file_may_use_still_load(tmp_path):
+    (tmp_path / "anchors.yaml").write_text("gpudask:\n  rmm: &pool\n    pool-size: 4GB\n  spill:\n    x: *pool\n")
+    load_dask_config(tmp_path / "anchors.yaml")
+    import dask.config
+
+    assert dask.config.get("gpudask.rmm.pool-size") == "4GB"
+
+
+@pytest.mark.parametrize("value", ["1e400GB", "1e400GiB"])
+def test_an_infinite_size_is_one_line(tmp_path, monkeypatch, value):
+    """Before: OverflowError (cannot convert float infinity to integer), a 96-line traceback."""
+    from gpudask.bootstrap import plan_host
+
+    (tmp_path / "gpudask.toml").write_text(f'[rmm]\npool-size = "{value}"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPUDASK_FACTS", host("workstation-2gpu-pcie.json"))
+    with pytest.raises(ConfigError) as e:
+        plan_host(protocol="tcp")
+    text = str(e.value)
+    assert text.startswith(f"gpudask.rmm.pool-size = '{value}' (from gpudask.toml") and "accepted: a size" in text
+
+
+def test_a_value_too_long_to_show_is_cut_in_the_error_line(tmp_path, monkeypatch):
+    from gpudask.bootstrap import plan_host
+
+    monkeypatch.setenv("DASK_GPUDASK__RMM__POOL_SIZE", "x" * 100_000)
+    monkeypatch.setenv("GPUDASK_FACTS", host("workstation-2gpu-pcie.json"))
+    with pytest.raises(ConfigError) as e:
+        plan_host(protocol="tcp")
+    assert len(str(e.value)) < 1000 and "..." in str(e.value)
+
+
+@pytest.mark.process
+def test_dask_scheduler_with_an_infinite_size_exits_with_one_line(tmp_path):
+    """The issue's case: `dask scheduler --preload gpudask` died with 97 lines."""
+    (tmp_path / "gpudask.toml").write_text('[rmm]\npool-size = "1e400GB"\n')
+    out = subprocess.run([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                          "--port", "0", "--no-dashboard", "--preload", "gpudask"], capture_output=True, text=True,
+                         timeout=120, cwd=str(tmp_path), env=base_env())
+    line = _one_line(out, "gpudask.rmm.pool-size = '1e400GB'", "accepted: a size")
+    assert line.startswith("Error: gpudask: ")
