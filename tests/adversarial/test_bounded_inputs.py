@@ -121,3 +121,109 @@ def test_dask_scheduler_with_an_infinite_size_exits_with_one_line(tmp_path):
                          timeout=120, cwd=str(tmp_path), env=base_env())
     line = _one_line(out, "gpudask.rmm.pool-size = '1e400GB'", "accepted: a size")
     assert line.startswith("Error: gpudask: ")
+
+
+# -- facts files ----------------------------------------------------------------------
+def _facts_text(tmp_path, name: str, change) -> str:
+    data = json.loads(open(host("workstation-2gpu-pcie.json")).read())
+    text = change(data)
+    path = tmp_path / name
+    path.write_text(text if isinstance(text, str) else json.dumps(data))
+    return str(path)
+
+
+def _many_gpus(data):
+    gpu = data["gpus"][0]
+    data["gpus"] = [{**gpu, "index": i, "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000", "cpu_affinity": [0]}
+                    for i in range(10_000)]
+
+
+def _duplicate_uuid(data):
+    data["gpus"][1]["uuid"] = data["gpus"][0]["uuid"]
+
+
+def _lone_surrogate(data):
+    data["hostname"] = "node-\ud800"
+    return json.dumps(data)  # ensure_ascii: the file holds the escape "\ud800", as an attacker would write it
+
+
+def _nested(depth: int):
+    def change(data):
+        return json.dumps(data)[:-1] + ', "sections": {"gds": ' + "[" * depth + "]" * depth + "}}"
+    return change
+
+
+def _digits(data):
+    return json.dumps(data)[:-1] + ', "cpu_count": ' + "9" * 5000 + "}"
+
+
+FACTS_CASES = {
+    "10000-gpus": (_many_gpus, "key 'gpus' must be a list of at most 64 GPUs, got '10000 GPUs'"),
+    "duplicate-uuid": (_duplicate_uuid, "key 'gpus[1].uuid' must be unique among the GPUs (gpus[0] has it)"),
+    "lone-surrogate": (_lone_surrogate, "key 'hostname' must be a string of Unicode characters (no lone surrogates)"),
+    "nested-20": (_nested(20), "must be nested at most 16 deep"),
+    "nested-100000": (_nested(100_000), "nested deeper than a facts file may be"),
+    "5000-digits": (_digits, "integers in a facts file are at most 2**53"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FACTS_CASES))
+def test_a_facts_file_without_bound_is_one_line(tmp_path, case):
+    """Before: 10 000 GPUs planned for minutes (killed), a duplicate UUID was accepted (two
+    workers on one GPU), the others were tracebacks (UnicodeEncodeError, RecursionError, ValueError)."""
+    from gpudask.errors import FactsError
+    from gpudask.facts import load_facts
+
+    change, message = FACTS_CASES[case]
+    path = _facts_text(tmp_path, f"{case}.json", change)
+    with pytest.raises(FactsError) as e:
+        load_facts(path)
+    text = str(e.value)
+    assert text.startswith(f"{path}: ") and message in text and "\n" not in text and len(text) < 400, text
+
+
+def test_facts_published_by_a_worker_are_bounded_the_same_way():
+    """What a worker publishes goes through the same checks on the scheduler."""
+    from gpudask.errors import FactsError
+    from gpudask.facts import facts_from_dict
+
+    data = json.loads(open(host("workstation-2gpu-pcie.json")).read())
+    _many_gpus(data)
+    with pytest.raises(FactsError, match="at most 64 GPUs"):
+        facts_from_dict(data, "published")
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o646])
+def test_a_facts_file_every_user_may_write_is_refused(tmp_path, mode):
+    from gpudask.errors import FactsError
+    from gpudask.facts import load_facts
+
+    path = tmp_path / "host.json"
+    path.write_text(open(host("workstation-2gpu-pcie.json")).read())
+    path.chmod(mode)
+    with pytest.raises(FactsError) as e:
+        load_facts(path)
+    assert f"every user can write it (mode {mode:04o})" in str(e.value) and "chmod go-w" in str(e.value)
+
+
+def test_a_facts_file_its_group_may_write_is_a_warning(tmp_path, caplog):
+    from gpudask.facts import load_facts
+
+    path = tmp_path / "host.json"
+    path.write_text(open(host("workstation-2gpu-pcie.json")).read())
+    path.chmod(0o664)
+    assert len(load_facts(path).gpus) == 2
+    (line,) = [r.getMessage() for r in caplog.records if "facts file" in r.getMessage()]
+    assert "its group can write it (mode 0664)" in line and "chmod g-w" in line
+
+
+def test_a_facts_file_of_another_user_is_refused(tmp_path, other_user):
+    from gpudask.errors import FactsError
+    from gpudask.facts import load_facts
+
+    path = tmp_path / "host.json"
+    path.write_text(open(host("workstation-2gpu-pcie.json")).read())
+    path.chmod(0o644)
+    os.chown(path, *other_user)
+    with pytest.raises(FactsError, match=r"owned by uid \d+ \(gpudask-adversary\), not by you"):
+        load_facts(path)
