@@ -226,13 +226,15 @@ def protocol_from(address: str | None, scheduler_file: str | None, wait: bool = 
     (``timeout`` seconds; None: no end, distributed's default)."""
     if scheduler_file and not address:
         try:
+            if os.path.exists(scheduler_file) and not os.path.isfile(scheduler_file):
+                raise OSError("not a regular file")  # a FIFO would block this read for ever
             if wait:
                 from distributed.utils import json_load_robust
 
                 address = json_load_robust(scheduler_file, timeout=timeout).get("address")
             else:
                 address = json.loads(pathlib.Path(scheduler_file).read_text()).get("address")
-        except (OSError, ValueError, TimeoutError):
+        except (OSError, ValueError, TimeoutError, AttributeError, RecursionError):
             address = None
     from gpudask.checks import scheme
 

@@ -227,3 +227,106 @@ def test_a_facts_file_of_another_user_is_refused(tmp_path, other_user):
     os.chown(path, *other_user)
     with pytest.raises(FactsError, match=r"owned by uid \d+ \(gpudask-adversary\), not by you"):
         load_facts(path)
+
+
+# -- scheduler files, addresses and protocols --------------------------------------------
+def _cli(*args: str) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from gpudask.cli import main
+
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output + (f"{type(result.exception).__name__}" if result.exception and not
+                                               isinstance(result.exception, SystemExit) else "")
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "directory-like", "not-json", "no-address", "deep"])
+def test_a_scheduler_file_that_is_not_one_is_one_line(tmp_path, command, kind):
+    """Before: /dev/zero was read until the kernel killed the command (24 GB), a FIFO blocked
+    for ever, a JSON list or deep nesting were tracebacks."""
+    if kind == "/dev/zero":
+        path, message = "/dev/zero", "not a regular file (a FIFO, socket or device)"
+    elif kind == "fifo":
+        path, message = str(tmp_path / "fifo"), "not a regular file"
+        os.mkfifo(path)
+    elif kind == "directory-like":
+        path, message = "/proc/self/fd/0", "not a regular file"
+    else:
+        path = str(tmp_path / "scheduler.json")
+        text = {"not-json": "{", "no-address": "[1, 2]", "deep": "[" * 100_000}[kind]
+        message = {"not-json": "not JSON", "no-address": "no string 'address' in it", "deep": "not JSON"}[kind]
+        open(path, "w").write(text)
+    code, out = _cli(command, "--scheduler-file", path, "--timeout", "5")
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1, out
+    assert lines[0].startswith("gpudask: error: ") and path in lines[0] and message in lines[0], out
+    assert "accepted: the JSON file `dask scheduler --scheduler-file` writes" in lines[0]
+
+
+def test_the_timeout_bounds_the_read_of_a_scheduler_file(tmp_path, monkeypatch):
+    """A read that never returns (a hung network file system, stood in for by an open that
+    blocks) ends at --timeout with one line."""
+    import threading
+
+    from gpudask.checks.client import read_scheduler_file
+    from gpudask.errors import GpudaskError
+
+    path = tmp_path / "scheduler.json"
+    path.write_text('{"address": "tcp://127.0.0.1:1"}')
+    never = threading.Event()
+    real_open = os.open
+
+    def hung_open(name, *args, **kwargs):
+        if os.fspath(name) == str(path):
+            never.wait(30)
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", hung_open)
+    try:
+        with pytest.raises(GpudaskError, match=r"not read within 0.5 s \(--timeout\)"):
+            read_scheduler_file(str(path), timeout=0.5)
+    finally:
+        never.set()
+    monkeypatch.undo()
+    assert read_scheduler_file(str(path), timeout=5) == "tcp://127.0.0.1:1"
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_a_tls_scheduler_without_certificates_is_one_line(tmp_path, command):
+    """Before: a TypeError traceback from distributed's TLS connector, then a hang at exit."""
+    path = tmp_path / "scheduler.json"
+    path.write_text(json.dumps({"address": "tls://127.0.0.1:1", "type": "Scheduler"}))
+    code, out = _cli(command, "--scheduler-file", str(path), "--timeout", "5")
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1, out
+    assert "tls://127.0.0.1:1: a TLS scheduler, and no TLS settings for this client" in lines[0], out
+
+
+@pytest.mark.parametrize("protocol", [5, b"tcp", "tls"])
+def test_local_gpu_cluster_with_a_protocol_it_cannot_use_is_one_line(protocol):
+    """Before: protocol=5 was AttributeError ('int' object has no attribute 'strip'), "tls"
+    without certificates a traceback per process and RuntimeError: Cluster failed to start."""
+    import gpudask
+    from gpudask.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        gpudask.LocalGPUCluster(protocol=protocol)
+    text = str(e.value)
+    assert "\n" not in text and text.startswith(f"protocol={protocol!r}") and "accepted:" in text, text
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_output_to_a_terminal_that_cannot_show_a_name_is_escaped(tmp_path, encoding):
+    """A host named in CJK on a Latin-1 terminal: before, a UnicodeEncodeError traceback in the
+    middle of `gpudask info`."""
+    data = json.loads(open(host("workstation-2gpu-pcie.json")).read())
+    data["hostname"] = "höst-東京"
+    (tmp_path / "host.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", str(tmp_path / "host.json")],
+                         capture_output=True, timeout=120, cwd=str(tmp_path),
+                         env=base_env(PYTHONIOENCODING=encoding, LC_ALL="C", LANG="C"))
+    text = (out.stdout + out.stderr).decode(encoding, "replace")
+    assert out.returncode == 0 and "Traceback" not in text, text
+    if encoding == "latin-1":  # (on an ASCII stream click writes UTF-8 bytes itself)
+        assert "\\u6771\\u4eac" in text.splitlines()[0], text  # 東京, escaped
