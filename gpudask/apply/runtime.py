@@ -245,23 +245,110 @@ def protocol_from(address: str | None, scheduler_file: str | None, wait: bool = 
 _held_slot: list[Any] = []  # what holds this process's slot: a locked file, a bound socket
 
 
+_SQUATTED = "squatted"  # _slot_socket: the name is bound by another user's process
+
+
+def _slot_name(group: str, i: int, alternate: bool = False) -> str:
+    import hashlib
+
+    digest = hashlib.sha256(group.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return f"\0gpudask-{os.getuid()}-{digest}-slot-{i}" + ("-alt" if alternate else "")
+
+
+def _holder_uid(name: str) -> int | None:
+    """The uid of the process listening on the abstract socket ``name`` (``SO_PEERCRED``), or
+    None when nobody listens there (bound and not listening: not a gpudask worker's)."""
+    import socket
+    import struct
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(name)
+        _pid, uid, _gid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                               struct.calcsize("3i")))
+        return int(uid)
+    except OSError:
+        return None
+    finally:
+        probe.close()
+
+
+def _serve_probes(sock: Any) -> None:
+    """Accept (and close) the connections of other workers asking who holds this slot, so
+    that the listen queue never fills: a full queue would look like a slot nobody holds."""
+    import threading
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return  # closed: the process is exiting
+            conn.close()
+
+    threading.Thread(target=serve, name="gpudask-worker-slot", daemon=True).start()
+
+
+def _bind_slot(name: str) -> Any:
+    """Bind and listen on the abstract ``name``: the socket; None when a worker of this user
+    holds it; :data:`_SQUATTED` when a process of another user does; True without sockets."""
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(name)
+        sock.listen(16)
+    except OSError as e:
+        sock.close()
+        if e.errno != errno.EADDRINUSE:
+            return True
+        # abstract names have no owner: anyone may bind a freed one first (they are listed in
+        # /proc/net/unix).  Ours listen and answer; whatever else holds it is not a worker of ours
+        holder = _holder_uid(name)
+        return None if holder == os.getuid() else _SQUATTED
+    _serve_probes(sock)
+    return sock
+
+
 def _slot_socket(group: str, i: int) -> Any:
     """A second hold on slot ``i`` that no file operation can take away (Linux): a Unix
     socket bound to an abstract name (no file; freed when the process dies).  Another
-    process holding it: None.  Elsewhere, or no socket: True (the file lock alone)."""
-    import hashlib
-    import socket
-
+    worker of this user holding it: None.  Elsewhere, or no socket: True (the file lock
+    alone).  A process of another user that bound the name (docs/security.md): the same
+    name with ``-alt`` holds it instead; both taken by others: :data:`_SQUATTED`."""
     if not sys.platform.startswith("linux"):
         return True
-    digest = hashlib.sha256(group.encode("utf-8", "surrogateescape")).hexdigest()[:24]
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    primary = _bind_slot(_slot_name(group, i))
+    if primary is None or primary is True:
+        return primary
+    alternate = _slot_name(group, i, alternate=True)
+    if primary is not _SQUATTED:
+        # a worker of ours may hold this slot by its alternate name (the primary was taken by
+        # another user then, and has been freed since)
+        if _holder_uid(alternate) == os.getuid():
+            primary.close()
+            return None
+        return primary
+    held = _bind_slot(alternate)
+    if held is not None:  # (None: a worker of ours holds the slot by its alternate name)
+        logger.warning("gpudask: worker number %d: its socket name is bound by a process of another user (%s); "
+                       "held by %s instead, never shared with a worker of yours", i,
+                       _holder_text(_holder_uid(_slot_name(group, i))),
+                       "its alternate name and lock file" if held is not _SQUATTED and held is not True
+                       else "its lock file")
+    return _SQUATTED if held is _SQUATTED or held is True else held
+
+
+def _holder_text(uid: int | None) -> str:
+    if uid is None:
+        return "not listening"
     try:
-        sock.bind(f"\0gpudask-{os.getuid()}-{digest}-slot-{i}")
-    except OSError as e:
-        sock.close()
-        return None if e.errno == errno.EADDRINUSE else True
-    return sock
+        import pwd
+
+        return f"uid {uid}, {pwd.getpwuid(uid).pw_name}"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -> int:
@@ -310,6 +397,10 @@ def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -
                     f.close()
                     continue
         sock = _slot_socket(group, i)
+        if sock is _SQUATTED:
+            # both names taken by another user: no worker of ours holds them (a name has one
+            # holder), so the lock file, when there is one, is the hold
+            sock = True
         if sock is None or (sock is True and f is None):  # held by a live worker / no hold at all
             if f is not None:
                 f.close()
