@@ -45,3 +45,29 @@ def test_one_distribution_found_twice_on_the_path_is_not_a_clash(tmp_path, monke
     sys.path_importer_cache.clear()
     importlib.invalidate_caches()
     assert ("fast", "gpudask-fast") in select().entry_points
+
+
+def test_a_worker_with_another_gpudask_version_is_a_warning():
+    """Before: a worker publishing gpudask 0.0.9 to a 0.1.0 scheduler matched without a word."""
+    import json
+    import pathlib
+
+    from conftest import host, plan_on
+
+    from gpudask._version import __version__
+    from gpudask.checks import evaluate_worker, local_side
+    from gpudask.facts import load_facts
+
+    facts_path = host("h200-single.json")
+    plan = plan_on(facts_path, "tcp")
+    manager, ctx = plan.ctx.manager, plan.ctx
+    scheduler = local_side(load_facts(facts_path), "scheduler", "tcp://s:1", "tcp")
+    facts = json.loads(pathlib.Path(facts_path).read_text())
+    same = {"facts": facts, "protocol": "tcp", "version": __version__}
+    other = {**same, "version": "0.0.9"}
+    findings, _ = evaluate_worker(manager, ctx, scheduler, "tcp://w:1", {"gpudask": same})
+    assert "gpudask-version" not in {f.code for f in findings}
+    findings, _ = evaluate_worker(manager, ctx, scheduler, "tcp://w:1", {"gpudask": other})
+    (f,) = [f for f in findings if f.code == "gpudask-version"]
+    assert f.severity == "warning" and f.subject == "tcp://w:1"
+    assert f"the worker runs gpudask 0.0.9, the scheduler gpudask {__version__}" in f.message
