@@ -4,7 +4,7 @@ A planning process (the ``dask worker`` process hosting the nannies, or a client
 starts a ``LocalCluster``) writes its :class:`~gpudask.plan.HostPlan` to a file and names
 it in ``$GPUDASK_HOST_PLAN``; its worker processes inherit the variable at spawn, before
 any of their code runs, and take their own plan from the file instead of planning again.
-Each worker claims its number in ``$GPUDASK_GROUP`` (:func:`gpudask.apply.runtime.worker_index`).
+Each worker claims its number in ``$GPUDASK_GROUP`` (:func:`gpudask.apply.slots.worker_index`).
 
 On a host where gpudask decides nothing (a CPU host over tcp) nothing is written and no
 variable is exported.  Files and slot folders of processes that died are removed by the

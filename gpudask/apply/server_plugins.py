@@ -379,29 +379,25 @@ def register(client: Any, *, nanny: bool = True, restart: bool = False) -> dict[
     The scheduler's plugin comes last: it reads back what the workers publish, so that under
     ``scheduler-check.action: refuse`` no worker is refused for running no gpudask yet."""
     if restart and not nanny:
-        raise GpudaskError("register(restart=True) needs nanny=True: the nannies start the restarted workers with "
-                           "their plan")
-    if nanny:
-        # never NannyPlugin(restart=True): distributed would restart every worker, preloaded ones included
+        raise GpudaskError("register(restart=True) needs nanny=True: the nannies start the workers with their plan")
+    if nanny:  # never NannyPlugin(restart=True): distributed would restart every worker, preloaded ones too
         client.register_plugin(NannyPlugin())
     client.register_plugin(WorkerPlugin())
     client.register_plugin(SchedulerPlugin())
     report = status(client)
-    if restart:
-        stale = workers_needing_restart(report)
-        if stale:
-            logger.info("gpudask: restarting %d of %d worker(s), which do not run their whole plan: %s", len(stale),
-                        len(report), ", ".join(stale))
-            client.restart_workers(stale)
-            report = status(client)
+    stale = workers_needing_restart(report) if restart else []
+    if stale:
+        logger.info("gpudask: restarting %d of %d worker(s), which do not run their whole plan: %s", len(stale),
+                    len(report), ", ".join(stale))
+        client.restart_workers(stale)
+        report = status(client)
     return report
 
 
 def workers_needing_restart(report: dict[str, dict[str, Any]]) -> list[str]:
     """The workers of a :func:`status` report that do not run their whole plan: gpudask not
     preloaded, or a planned setting only a new process takes."""
-    return sorted(address for address, r in report.items()
-                  if not r.get("preloaded") or r.get("needs_restart"))
+    return sorted(address for address, r in report.items() if not r.get("preloaded") or r.get("needs_restart"))
 
 
 def install_check(scheduler: Any, s: Any) -> None:

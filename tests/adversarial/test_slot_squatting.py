@@ -67,7 +67,7 @@ def test_a_slot_name_bound_by_another_user_never_puts_two_workers_on_one_gpu(clu
             # the name an adversary sees in /proc/net/unix (other tests' workers may be there too:
             # pick this cluster's by its group)
             from gpudask.apply.hostfile import GROUP_ENV
-            from gpudask.apply.runtime import _slot_name
+            from gpudask.apply.slots import _slot_name
 
             (group,) = set(client.run(os.getenv, GROUP_ENV).values())
             names = [_slot_name(group, 1)[1:]]
