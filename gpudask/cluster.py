@@ -34,7 +34,9 @@ from distributed import LocalCluster
 from dask.system import CPU_COUNT
 
 from gpudask.compat import dask_cuda
+from gpudask.config import shown
 from gpudask.errors import ConfigError, GpudaskError, PluginError
+
 
 PRELOAD = "gpudask"
 
@@ -56,8 +58,28 @@ def _client_session(protocol: str, n_workers: int | None) -> Any:
 
 
 def _protocol_name(protocol: str | None) -> str:
+    if protocol is not None and not isinstance(protocol, str):
+        raise ConfigError(f"protocol={shown(protocol)} is not valid; accepted: a string, \"tcp\" (default), "
+                          "\"ucx\" or \"ucxx\"")
     name = (protocol or "tcp").strip()
     return name[: -len("://")] if name.endswith("://") else name
+
+
+def _check_tls(name: str, kwargs: dict[str, Any]) -> None:
+    """``protocol="tls"`` needs certificates: without ``security=`` or distributed's TLS
+    config, LocalCluster ends in "Cluster failed to start" after a traceback per process."""
+    if "tls" not in [p.strip() for p in name.split(",")] or kwargs.get("security") is not None:
+        return
+    from distributed.security import Security
+
+    try:
+        context = Security().get_connection_args("client").get("ssl_context")
+    except Exception as e:  # noqa: BLE001 - a certificate file that is missing or not PEM
+        raise ConfigError(f"protocol={name!r}: distributed's TLS settings cannot be used ({type(e).__name__}: "
+                          f"{(str(e).splitlines() or ['?'])[0][:200]})") from None
+    if context is None:
+        raise ConfigError(f"protocol={name!r} needs certificates; accepted: security=Security(...) (e.g. "
+                          "Security.temporary()) or distributed's TLS config (distributed.comm.tls.*)")
 
 
 def _merged_preload(value: Any) -> list[str]:
@@ -111,6 +133,7 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
 
     check_nworkers(n_workers, "n_workers")  # before planning: 2.5 or 10**7 plan nothing
     name = _protocol_name(protocol)
+    _check_tls(name, kwargs)
     s = _client_session(name, n_workers)
     gpus = s.host.facts.visible_gpus()
     n = n_workers if n_workers is not None else max(1, len(gpus))

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudask.config_files import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
+from gpudask.config_files import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
+from gpudask.config_files import MAX_CONFIG_NODES as MAX_CONFIG_NODES
 from gpudask.config_files import check_config_file as check_config_file
 from gpudask.config_files import file_value, flatten
 from gpudask.config_files import load_dask_config as load_dask_config
@@ -78,6 +80,16 @@ class Setting:
     def explicit(self) -> bool:
         """Set by the user somewhere (config, environment, file, legacy key)."""
         return self.source != "default"
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for one error line: an integer of more than
+    4300 digits has no repr (ValueError), a string may be a megabyte."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # -- parsers: each raises ValueError; Settings turns that into a ConfigError ---------
@@ -286,8 +298,11 @@ class Settings:
         session.count(f"parsed {key}")
         try:
             value = opt.parse(raw)
-        except (ValueError, TypeError) as e:
-            raise ConfigError(f"{key} = {raw!r} (from {source}) is not valid; accepted: {e or opt.accepts}") from None
+        except (ValueError, TypeError, OverflowError, RecursionError) as e:
+            # OverflowError: "1e400GB" is float infinity, which no size or count can be
+            if isinstance(e, (OverflowError, RecursionError)):
+                e = ValueError(opt.accepts)
+            raise ConfigError(f"{key} = {shown(raw)} (from {source}) is not valid; accepted: {e or opt.accepts}") from None
         setting = Setting(key, value, source)
         self._cache[key] = setting
         return setting

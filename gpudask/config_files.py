@@ -20,6 +20,10 @@ from gpudask.errors import ConfigError
 _HERE = pathlib.Path(__file__).parent
 
 MAX_CONFIG_BYTES = 1 << 20  # a gpudask.toml / YAML config file larger than this is refused
+# what one config file may hold once parsed: YAML aliases repeat a node without repeating its
+# text (a 1 KB "billion laughs" file expands to 10**9 values), so the bytes alone bound nothing
+MAX_CONFIG_NODES = 100_000  # values (mappings, lists and scalars), aliases counted as expanded
+MAX_CONFIG_DEPTH = 32  # mappings and lists inside each other (dask's own config nests 6 deep)
 _NAMESPACES = ("gpudask", "distributed", "distributed-ucxx", "dask", "array")
 
 def toml_path() -> pathlib.Path | None:
@@ -62,9 +66,75 @@ def check_config_file(path: pathlib.Path, where: str) -> None:
 def _read_text(path: pathlib.Path, where: str) -> str:
     check_config_file(path, where)
     try:
-        return path.read_text(encoding="utf-8")
+        # non-blocking and bounded: the file checked above may have been swapped for a FIFO
+        # or grown since
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{where}: over the {MAX_CONFIG_BYTES}-byte limit; accepted: a regular TOML or YAML "
+                              "file")
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{where}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+
+
+def _too_big(where: str, what: str) -> ConfigError:
+    return ConfigError(f"{where}: {what}; accepted: at most {MAX_CONFIG_NODES} values (YAML aliases counted as "
+                       f"expanded), nested at most {MAX_CONFIG_DEPTH} deep")
+
+
+def check_parsed_size(doc: Any, where: str) -> None:
+    """Refuse a parsed config deeper than :data:`MAX_CONFIG_DEPTH` or with more than
+    :data:`MAX_CONFIG_NODES` values (iterative: no recursion limit to hit)."""
+    count, stack = 0, [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_NODES:
+            raise _too_big(where, f"more than {MAX_CONFIG_NODES} values")
+        if isinstance(value, (dict, list)):
+            if depth > MAX_CONFIG_DEPTH:
+                raise _too_big(where, f"nested more than {MAX_CONFIG_DEPTH} deep")
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+
+
+def _check_yaml_graph(node: Any, where: str) -> None:
+    """Count the values of a composed YAML document as constructing it would produce them,
+    an alias as many times as it is used, without expanding anything: the value count of a
+    node is remembered (by identity) once known."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    depths: dict[int, int] = {}
+    open_nodes: set[int] = set()  # nodes whose children are being counted: met again, a cycle
+    # post-order walk without recursion: (node, children done?)
+    stack: list[tuple[Any, bool]] = [(node, False)]
+    while stack:
+        current, done = stack.pop()
+        key = id(current)
+        if key in sizes:
+            continue
+        if isinstance(current, yaml.ScalarNode):
+            sizes[key], depths[key] = 1, 0
+            continue
+        children = ([c for pair in current.value for c in pair] if isinstance(current, yaml.MappingNode)
+                    else list(current.value))
+        if not done:
+            if key in open_nodes:
+                raise _too_big(where, "an alias inside the node it names (a recursive value)")
+            open_nodes.add(key)
+            stack.append((current, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        open_nodes.discard(key)
+        size = 1 + sum(sizes.get(id(c), 1) for c in children)
+        depth = 1 + max((depths.get(id(c), 0) for c in children), default=0)
+        if size > MAX_CONFIG_NODES:
+            raise _too_big(where, f"more than {MAX_CONFIG_NODES} values once its aliases are expanded")
+        if depth > MAX_CONFIG_DEPTH:
+            raise _too_big(where, f"nested more than {MAX_CONFIG_DEPTH} deep")
+        sizes[key], depths[key] = size, depth
 
 
 def read_toml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
@@ -79,10 +149,16 @@ def read_toml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
     else:  # pragma: no cover - exercised on 3.10 only
         import tomli as tomllib
     where = where or str(path)
+    text = _read_text(path, where)
     try:
-        data = tomllib.loads(_read_text(path, where))
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: not a valid TOML file ({e})") from None
+    except RecursionError:  # arrays in arrays, thousands deep
+        raise _too_big(where, f"nested more than {MAX_CONFIG_DEPTH} deep") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise ConfigError(f"{where}: not a valid TOML file ({_first_line(e)})") from None
+    check_parsed_size(data, where)
     if not any(k in data for k in _NAMESPACES):
         data = {"gpudask": data}
     return dict(data)
@@ -93,19 +169,36 @@ def read_yaml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
     import yaml
 
     where = where or str(path)
+    text = _read_text(path, where)
+    loader = yaml.SafeLoader(text)
     try:
-        doc = yaml.safe_load(_read_text(path, where))
+        # composed first (a graph: an alias is one more edge to the same node), counted, and
+        # only then constructed
+        node = loader.get_single_node()
+        if node is not None:
+            _check_yaml_graph(node, where)
+        doc = loader.construct_document(node) if node is not None else None
+    except RecursionError:
+        raise _too_big(where, f"nested more than {MAX_CONFIG_DEPTH} deep") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise ConfigError(f"{where}: not valid YAML ({_first_line(e)})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or type(e).__name__
         raise ConfigError(f"{where}: not valid YAML{at}: {problem}") from None
+    finally:
+        loader.dispose()
     if doc is None:
         return {}
     if not isinstance(doc, dict):
         raise ConfigError(f"{where}: the top level is a {_kind(doc)}; accepted: a mapping of dask config "
                           f"namespaces ({', '.join(n + ':' for n in _NAMESPACES)})")
     return doc
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
 
 
 def _kind(value: Any) -> str:

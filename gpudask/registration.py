@@ -102,8 +102,11 @@ def _third_party_entry_points() -> dict[str, tuple[importlib.metadata.EntryPoint
     """name -> (entry point, distribution) of the ``gpudask`` group, gpudask's own left out."""
     builtin_modules = dict(BUILTIN_PLUGINS)
     found: dict[str, tuple[importlib.metadata.EntryPoint, str | None]] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = ep.dist.name if ep.dist is not None else None
+    # every distribution's own entry points, as pluggy reads them: entry_points(group=...)
+    # keeps one per name and would hide a second distribution declaring the same name
+    declared = [(ep, d.metadata["name"]) for d in importlib.metadata.distributions() for ep in d.entry_points
+                if ep.group == ENTRY_POINT_GROUP]
+    for ep, dist in declared:
         if dist == BUILTIN_DISTRIBUTION and builtin_modules.get(ep.name) == ep.value:
             continue  # metadata of an older gpudask install that still lists its built-ins
         if ep.name in builtin_modules:
@@ -111,7 +114,16 @@ def _third_party_entry_points() -> dict[str, tuple[importlib.metadata.EntryPoint
                               f"entry point {ep.name} = {ep.value} takes the name of the built-in plugin "
                               f"{ep.name!r} ({builtin_modules[ep.name]}); a third-party plugin needs a name of "
                               "its own")
-        found.setdefault(ep.name, (ep, dist))
+        if ep.name in found:
+            first, first_dist = found[ep.name]
+            if (first_dist, first.value) != (dist, ep.value):  # (the same one found twice on sys.path: fine)
+                # pluggy would load whichever it meets first and skip the other without a word
+                raise PluginError(ep.name, dist, "registration",
+                                  f"entry point {ep.name} = {ep.value} ({dist or 'unknown distribution'}) takes a "
+                                  f"name that {first_dist or 'another distribution'} declares too ({ep.name} = "
+                                  f"{first.value}); one plugin name per distribution: uninstall one of them")
+            continue
+        found[ep.name] = (ep, dist)
     return found
 
 

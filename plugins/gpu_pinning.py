@@ -7,7 +7,7 @@ stay reachable for CUDA IPC.  Entries keep the form the user wrote (index, ``GPU
 UUID, ``MIG-`` UUID); a MIG instance counts as a GPU of its own.  More workers than
 GPUs share them round-robin, with a warning.
 
-Which worker is number ``i`` is decided by the core (``gpudask.apply.runtime.worker_index``):
+Which worker is number ``i`` is decided by the core (``gpudask.apply.slots.worker_index``):
 restarted workers keep their number, killed ones free it.
 """
 

@@ -4,7 +4,7 @@ A planning process (the ``dask worker`` process hosting the nannies, or a client
 starts a ``LocalCluster``) writes its :class:`~gpudask.plan.HostPlan` to a file and names
 it in ``$GPUDASK_HOST_PLAN``; its worker processes inherit the variable at spawn, before
 any of their code runs, and take their own plan from the file instead of planning again.
-Each worker claims its number in ``$GPUDASK_GROUP`` (:func:`gpudask.apply.runtime.worker_index`).
+Each worker claims its number in ``$GPUDASK_GROUP`` (:func:`gpudask.apply.slots.worker_index`).
 
 A ``dask worker`` process writes its plan on every host, so that its workers never plan; a
 client (the user's own process) writes nothing and exports nothing where gpudask decides

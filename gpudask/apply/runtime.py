@@ -13,8 +13,6 @@ CLI imports the preload.  It looks at
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import multiprocessing
@@ -24,7 +22,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from gpudask.errors import ConfigError, GpudaskError
+# which worker of the host am I: its own module (the slot holds), named here as before
+from gpudask.apply.slots import claim_worker_slot as claim_worker_slot
+from gpudask.apply.slots import worker_index as worker_index
 
 logger = logging.getLogger("distributed.gpudask")
 
@@ -220,120 +220,16 @@ def protocol_from(address: str | None, scheduler_file: str | None, wait: bool = 
     (``timeout`` seconds; None: no end, distributed's default)."""
     if scheduler_file and not address:
         try:
+            if os.path.exists(scheduler_file) and not os.path.isfile(scheduler_file):
+                raise OSError("not a regular file")  # a FIFO would block this read for ever
             if wait:
                 from distributed.utils import json_load_robust
 
                 address = json_load_robust(scheduler_file, timeout=timeout).get("address")
             else:
                 address = json.loads(pathlib.Path(scheduler_file).read_text()).get("address")
-        except (OSError, ValueError, TimeoutError):
+        except (OSError, ValueError, TimeoutError, AttributeError, RecursionError):
             address = None
     from gpudask.checks import scheme
 
     return scheme(address)
-
-
-# -- which worker of the host am I ---------------------------------------------------
-_held_slot: list[Any] = []  # what holds this process's slot: a locked file, a bound socket
-
-
-def _slot_socket(group: str, i: int) -> Any:
-    """A second hold on slot ``i`` that no file operation can take away (Linux): a Unix
-    socket bound to an abstract name (no file; freed when the process dies).  Another
-    process holding it: None.  Elsewhere, or no socket: True (the file lock alone)."""
-    import hashlib
-    import socket
-
-    if not sys.platform.startswith("linux"):
-        return True
-    digest = hashlib.sha256(group.encode("utf-8", "surrogateescape")).hexdigest()[:24]
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(f"\0gpudask-{os.getuid()}-{digest}-slot-{i}")
-    except OSError as e:
-        sock.close()
-        return None if e.errno == errno.EADDRINUSE else True
-    return sock
-
-
-def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -> int:
-    """The lowest free worker number of ``group`` on this host, held until exit.
-
-    A file lock per number: the OS frees it when the process dies, so a worker that
-    exits (scale down, restart, crash) frees its number and its GPU, and the next worker
-    process takes the lowest free one -- the number its nanny (``owner``) held before
-    first, so a restarted worker keeps its GPU.  On Linux each number is also held by an
-    abstract socket name: a state directory removed under a running cluster (tmpfiles
-    cleaning ``/tmp``), full or read-only does not hand a live worker's number, and its GPU,
-    to a second worker."""
-    from gpudask.facts import statedir
-
-    # a private folder of the private state directory: nobody else can take or fake a slot
-    base: pathlib.Path | None = None
-    try:
-        base = statedir.subdir(statedir.state_dir(), group)
-    except (OSError, GpudaskError) as e:
-        logger.warning("gpudask: worker numbers claimed without the state directory (%s)", _one_line(e))
-    order = list(range(limit))
-    if owner and base is not None:
-        for mark in base.glob("slot-*.owner"):
-            number = mark.name[len("slot-"):-len(".owner")]
-            if not number.isdigit() or int(number) >= limit:
-                continue
-            if statedir.read_private(mark, "worker slot owner file") == owner:
-                i = int(number)
-                order.remove(i)
-                order.insert(0, i)
-                break
-    without_files = base is None
-    for i in order:
-        f = None
-        if base is not None:
-            try:
-                f = os.fdopen(statedir.open_private(base / f"slot-{i}.lock", os.O_RDWR), "a+")
-            except OSError as e:  # ENOSPC, EROFS, the directory removed meanwhile: the socket holds it
-                if not without_files:
-                    logger.warning("gpudask: worker number %d claimed without its lock file (%s)", i, _one_line(e))
-                without_files = True
-            if f is not None:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    f.close()
-                    continue
-        sock = _slot_socket(group, i)
-        if sock is None or (sock is True and f is None):  # held by a live worker / no hold at all
-            if f is not None:
-                f.close()
-            continue
-        if owner and base is not None:
-            try:
-                statedir.write_atomic(base / f"slot-{i}.owner", owner)
-            except OSError:
-                pass  # only a preference for the next start
-        _held_slot[:] = [f, sock]  # kept (and the lock and the name held) for the life of the process
-        return i
-    raise ConfigError(f"no free gpudask worker slot in {base} (more than {limit} workers?)")
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(getattr(e, "strerror", None) or e).split())[:300]
-
-
-def worker_index(owner: str | None = None) -> int:
-    """This worker process's number: ``$GPUDASK_WORKER_INDEX``, or the lowest free slot of
-    the workers started by the same planning process (``$GPUDASK_GROUP``; siblings of the
-    same parent otherwise), preferring the one ``owner`` (its nanny's address) held."""
-    explicit = os.environ.get("GPUDASK_WORKER_INDEX")
-    if explicit:
-        from gpudask.plan.planner import MAX_NWORKERS
-
-        text = explicit.strip()
-        if not (text.isascii() and text.isdigit() and len(text) <= 6 and int(text) < MAX_NWORKERS):
-            raise ConfigError(f"GPUDASK_WORKER_INDEX={explicit[:40]!r} is not valid; accepted: an integer from 0 "
-                              f"to {MAX_NWORKERS - 1}")
-        return int(text)
-    from gpudask.apply.hostfile import GROUP_ENV
-
-    return claim_worker_slot(os.environ.get(GROUP_ENV) or f"ppid-{os.getppid()}", owner)
-

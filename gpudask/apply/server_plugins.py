@@ -22,8 +22,9 @@ client and in the scheduler's metadata (``client.get_metadata(["gpudask", "worke
 The :class:`NannyPlugin` puts each worker's planned environment into its nanny's
 ``env`` and adds ``gpudask`` to the worker's preloads (the same code as
 ``--preload-nanny gpudask``), so the worker process the nanny starts next is a fully
-planned one.  ``NannyPlugin(restart=True)`` restarts the workers at registration;
-by default the plan applies at the next ``client.restart()``.
+planned one.  ``NannyPlugin(restart=True)`` restarts every worker at registration;
+by default the plan applies at the next ``client.restart()``; ``register(client,
+restart=True)`` restarts only the workers that do not run their plan yet.
 
 On workers and schedulers started with ``--preload gpudask`` the plugins change
 nothing: they publish and confirm that nothing needs a restart.
@@ -369,16 +370,33 @@ def needs_restart(client: Any) -> dict[str, list[dict[str, Any]]]:
 
 def register(client: Any, *, nanny: bool = True, restart: bool = False) -> dict[str, dict[str, Any]]:
     """Register gpudask's scheduler, worker and (``nanny=True``) nanny plugins on the
-    running cluster of ``client``; ``restart=True`` restarts the workers so that they
-    start with their whole plan.  Returns :func:`status`.
+    running cluster of ``client``; ``restart=True`` then restarts the workers that need it
+    -- those not already running their whole plan (no ``--preload gpudask``, or a planned
+    setting only a new process takes) -- and only those: a worker already preloaded keeps its
+    process, and the data it holds.  Returns :func:`status`.
 
     The scheduler's plugin comes last: it reads back what the workers publish, so that under
     ``scheduler-check.action: refuse`` no worker is refused for running no gpudask yet."""
-    if nanny:
-        client.register_plugin(NannyPlugin(restart=restart))
+    if restart and not nanny:
+        raise GpudaskError("register(restart=True) needs nanny=True: the nannies start the workers with their plan")
+    if nanny:  # never NannyPlugin(restart=True): distributed would restart every worker, preloaded ones too
+        client.register_plugin(NannyPlugin())
     client.register_plugin(WorkerPlugin())
     client.register_plugin(SchedulerPlugin())
-    return status(client)
+    report = status(client)
+    stale = workers_needing_restart(report) if restart else []
+    if stale:
+        logger.info("gpudask: restarting %d of %d worker(s), which do not run their whole plan: %s", len(stale),
+                    len(report), ", ".join(stale))
+        client.restart_workers(stale)
+        report = status(client)
+    return report
+
+
+def workers_needing_restart(report: dict[str, dict[str, Any]]) -> list[str]:
+    """The workers of a :func:`status` report that do not run their whole plan: gpudask not
+    preloaded, or a planned setting only a new process takes."""
+    return sorted(address for address, r in report.items() if not r.get("preloaded") or r.get("needs_restart"))
 
 
 def install_check(scheduler: Any, s: Any) -> None:

@@ -152,27 +152,104 @@ def _processes(names: list[str], workers: list[str]) -> str:
     return ", ".join(names)
 
 
-def scheduler_address(address: str | None, scheduler_file: str | None) -> str:
-    """The scheduler's address, checked for form.
+MAX_SCHEDULER_FILE = 1 << 20  # what `dask scheduler --scheduler-file` writes is a few hundred bytes
+
+
+def read_scheduler_file(path: str, timeout: float = 30.0) -> str:
+    """The ``address`` in a dask scheduler file, read within ``timeout`` seconds.
+
+    Only a regular file of at most :data:`MAX_SCHEDULER_FILE` bytes is read: opened
+    non-blocking (a FIFO would wait for a writer for ever), checked with ``fstat`` before a
+    byte is read (``/dev/zero`` never ends); the read runs in a thread the caller waits for
+    at most ``timeout`` (a hung network file system).
+
+    :raises GpudaskError: one line naming the file, what is wrong and what is accepted.
+    """
+    import stat
+
+    accepted = "accepted: the JSON file `dask scheduler --scheduler-file` writes"
+    result: list[Any] = []
+
+    def read() -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    result.append(GpudaskError(f"--scheduler-file {path}: not a regular file (a FIFO, socket or "
+                                               f"device); {accepted}"))
+                    return
+                if st.st_size > MAX_SCHEDULER_FILE:
+                    result.append(GpudaskError(f"--scheduler-file {path}: {st.st_size} bytes, more than a scheduler "
+                                               f"file holds ({MAX_SCHEDULER_FILE}); {accepted}"))
+                    return
+                with os.fdopen(fd, "rb", closefd=False) as f:
+                    result.append(f.read(MAX_SCHEDULER_FILE + 1))
+            finally:
+                os.close(fd)
+        except OSError as e:
+            result.append(GpudaskError(f"cannot read the scheduler's address from {path}: {e.strerror or e}"))
+
+    reader = threading.Thread(target=read, name="gpudask-scheduler-file", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not result:
+        raise GpudaskError(f"--scheduler-file {path}: not read within {timeout:g} s (--timeout); {accepted}")
+    if isinstance(result[0], GpudaskError):
+        raise result[0]
+    data = result[0]
+    if len(data) > MAX_SCHEDULER_FILE:
+        raise GpudaskError(f"--scheduler-file {path}: more than {MAX_SCHEDULER_FILE} bytes; {accepted}")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        why = "nested too deep" if isinstance(e, RecursionError) else (str(e).splitlines() or ["?"])[0][:120]
+        raise GpudaskError(f"cannot read the scheduler's address from {path}: not JSON ({why}); {accepted}") from None
+    address = doc.get("address") if isinstance(doc, dict) else None
+    if not isinstance(address, str) or not address:
+        raise GpudaskError(f"cannot read the scheduler's address from {path}: no string 'address' in it; {accepted}")
+    return address
+
+
+def scheduler_address(address: str | None, scheduler_file: str | None, timeout: float = 30.0) -> str:
+    """The scheduler's address, checked for form (a scheduler file read within ``timeout``).
 
     :raises GpudaskError: one line naming what is wrong and the accepted forms.
     """
     from distributed.comm.addressing import parse_address, parse_host_port
 
     if scheduler_file:
-        try:
-            with open(scheduler_file) as f:
-                address = json.load(f)["address"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise GpudaskError(f"cannot read the scheduler's address from {scheduler_file}: "
-                               f"{type(e).__name__}: {e}") from None
+        address = read_scheduler_file(scheduler_file, timeout)
     if not address:
         raise GpudaskError(f"give the scheduler's address; accepted: {ADDRESS_FORMS}")
+    if len(address) > 1000 or not address.isprintable():
+        raise GpudaskError(f"{address[:60]!r}... is not a scheduler address; accepted: {ADDRESS_FORMS}")
     try:
         parse_host_port(parse_address(address)[1])
     except (ValueError, TypeError) as e:
         raise GpudaskError(f"{address!r} is not a scheduler address ({e}); accepted: {ADDRESS_FORMS}") from None
     return address
+
+
+def client_security(target: str) -> Any:
+    """What ``Client(target, security=...)`` needs: distributed's TLS settings from dask
+    config for a ``tls://`` scheduler, refused in one line when there are none (``Client``
+    would end in a TypeError traceback and hang at exit); None for every other scheme."""
+    if scheme(target) != "tls":
+        return None
+    from distributed.security import Security
+
+    try:
+        security = Security()
+        context = security.get_connection_args("client").get("ssl_context")
+    except Exception as e:  # noqa: BLE001 - a certificate file that is missing or not PEM
+        raise GpudaskError(f"{target}: a TLS scheduler, and distributed's TLS settings cannot be used: "
+                           f"{type(e).__name__}: {(str(e).splitlines() or ['?'])[0][:200]}") from None
+    if context is None:
+        raise GpudaskError(f"{target}: a TLS scheduler, and no TLS settings for this client; accepted: "
+                           "distributed's TLS config (distributed.comm.tls.ca-file, .client.cert and .client.key, "
+                           "e.g. DASK_DISTRIBUTED__COMM__TLS__CA_FILE=...)")
+    return security
 
 
 def unreachable(target: str, timeout: float, error: BaseException) -> str:
@@ -259,7 +336,8 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
 
     try:
         check_timeout(timeout)
-        target = scheduler_address(address, scheduler_file)
+        target = scheduler_address(address, scheduler_file, timeout)
+        security = client_security(target)
         chosen = _probe_workers(workers) if probe else None
         if probe:
             check_timeout(path_timeout, "--path-timeout")
@@ -274,7 +352,7 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
         with deadline(timeout, target):
             if scheme(target) in (None, "tcp"):
                 _probe(target, timeout)
-            client = Client(target, timeout=timeout, set_as_default=False)
+            client = Client(target, timeout=timeout, set_as_default=False, security=security)
     except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
         echo(f"gpudask: error: {unreachable(target, timeout, e)}", err=True)
         return 2

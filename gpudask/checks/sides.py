@@ -176,11 +176,28 @@ def evaluate_worker(manager: Any, ctx: Any, scheduler_side: dict[str, Any], addr
                 plugin="gpudask"))
         else:
             side["protocol"] = scheme(address) or side["protocol"]
+            findings += version_differs(scheduler_side, side)
         findings += not_applied(published)
     findings += run_hooks(manager, ctx, scheduler_side, side, address, "scheduler")
     for f in findings:
         f.subject, f.reference = f.subject or address, f.reference or "scheduler"
     return findings, side
+
+
+def version_differs(scheduler_side: dict[str, Any], side: dict[str, Any]) -> list[Finding]:
+    """A warning when the worker runs another gpudask version than the scheduler: the plan
+    and the published shape are each version's own, so the comparison may miss or invent
+    differences (and a worker of an old version misses what the new one fixed)."""
+    from gpudask.checks import published as bounds
+
+    mine, theirs = scheduler_side.get("gpudask"), side.get("gpudask")
+    if not isinstance(mine, str) or not isinstance(theirs, str) or mine == theirs:
+        return []
+    return [Finding("warning", "gpudask-version",
+                    f"the worker runs gpudask {bounds.truncate(theirs, 60)}, the scheduler gpudask "
+                    f"{bounds.truncate(mine, 60)}: each plans and publishes as its own version does; install one "
+                    "gpudask version on every host", plugin="gpudask",
+                    details={"worker": bounds.truncate(theirs, 60), "scheduler": bounds.truncate(mine, 60)})]
 
 
 def not_applied(published: Any) -> list[Finding]:

@@ -23,11 +23,25 @@ class _CleanErrors(click.Group):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
+        _printable_output()
         try:
             return super().invoke(ctx)
         except GpudaskError as e:
             click.echo(f"gpudask: error: {e}", err=True)
             sys.exit(2)
+
+
+def _printable_output() -> None:
+    """A terminal whose encoding cannot show a character (LANG=C on an old system, a Latin-1
+    terminal, PYTHONIOENCODING=ascii) gets it escaped (``\\u6771``), as Python does on
+    stderr, instead of a UnicodeEncodeError traceback in the middle of the output."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError, TypeError):  # not a text stream we can change: leave it
+                pass
 
 
 @click.group(cls=_CleanErrors, name="gpudask")
@@ -209,20 +223,21 @@ def status(address: str | None, address_option: str | None, scheduler_file: str 
     field).  The scheduler: ADDRESS, --address ADDRESS or --scheduler-file FILE."""
     from distributed import Client
 
-    from gpudask.checks.client import (_probe, check_timeout, deadline, scheduler_address, ucx_output_to_stderr,
-                                       unreachable)
+    from gpudask.checks.client import (_probe, check_timeout, client_security, deadline, scheduler_address,
+                                       ucx_output_to_stderr, unreachable)
     from gpudask.checks.sides import scheme
     from gpudask.cli.report import table
     from gpudask.cli.status import cluster_status, format_status
 
     check_timeout(timeout)
-    target = scheduler_address(_one_scheduler(address, address_option, scheduler_file), scheduler_file)
+    target = scheduler_address(_one_scheduler(address, address_option, scheduler_file), scheduler_file, timeout)
+    security = client_security(target)
     ucx_output_to_stderr()
     try:
         with deadline(timeout, target):  # a peer that accepts and never answers: one line
             if scheme(target) in (None, "tcp"):
                 _probe(target, timeout)  # fails within the timeout, not inside Client()
-            client = Client(target, timeout=timeout, set_as_default=False)
+            client = Client(target, timeout=timeout, set_as_default=False, security=security)
         with deadline(timeout, target), client:
             result = cluster_status(client)
     except OSError as e:

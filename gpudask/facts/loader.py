@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import logging
 import re
 import os
 import pathlib
@@ -35,6 +36,13 @@ SCHEMA_PATH = pathlib.Path(__file__).with_name("facts.schema.json")
 # A facts file describes one host in a few kilobytes; anything larger is refused unread
 # (docs/facts.md states the limit).
 MAX_FACTS_BYTES = 16 * 2**20
+# what the bytes do not bound: the largest hosts have 16 GPUs (and up to 7 MIG instances each);
+# planning goes through every GPU for every worker, so 10 000 GPUs would run for hours
+MAX_FACT_GPUS = 64
+MAX_FACT_ITEMS = 4096  # items of any other list or mapping (CPUs, interfaces, packages)
+MAX_FACT_DEPTH = 16  # lists and mappings inside each other (the schema's deepest is 5)
+
+logger = logging.getLogger("distributed.gpudask")
 
 
 @functools.lru_cache(maxsize=1)
@@ -151,9 +159,13 @@ def _cross_checks(data: dict[str, Any], where: str, described: bool) -> None:
     gpus = data["gpus"]
     indices = [g["index"] for g in gpus]
     cpu_count = data["cpu_count"]
+    uuids = [g["uuid"] for g in gpus]
     for i, g in enumerate(gpus):
         if g["index"] in indices[:i]:
             raise _fail(where, f"gpus[{i}].index", "unique among the GPUs", g["index"])
+        if g["uuid"] in uuids[:i]:  # one GPU described twice: two workers would share it
+            raise _fail(where, f"gpus[{i}].uuid", f"unique among the GPUs (gpus[{uuids.index(g['uuid'])}] has it)",
+                        g["uuid"])
     for i, g in enumerate(gpus):
         for j, cpu in enumerate(g["cpu_affinity"] if described else []):
             if cpu >= cpu_count:
@@ -208,6 +220,12 @@ def _bounds_error(where: str, value: Any, path: tuple[Any, ...] = ()) -> FactsEr
                          f"{len(value)} characters")
         if _CONTROL.search(value):
             return _fail(where, _key(path), "a string without control characters", value)
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate ("\ud800"): no terminal, msgpack or file takes it
+                return _fail(where, _key(path), "a string of Unicode characters (no lone surrogates)",
+                             value.encode("utf-8", "backslashreplace").decode("ascii"))
     elif isinstance(value, int) and not isinstance(value, bool):
         if not -MAX_FACT_INT <= value <= MAX_FACT_INT:
             return _fail(where, _key(path), "an integer of at most 2**53", f"{str(value)[:20]}...")
@@ -224,6 +242,26 @@ def _bounds_error(where: str, value: Any, path: tuple[Any, ...] = ()) -> FactsEr
     return None
 
 
+def _shape_error(where: str, data: Any) -> FactsError | None:
+    """Nesting and sizes, before anything walks ``data`` recursively (the schema's validator,
+    :func:`_bounds_error`): iterative, so no depth reaches Python's recursion limit."""
+    if isinstance(data, dict) and isinstance(data.get("gpus"), list) and len(data["gpus"]) > MAX_FACT_GPUS:
+        return _fail(where, "gpus", f"a list of at most {MAX_FACT_GPUS} GPUs", f"{len(data['gpus'])} GPUs")
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if not isinstance(value, (list, dict)):
+            continue
+        if len(path) >= MAX_FACT_DEPTH:
+            return _fail(where, _key(path), f"nested at most {MAX_FACT_DEPTH} deep", "deeper")
+        if len(value) > MAX_FACT_ITEMS:
+            return _fail(where, _key(path) or "the top level", f"at most {MAX_FACT_ITEMS} items",
+                         f"{len(value)} items")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        stack.extend((item, (*path, k if isinstance(k, (int, str)) else "<key>")) for k, item in items)
+    return None
+
+
 def from_dict(data: Any, origin: str, where: str, described: bool, schema_checked: bool = False) -> Facts:
     """Validate parsed JSON and build Facts; errors name ``where`` and the key.  A
     ``described`` host is also checked for CPU numbers and its ``cuda_visible_devices``.
@@ -232,7 +270,7 @@ def from_dict(data: Any, origin: str, where: str, described: bool, schema_checke
     validated them, and the plan's digest says they are what it validated
     (:func:`gpudask.plan.host_plan.parse_document`): the JSON Schema is not run again
     (the bounds and the checks between keys are, and cost little)."""
-    error = None if schema_checked else _schema_error(where, data)
+    error = _shape_error(where, data) or (None if schema_checked else _schema_error(where, data))
     if error is None:
         error = _bounds_error(where, data)
     if error is not None:
@@ -258,11 +296,41 @@ def load_facts(path: str | os.PathLike[str]) -> Facts:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise FactsError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise FactsError(f"{where}: nested deeper than a facts file may be (at most {MAX_FACT_DEPTH} levels)") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise FactsError(f"{where}: invalid JSON: {(str(e).splitlines() or ['?'])[0][:120]}; integers in a facts "
+                         "file are at most 2**53") from None
     return from_dict(data, where, where, described=True)
 
 
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+def _check_writers(where: str, st: os.stat_result) -> None:
+    """A facts file decides which GPU each worker uses and what its environment is: one that
+    another user may write is refused, as the state directory is (docs/security.md); one
+    that its group may write is a warning (a group of one user is common)."""
+    import pwd
+
+    def owner(uid: int) -> str:
+        try:
+            return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+        except KeyError:
+            return f"uid {uid}"
+
+    mode = stat.S_IMODE(st.st_mode)
+    fix = f"accepted: a facts file only you (or root) can write (chown, chmod go-w {where})"
+    if st.st_uid not in (0, os.getuid()):
+        raise FactsError(f"{where}: owned by {owner(st.st_uid)}, not by you ({owner(os.getuid())}): another user "
+                         f"could change the host gpudask plans for; {fix}")
+    if mode & stat.S_IWOTH:
+        raise FactsError(f"{where}: every user can write it (mode {mode:04o}): another user could change the host "
+                         f"gpudask plans for; {fix}")
+    if mode & stat.S_IWGRP:
+        logger.warning("gpudask: warning: facts file %s: its group can write it (mode %04o): whoever is in group "
+                       "%d can change the host gpudask plans for; chmod g-w %s", where, mode, st.st_gid, where)
 
 
 def _read_regular(where: str) -> str:
@@ -279,6 +347,7 @@ def _read_regular(where: str) -> str:
         if not stat.S_ISREG(st.st_mode):
             kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a file")
             raise FactsError(f"{where}: not a regular file ({kind}); a facts file must be a regular JSON file")
+        _check_writers(where, st)
         if st.st_size > MAX_FACTS_BYTES:
             raise FactsError(f"{where}: {st.st_size} bytes, more than a facts file may hold "
                              f"({MAX_FACTS_BYTES // 2**20} MiB); a facts file describes one host in a few kilobytes")
