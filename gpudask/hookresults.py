@@ -24,8 +24,8 @@ from typing import Any
 from gpudask.config import Option
 from gpudask.errors import GpudaskError
 from gpudask.findings import SEVERITIES, Finding
-from gpudask.plaindata import MAX_STR, plain, text, type_name
-from gpudask.plan.values import value_problem
+from gpudask.plaindata import MAX_STR, NotPlain, plain, text, type_name
+from gpudask.plan.values import ACCEPTED, value_problem
 
 MAX_FINDINGS = 1000  # findings of one plugin's check; the rest are counted in one more
 
@@ -193,7 +193,10 @@ def _checked(problem: Any, strict: bool = True) -> Any:
         found = problem(result)
         if found is not None:
             raise ResultProblem(found)
-        return None if result is None else plain(result, strict=strict)
+        try:
+            return None if result is None else plain(result, strict=strict)
+        except NotPlain as e:
+            raise ResultProblem(f"returned {e}; {ACCEPTED}") from None
 
     return take_result
 

@@ -12,9 +12,11 @@ runs only the interpreter's own code.
 A subclass of ``str``, ``int``, ``float``, ``list``, ``tuple`` or ``dict`` is read through
 the base type's own methods (``str.__str__``, ``dict.items`` ...), so its overrides never
 run.  Anything else is, with ``strict``, refused (:class:`NotPlain`, naming its type), and
-otherwise its text (``str(value)``, cut).  Over the bounds, strings are cut and containers
-end in a marker counting what was left out, as what workers publish is
-(:mod:`gpudask.checks.published`).
+otherwise its text (``str(value)``, cut).  Without ``strict``, over the bounds, strings are
+cut and containers end in a marker counting what was left out, as what workers publish is
+(:mod:`gpudask.checks.published`); with ``strict`` (a result that is published as it is, and
+bounded where it is read) nothing is changed, and over :data:`MAX_STRICT_VALUES` values or
+:data:`MAX_DEPTH` levels the result is refused.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-MAX_STR = 64 * 1024  # characters of one string
+MAX_STR = 64 * 1024  # characters of one string (not strict: cut)
 MAX_DEPTH = 32  # nesting (gpudask.plan.values.MAX_DEPTH)
-MAX_VALUES = 200_000  # values in one result
+MAX_VALUES = 200_000  # values in one result (not strict: the rest left out, counted)
+MAX_STRICT_VALUES = 2_000_000  # values in one result where only plain data is accepted: beyond, refused
 MAX_INT = 2**63 - 1  # what msgpack carries; beyond it, without strict, an int is text
 
 
@@ -37,7 +40,7 @@ def plain(value: Any, *, strict: bool = False) -> Any:
     """An exact-typed, bounded copy of ``value`` (see the module's text).
 
     :raises NotPlain: with ``strict``, for a value of another type (its type named)."""
-    return _plain(value, 0, [MAX_VALUES], strict)
+    return _plain(value, 0, [MAX_STRICT_VALUES if strict else MAX_VALUES], strict)
 
 
 def text(value: Any, limit: int = MAX_STR) -> str:
@@ -92,8 +95,10 @@ def _plain(value: Any, depth: int, budget: list[int], strict: bool) -> Any:
     budget[0] -= 1
     if value is None or value is True or value is False:
         return value
+    if strict and budget[0] < 0:
+        raise NotPlain(f"more than {MAX_STRICT_VALUES} values")
     if isinstance(value, str):
-        return cut(str.__str__(value), MAX_STR)
+        return str.__str__(value) if strict else cut(str.__str__(value), MAX_STR)
     if isinstance(value, int):  # bool is handled above
         number = int.__index__(value)
         if strict or -MAX_INT - 1 <= number <= MAX_INT:
@@ -115,7 +120,7 @@ def _plain(value: Any, depth: int, budget: list[int], strict: bool) -> Any:
         items = list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value)
         out: list[Any] = []
         for item in items:
-            if budget[0] <= 0:
+            if budget[0] <= 0 and not strict:
                 out.append(f"... and more items: over the {MAX_VALUES}-value limit")
                 break
             out.append(_plain(item, depth + 1, budget, strict))
@@ -123,12 +128,13 @@ def _plain(value: Any, depth: int, budget: list[int], strict: bool) -> Any:
     pairs = dict.items(value) if isinstance(value, dict) else value.items()
     result: dict[str, Any] = {}
     for key, item in pairs:
-        if budget[0] <= 0:
+        if budget[0] <= 0 and not strict:
             result["..."] = f"more keys: over the {MAX_VALUES}-value limit"
             break
         if not isinstance(key, str):
             if strict:
                 raise NotPlain(f"a {type_name(key)} key")
             key = text(key, 1000)
-        result[cut(str.__str__(key), MAX_STR)] = _plain(item, depth + 1, budget, strict)
+        key = str.__str__(key)
+        result[key if strict else cut(key, MAX_STR)] = _plain(item, depth + 1, budget, strict)
     return result
