@@ -117,11 +117,14 @@ def wrap_text(text: str, width: int | None = -1, indent: str = "  ") -> str:
     """Prose lines wrapped to the terminal (continuations indented); whole without a terminal."""
     if width == -1:
         width = terminal_width()
+    # each line's text escaped (a plugin's warning, a described host's name): only the
+    # caller's own newlines break lines
+    lines = [printable(line) for line in text.split("\n")]
     if width is None:
-        return text
+        return "\n".join(lines)
     return "\n".join(textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
                                    break_long_words=True) if len(line) > width else line
-                     for line in text.splitlines())
+                     for line in lines)
 
 
 def _memory(plan: ProcessPlan, host: HostPlan) -> str:
