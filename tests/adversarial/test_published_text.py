@@ -95,3 +95,36 @@ def test_a_workers_escape_sequences_never_reach_the_operators_terminal(forged, c
     assert "\x1b" not in text and "\x07" not in text, ascii(text[-3000:])
     assert not _forged_lines(text), _forged_lines(text)
     assert "\\x1b" in text, text[-3000:]
+
+
+# ---------------------------------------------------------------- in one process
+def test_bound_published_trusts_no_mark_in_the_data():
+    out = bounds.bound_published({"bounded": True, "plan": {"env": {"UCX_TLS": "y" * 100_000}}})
+    # before: "bounded": true made it return the worker's data as it was
+    assert len(out["plan"]["env"]["UCX_TLS"]) <= bounds.MAX_STR
+    assert bounds.bound_published(out) == out  # bounded data passes through unchanged
+
+
+def test_a_finding_is_one_line_whatever_its_fields_hold():
+    from gpudask.findings import Finding
+
+    line = Finding("error", "x", "m\n" + FORGED_LINE + "\x1b[2J", plugin="p\r\n", subject="w\x07").line()
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line and "\x07" not in line
+    assert line == f"error: w\\x07 vs ?: [p\\r\\n] m\\n{FORGED_LINE}\\x1b[2J".replace(" vs ?", "")
+
+
+def test_a_page_build_that_raises_systemexit_is_a_problem_line_not_the_event_loops_end():
+    import asyncio
+    import json
+
+    from gpudask.dashboard.serve import Builder
+
+    def build(_snap):
+        raise SystemExit(0)
+
+    async def main():
+        return await Builder().get(object(), lambda _s: {}, build)
+
+    # before: the SystemExit was handed to the event loop and raised there
+    body = json.loads(asyncio.run(main()))
+    assert body["problem"].startswith("the page's data could not be built: SystemExit(0)"), body
