@@ -61,6 +61,9 @@ class Option:
     # (``"--rmm-pool-size"``; a pair ``"--enable-x/--disable-x"`` is a flag): gpudask takes it
     # on stock ``dask worker`` / ``dask scheduler --preload gpudask`` (converted as the keyword)
     dask_cuda_option: str | None = None
+    # the setting does something only over UCX (a transport): the dask-cuda option or argument
+    # given with another protocol is named in one warning instead of doing nothing silently
+    ucx_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -350,6 +350,23 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
 
 
 @hookspec
+def gpudask_client_setup(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """Act in a client process once its plan is applied: how its clients talk to a cluster.
+
+    **When:** an apply hook, called once per process, right after ``gpudask_context_init``
+    when a client applies its plan: :func:`gpudask.initialize` and ``LocalGPUCluster``.
+    Implementations change what the process's ``distributed.Client`` objects do (what a
+    graph carries, how results travel), for every client the process creates afterwards.
+    **Called in:** a client process only; never in a scheduler, a nanny host or a worker.
+
+    :return: None (ignored).
+
+    **Combined:** every plugin runs, in priority order.  **Failure:** raise
+    :class:`gpudask.pluginapi.GpudaskError`: ``initialize()`` raises with the one line.
+    """
+
+
+@hookspec
 def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
     """Read back, from the live process, what this plugin applied: the proof of effect.
 

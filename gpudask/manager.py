@@ -352,6 +352,9 @@ class PluginManager:
     def context_init(self, ctx: PlanContext, plan: ProcessPlan) -> None:
         self._call("gpudask_context_init", plan, ctx=ctx)
 
+    def client_setup(self, ctx: PlanContext, plan: ProcessPlan) -> None:
+        self._call("gpudask_client_setup", plan, ctx=ctx)
+
     def setup_memory(self, ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
         """Each plugin's ``gpudask_setup_memory`` result: ``{plugin: result}``, Nones left out.
         Runs the hooks at every call: the once-per-process rule is the apply stage's

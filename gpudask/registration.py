@@ -57,6 +57,7 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("worker-memory", "gpudask.plugins.worker_memory"),
     ("spill", "gpudask.plugins.spill.plugin"),
     ("gpu-dask-defaults", "gpudask.plugins.dask_defaults.plugin"),
+    ("gpu-graph-data", "gpudask.plugins.graph_data.plugin"),
     ("scheduler-parity", "gpudask.plugins.scheduler_parity.plugin"),
 )
 

@@ -35,6 +35,12 @@ if TYPE_CHECKING:
 
 name = "forkserver"
 priority = 30
+# `dask cuda worker --multiprocessing-method`: the start method is this plugin's decision
+dask_cuda_refused_options = {
+    "--multiprocessing-method": "the start method is automatic (forkserver on a GPU host); to choose it, "
+                                "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD=spawn (stock dask config, wins over "
+                                "detection) or DASK_GPUDASK__FORKSERVER__ENABLED=false",
+}
 
 ENABLED = "gpudask.forkserver.enabled"
 DIAGNOSE = "gpudask.forkserver.diagnose-fork"

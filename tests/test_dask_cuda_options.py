@@ -102,3 +102,86 @@ def test_a_worker_without_nanny_takes_them_too(cluster):
         client.wait_for_workers(1, timeout=60)
         (published,) = [w["gpudask"] for w in client.scheduler_info()["workers"].values()]
     assert published["plan"]["sections"]["rmm"]["initial_pool_size"] == 2 * 10**9
+
+
+def _guide_options() -> dict[str, str]:
+    """Every `dask cuda worker` option of the migration guide's table: {option: its row}."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "migrating-from-dask-cuda.md").read_text()
+    table = text.split("## `dask cuda worker` options", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`--"):
+            for name in re.findall(r"(--[a-z][a-z-]+)", cells[0]):
+                rows[name] = cells[1]
+    return rows
+
+
+def test_every_dask_cuda_option_is_honoured_refused_with_what_to_do_or_warned_about():
+    """Walk the guide's table of dask-cuda's worker options: each is stock `dask worker`'s, a gpudask
+    setting, refused in one line naming the alternative (not "did you mean" another option), or
+    UCX-only and named in the one warning when the protocol is not UCX."""
+    from distributed.cli.dask_worker import main as dask_worker
+
+    from gpudask import bootstrap
+    from gpudask.compat import dask_cuda
+    from gpudask.errors import ConfigError
+
+    stock = {name for p in dask_worker.params for name in [*p.opts, *p.secondary_opts]}
+    taken = {name: o for o in dask_cuda.cli_options() for name in o.names}
+    refused = dask_cuda.refused_options()
+    options = bootstrap.inputs().settings.options
+    rows = _guide_options()
+    assert {"--enable-jit-unspill", "--shared-filesystem", "--multiprocessing-method", "--pre-import"} <= set(rows)
+    outcomes = {}
+    for name, row in rows.items():
+        if name in taken:
+            key = taken[name].argument.key
+            outcomes[name] = "warned over tcp" if options[key].ucx_only else "a gpudask setting"
+            assert key in row, (name, row)
+        elif name in refused:
+            with pytest.raises(ConfigError) as e:
+                dask_cuda.take_cli_argv([name, "x"] if name in ("--multiprocessing-method", "--pre-import")
+                                        else [name], "worker")
+            line = str(e.value)
+            assert "\n" not in line and "did you mean" not in line and len(line) < 400, line
+            assert f"{name} (a dask cuda worker option) is not taken" in line and "; instead: " in line, line
+            assert "refused" in row or "stock" in row, (name, row)  # the guide says so too
+            outcomes[name] = "refused"
+        else:
+            assert name in stock, f"{name}: neither stock, a gpudask setting nor refused ({row})"
+            assert row.startswith("stock"), (name, row)
+            outcomes[name] = "stock"
+    assert {n for n, o in outcomes.items() if o == "warned over tcp"} == {
+        "--enable-tcp-over-ucx", "--disable-tcp-over-ucx", "--enable-infiniband", "--disable-infiniband",
+        "--enable-nvlink", "--disable-nvlink", "--enable-rdmacm", "--disable-rdmacm"}
+
+
+def test_the_ucx_transport_options_over_tcp_are_named_in_one_warning():
+    from gpudask.bootstrap import plan_host
+    from gpudask.compat import dask_cuda
+
+    given = {"gpudask.transport.infiniband": "--enable-infiniband", "gpudask.transport.tcp": "--enable-tcp-over-ucx",
+             "gpudask.transport.rdmacm": "--enable-rdmacm", "gpudask.transport.nvlink": "--enable-nvlink"}
+    (line,) = [w for w in dask_cuda.without_effect(plan_host("tcp", 2, facts_path=HGX), given) if "UCX" in w]
+    assert line.startswith("--enable-infiniband, --enable-tcp-over-ucx, --enable-rdmacm, --enable-nvlink have no "
+                           "effect: the protocol is tcp"), line
+    assert not [w for w in dask_cuda.without_effect(plan_host("ucx", 2, facts_path=HGX), given)
+                if "the protocol is" in w]
+
+
+@pytest.mark.process
+def test_transport_options_on_a_tcp_worker_are_warned_about_once(cluster):
+    env = base_env(GPUDASK_FACTS=HGX)
+    cluster.scheduler("--preload", "gpudask", env=env)
+    cluster.worker("--nworkers", "2", "--nthreads", "1", "--preload", "gpudask", "--enable-infiniband",
+                   "--enable-tcp-over-ucx", "--enable-rdmacm", "--enable-nvlink", env=env)
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=90)
+    warned = [line for line in cluster.log("worker").splitlines() if "have no effect: the protocol is tcp" in line]
+    assert len(warned) == 1, cluster.log("worker")
+    assert all(o in warned[0] for o in ("--enable-infiniband", "--enable-tcp-over-ucx", "--enable-rdmacm",
+                                        "--enable-nvlink"))

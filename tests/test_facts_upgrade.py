@@ -167,7 +167,8 @@ def test_another_plugin_may_say_what_the_hosts_ucx_offers(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("fraction", [0.49, 0.99])
 def test_memory_free_in_either_shape(tmp_path, fraction):
-    """The rmm plugin's default pool from what is free (a second command on the GPU), in both shapes."""
+    """The rmm plugin's free memory, in both shapes: the default pool is planned from the GPU's
+    total either way, and a GPU short of it says so in the reasons."""
     data = json.loads((HOSTS / "h200-single.json").read_text())
     for g in data["gpus"]:
         g["memory_free"] = int(g["memory_total"] * fraction)
@@ -176,8 +177,11 @@ def test_memory_free_in_either_shape(tmp_path, fraction):
         "memory_free": {"0": int(data["gpus"][0]["memory_total"] * fraction)}}
     assert _plan(old, "ucx", 1) == _plan(new, "ucx", 1)
     h = plan_on(new, "ucx", 1)
-    assert h.workers[0].sections["rmm"]["fit_to_free"] is True
-    assert any("free when planned" in w for w in h.warnings) == (fraction < 0.9)
+    section = h.workers[0].sections["rmm"]
+    assert section["fit_to_free"] is True
+    assert section["initial_pool_size"] == data["gpus"][0]["memory_total"] // 2 // 256 * 256
+    short = [r.why for r in h.workers[0].reasons if r.plugin == "rmm" and "free now, less than this pool" in r.why]
+    assert bool(short) == (fraction < 0.5)
 
 
 def test_a_schema_2_host_without_the_sections_plans_without_those_facts(tmp_path):

@@ -15,7 +15,7 @@ from gpudask.manager import PluginManager
 from gpudask.plan import ProcessPlan
 
 BUILTINS = {"tcp", "nvlink", "infiniband", "rmm", "forkserver", "cuda-context", "gpu-pinning", "cpu-affinity",
-            "scheduler-parity", "gpu-dask-defaults", "worker-memory", "spill"}
+            "scheduler-parity", "gpu-dask-defaults", "worker-memory", "spill", "gpu-graph-data"}
 
 
 def make_plugin(name, priority=500, **hooks):

@@ -19,7 +19,7 @@ import pathlib
 
 import dask
 import pytest
-from conftest import HOSTS, described, plan_on
+from conftest import HOSTS, as_schema_2, described, plan_on
 
 from gpudask.errors import GpudaskError
 from gpudask.pluginapi import tls_enables
@@ -136,47 +136,109 @@ def test_infiniband_asked_by_name_on_a_host_without_a_port_warns_and_sets_no_rdm
 
 
 # -- memory for the host, not the command ---------------------------------------------------------
-def _gpu_with_free(tmp_path, name: str, free_fraction: float) -> str:
+def _gpu_with_free(tmp_path, name: str, free_fraction: float, other_workers=None, processes=None) -> str:
     facts = _facts(name)
     gpus = [dict(g, memory_free=int(g["memory_total"] * free_fraction)) for g in facts["gpus"]]
-    return described(tmp_path, name, gpus=gpus)
+    if other_workers is None and processes is None:
+        return described(tmp_path, name, gpus=gpus)
+    # schema 1 said only memory_free: other commands' workers and the processes are in the rmm section
+    facts = as_schema_2(dict(facts, gpus=gpus))
+    if other_workers is not None:
+        facts["sections"]["rmm"]["other_workers"] = other_workers
+    if processes is not None:
+        facts["sections"]["rmm"]["processes"] = processes
+    path = tmp_path / f"host-{len(list(tmp_path.glob('host-*.json')))}.json"
+    path.write_text(json.dumps(facts))
+    return str(path)
 
 
-def test_a_second_command_on_a_gpu_plans_half_of_what_is_free(tmp_path):
-    fresh = plan_on(str(HOSTS / "h200-single.json"), "ucx", 1)
-    first = fresh.workers[0].sections["rmm"]["initial_pool_size"]
-    total = _facts("h200-single.json")["gpus"][0]["memory_total"]
-    assert first == total // 2 // 256 * 256
-    # the first command's pool (half) and contexts are taken: the second plans half of the rest
-    h = plan_on(_gpu_with_free(tmp_path, "h200-single.json", 0.49), "ucx", 1)
-    second = h.workers[0].sections["rmm"]["initial_pool_size"]
-    assert second <= 0.245 * total + 256 and first + second < total * 0.8
-    assert h.workers[0].sections["rmm"]["fit_to_free"] is True
-    assert any("free when planned" in w and "worker 0" in w for w in h.warnings)
-    reasons = [r.why for r in h.workers[0].reasons if r.plugin == "rmm"]
-    assert any("of the memory free on GPU 0" in r for r in reasons)
-
-
-def test_a_context_on_the_gpu_does_not_change_the_pool(tmp_path):
-    """A scheduler's or client's context (< 5 % of the GPU) is not another command's pool."""
+def test_free_memory_does_not_change_the_planned_pool(tmp_path):
+    """A pool is a share of the GPU's total, not of what is free when the command plans: the
+    first command's pool, a restarted worker's old process or a client's context do not shrink it."""
     fresh = plan_on(str(HOSTS / "h200-single.json"), "ucx", 1).workers[0].sections["rmm"]["initial_pool_size"]
-    h = plan_on(_gpu_with_free(tmp_path, "h200-single.json", 0.99), "ucx", 1)
-    assert h.workers[0].sections["rmm"]["initial_pool_size"] == fresh and not h.warnings
+    total = _facts("h200-single.json")["gpus"][0]["memory_total"]
+    assert fresh == total // 2 // 256 * 256
+    for free in (0.99, 0.49, 0.1):
+        h = plan_on(_gpu_with_free(tmp_path, "h200-single.json", free), "ucx", 1)
+        assert h.workers[0].sections["rmm"]["initial_pool_size"] == fresh
+        assert h.workers[0].sections["rmm"]["fit_to_free"] is True  # a default: fitted at start, after a wait
 
 
-def test_an_explicit_pool_size_still_wins_beside_other_processes(tmp_path):
-    h = plan_on(_gpu_with_free(tmp_path, "h200-single.json", 0.49), "ucx", 1, **{"gpudask.rmm.pool-size": "10GB"})
+def test_a_gpu_short_of_memory_names_who_holds_it_in_the_reasons(tmp_path):
+    processes = {"0": [{"pid": 4242, "used": 70 * 2**30}, {"pid": 4243, "used": 600 * 2**20}]}
+    h = plan_on(_gpu_with_free(tmp_path, "h200-single.json", 0.3, processes=processes), "ucx", 1)
+    short = [r.why for r in h.workers[0].reasons if r.plugin == "rmm" and "less than this pool" in r.why]
+    assert short and "pid 4242" in short[0] and "71680 MiB" in short[0] and "pid 4243" in short[0]
+    assert short[0].index("pid 4242") < short[0].index("pid 4243")  # largest first
+
+
+def test_a_second_command_on_a_gpu_plans_an_equal_share(tmp_path):
+    """Another gpudask command of this user has a worker planned on GPU 0 (its host plan in the
+    state directory, described here): this command's worker plans half of the GPU split
+    between both, and says who shares it."""
+    total = _facts("h200-single.json")["gpus"][0]["memory_total"]
+    h = plan_on(_gpu_with_free(tmp_path, "h200-single.json", 0.49, other_workers={"0": {"4711": 1}}), "ucx", 1)
+    section = h.workers[0].sections["rmm"]
+    assert section["initial_pool_size"] == total // 4 // 256 * 256
+    assert section["share"]["workers"] == 2 and section["share"]["other_workers"] == {"4711": 1}
+    # two workers on the GPU: each pool stops growing at its share of 0.9 of it
+    assert section["maximum_pool_size"] == int(0.9 * total / 2) // 256 * 256
+    reasons = [r.why for r in h.workers[0].reasons if r.plugin == "rmm"]
+    assert any("split between the 2 workers sharing it" in r and "1 of pid 4711" in r for r in reasons)
+    assert any("GPU 0" in w and "1 of pid 4711" in w for w in h.warnings)
+
+
+def test_workers_of_several_commands_all_get_the_same_share(tmp_path):
+    """Three commands: 2 workers here, 1 of pid 10 and 3 of pid 11 on the one GPU -- six equal pools."""
+    total = _facts("h200-single.json")["gpus"][0]["memory_total"]
+    h = plan_on(_gpu_with_free(tmp_path, "h200-single.json", 0.2, other_workers={"0": {"10": 1, "11": 3}}),
+                "ucx", 2)
+    sizes = {w.sections["rmm"]["initial_pool_size"] for w in h.workers}
+    assert sizes == {int(0.5 * total / 6) // 256 * 256}
+
+
+def test_workers_per_gpu_declares_the_share_from_the_start(tmp_path):
+    total = _facts("h200-single.json")["gpus"][0]["memory_total"]
+    h = plan_on(str(HOSTS / "h200-single.json"), "ucx", 1, **{"gpudask.rmm.workers-per-gpu": 2})
+    section = h.workers[0].sections["rmm"]
+    assert section["initial_pool_size"] == total // 4 // 256 * 256 and section["share"]["declared"] == 2
+    assert any("gpudask.rmm.workers-per-gpu = 2 (declared" in r.why for r in h.workers[0].reasons)
+    # more workers planned than declared: planned for all of them, said so
+    h = plan_on(_gpu_with_free(tmp_path, "h200-single.json", 1.0, other_workers={"0": {"4711": 2}}), "ucx", 1,
+                **{"gpudask.rmm.workers-per-gpu": 2})
+    assert h.workers[0].sections["rmm"]["initial_pool_size"] == int(total / 6) // 256 * 256
+    assert any("but 3 workers are planned on it" in r.why for r in h.workers[0].reasons)
+
+
+@pytest.mark.parametrize("value", [0, -1, "two", 1.5, True, "99999"])
+def test_a_bad_workers_per_gpu_is_one_line(value):
+    with pytest.raises(GpudaskError) as e:
+        plan_on(str(HOSTS / "h200-single.json"), "ucx", 1, **{"gpudask.rmm.workers-per-gpu": value})
+    text = str(e.value)
+    assert "gpudask.rmm.workers-per-gpu" in text and "an integer from 1 to 4096" in text and "\n" not in text
+
+
+def test_an_explicit_pool_size_still_wins_beside_other_commands(tmp_path):
+    h = plan_on(_gpu_with_free(tmp_path, "h200-single.json", 0.49, other_workers={"0": {"4711": 1}}), "ucx", 1,
+                **{"gpudask.rmm.pool-size": "10GB"})
     section = h.workers[0].sections["rmm"]
     assert section["initial_pool_size"] == 10 * 10**9 // 256 * 256 and section["fit_to_free"] is False
-    assert not any("free when planned" in w for w in h.warnings)
+    assert section["share"] is None and section["maximum_pool_size"] is None
 
 
-def test_workers_of_one_command_split_what_is_free(tmp_path):
+def test_workers_of_one_command_split_the_gpu(tmp_path):
     h = plan_on(_gpu_with_free(tmp_path, "h200-single.json", 0.5), "ucx", 2)
     total = _facts("h200-single.json")["gpus"][0]["memory_total"]
     sizes = [w.sections["rmm"]["initial_pool_size"] for w in h.workers]
-    assert sizes[0] == sizes[1] and sum(sizes) <= 0.25 * total + 512
-    assert len([w for w in h.warnings if "free when planned" in w]) == 1  # one line for the GPU, naming both
+    assert sizes[0] == sizes[1] == int(0.25 * total) // 256 * 256
+    assert not [w for w in h.warnings if "pid" in w]  # no other command: nothing to warn about
+
+
+def test_other_workers_keyed_by_an_unknown_gpu_is_one_line(tmp_path):
+    with pytest.raises(GpudaskError) as e:
+        plan_on(_gpu_with_free(tmp_path, "h200-single.json", 0.5, other_workers={"7": {"4711": 1}}), "ucx", 1)
+    assert "other_workers" in str(e.value) and "index of a GPU of the host" in str(e.value)
+    assert "\n" not in str(e.value)
 
 
 def test_memory_free_above_memory_total_is_refused_in_one_line(tmp_path):

@@ -191,10 +191,11 @@ RECORDER = textwrap.dedent('''
 ''')
 
 
-def test_described_gpu_host_workers_get_cuda_transports_and_the_nanny_none(cluster, client_over_tcp, tmp_path):
-    """GPUDASK_FACTS describes a 4-GPU NVLink workstation: the worker processes get UCX_TLS with cuda_copy and
-    cuda_ipc exactly as `gpudask info` says (recorded at import, before listen(): on this CPU machine UCX cannot
-    open CUDA), while the nanny process really initialises UCX without any CUDA transport."""
+def test_described_gpu_host_workers_get_their_plan_but_cuda_and_the_nanny_none(cluster, client_over_tcp, tmp_path):
+    """GPUDASK_FACTS describes a 4-GPU NVLink workstation: `gpudask info` plans UCX_TLS with cuda_copy and
+    cuda_ipc for the workers; the worker processes get that plan (recorded at import, before listen()) but
+    for the CUDA part, which this CPU machine cannot open (docs/facts.md), while the nanny process really
+    initialises UCX without any CUDA transport."""
     facts = host("partial-nvlink.json")
     record = tmp_path / "record"
     record.mkdir()
@@ -215,11 +216,14 @@ def test_described_gpu_host_workers_get_cuda_transports_and_the_nanny_none(clust
     plans = expected["workers"]
     assert [p["env"]["UCX_TLS"] for p in plans] == ["tcp,cuda_copy,cuda_ipc"] * 2
     recorded = sorted(workers, key=lambda w: w["env"]["CUDA_VISIBLE_DEVICES"])
+    cuda_flags = ("distributed-ucxx.cuda-copy", "distributed-ucxx.nvlink", "distributed-ucxx.create-cuda-context")
     for got, plan in zip(recorded, plans):
         ucx_vars = {k: v for k, v in plan["env"].items() if k.startswith("UCX_") or k == "CUDA_VISIBLE_DEVICES"}
+        ucx_vars["UCX_TLS"] = "tcp"  # the plan's tcp,cuda_copy,cuda_ipc without its CUDA part
         assert {k: got["env"].get(k) for k in ucx_vars} == ucx_vars
-        assert got["config"] == {k: plan["config"][k] for k in got["config"]}
-        assert got["config"]["distributed-ucxx.create-cuda-context"] is True
+        assert all(plan["config"][k] is True and got["config"][k] is False for k in cuda_flags)
+        assert got["config"] == {k: plan["config"][k] for k in got["config"] if k not in cuda_flags} | {
+            k: False for k in cuda_flags}
     assert nanny["ucx_tls"] == expected["nanny"]["env"]["UCX_TLS"] == "tcp"
     assert nanny["config"]["distributed-ucxx.create-cuda-context"] is False
     assert nanny["config"] == {k: expected["nanny"]["config"][k] for k in nanny["config"]}
@@ -238,14 +242,19 @@ def test_client_gets_its_plan_from_initialize():
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     plan = got["plan"]
-    assert plan["role"] == "client" and plan["env"]["UCX_TLS"] == "rc,tcp,cuda_copy,cuda_ipc"
+    # planned for the described host: rc,tcp,cuda_copy,cuda_ipc; this process (a CPU, no InfiniBand) runs, and
+    # its plan says, the plan without the described hardware (docs/facts.md)
+    assert info_json("--protocol", "ucx", env=env)["client"]["env"]["UCX_TLS"] == "rc,tcp,cuda_copy,cuda_ipc"
+    assert plan["role"] == "client" and plan["env"]["UCX_TLS"] == "tcp"
+    assert {"no GPU in UCX here", "no InfiniBand in UCX here"} <= {r["decision"] for r in plan["reasons"]}
     for name, value in plan["env"].items():
         if name.startswith("UCX_"):
             assert got["env"][name] == value, name
+    assert "UCX_NET_DEVICES" not in got["env"] and "UCX_SOCKADDR_TLS_PRIORITY" not in got["env"]
     for key, value in plan["config"].items():
         if key.startswith("distributed-ucxx.") and key.count(".") == 1:
             assert got["flags"][key.split(".", 1)[1]] == value, key
-    assert got["flags"]["create-cuda-context"] is True
+    assert got["flags"]["create-cuda-context"] is False
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ def test_ci_runs_the_readme_commands_first_each_in_a_fresh_venv():
     assert install_demo == "python -m pip install -e . && gpudask demo"
     # the bench is its own distribution (contrib/gpudask-bench): the tests' install brings it,
     # so its tests run in CI; the first command installs gpudask alone
-    assert install_test == "python -m pip install -e '.[test]' -e ./contrib/gpudask-bench && python -m pytest"
+    assert install_test == "python -m pip install -e '.[test,ucx-cu13]' -e ./contrib/gpudask-bench && python -m pytest"
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     first, second = lines.index(install_demo), lines.index(install_test)
     assert first < second

@@ -114,10 +114,12 @@ def test_gpu_types_and_worker_facts():
     assert not scheduler_parity.worker_has_gpus({"gpudask": {"facts": json.loads(open(NO_GPU).read())}})
     assert not scheduler_parity.worker_has_gpus({}) and not scheduler_parity.worker_has_gpus({"gpudask": "junk"})
     line = message("this scheduler sees no GPU", "ucx", ["ucx://10.0.0.1:1"])
-    assert "\n" not in line and "direct=True" in line and "NumPy" in line
-    # what works and what does not, said precisely: direct gathers do not save graphs that carry CuPy
-    assert "start the scheduler with a GPU visible" in line and "distributed unpickles task graphs" in line
-    assert "collections with CuPy/cuDF chunks" in line and "direct_to_workers or not" in line
+    assert "\n" not in line and "direct=True" in line and "gpudask.initialize()" in line
+    # what works and what does not, said precisely: gathers relay as host bytes, scatters cannot arrive
+    assert "start the scheduler with a GPU visible" in line and "as host bytes" in line
+    assert "cannot receive GPU data scattered through it" in line
+    graph = message("this scheduler sees no GPU", "ucx", [], "reading failed", graph=True)
+    assert "gpudask.gpu-graph-data.deferred-modules" in graph and "scattered" not in graph
     assert "gpudask: gathering failed: this scheduler" in message("this scheduler sees no GPU", "ucx", [], "gathering failed")
 
 
@@ -400,17 +402,16 @@ def _outcomes(out: str) -> dict[str, str]:
 @pytest.mark.parametrize("scheduler_gpu", [True, False], ids=["gpu-scheduler", "gpu-less-scheduler"])
 def test_cupy_result_through_the_scheduler(cluster, tmp_path, scheduler_gpu):
     """On the GPU machine: a plain client computes a CuPy-backed array through a gpudask UCX cluster.  With a GPU
-    scheduler everything works.  With CUDA_VISIBLE_DEVICES="" on the scheduler: the warning at connect; every
-    graph holding CuPy objects (the persist, submit with a CuPy argument) fails within 10 s with gpudask's line
-    (distributed unpickles graphs on the scheduler); a CuPy result made in a task and gathered through the
-    scheduler fails within 10 s with the gather line; the same result gathered direct, and a task consuming it,
-    work."""
+    scheduler and with CUDA_VISIBLE_DEVICES="" on it, everything works: the persist and a CuPy argument to submit
+    (gpu-graph-data: the scheduler reads the graph without making the CuPy objects), a CuPy result gathered
+    through the scheduler (relayed as host frames) and direct.  The GPU-less scheduler tells the client once, at
+    connect, what it cannot do (scatter through it) and what to add, and holds no CUDA context."""
     if real_gpu_count() < 1:
         pytest.skip("needs a GPU")
     pytest.importorskip("cupy")
     env = _ucx_env()
     sched_env = dict(env) if scheduler_gpu else _ucx_env(CUDA_VISIBLE_DEVICES="")
-    cluster.scheduler("--preload", "gpudask", protocol="ucx", env=sched_env)
+    proc = cluster.scheduler("--preload", "gpudask", protocol="ucx", env=sched_env)
     cluster.worker("--protocol", "ucx", "--preload", "gpudask", "--nworkers", "2", "--nthreads", "1", env=env)
     script = tmp_path / "gpu_client.py"
     script.write_text(GPU_CLIENT)
@@ -424,27 +425,16 @@ def test_cupy_result_through_the_scheduler(cluster, tmp_path, scheduler_gpu):
     assert run.returncode == 0 and "DIRECT" in got, why
     assert got["DIRECT"].startswith("DIRECT ok cupy [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]"), why
     assert got["INSIDE"].startswith("INSIDE ok builtins 90 "), why
+    for label in ("COMPUTE", "SUBMIT", "RESULT", "DIRECT-COMPUTE"):
+        assert got[label].startswith(f"{label} ok cupy"), why
+    assert got["PERSISTED"] == "PERSISTED 0", why
     if scheduler_gpu:
-        for label in ("COMPUTE", "SUBMIT", "RESULT", "DIRECT-COMPUTE"):
-            assert got[label].startswith(f"{label} ok cupy"), why
-        assert got["WARNINGS"] == "WARNINGS 0" and got["PERSISTED"] == "PERSISTED 0", why
+        assert got["WARNINGS"] == "WARNINGS 0", why
         assert "did not take effect" not in cluster.log("scheduler")
         return
     assert got["WARNINGS"].startswith("WARNINGS 1 gpudask: this scheduler sees no GPU, the workers have GPUs"), why
-
-    def failed_fast(label: str, *texts: str) -> None:
-        line = got[label]
-        assert line.startswith(f"{label} failed "), why
-        assert float(line.split()[3]) < 10, line
-        for text in texts:
-            assert text in line, line
-
-    # what the user meets first after persist + wait: the compute of a slice; it names the cause and the fix
-    failed_fast("COMPUTE", "this scheduler sees no GPU", "start the scheduler with a GPU visible")
-    # the persisted futures themselves carry the line of the graph that could not be read
-    assert got["PERSISTED"].startswith("PERSISTED 1 RuntimeError gpudask: this scheduler could not read a task "
-                                       "graph"), why
-    failed_fast("SUBMIT", "RuntimeError", "gpudask: this scheduler could not read a task graph",
-                "start the scheduler with a GPU visible")
-    failed_fast("RESULT", "RuntimeError", "gpudask: gathering GPU results through this scheduler failed")
-    failed_fast("DIRECT-COMPUTE", "this scheduler sees no GPU")  # direct gathers do not save a CuPy graph
+    assert "direct=True" in got["WARNINGS"] and "gpudask.initialize()" in got["WARNINGS"], why
+    from distributed.diagnostics.nvml import has_cuda_context  # noqa: F401 - NVML is there: the process list
+    smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=30)
+    assert str(proc.pid) not in smi.stdout.split(), smi.stdout  # no CUDA context, 0 MiB of GPU memory

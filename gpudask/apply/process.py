@@ -164,6 +164,8 @@ def _apply(session: Session, cli: runtime.CliArgs | None = None) -> None:
         if outcome != "applied":
             logger.info("gpudask: listen interface %s %s", plan.interface, outcome)
     session.manager.context_init(ctx, plan)
+    if session.role == "client":
+        session.manager.client_setup(ctx, plan)
     if session.role == "worker":
         session.memory = setup_memory(session.manager, ctx, plan)
     session.applied = True

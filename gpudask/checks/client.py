@@ -208,6 +208,17 @@ def _probe(address: str, timeout: float) -> None:
     asyncio.run(once())
 
 
+def ucx_output_to_stderr(environ: dict[str, str] | Any = os.environ) -> None:
+    """Keep UCX off a client command's stdout, which is its report (``--json`` is read by programs).
+
+    UCX's log goes to stdout unless told otherwise (``UCX_LOG_FILE``, read when UCX loads), and
+    every UCX process warns there about a variable ucxx sets itself (``UCX_MEMTYPE_CACHE``): set
+    before UCX loads, UCX logs to stderr and that warning is off, as in gpudask's own servers
+    (the ucx plugin plans the same ``UCX_WARN_UNUSED_ENV_VARS=n``).  A user's own values win."""
+    environ.setdefault("UCX_LOG_FILE", "stderr")
+    environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+
+
 MAX_TIMEOUT_S = 7 * 86400.0  # --timeout's upper end: a week
 
 
@@ -263,6 +274,7 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
     try:
         # plain TCP only: UCX is set up once per process and TLS needs the security
         # context, both of which Client() does itself
+        ucx_output_to_stderr()
         with deadline(timeout, target):
             if scheme(target) in (None, "tcp"):
                 _probe(target, timeout)

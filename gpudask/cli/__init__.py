@@ -211,13 +211,15 @@ def status(address: str | None, address_option: str | None, scheduler_file: str 
     field).  The scheduler: ADDRESS, --address ADDRESS or --scheduler-file FILE."""
     from distributed import Client
 
-    from gpudask.checks.client import _probe, check_timeout, deadline, scheduler_address, unreachable
+    from gpudask.checks.client import (_probe, check_timeout, deadline, scheduler_address, ucx_output_to_stderr,
+                                       unreachable)
     from gpudask.checks.sides import scheme
     from gpudask.cli.report import table
     from gpudask.cli.status import cluster_status, format_status
 
     check_timeout(timeout)
     target = scheduler_address(_one_scheduler(address, address_option, scheduler_file), scheduler_file)
+    ucx_output_to_stderr()
     try:
         with deadline(timeout, target):  # a peer that accepts and never answers: one line
             if scheme(target) in (None, "tcp"):

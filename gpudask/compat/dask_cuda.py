@@ -143,6 +143,24 @@ REFUSED_OPTIONS_BY_CORE = {
 }
 
 
+def refused_options() -> dict[str, str]:
+    """``dask cuda worker`` options gpudask has no equivalent for: ``{option: what to do
+    instead}``, from the core and each plugin's ``dask_cuda_refused_options`` (the loaded
+    plugins and the disabled built-ins: the option is refused either way)."""
+    from gpudask import bootstrap
+
+    inputs = bootstrap.inputs()
+    refused = dict(REFUSED_OPTIONS_BY_CORE)
+    _options, unloaded = _unloaded_builtins({p.name for p in inputs.manager.plugins})
+    for plugin in [p.obj for p in inputs.manager.plugins] + unloaded:
+        declared = getattr(plugin, "dask_cuda_refused_options", None)
+        if isinstance(declared, dict):
+            for name, instead in declared.items():
+                if isinstance(name, str) and name.startswith("--") and isinstance(instead, str):
+                    refused.setdefault(name, instead)
+    return refused
+
+
 @dataclass(frozen=True)
 class CliOption:
     """One ``dask cuda worker`` option that is a gpudask setting."""
@@ -193,7 +211,7 @@ def click_params() -> list[Any]:
 def known_option(arg: str) -> bool:
     """Is ``arg`` (``--x`` or ``--x=v``) a dask-cuda option gpudask takes?"""
     name = arg.split("=", 1)[0]
-    return any(name in o.names for o in cli_options()) or name in REFUSED_OPTIONS_BY_CORE
+    return any(name in o.names for o in cli_options()) or name in refused_options()
 
 
 def take_cli_argv(argv: list[str] | tuple[str, ...], command: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -211,11 +229,12 @@ def take_cli_argv(argv: list[str] | tuple[str, ...], command: str) -> tuple[dict
     options = cli_options()
     where = f"dask {command} --preload gpudask"
     accepted = ", ".join(o.spelling for o in options)
+    refused = refused_options()
     for arg in argv:
         name = arg.split("=", 1)[0]
-        if name in REFUSED_OPTIONS_BY_CORE:
+        if name in refused:
             raise ConfigError(f"{name} (a dask cuda worker option) is not taken by {where}; instead: "
-                              f"{REFUSED_OPTIONS_BY_CORE[name]}")
+                              f"{refused[name]}")
         if name.startswith("-") and not any(name in o.names for o in options):
             every = [n for o in options for n in o.names]
             close = difflib.get_close_matches(name, every, n=1)
@@ -265,16 +284,27 @@ def owners() -> dict[str, str]:
 
 
 def without_effect(host: Any, given_as: dict[str, str]) -> list[str]:
-    """The arguments given whose plugin skipped every worker of ``host``'s plan (no GPU
-    visible, ...): one line each, naming the argument, the plugin and its reason."""
+    """The arguments given that do nothing here: a UCX-only setting (``Option.ucx_only``) with
+    another protocol, and those whose plugin skipped every worker of ``host``'s plan (no GPU
+    visible, ...): one line each, naming the argument and why."""
+    from gpudask import bootstrap
+
+    options = bootstrap.inputs().settings.options
+    ucx_only = [given for key, given in given_as.items() if getattr(options.get(key), "ucx_only", False)]
+    lines = []
+    if ucx_only and host.protocol not in ("ucx", "ucxx"):
+        lines.append(f"{', '.join(ucx_only)} {'has' if len(ucx_only) == 1 else 'have'} no effect: the protocol is "
+                     f"{host.protocol}, and UCX transports apply only over UCX (--protocol ucx, a ucx:// scheduler)")
     declared = owners()
     by_plugin: dict[tuple[str, str], list[str]] = {}
     for key, given in given_as.items():
+        if given in ucx_only and lines:
+            continue  # said above
         plugin = declared.get(key)
         skipped = [next((r.why for r in plan.reasons if r.plugin == plugin and r.decision == "skipped"), None)
                    for plan in host.workers]
         if plugin is None or not skipped or any(why is None for why in skipped):
             continue
         by_plugin.setdefault((plugin, str(skipped[0])), []).append(given)
-    return [f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect: plugin {plugin} is skipped in "
-            f"every worker ({why})" for (plugin, why), given in by_plugin.items()]
+    return lines + [f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect: plugin {plugin} is "
+                    f"skipped in every worker ({why})" for (plugin, why), given in by_plugin.items()]

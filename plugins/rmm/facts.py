@@ -1,12 +1,19 @@
-"""The rmm plugin's facts: device memory free on each GPU when the facts were read.
+"""The rmm plugin's facts: device memory free on each GPU, and who else uses it.
 
 Its section of the host's facts (``ctx.facts.section("rmm")``)::
 
-    {"memory_free": {"0": 150000000000, "1": 120000000000}}
+    {"memory_free": {"0": 150000000000, "1": 120000000000},
+     "other_workers": {"0": {"4711": 1}},
+     "processes": {"0": [{"pid": 4712, "used": 75377410048}]}}
 
-GPU index (as a string: a JSON key) -> bytes free (NVML: other processes' contexts and
-pools, a second command's workers, taken); a GPU not listed: unknown.  A default pool is
-sized from it (:mod:`.target`).  Probed through NVML (never a CUDA context; pynvml is
+``memory_free``: GPU index (as a string: a JSON key) -> bytes free when the facts were read
+(NVML); a GPU not listed: unknown.  ``other_workers`` (optional): GPU index -> {pid of another
+gpudask planning process of this user (a second ``dask worker`` command, a LocalGPUCluster):
+how many of its workers are planned on that GPU}, read from their host plans in the state
+directory (:mod:`.shares`).  ``processes`` (optional): GPU index -> the processes NVML lists on
+it, with the bytes each holds.  A default pool is a share of the GPU's total memory between
+this command's workers and the other commands' (:mod:`.target`); free memory and the
+processes only say who holds memory when it is short.  Probed through NVML (never a CUDA context; pynvml is
 imported by the probe only); a schema-1 facts file said it as ``gpus[].memory_free``, which
 :func:`from_v1` takes.
 """
@@ -18,10 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import FactsSection, nvml_session
 
+from . import shares
+
 if TYPE_CHECKING:
     from gpudask.pluginapi import Facts
 
 SECTION = "rmm"
+
+_INDEX = {"pattern": "^(0|[1-9][0-9]*)$", "x-accepts": 'a GPU index ("0", "1", ...)'}
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -33,6 +44,39 @@ SCHEMA: dict[str, Any] = {
             "x-accepts": 'an object {GPU index ("0"): bytes free when the facts were read}',
             "propertyNames": {"pattern": "^(0|[1-9][0-9]*)$", "x-accepts": 'a GPU index ("0", "1", ...)'},
             "additionalProperties": {"type": "integer", "minimum": 0, "x-accepts": "an integer >= 0 (bytes)"},
+        },
+        "other_workers": {
+            "type": "object",
+            "x-accepts": 'an object {GPU index ("0"): {pid of another gpudask command: its workers on that GPU}}',
+            "propertyNames": _INDEX,
+            "maxProperties": 1024,
+            "additionalProperties": {
+                "type": "object", "maxProperties": 1024,
+                "x-accepts": 'an object {pid ("4711"): workers of that command on the GPU (an integer >= 1)}',
+                "propertyNames": {"pattern": "^[1-9][0-9]{0,9}$", "x-accepts": 'a process id ("4711")'},
+                "additionalProperties": {"type": "integer", "minimum": 1, "maximum": 4096,
+                                         "x-accepts": "an integer from 1 to 4096"},
+            },
+        },
+        "processes": {
+            "type": "object",
+            "x-accepts": 'an object {GPU index ("0"): [{"pid": ..., "used": bytes or null}]}',
+            "propertyNames": _INDEX,
+            "maxProperties": 1024,
+            "additionalProperties": {
+                "type": "array", "maxItems": 4096,
+                "x-accepts": 'a list of {"pid": process id, "used": bytes or null}',
+                "items": {
+                    "type": "object", "required": ["pid"], "additionalProperties": False,
+                    "x-accepts": 'an object {"pid": process id, "used": bytes or null}',
+                    "properties": {
+                        "pid": {"type": "integer", "minimum": 0, "maximum": 2**31,
+                                "x-accepts": "a process id (an integer >= 0)"},
+                        "used": {"type": ["integer", "null"], "minimum": 0,
+                                 "x-accepts": "an integer >= 0 (bytes) or null"},
+                    },
+                },
+            },
         },
     },
 }
@@ -47,22 +91,48 @@ def memory_free(facts: Facts, index: int) -> int | None:
     return None if free is None else int(free)
 
 
+def other_workers(facts: Facts, index: int) -> dict[int, int]:
+    """{pid of another gpudask command: its workers planned on GPU ``index``} ({}: none known)."""
+    section = facts.section(SECTION) or {}
+    found = (section.get("other_workers") or {}).get(str(index)) or {}
+    return {int(pid): int(n) for pid, n in found.items()}
+
+
+def processes(facts: Facts, index: int) -> list[tuple[int, int | None]] | None:
+    """(pid, bytes) of the processes on GPU ``index`` when the facts were read; None: unknown."""
+    section = facts.section(SECTION) or {}
+    found = (section.get("processes") or {}).get(str(index))
+    if found is None:
+        return None
+    return [(int(p["pid"]), None if p.get("used") is None else int(p["used"])) for p in found]
+
+
 def probe(facts: Facts) -> dict[str, Any]:
     """Free memory of each GPU, through NVML (by UUID: facts handed in for another host's GPUs
     find none here, and say unknown)."""
     free: dict[str, int] = {}
     if not facts.gpus:
         return {"memory_free": free}
+    out: dict[str, Any] = {"memory_free": free}
+    others = shares.other_commands(str(facts.hostname))
+    by_uuid = {g.uuid: g.index for g in facts.gpus}
+    counted = {str(by_uuid[u]): {str(pid): n for pid, n in per.items()} for u, per in others.items() if u in by_uuid}
+    if counted:
+        out["other_workers"] = counted
     with nvml_session() as nvml:
         if nvml is None:  # no driver, no libnvidia-ml: unknown
-            return {"memory_free": free}
+            return out
         for gpu in facts.gpus:
             handle = nvml.call("nvmlDeviceGetHandleByUUID", gpu.uuid)
             info = nvml.call("nvmlDeviceGetMemoryInfo", handle) if handle is not None else None
             value = getattr(info, "free", None)
             if value is not None:  # else a lost GPU, an old binding: unknown
                 free[str(gpu.index)] = int(value)
-    return {"memory_free": free}
+    listed = {str(g.index): [{"pid": pid, "used": used} for pid, used in found]
+              for g in facts.gpus if (found := shares.gpu_processes(g.uuid)) is not None}
+    if listed:
+        out["processes"] = listed
+    return out
 
 
 def from_v1(data: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -74,10 +144,14 @@ def from_v1(data: Mapping[str, Any]) -> dict[str, Any] | None:
 def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
     """Every GPU named is one of the host's, and its free memory at most its memory_total."""
     by_index = {g.index: g for g in facts.gpus}
+    known = ", ".join(map(str, sorted(by_index))) or "none"
+    for part in ("other_workers", "processes"):
+        for key in value.get(part) or {}:
+            if int(key) not in by_index:
+                return [part, key], f"keyed by the index of a GPU of the host ({known})", key
     for key, free in value["memory_free"].items():
         gpu = by_index.get(int(key))
         if gpu is None:
-            known = ", ".join(map(str, sorted(by_index))) or "none"
             return ["memory_free", key], f"keyed by the index of a GPU of the host ({known})", key
         if free > gpu.memory_total:
             return ["memory_free", key], f"at most memory_total ({gpu.memory_total})", free

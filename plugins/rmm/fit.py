@@ -52,7 +52,8 @@ def reserve(total: int) -> int:
     return max(MIN_RESERVE, int(RESERVE_FRACTION * total))
 
 
-def fit(memory: dict[str, Any], free: int, total: int, who: str) -> tuple[dict[str, Any], str | None]:
+def fit(memory: dict[str, Any], free: int, total: int, who: str,
+        holding: str | None = None) -> tuple[dict[str, Any], str | None]:
     """``memory`` (the plan's rmm section) with an initial pool that fits in ``free`` bytes, and
     the line that says what changed (None when nothing did).
 
@@ -66,6 +67,8 @@ def fit(memory: dict[str, Any], free: int, total: int, who: str) -> tuple[dict[s
         return memory, None
     gpu = memory.get("gpu")
     held = f"{gib(free)} of {gib(total)} free now, other processes hold {gib(total - free)}"
+    if holding:
+        held += f": {holding}"
     if not memory.get("fit_to_free"):
         raise GpudaskError(
             f"gpudask.rmm.pool-size: the pool of {initial} bytes ({gib(initial)}) set for {who} does not fit on GPU "

@@ -19,6 +19,11 @@ ALLOCATORS = ("pool", "async", "managed", "default")
 LIBRARIES = ("cupy", "torch", "numba")
 ALIGNMENT = 256
 DEFAULT_FRACTION = 0.5
+# a default pool of a GPU that several workers share grows at most to its share of this much
+# of the GPU: one worker's task cannot take the memory its neighbours' pools are planned on
+SHARED_MAXIMUM_FRACTION = 0.9
+MAX_WORKERS_PER_GPU = 4096
+MAX_RELEASE_WAIT = 600.0
 # distributed-ucxx builds a pool from these keys in *every* process that opens UCX
 # (``init_once``); gpudask keeps them unset and builds worker pools itself.
 UCXX_POOL_KEYS = ("distributed-ucxx.rmm.pool-size", "distributed.rmm.pool-size")
@@ -107,6 +112,33 @@ def parse_threshold(value: Any) -> float | int | None:
     return _parse_size(value)
 
 
+def parse_workers_per_gpu(value: Any) -> int | None:
+    """null/'auto' (counted) or an integer from 1 to MAX_WORKERS_PER_GPU."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto", "null", "none")):
+        return None
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, bool) or not (isinstance(text, int) or (isinstance(text, str) and text.isascii()
+                                                               and text.isdigit() and len(text) <= 5)):
+        raise ValueError(f"an integer from 1 to {MAX_WORKERS_PER_GPU}, or null (counted)")
+    number = int(text)
+    if not 1 <= number <= MAX_WORKERS_PER_GPU:
+        raise ValueError(f"an integer from 1 to {MAX_WORKERS_PER_GPU}, or null (counted)")
+    return number
+
+
+def parse_release_wait(value: Any) -> float:
+    """Seconds from 0 to MAX_RELEASE_WAIT."""
+    if isinstance(value, bool):
+        raise ValueError(f"a number of seconds from 0 to {MAX_RELEASE_WAIT:g}")
+    try:
+        number = float(value.strip() if isinstance(value, str) and len(value) < 40 else value)
+    except (TypeError, ValueError):
+        raise ValueError(f"a number of seconds from 0 to {MAX_RELEASE_WAIT:g}") from None
+    if math.isnan(number) or not 0 <= number <= MAX_RELEASE_WAIT:
+        raise ValueError(f"a number of seconds from 0 to {MAX_RELEASE_WAIT:g}")
+    return number
+
+
 def parse_allocator(value: Any) -> str | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto")):
         return None
@@ -185,6 +217,15 @@ def options() -> list[Option]:
                parse_libraries, "a list among cupy, numba, torch (or [])",
                dask_cuda_kwarg="rmm_allocator_external_lib_list", dask_cuda_convert=_library_list,
                dask_cuda_option="--set-rmm-allocator-for-libs"),
+        Option("gpudask.rmm.workers-per-gpu", None,
+               "How many workers share each GPU of this host, across all its gpudask commands; a default pool is "
+               "0.5 of the GPU split between them. null: counted (this command's workers plus those of this user's "
+               "other running gpudask commands, from their host plans in the state directory).",
+               parse_workers_per_gpu, f"an integer from 1 to {MAX_WORKERS_PER_GPU}, or null (counted)"),
+        Option("gpudask.rmm.release-wait", 30.0,
+               "Seconds a starting worker waits for GPU memory being released (its predecessor's pool after a "
+               "restart or a kill) before it sizes its pool against what is free.",
+               parse_release_wait, f"a number of seconds from 0 to {MAX_RELEASE_WAIT:g}"),
         Option("gpudask.rmm.scheduler-pool-size", None,
                "A pool in the scheduler, built by distributed-ucxx when the scheduler uses UCX "
                "(it then receives CUDA frames into device memory); null: none.",
@@ -206,6 +247,8 @@ class RmmSettings:
     track: bool
     libraries: list[str]
     scheduler_pool: Any
+    workers_per_gpu: int | None = None
+    release_wait: float = 30.0
 
 
 def read_settings(ctx: PlanContext) -> RmmSettings:
@@ -215,7 +258,7 @@ def read_settings(ctx: PlanContext) -> RmmSettings:
     return RmmSettings(
         value("pool-size"), value("maximum-pool-size"), value("allocator"), value("managed-memory"),
         value("release-threshold"), value("log-directory"), value("track-allocations"), value("libraries"),
-        value("scheduler-pool-size"))
+        value("scheduler-pool-size"), value("workers-per-gpu"), value("release-wait"))
 
 
 def shown(ctx: PlanContext, key: str) -> str:
@@ -234,3 +277,16 @@ def shown(ctx: PlanContext, key: str) -> str:
 
 def explicit(ctx: PlanContext, key: str) -> bool:
     return ctx.require(key).explicit
+
+
+def allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | None:
+    """The allocator a worker gets: async, pool (a pool wanted), managed, default, or None (none)."""
+    if s.allocator == "async":
+        return "async"
+    if want_pool:
+        return "pool"
+    if managed:
+        return "managed"
+    if s.allocator == "default":
+        return "default"
+    return None

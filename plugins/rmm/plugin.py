@@ -22,10 +22,10 @@ from gpudask.pluginapi import ConfigError, FactsSection, hookimpl, tls_enables
 from . import facts as rmm_facts
 from . import report as rmm_report
 from . import setup as rmm_setup
-from .options import (UCXX_POOL_KEYS, RmmSettings, explicit, options, parse_pool_size, read_settings,
-                      shown)
+from .options import (SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings, allocator_kind, explicit, options,
+                      parse_pool_size, read_settings, shown)
 from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib, reset_ucxx_keys, resolve,
-                     default_initial, target_of)
+                     default_initial, share_maximum, share_record, target_of)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -110,7 +110,6 @@ def gpudask_validate(ctx: PlanContext) -> None:
 def _same_kind(a: Any, b: Any) -> bool:
     return (isinstance(a, float) and isinstance(b, float)) or (
         type(a) is int and type(b) is int)
-
 
 
 @hookimpl
@@ -203,7 +202,6 @@ def _scheduler_ucxx_pool(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, ...]
     return UCXX_POOL_KEYS  # distributed-ucxx reads the other key first, then falls back to the one given
 
 
-
 def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
     s = read_settings(ctx)
     who = f"worker {plan.index}"
@@ -217,7 +215,7 @@ def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
     fast = fast_transports(ctx, plan)
     managed = s.managed or s.allocator == "managed"
     want_pool, by_default, reasons = _want_pool(ctx, s, fast)
-    kind = _allocator_kind(s, want_pool, managed)
+    kind = allocator_kind(s, want_pool, managed)
     asked = [k for k in ("gpudask.rmm.track-allocations", "gpudask.rmm.log-directory", "gpudask.rmm.libraries")
              if explicit(ctx, k)]
     if kind is None and asked:
@@ -228,7 +226,7 @@ def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
     if kind is None:
         plan.note("memory: none", "; ".join(reasons))
         return
-    initial, maximum, threshold = _sizes(ctx, plan, s, target, who, kind, want_pool, by_default, reasons)
+    initial, maximum, threshold, share = _sizes(ctx, plan, s, target, who, kind, want_pool, by_default, reasons)
     _refuse_what_fails_at_run_time(ctx, s, target, who, kind, managed, fast)
     if not ctx.facts.packages.get("rmm"):
         what = f"an RMM {kind} allocator on {target.label} of {who}"
@@ -256,7 +254,10 @@ def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
                "gpu_memory": target.memory,
                # a default initial size shrinks to fit what is free when the worker starts (fit.py);
                # a size the user set is refused in one line if it does not fit
-               "fit_to_free": initial is not None and s.pool_size is None}
+               "fit_to_free": initial is not None and s.pool_size is None,
+               # a default pool's share of the GPU, counted again when the worker starts (setup.py):
+               # a gpudask command started after this one adds its workers to the count
+               "share": share, "release_wait": s.release_wait}
     _set_memory(plan, kind, initial, maximum, target.uuid, details, "; ".join(reasons))
 
 
@@ -291,22 +292,12 @@ def _want_pool(ctx: PlanContext, s: RmmSettings, fast: list[str]) -> tuple[bool,
     return False, False, [f"no pool: {what}, and no gpudask.rmm.pool-size set"]
 
 
-def _allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | None:
-    if s.allocator == "async":
-        return "async"
-    if want_pool:
-        return "pool"
-    if managed:
-        return "managed"
-    if s.allocator == "default":
-        return "default"
-    return None
-
-
 def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, who: str, kind: str, want_pool: bool, by_default: bool,
-           reasons: list[str]) -> tuple[int | None, int | None, int | None]:
-    """(initial, maximum, release threshold) in bytes for this worker's GPU; adds the reasons."""
+           reasons: list[str]) -> tuple[int | None, int | None, int | None, dict[str, Any] | None]:
+    """(initial, maximum, release threshold) in bytes for this worker's GPU, and how a default
+    pool's share was planned (None: not a default pool); adds the reasons."""
     initial = maximum = threshold = None
+    shared = 0  # workers a default pool is planned for (0: not a default pool)
     if want_pool:
         if s.pool_size is not None and s.pool_size is not False:
             initial = resolve(s.pool_size, target)
@@ -314,7 +305,7 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
             reasons.append(f"{shown(ctx, 'gpudask.rmm.pool-size')} = {describe_size(s.pool_size, initial)} "
                            f"on {target.label}")
         elif kind == "pool" or by_default:
-            initial = default_initial(ctx, plan, target, reasons)
+            initial, shared = default_initial(ctx, plan, target, reasons, s.workers_per_gpu)
     if s.maximum is not None:
         maximum = resolve(s.maximum, target)
         check_fits(ctx, "gpudask.rmm.maximum-pool-size", maximum, target, who, shared=False)
@@ -334,6 +325,11 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
             reasons.append(f"maximum = initial size: PyTorch {torch} is installed and does not allocate through RMM "
                            f"(gpudask.rmm.libraries, the torch-rmm plugin), so a growing pool could starve it; set "
                            f"gpudask.rmm.maximum-pool-size, or add torch to gpudask.rmm.libraries")
+        elif shared > 1 and initial is not None:
+            maximum = max(initial, share_maximum(target.memory, shared) or 0)
+            reasons.append(f"maximum {maximum} bytes ({gib(maximum)}): {SHARED_MAXIMUM_FRACTION:g} of the GPU split "
+                           f"between its {shared} workers -- a task that runs this pool out of memory gets a "
+                           "MemoryError, not its neighbours' planned memory (gpudask.rmm.maximum-pool-size sets it)")
         else:
             reasons.append("no maximum: the pool grows on demand and never shrinks "
                            "(gpudask.rmm.maximum-pool-size caps it)")
@@ -342,7 +338,8 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
         if threshold > target.memory:
             check_fits(ctx, "gpudask.rmm.release-threshold", threshold, target, who, shared=False)
         reasons.append(f"{shown(ctx, 'gpudask.rmm.release-threshold')} = {threshold} bytes")
-    return initial, maximum, threshold
+    share = share_record(target, shared, s.workers_per_gpu, s.maximum is not None, initial, maximum)
+    return initial, maximum, threshold, share
 
 
 def _refuse_what_fails_at_run_time(ctx: PlanContext, s: RmmSettings, target: Target, who: str, kind: str, managed: bool,

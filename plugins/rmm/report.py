@@ -41,6 +41,8 @@ def rows(plan: Mapping[str, Any], published: Mapping[str, Any] | None) -> list[d
     pair = _mapping(_mapping(_mapping(_mapping(published, "applied"), "plugins"), SECTION), "pool_size")
     if pair:
         row["actual"] = pair.get("actual")
+        if _size(pair.get("planned")) is not None:  # counted again at start: another command's workers joined
+            row["planned"] = pair["planned"]
         return [row]
     report = _mapping(_mapping(published, "memory"), SECTION)
     if report.get("pool_size") is not None:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import GpudaskError, host_lock
 
-from . import fit
+from . import fit, shares, target
+from .options import DEFAULT_FRACTION
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
@@ -42,6 +43,12 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
     if memory is None or memory.get("allocator") is None:
         return {"allocator": None, "applied": False, "why": "no memory setup planned (see gpudask info)"}
     report: dict[str, Any] = dict(memory)
+    memory, recounted = _recount(ctx, plan, memory)
+    if recounted:
+        logger.warning("gpudask: %s", recounted)
+        report.update(recounted=recounted, planned_initial_pool_size=report.get("initial_pool_size"),
+                      initial_pool_size=memory.get("initial_pool_size"),
+                      maximum_pool_size=memory.get("maximum_pool_size"), share=memory.get("share"))
     if ctx.facts.described:
         report.update(applied=False, skipped=f"host described by {ctx.facts.origin}: no real GPU here, "
                                              f"RMM not initialised, no pool allocated")
@@ -59,9 +66,14 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
                           "(restart the worker to change it)")
         _STATE, _MR = report, existing
         return report
+    who = f"worker {plan.index}"
+    waited = _wait_for_release(memory, plan, who)
+    if waited is not None:
+        report["waited"] = waited
     with host_lock(f"gpu-{memory.get('gpu')}"):  # read what is free and allocate, one process at a time
-        memory, fitted = _fit(memory, f"worker {plan.index}")
+        memory, fitted = _fit(memory, who)
         mr = _build(rmm, memory)
+    shares.record(plan.index, memory.get("gpu"), memory.get("initial_pool_size"))
     if fitted:
         logger.warning("gpudask: %s", fitted)
         report.update(fitted=fitted, fitted_initial_pool_size=memory["initial_pool_size"])
@@ -82,7 +94,95 @@ def _fit(memory: dict[str, Any], who: str) -> tuple[dict[str, Any], str | None]:
     found = fit.device_memory(str(gpu))
     if found is None:
         return memory, None
-    return fit.fit(memory, found[0], found[1], who)
+    holding = None
+    if memory["initial_pool_size"] > found[0] - fit.reserve(found[1]):  # short: name who holds it
+        holding = shares.holders_text(shares.holders(shares.gpu_processes(str(gpu)), shares.known_workers()))
+    return fit.fit(memory, found[0], found[1], who, holding)
+
+
+def _recount(ctx: PlanContext, plan: ProcessPlan, memory: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A default pool's share counted again as the worker starts: a gpudask command started
+    after this one was planned adds its workers to the GPU's count (the plan's share rule, the
+    GPU's total memory -- never what is free).  The same count at every restart, so the same pool."""
+    share = memory.get("share")
+    total = memory.get("gpu_memory")
+    gpu = memory.get("gpu")
+    if not isinstance(share, dict) or not isinstance(total, int) or not gpu or not memory.get("initial_pool_size"):
+        return memory, None
+    exclude = {p for p in (shares.own_planner(),) if p is not None}
+    others = shares.other_commands(str(ctx.facts.hostname), exclude).get(str(gpu), {})
+    command = int(share.get("command_workers") or 1)
+    counted = command + sum(others.values())
+    declared = share.get("declared")
+    n = max(int(declared), counted) if isinstance(declared, int) else counted
+    if n == share.get("workers"):
+        return memory, None
+    initial = target.share_of(total, n, float(share.get("fraction") or DEFAULT_FRACTION))
+    maximum = memory.get("maximum_pool_size")
+    rule = share.get("maximum")
+    if rule == "set":
+        initial = min(initial, maximum) if isinstance(maximum, int) else initial
+    elif rule == "initial":
+        maximum = initial
+    else:
+        cap = target.share_maximum(total, n)
+        maximum = None if cap is None else max(initial, cap)
+    where = " + ".join([f"{command} of this command"] + [f"{k} of pid {pid}" for pid, k in sorted(others.items())])
+    line = (f"worker {plan.index}: {n} workers share GPU {gpu} now ({where}), {share.get('workers')} when this "
+            f"command planned: its default RMM pool is {target.gib(initial)}, {DEFAULT_FRACTION:g} of the GPU / {n} "
+            f"(planned {target.gib(int(memory['initial_pool_size']))}; gpudask.rmm.workers-per-gpu declares the count)")
+    return dict(memory, initial_pool_size=initial, maximum_pool_size=maximum,
+                share=dict(share, workers=n, other_workers={str(p): k for p, k in sorted(others.items())})), line
+
+
+def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> dict[str, Any] | None:
+    """Before sizing against the GPU, wait (bounded: gpudask.rmm.release-wait) while the memory
+    this worker's predecessor -- the process it replaces after a restart or a kill -- or any
+    process going away still holds is released.  What happened, or None (nothing to wait for)."""
+    gpu = memory.get("gpu")
+    initial = memory.get("initial_pool_size")
+    if not initial or not gpu or not str(gpu).startswith("GPU-") or memory.get("allocator") not in ("pool", "async"):
+        return None
+    uuid = str(gpu)
+    before = shares.predecessor(plan.index)
+    known = shares.known_workers()
+
+    def read() -> tuple[int, int] | None:
+        return fit.device_memory(uuid)
+
+    def leaving() -> bool:
+        # the predecessor is this process's sibling (same nanny host, same pid namespace): while it
+        # lives it still holds its pool, whatever NVML lists (NVML's pids may be another namespace's)
+        if before is not None and not shares.going(before):
+            return True
+        listed = shares.gpu_processes(uuid) or []
+        return any(pid == before or (pid in known and shares.going(pid)) or _zombie(pid) for pid, _ in listed)
+
+    first = read()
+    if first is None:
+        return None
+    needed = int(initial) + fit.reserve(first[1])
+    if first[0] >= needed:
+        return None
+    wait = memory.get("release_wait")
+    timeout = float(wait) if isinstance(wait, (int, float)) else 30.0
+    waited = shares.wait_for_memory(read, needed, timeout, leaving)
+    if waited is None:
+        return None
+    out = {"seconds": round(waited.seconds, 2), "stopped": waited.why_stopped, "free": waited.free,
+           "needed": needed, "predecessor": before}
+    if waited.free >= needed:
+        logger.info("gpudask: %s: waited %.1f s for GPU %s memory being released (predecessor pid %s): %s free",
+                    who, waited.seconds, uuid, before, target.gib(waited.free))
+    return out
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _is_default_resource(rmm: Any, mr: Any) -> bool:
@@ -220,7 +320,9 @@ def applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, An
                                                    "actual": planned if planned in chain else " -> ".join(chain)}}
     # a default pool fitted to what was free at start (fit.py) is in place at its fitted size; the
     # fit is said at start and is the check's pool-fitted finding, not a plan that did not take effect
-    initial = (_STATE or {}).get("fitted_initial_pool_size") or memory.get("initial_pool_size")
+    # a default pool's share counted again at start (another command's workers joined) likewise
+    initial = ((_STATE or {}).get("fitted_initial_pool_size") or (_STATE or {}).get("initial_pool_size")
+               or memory.get("initial_pool_size"))
     if kind == "pool" and initial:
         size = _pool_size(rmm, mr)
         # a pool grows from its initial size: in place when it holds at least that much

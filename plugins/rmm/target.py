@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import ConfigError, process_gpu, tls_enables, workers_sharing_gpu
 
-from .facts import memory_free
-from .options import ALIGNMENT, DEFAULT_FRACTION, UCXX_POOL_KEYS, shown
+from .facts import memory_free, other_workers, processes
+from .options import ALIGNMENT, DEFAULT_FRACTION, SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, shown
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
@@ -27,8 +27,15 @@ class Target:
     memory: int
     uuid: str | None
     index: int
-    shared_by: int = 1
+    shared_by: int = 1  # this command's workers on it
     free: int | None = None  # free when the facts were read (None: unknown, a MIG instance)
+    others: dict[int, int] | None = None  # pid of another gpudask command -> its workers on this GPU
+    processes: list[tuple[int, int | None]] | None = None  # (pid, bytes) on it when the facts were read
+
+    @property
+    def host_workers(self) -> int:
+        """Workers on this GPU across this user's gpudask commands of the host."""
+        return self.shared_by + sum((self.others or {}).values())
 
 
 def gib(n: int) -> str:
@@ -58,21 +65,21 @@ def target_of(ctx: PlanContext, plan: ProcessPlan) -> Target | None:
         return Target(label, memory, chosen.get("uuid"), gpu.index)
     shared = max(1, len(workers_sharing_gpu(ctx, plan)))
     label = f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}, {gib(gpu.memory_total)})"
-    return Target(label, int(gpu.memory_total), gpu.uuid, gpu.index, shared, memory_free(ctx.facts, gpu.index))
+    return Target(label, int(gpu.memory_total), gpu.uuid, gpu.index, shared, memory_free(ctx.facts, gpu.index),
+                  other_workers(ctx.facts, gpu.index), processes(ctx.facts, gpu.index))
 
 
-# Other processes may hold this much of a GPU before gpudask plans for the host rather than for
-# the command: a scheduler's or client's CUDA context (0.5-0.8 GiB on an H200) stays below it, a
-# second command's pool does not.
-OTHERS_SLACK = 0.05
+def share_of(total: int, workers: int, fraction: float = DEFAULT_FRACTION) -> int:
+    """A default pool: ``fraction`` of the GPU's total memory split between ``workers``, aligned."""
+    return int(fraction * total / max(1, workers)) // ALIGNMENT * ALIGNMENT
 
 
-def taken_by_others(target: Target) -> int:
-    """Bytes of the GPU other processes hold now (0 when unknown or below the slack)."""
-    if target.free is None:
-        return 0
-    taken = max(0, target.memory - target.free)
-    return taken if taken > OTHERS_SLACK * target.memory else 0
+def share_maximum(total: int, workers: int) -> int | None:
+    """Where a default pool of a GPU shared by several workers stops growing: its share of
+    :data:`SHARED_MAXIMUM_FRACTION` of the GPU (None: one worker, no limit)."""
+    if workers <= 1:
+        return None
+    return int(SHARED_MAXIMUM_FRACTION * total / workers) // ALIGNMENT * ALIGNMENT
 
 
 def resolve(value: float | int, target: Target) -> int:
@@ -137,25 +144,67 @@ def check_fits(ctx: PlanContext, key: str, nbytes: int, target: Target, who: str
                           f"{target.memory // k // ALIGNMENT * ALIGNMENT} bytes or a fraction <= {1 / k:g}")
 
 
-def default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons: list[str]) -> int:
-    """Half of the GPU for this command's default pools -- half of what is *free* when other
-    processes (another command's workers, a cluster already running, a scheduler's pool) hold
-    part of it, so that several commands on one GPU start with pools that fit together."""
-    share = f", split between the {target.shared_by} workers of this command on it" if target.shared_by > 1 else ""
-    taken = taken_by_others(target)
-    base = target.memory - taken
-    initial = int(DEFAULT_FRACTION / target.shared_by * base) // ALIGNMENT * ALIGNMENT
-    if not taken:
-        reasons.append(f"default size {DEFAULT_FRACTION:g} of {target.label}{share} = {initial} bytes "
-                       f"({gib(initial)}): RMM's long-standing default, leaving the rest to CUDA contexts, "
-                       f"UCX and allocators outside RMM (PyTorch's)")
-        return initial
-    sharing = workers_sharing_gpu(ctx, plan) or [i for i in (plan.index,) if i is not None]
-    why = (f"GPU {target.index}: {gib(base)} of {gib(target.memory)} free when planned (other processes -- another "
-           f"command's workers, a cluster already running -- hold {gib(taken)}): the default RMM pool of worker"
-           f"{'s' if len(sharing) > 1 else ''} {', '.join(map(str, sharing))} is {DEFAULT_FRACTION:g} of what is "
-           f"free, {gib(initial)} each, so the pools on this GPU fit together (gpudask.rmm.pool-size sets it)")
-    ctx.warn(why)
-    reasons.append(f"default size {DEFAULT_FRACTION:g} of the memory free on {target.label}{share} = {initial} "
-                   f"bytes ({gib(initial)}): {why.split(': ', 1)[1]}")
-    return initial
+def sharing_text(target: Target, declared: int | None) -> tuple[int, str]:
+    """(workers the GPU's default pools are planned for, the line that says who they are)."""
+    counted = target.host_workers
+    mine = f"{target.shared_by} worker{'s' if target.shared_by > 1 else ''} of this command"
+    others = target.others or {}
+    parts = [mine] + [f"{n} of pid {pid}" for pid, n in sorted(others.items())]
+    where = " + ".join(parts)
+    if declared is not None:
+        n = max(declared, counted)
+        if counted > declared:
+            return n, (f"gpudask.rmm.workers-per-gpu = {declared}, but {counted} workers are planned on it ({where}): "
+                       f"planned for {counted}")
+        return n, f"gpudask.rmm.workers-per-gpu = {declared} (declared; counted now: {where})"
+    if others:
+        return counted, (f"{where}; other gpudask commands of this user counted from their host plans in the "
+                         "state directory")
+    return counted, where
+
+
+def default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons: list[str],
+                    declared: int | None = None) -> tuple[int, int]:
+    """(initial size, workers it is planned for): half of the GPU's *total* memory split between
+    every worker planned on it -- this command's, other gpudask commands' of this user (their
+    host plans), or ``declared`` (gpudask.rmm.workers-per-gpu) -- never a fraction of what
+    happens to be free, so pools are equal and stay so through restarts."""
+    n, who = sharing_text(target, declared)
+    initial = share_of(target.memory, n)
+    split = f" split between the {n} workers sharing it" if n > 1 else ""
+    reasons.append(f"default size {DEFAULT_FRACTION:g} of {target.label}{split} ({who}) = {initial} bytes "
+                   f"({gib(initial)}){' each' if n > 1 else ''}: planned from the "
+                   "GPU's total memory, not from what is free now, so every worker's pool is the same through "
+                   "restarts; the rest is left to CUDA contexts (the client's, the scheduler's), UCX and "
+                   "allocators outside RMM")
+    if target.others and declared is None:
+        ctx.warn(f"GPU {target.index} is shared with other gpudask commands ({who.split(';')[0]}): each default "
+                 f"RMM pool is {gib(initial)} ({DEFAULT_FRACTION:g} of the "
+                 f"GPU / {n}); workers started earlier keep their larger pool until they restart "
+                 "(gpudask.rmm.workers-per-gpu declares the count for every command from the start)")
+    if target.free is not None and target.free - reserve_of(target.memory) < initial:
+        from .shares import holders, holders_text
+
+        reasons.append(f"GPU {target.index} has {gib(target.free)} free now, less than this pool: the worker waits "
+                       f"(gpudask.rmm.release-wait) for memory being released when it starts; holding it: "
+                       f"{holders_text(holders(target.processes)) if target.processes is not None else 'unknown'}")
+    return initial, n
+
+
+def reserve_of(total: int) -> int:
+    """Left free beside a pool (the same as fit.reserve)."""
+    return max(256 * 2**20, int(0.01 * total))
+
+
+def share_record(target: Target, shared: int, declared: int | None, maximum_set: bool, initial: int | None,
+                 maximum: int | None) -> dict[str, Any] | None:
+    """How a default pool's share was planned (the plan's ``share``), for the worker to count
+    again when it starts (setup.py); None: not a default pool."""
+    if not shared:
+        return None
+    return {"workers": shared, "fraction": DEFAULT_FRACTION, "command_workers": target.shared_by,
+            "other_workers": {str(pid): n for pid, n in sorted((target.others or {}).items())},
+            "declared": declared,
+            # how the maximum follows a share counted again at start: set by you (kept), equal to
+            # the initial size (PyTorch beside the pool), or the share of SHARED_MAXIMUM_FRACTION
+            "maximum": "set" if maximum_set else ("initial" if maximum is not None and maximum == initial else "share")}

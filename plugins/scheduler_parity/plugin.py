@@ -12,12 +12,15 @@ in the scheduler; the client with the scheduler and each worker, in
 :func:`gpudask.check`).  The check runner that calls it is the core's: disabling this
 plugin leaves other plugins' checks running.
 
-On a UCX scheduler that cannot relay GPU frames (no GPU visible, or a UCX_TLS without a
-cuda transport) it also installs :class:`gpudask.plugins.scheduler_parity.relay.RelayGuard`:
-each client is warned once, through distributed's own "warn" event, when GPU workers are
-connected, a failed gather of GPU results raises one line at once instead of
-distributed's endless retry, and (no GPU visible) a task graph that does not deserialise
-there -- CuPy/cuDF objects in it -- errs every key with that line.
+A scheduler without a GPU is a supported shape (the gpu-graph-data plugin reads graphs there
+without making their GPU objects).  On a UCX scheduler that cannot receive GPU frames (no
+GPU visible, or a UCX_TLS without a cuda transport) this plugin installs
+:class:`gpudask.plugins.scheduler_parity.relay.RelayGuard`: gathers through it ask the
+workers for host frames, each plain client is told once, through distributed's own "warn"
+event, what to do for scatters, a failed gather of GPU results raises one line at once
+instead of distributed's endless retry, and (no GPU visible) a task graph that still does
+not deserialise there -- an object of a GPU module gpudask does not defer -- errs every key
+with that line.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ _MISSING_IMPACT = {
     "numba": "Numba CUDA objects fail to deserialise there",
     "nvidia-ml-py": "GPU diagnostics (NVML) are not available there",
 }
+# GPU libraries a scheduler does without: graphs' GPU objects stay host bytes there, results
+# pass as host frames (scheduler-no-gpu); ucxx and distributed-ucxx it needs for ucx://
+_GPU_ONLY_PACKAGES = ("cupy", "rmm", "cudf", "dask-cudf", "numba")
 _VERSION_IMPACT = {
     "python": "pickled functions and objects may not load across Python versions",
     "dask": "graphs may be built and understood differently (distributed warns as well)",
@@ -175,19 +181,14 @@ def _gpu_presence(ref: Mapping[str, Any], other: Mapping[str, Any], protocol: st
     over_ucx = protocol in UCX
     head = f"{_label(lacks)} has no GPU visible while {_label(has)} has {_gpu_names(gpus)}"
     details = {"has_gpu": has.get("role"), "no_gpu": role, "protocol": protocol}
-    if role == "scheduler" and over_ucx:
-        return [F("error", "scheduler-no-gpu",
-                  f"{head} and the protocol is {protocol}: GPU frames relayed through the scheduler will fail with "
-                  f"cudaErrorNoDevice (distributed-ucxx allocates an rmm.DeviceBuffer for each one it receives, e.g. "
-                  f"when the client gathers GPU results through the scheduler; seen on an H200 as endless "
-                  f"\"Couldn't gather keys\" until the client times out). Give the scheduler a GPU with the "
-                  f"workers' driver and CUDA (a smaller one will do)", details)]
     if role == "scheduler":
-        return [F("warning", "scheduler-no-gpu",
-                  f"{head}: over {protocol or 'tcp'} this works until the scheduler must deserialise GPU data, which "
-                  f"then fails: arguments passed directly to client.submit (CuPy arrays, cuDF frames), the meta of "
-                  f"cuDF-backed collections, high-level graphs unpickled on the scheduler. With UCX it would be an "
-                  f"error (GPU frames relayed through the scheduler)", details)]
+        relay = (f"; over {protocol} it relays the GPU results a client gathers through it as host bytes, and GPU "
+                 f"data scattered through it cannot arrive: gpudask clients (gpudask.initialize()) gather and "
+                 f"scatter worker-direct, plain clients scatter with direct=True") if over_ucx else ""
+        return [F("info", "scheduler-no-gpu",
+                  f"{head}: a supported shape. It reads task graphs without making the GPU objects in them "
+                  f"(gpu-graph-data: CuPy/cuDF/RMM/Numba objects stay host bytes there, made on the worker that "
+                  f"runs the task), so it needs no GPU, no cupy and no CUDA context{relay}", details)]
     if role == "client":
         if over_ucx:
             return [F("error", "client-no-gpu",
@@ -255,6 +256,8 @@ def _package_versions(ref: Mapping[str, Any], other: Mapping[str, Any], names: l
         details = {"package": pkg, ref.get("role") or "reference": a, other.get("role") or "other": b}
         if a is None or b is None:
             has, lacks, version = (other, ref, b) if a is None else (ref, other, a)
+            if lacks.get("role") == "scheduler" and pkg in _GPU_ONLY_PACKAGES:
+                continue  # the scheduler reads GPU objects in graphs without them (gpu-graph-data)
             impact = _MISSING_IMPACT.get(pkg, _DEFAULT_VERSION_IMPACT)
             out.append(F("warning", "package-missing",
                          f"{pkg} is installed on {_label(has)} ({version}) but not on {_label(lacks)}: {impact}",

@@ -65,23 +65,23 @@ def gpu_type(typename: str | None) -> bool:
     return name.split(".", 1)[0] in GPU_TYPE_ROOTS or any(p in name for p in GPU_TYPE_PARTS)
 
 
-WORKS = ("NumPy/pandas work, and so do GPU objects created and consumed inside tasks (f = client.submit(make); "
-         "client.submit(use, f).result() returning a NumPy/Python value) and GPU results gathered direct: "
-         "client.gather(futures, direct=True) or Client(..., direct_to_workers=True)")
-FAILS = ("dask.array/dask.dataframe collections with CuPy/cuDF chunks (their meta travels in the graph), CuPy/cuDF "
-         "arguments to submit/scatter through the scheduler and GPU results gathered through it fail, "
-         "direct_to_workers or not")
+WHAT = ("it relays the GPU results clients gather as host bytes (workers copy them to the host first) and it cannot "
+        "receive GPU data scattered through it")
+ADVICE = ("Scatter GPU data with client.scatter(data, direct=True), or call gpudask.initialize() before creating the "
+          "Client: gathers and scatters then go worker-direct, and large GPU arguments too; or start the scheduler "
+          "with a GPU visible")
 DOCS = "(docs: scheduler-check, A scheduler without a GPU)"
-FIX = "Fix: start the scheduler with a GPU visible (a small one will do)"
+GRAPHS = ("task graphs are unpickled on the scheduler, and gpudask reads the objects of GPU modules in them without "
+          "making them (gpudask.gpu-graph-data); this one's module is not among them: add it to "
+          "gpudask.gpu-graph-data.deferred-modules, or start the scheduler with a GPU visible")
 
 
-def message(cause: str, protocol: str, gpu_workers: list[str], event: str = "") -> str:
-    """The one line: what failed (``event``, empty for the warning), cause, fix, then what works and what not."""
+def message(cause: str, protocol: str, gpu_workers: list[str], event: str = "", graph: bool = False) -> str:
+    """The one line: what failed (``event``, empty for the warning), cause, then what to do."""
     shown = ", ".join(gpu_workers[:3]) + (f" and {len(gpu_workers) - 3} more" if len(gpu_workers) > 3 else "")
     workers = f", the workers have GPUs ({shown})" if gpu_workers else ""
-    return (f"gpudask: {event + ': ' if event else ''}{cause}{workers} and the protocol is {protocol}: "
-            f"distributed unpickles task graphs on the scheduler, so graphs holding CuPy/cuDF objects cannot be "
-            f"read here, and GPU results cannot pass through it. {FIX}. Until then: {WORKS}; {FAILS} {DOCS}")
+    what = GRAPHS if graph else f"{WHAT}. {ADVICE}"
+    return f"gpudask: {event + ': ' if event else ''}{cause}{workers} and the protocol is {protocol}: {what} {DOCS}"
 
 
 def one_line(e: BaseException | None, limit: int = 200) -> str:
@@ -92,6 +92,9 @@ def one_line(e: BaseException | None, limit: int = 200) -> str:
     out = f"{type(e).__name__}: {text}" if text else type(e).__name__
     return out if len(out) <= limit else out[:limit - 3] + "..."
 
+
+# the serializer families a worker sends host frames with (no "cuda": no GPU memory on the way)
+HOST_SERIALIZERS = ["dask", "pickle", "error"]
 
 # distributed's RuntimeError when a graph does not deserialise on the scheduler (update_graph)
 GRAPH_ERROR = "Error during deserialization of the task graph"
@@ -262,7 +265,9 @@ class RelayGuard(SchedulerPlugin):
 
         async def gather(keys: Any, serializers: Any = None) -> Any:
             relayed = guard.gpu_keys(keys)  # before: a failure may change who holds them
-            result = await original(keys=keys, serializers=serializers)
+            # workers send GPU results as host frames (their "dask" serializers): this scheduler
+            # cannot receive GPU frames, and only relays the bytes (it never deserialises them)
+            result = await original(keys=keys, serializers=HOST_SERIALIZERS if serializers is None else serializers)
             if not (isinstance(result, dict) and result.get("status") == "error" and relayed):
                 return result
             failed = [k for k in result.get("keys") or () if k in set(relayed)]
@@ -347,7 +352,7 @@ class RelayGuard(SchedulerPlugin):
             return None  # the graph was read; it failed later: distributed's own error
         cause = error.__cause__ or error.__context__
         line = message(self.cause, self.protocol, list(self.gpu_workers),
-                       f"this scheduler could not read a task graph ({one_line(cause)})")
+                       f"this scheduler could not read a task graph ({one_line(cause)})", graph=True)
         self.unreadable.add(call.client)
         logger.error("%s (graph of client %s, %d key(s))", line, call.client, len(call.keys))
         ours = error_message(RuntimeError(line))  # a builtin exception: any client unpickles it

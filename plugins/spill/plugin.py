@@ -45,6 +45,16 @@ dask_cuda_refused = {
     "jit_unspill": "gpudask has no JIT-unspill proxy objects; spilling is gpudask.spill.device-memory-limit",
     "shared_filesystem": "it only serves dask-cuda's JIT unspilling, which gpudask does not have; leave it out",
 }
+# the same for `dask cuda worker`'s options given to `dask worker --preload gpudask`
+dask_cuda_refused_options = {
+    "--enable-jit-unspill": "gpudask has no JIT-unspill proxy objects; spilling from the GPU is "
+                            "--device-memory-limit (gpudask.spill.device-memory-limit), cuDF's own --enable-cudf-spill",
+    "--disable-jit-unspill": "leave it out: gpudask has no JIT unspilling to turn off",
+    "--jit-unspill": "gpudask has no JIT-unspill proxy objects; spilling from the GPU is --device-memory-limit "
+                     "(gpudask.spill.device-memory-limit), cuDF's own --enable-cudf-spill",
+    "--shared-filesystem": "leave it out: it only serves dask-cuda's JIT unspilling, which gpudask does not have",
+    "--no-shared-filesystem": "leave it out: it only serves dask-cuda's JIT unspilling, which gpudask does not have",
+}
 # reads the rmm plugin's section (its maximum_pool_size) in gpudask_plan_finish, the step
 # after rmm's gpudask_plan_memory: the order is the plan's steps', not the priorities
 reads_sections = ("rmm",)

@@ -28,8 +28,8 @@ from . import infiniband_facts
 from .ucx_info import supports as ucx_supports
 from .infiniband_facts import Port, ports as all_ports
 
-from .rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick, set_flag,
-                    user_tls)
+from .rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, leave_out_on_described_host, mode, mode_why,
+                    parse_name_or_list, pick, set_flag, user_tls)
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import GPU, Facts, PlanContext, ProcessPlan
@@ -42,6 +42,18 @@ RDMACM = "gpudask.transport.rdmacm"
 NET_DEVICES = "gpudask.transport.net-devices"
 
 
+# UCX_TLS names of InfiniBand transports (and rdmacm, its connection manager), and what goes with them
+IB_TLS = frozenset({"ib", "rc", "rc_v", "rc_x", "rc_verbs", "rc_mlx5", "ud", "ud_v", "ud_x", "ud_verbs", "ud_mlx5",
+                    "dc", "dc_x", "dc_mlx5", "rdmacm"})
+IB_ENV = ("UCX_NET_DEVICES", "UCX_SOCKADDR_TLS_PRIORITY", "UCX_MAX_RNDV_RAILS", "UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES")
+
+
+@hookimpl
+def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """A described InfiniBand host over UCX starts on a CPU: no InfiniBand transport, ports or rdmacm here."""
+    leave_out_on_described_host(ctx, plan, "InfiniBand", IB_TLS, "ib", IB_ENV, ("infiniband", "rdmacm"))
+
+
 @hookimpl
 def gpudask_config_options() -> list[Option]:
     return [
@@ -49,12 +61,12 @@ def gpudask_config_options() -> list[Option]:
                "false.", parse_optional_bool, "true, false or null (auto)",
                legacy=("distributed.comm.ucx.infiniband", "distributed-ucxx.infiniband"),
                dask_cuda_kwarg="enable_infiniband",
-               dask_cuda_option="--enable-infiniband/--disable-infiniband"),
+               dask_cuda_option="--enable-infiniband/--disable-infiniband", ucx_only=True),
         Option(RDMACM, None, "Connections over InfiniBand set up by the RDMA connection manager "
                "(UCX_SOCKADDR_TLS_PRIORITY): null = auto (with InfiniBand), true, false.", parse_optional_bool,
                "true, false or null (auto)", legacy=("distributed.comm.ucx.rdmacm", "distributed-ucxx.rdmacm"),
                dask_cuda_kwarg="enable_rdmacm",
-               dask_cuda_option="--enable-rdmacm/--disable-rdmacm"),
+               dask_cuda_option="--enable-rdmacm/--disable-rdmacm", ucx_only=True),
         Option(NET_DEVICES, None, "UCX_NET_DEVICES: null = auto (the InfiniBand port nearest each worker's GPU), a "
                "value for every process (mlx5_0:1), or a list (worker i takes item i mod length).",
                parse_name_or_list, "null, a UCX_NET_DEVICES value or a list of them",

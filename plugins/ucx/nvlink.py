@@ -27,7 +27,7 @@ from gpudask.pluginapi import (FactsSection, Finding, Option, facts_from_dict, h
 
 from . import nvlink_facts
 from .ucx_info import supports as ucx_supports
-from .rules import UCX_AUTO, decide, mode, mode_why, set_flag, user_tls
+from .rules import UCX_AUTO, decide, leave_out_on_described_host, mode, mode_why, set_flag, user_tls
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import GPU, PlanContext, ProcessPlan, ProcessSide
@@ -49,7 +49,7 @@ def gpudask_config_options() -> list[Option]:
                "GPU process, unless MIG), true, false.",
                parse_optional_bool, "true, false or null (auto)",
                legacy=("distributed.comm.ucx.nvlink", "distributed-ucxx.nvlink"), dask_cuda_kwarg="enable_nvlink",
-               dask_cuda_option="--enable-nvlink/--disable-nvlink"),
+               dask_cuda_option="--enable-nvlink/--disable-nvlink", ucx_only=True),
         Option(CUDA_COPY, None, "cuda_copy in UCX_TLS (GPU buffers over any transport): null = auto (whenever a GPU "
                "is present), true, false.", parse_optional_bool, "true, false or null (auto)",
                legacy=("distributed.comm.ucx.cuda-copy", "distributed-ucxx.cuda-copy")),
@@ -116,6 +116,15 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
                      "initialises, so UCX finds it (and never on another GPU)")
     elif user_context_flag(ctx) is not None:
         context_flag(ctx, plan, False, "no CUDA transport")
+
+
+CUDA_TLS = frozenset({"cuda", "cuda_copy", "cuda_ipc", "gdr_copy"})
+
+
+@hookimpl
+def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """A described GPU host over UCX starts on a CPU: no CUDA transport and no CUDA context here."""
+    leave_out_on_described_host(ctx, plan, "GPU", CUDA_TLS, "cuda", (), (CONTEXT_FLAG, "cuda-copy", "nvlink"))
 
 
 def user_context_flag(ctx: PlanContext) -> tuple[str, bool] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import tls_enables
+from gpudask.pluginapi import parse_ucx_tls, tls_enables
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
@@ -80,3 +80,61 @@ def decide(ctx: PlanContext, key: str, transport: str, detected: bool, detect_wh
 def set_flag(plan: ProcessPlan, flag: str, value: bool, why: str) -> None:
     """distributed-ucxx.<flag>, so distributed-ucxx's own view of the transports agrees with UCX_TLS."""
     plan.set_config(f"distributed-ucxx.{flag}", value, why)
+
+
+# -- apply: a described host --------------------------------------------------------------
+def without(tls: str | None, names: frozenset[str], alias: str) -> str | None:
+    """``UCX_TLS`` with none of ``names`` (``alias``: UCX's name for all of them), as close to
+    ``tls`` as UCX's syntax allows: ``tcp,cuda_copy,cuda_ipc`` -> ``tcp``, ``all`` -> ``^cuda``,
+    ``^rc`` -> ``^rc,cuda``; None when ``tls`` names none of them (nothing to change)."""
+    given = parse_ucx_tls(tls)
+    if not given:
+        return None  # unset: UCX chooses among what this machine has
+    if given[0].startswith("^"):
+        excluded = [given[0][1:], *given[1:]]
+        return None if alias in excluded else "^" + ",".join([*excluded, alias])
+    if given == ["all"]:
+        return f"^{alias}"
+    kept = [n for n in given if n.rstrip("\\") not in names and n != alias]
+    if kept == given:
+        return None
+    return ",".join(kept or ["tcp"])
+
+
+def leave_out_on_described_host(ctx: PlanContext, plan: ProcessPlan, what: str, names: frozenset[str], alias: str,
+                                env: tuple[str, ...], flags: tuple[str, ...]) -> None:
+    """On a described host (``GPUDASK_FACTS``) the hardware is not this machine's: the plan's
+    ``UCX_TLS``, environment and config are applied (an apply hook, before UCX initialises)
+    but for ``what`` -- the transports ``names``, the variables ``env``, the distributed-ucxx
+    ``flags`` --, with which UCX would not start here (a CUDA context on a CPU: NVML fails;
+    rdmacm without InfiniBand: no listener).  This process's plan says so and agrees with what
+    it runs with; ``gpudask info --facts`` shows the described host's plan, unchanged."""
+    if not ctx.uses_ucx or not ctx.facts.described:
+        return
+    import os
+
+    import dask.config
+
+    planned = os.environ.get("UCX_TLS")
+    live = without(planned, names, alias)
+    present = [name for name in env if name in os.environ]
+    keys = [f"{prefix}.{flag}" for flag in flags for prefix in ("distributed-ucxx", "distributed.comm.ucx")]
+    true = [key for key in keys if dask.config.get(key, default=None) is True]
+    if live is None and not present and not true:
+        return
+    why = (f"the host is described ({ctx.facts.origin}), its {what} is not this machine's: UCX here starts "
+           f"without it (planned for the described host: " + ", ".join(
+               [f"UCX_TLS={planned}"] * (live is not None) + [f"{n}={os.environ[n]}" for n in present]
+               + [f"{k}=True" for k in true]) + ")")
+    if live is not None:
+        os.environ["UCX_TLS"] = live
+        plan.set_env("UCX_TLS", live, why)
+        for transport in [t for t in plan.ucx_transports if t in names]:
+            plan.ucx_transports.remove(transport)  # the plan's transports agree with UCX_TLS above
+    for name in present:
+        del os.environ[name]
+        plan.env.pop(name, None)
+    if true:
+        dask.config.set({key: False for key in true})
+        plan.config.update({key: False for key in true if key in plan.config})  # re-applied in dask_setup
+    plan.note(f"no {what} in UCX here", why)

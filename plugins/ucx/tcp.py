@@ -73,7 +73,7 @@ def gpudask_config_options() -> list[Option]:
         Option(TCP, None, "tcp in UCX_TLS: null = auto (always with UCX), true, false.", parse_optional_bool,
                "true, false or null (auto)", legacy=("distributed.comm.ucx.tcp", "distributed-ucxx.tcp"),
                dask_cuda_kwarg="enable_tcp_over_ucx",
-               dask_cuda_option="--enable-tcp-over-ucx/--disable-tcp-over-ucx"),
+               dask_cuda_option="--enable-tcp-over-ucx/--disable-tcp-over-ucx", ucx_only=True),
         Option(INTERFACE, None, "Network interface the scheduler, nanny and workers listen on: null = auto (the "
                "netdev of the InfiniBand port nearest each worker's GPU), a name (ib0), or a list (worker i takes "
                "item i mod length).", parse_name_or_list, "null, a name or a list of names"),
@@ -174,3 +174,4 @@ def _ucx_auto(ctx: PlanContext, plan: ProcessPlan) -> None:
     else:
         plan.set_env("UCX_TLS", "^cuda", f"{mode_why(ctx)}: UCX chooses among all its transports but CUDA ones "
                                          f"({why}: no CUDA context for UCX here)")
+

@@ -1,4 +1,5 @@
-"""A user's client script against a running cluster; it does not import gpudask.
+"""A user's client script against a running cluster; it does not import gpudask (but with
+``--gpudask-client PROTOCOL``, which calls ``gpudask.initialize()`` first).
 
     python tests/workloads/client.py --scheduler-file FILE --array numpy|cupy --workflows a,b,... --timeout S
 
@@ -17,7 +18,12 @@ import workflows
 
 
 def main() -> int:
-    a = workflows.arguments(("--scheduler-file", {"required": True}))
+    a = workflows.arguments(("--scheduler-file", {"required": True}),
+                            ("--gpudask-client", {"default": None, "metavar": "PROTOCOL"}))
+    if a.gpudask_client:  # a gpudask client: its plan applied before the Client (gpu-graph-data's too)
+        import gpudask
+
+        gpudask.initialize(protocol=a.gpudask_client)
     xp = workflows.array_module(a.array)
     emit = workflows.emitter()
     with Client(scheduler_file=a.scheduler_file, timeout=a.timeout) as client:

@@ -51,7 +51,9 @@ SLACK = 30.0  # seconds a client may stay silent beyond a workflow's own limit
 class Form:
     def __init__(self, args: argparse.Namespace):
         self.a = args
-        self.suite = f"{args.form}-{args.protocol}-{args.array}"
+        self.suite = f"{args.form}-{args.protocol}-{args.array}" + (
+            "-gpu-less-scheduler" if args.scheduler_gpu == "no" else "") + (
+            "-gpudask-client" if args.client == "gpudask" else "")
         self.dir = pathlib.Path(args.out) / self.suite
         self.dir.mkdir(parents=True, exist_ok=True)
         self.results = open(pathlib.Path(args.out) / "results.jsonl", "a")
@@ -145,8 +147,9 @@ class Form:
                     current = line["workflow"]
                     silence = self.a.timeout + SLACK
                 elif line.get("event") == "end":
-                    self.emit({"workflow": f"{label}-end", "status": "ok" if label != "client" or not line.get(
-                        "gpudask_imported") else "wrong", "detail": line})
+                    plain = label == "client" and self.a.client == "plain"  # it must not have imported gpudask
+                    self.emit({"workflow": f"{label}-end", "status": "wrong" if plain and line.get(
+                        "gpudask_imported") else "ok", "detail": line})
                 elif "workflow" in line:
                     self.emit(line)
                     if line["workflow"] in todo:
@@ -174,7 +177,9 @@ class Form:
         c = self.cluster(sub)
         p = self.a.protocol
         try:
-            c.scheduler(*preload, protocol=p, env=self.env, timeout=self.a.timeout * 2)
+            # a scheduler without a GPU: CUDA_VISIBLE_DEVICES="" (the workers keep theirs)
+            sched_env = dict(self.env, CUDA_VISIBLE_DEVICES="") if self.a.scheduler_gpu == "no" else self.env
+            c.scheduler(*preload, protocol=p, env=sched_env, timeout=self.a.timeout * 2)
             c.worker(*preload, "--protocol", p, "--nworkers", "2", "--nthreads", "1", env=self.env)
             self.drive(self.client_argv(c), names, role, c.workdir)
         except RuntimeError as e:
@@ -224,7 +229,7 @@ class Form:
 
     def client_argv(self, c: ProcessCluster) -> list[str]:
         return [sys.executable, str(HERE / "client.py"), "--scheduler-file", c.scheduler_file,
-                "--array", self.a.array]
+                "--array", self.a.array] + (["--gpudask-client", self.a.protocol] if self.a.client == "gpudask" else [])
 
     def stopped(self, c: ProcessCluster) -> None:
         left = c.stop()
@@ -242,6 +247,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=240.0, help="seconds for the whole form (default 240)")
     p.add_argument("--workflows", default=",".join(WORKFLOWS),
                    help="comma-separated, from: " + ", ".join(WORKFLOWS))
+    p.add_argument("--scheduler-gpu", choices=("yes", "no"), default="yes",
+                   help="form processes: 'no' starts the scheduler with CUDA_VISIBLE_DEVICES=\"\" (default yes)")
+    p.add_argument("--client", choices=("plain", "gpudask"), default="plain",
+                   help="form processes: the client script calls gpudask.initialize() first (default plain)")
     p.add_argument("--facts", default=None, help="a facts file describing the GPU host (GPUDASK_FACTS)")
     p.add_argument("--device-memory-limit", default=DEVICE_MEMORY_LIMIT,
                    help=f"each worker's device memory limit (default {DEVICE_MEMORY_LIMIT})")

@@ -1,0 +1,185 @@
+"""Large GPU objects in a client's graph travel worker-direct (part of gpu-graph-data).
+
+A 256 MiB CuPy argument to ``submit`` is pickled into the graph: copied to the host, sent
+to the scheduler, kept there, pickled again into the task sent to a worker and copied back
+to a GPU -- a second where ``client.scatter(x, direct=True)`` then ``submit`` takes 21 ms
+(dask's own docs warn of "Sending large graph"; distributed #3334, #6924).  Before a gpudask
+client sends a graph, :func:`lift` does that scatter for the user: every GPU object
+(``__cuda_array_interface__``, or a type of a deferred module) of at least the threshold
+found as a task argument (``submit``/``map``/``delayed``, nested in lists, tuples and dicts)
+or as data in a materialised graph layer (the chunks and source array of
+``da.from_array``) is scattered straight to a worker -- GPU to GPU over UCX -- and the
+task takes the scattered key as a dependency instead.  The result is the same object; the
+scheduler only learns the key.
+
+What is not reached stays in the graph, and :mod:`.deferral` keeps it host bytes on the
+scheduler: objects below the threshold (a round trip to a worker costs more than they do),
+collections' meta, and anything inside layers that are not materialised (``Blockwise``
+constants) or inside opaque objects.  A client on the event loop's thread (an asynchronous
+client, or one inside a task) cannot wait for the scatter and leaves its graphs as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+Scatter = Callable[[dict[str, Any]], dict[str, Any]]  # {key: object} -> {key: Future}, worker-direct
+
+
+def device_nbytes(obj: Any, deferred_modules: Iterable[str]) -> int | None:
+    """The size of ``obj`` if it is a GPU object (None if it is not); imports nothing."""
+    cls = type(obj)
+    if cls in (int, float, str, bytes, bool, type(None), list, tuple, dict):
+        return None
+    module = getattr(cls, "__module__", "") or ""
+    device = hasattr(obj, "__cuda_array_interface__") or any(
+        module == m or module.startswith(m + ".") for m in deferred_modules)
+    if not device:
+        return None
+    try:
+        nbytes = obj.nbytes
+    except Exception:  # noqa: BLE001 - an object without a size is left where it is
+        return None
+    if callable(nbytes):  # cudf's memory_usage-like methods
+        return None
+    return nbytes if isinstance(nbytes, int) and nbytes >= 0 else None
+
+
+class Lifter:
+    """One graph's lift: the objects to scatter, each under a key of its own, found once."""
+
+    def __init__(self, threshold: int, deferred_modules: Iterable[str], prefix: str):
+        self.threshold = threshold
+        self.deferred_modules = tuple(deferred_modules)
+        self.prefix = prefix
+        self.found: dict[str, Any] = {}  # key -> object, to scatter
+        self._by_id: dict[int, str] = {}
+        self.refs: dict[str, Any] = {}  # key -> the TaskRef the rewritten graph holds
+
+    def _ref(self, obj: Any) -> Any:
+        from dask._task_spec import TaskRef
+
+        key = self._by_id.get(id(obj))
+        if key is None:
+            key = f"{self.prefix}-{len(self.found)}"
+            self._by_id[id(obj)] = key
+            self.found[key] = obj
+            self.refs[key] = TaskRef(key)
+        return self.refs[key]
+
+    def large(self, obj: Any) -> bool:
+        n = device_nbytes(obj, self.deferred_modules)
+        return n is not None and n >= self.threshold
+
+    # -- task arguments ----------------------------------------------------------------------
+    def arg(self, value: Any) -> Any:
+        """A task argument with its large GPU objects replaced by references (same object if none)."""
+        from dask._task_spec import DataNode, GraphNode, Task
+
+        if self.large(value):
+            return self._ref(value)
+        cls = type(value)
+        if cls in (list, tuple):
+            items = [self.arg(v) for v in value]
+            return value if all(a is b for a, b in zip(items, value)) else cls(items)
+        if cls is dict:
+            items_d = {k: self.arg(v) for k, v in value.items()}
+            return value if all(items_d[k] is value[k] for k in value) else items_d
+        if isinstance(value, DataNode):
+            inner = value.value
+            return self._ref(inner) if self.large(inner) else value
+        if isinstance(value, Task):
+            return self.task(value)
+        if isinstance(value, GraphNode):
+            return value  # aliases, references, containers of tasks: nothing of ours inside
+        return value
+
+    def task(self, task: Any) -> Any:
+        from dask._task_spec import Task
+
+        args = tuple(self.arg(a) for a in task.args)
+        kwargs = {k: self.arg(v) for k, v in task.kwargs.items()}
+        if all(a is b for a, b in zip(args, task.args)) and all(kwargs[k] is task.kwargs[k] for k in kwargs):
+            return task
+        return Task(task.key, task.func, *args, **kwargs)
+
+    # -- graphs --------------------------------------------------------------------------------
+    def graph_value(self, key: Any, value: Any) -> Any:
+        from dask._task_spec import Alias, DataNode, Task
+
+        if isinstance(value, DataNode):
+            value = value.value
+            if not self.large(value):
+                return None
+        if self.large(value):
+            return Alias(key, self._ref(value).key)
+        if isinstance(value, Task):
+            new = self.task(value)
+            return None if new is value else new
+        return None
+
+    def mapping(self, graph: Mapping[Any, Any]) -> dict[Any, Any] | None:
+        """A graph (key -> task or data) with its large GPU objects lifted, or None if it has none."""
+        changed = {}
+        for key, value in graph.items():
+            new = self.graph_value(key, value)
+            if new is not None:
+                changed[key] = new
+        if not changed:
+            return None
+        return {**graph, **changed}
+
+    def hlg(self, hlg: Any) -> Any:
+        from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+        layers = {}
+        changed = False
+        for name, layer in hlg.layers.items():
+            if type(layer) is MaterializedLayer:
+                new = self.mapping(layer.mapping)
+                if new is not None:
+                    layer = MaterializedLayer(new, annotations=layer.annotations,
+                                              collection_annotations=layer.collection_annotations)
+                    changed = True
+            layers[name] = layer
+        if not changed:
+            return None
+        return HighLevelGraph(layers, hlg.dependencies)
+
+    def expr(self, expr: Any) -> Any:
+        """``expr`` (what the client sends: LLGExpr, HLGExpr, sequences of them) rewritten, or None."""
+        from dask._expr import Expr
+        from dask.highlevelgraph import HighLevelGraph
+
+        operands = list(expr.operands)
+        changed = False
+        for i, operand in enumerate(operands):
+            new: Any = None
+            if isinstance(operand, Expr):
+                new = self.expr(operand)
+            elif isinstance(operand, HighLevelGraph):
+                new = self.hlg(operand)
+            elif type(operand) is dict:
+                new = self.mapping(operand)
+            if new is not None:
+                operands[i] = new
+                changed = True
+        if not changed:
+            return None
+        # the same token, so the same names: the client already made futures for its output keys
+        return type(expr)(*operands, _determ_token=expr.deterministic_token)
+
+
+def lift(expr: Any, scatter: Scatter, threshold: int, deferred_modules: Iterable[str], prefix: str
+         ) -> tuple[Any, dict[str, Any]]:
+    """``expr`` with its large GPU objects scattered by ``scatter``; and the scattered futures.
+
+    The futures must live until the graph reaches the scheduler (the caller keeps them for
+    the call): the graph's tasks then hold the keys as dependencies."""
+    lifter = Lifter(threshold, deferred_modules, prefix)
+    new = lifter.expr(expr)
+    if new is None or not lifter.found:
+        return expr, {}
+    futures = scatter(lifter.found)
+    return new, futures

@@ -1,0 +1,179 @@
+"""gpu-graph-data: GPU objects in task graphs never materialise on the scheduler, and large
+ones travel worker-direct.
+
+* **On the scheduler** (``gpudask_server_setup``): the graph of every ``update-graph``
+  message is read with :mod:`.deferral`'s unpickler, so CuPy/cuDF/RMM/Numba objects in it --
+  ``submit`` arguments, ``delayed`` arguments, ``da.from_array`` chunks, collections' meta --
+  stay host bytes there and are made on the worker that runs the task.  No cupy import, no
+  CUDA context, no device copy: a scheduler without a GPU reads the same graphs as one with.
+  A scheduler that sees no GPU also tells gpudask clients (its metadata
+  ``["gpudask", "graph-data"]``) to gather and scatter worker-direct.
+* **In a gpudask client** (``gpudask_client_setup``: :func:`gpudask.initialize`,
+  ``LocalGPUCluster``): GPU objects of at least ``gpudask.gpu-graph-data.scatter-threshold``
+  found in a graph are scattered straight to a worker before the graph is sent
+  (:mod:`.lifting`), and a scheduler that cannot relay GPU data gets none to relay:
+  ``gather``/``scatter`` default to ``direct=True`` there.
+
+A plain client (no gpudask) still works against such a scheduler for graphs and gathers (the
+scheduler reads its graphs the same way and relays results as host bytes:
+scheduler-parity); it is told at connect what it misses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from gpudask.pluginapi import Option, format_bytes, hookimpl, parse_bool, parse_bytes, parse_name_list
+
+from . import deferral, lifting, seams
+
+if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
+
+    from gpudask.pluginapi import PlanContext, ProcessPlan
+
+name = "gpu-graph-data"
+priority = 190  # before scheduler-parity, whose relay reads what this one decided
+
+ENABLED = "gpudask.gpu-graph-data.enabled"
+THRESHOLD = "gpudask.gpu-graph-data.scatter-threshold"
+MODULES = "gpudask.gpu-graph-data.deferred-modules"
+METADATA_KEYS = ["gpudask", "graph-data"]
+
+logger = logging.getLogger("distributed.gpudask")
+
+
+def parse_size(value: Any) -> int:
+    """A size in bytes: ``"1MiB"``, ``"4MB"``, ``1048576``; 0 lifts every GPU object."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError("a size such as '1MiB' or 1048576")
+    try:
+        n = parse_bytes(value) if isinstance(value, str) else int(value)
+    except (ValueError, TypeError, OverflowError):
+        raise ValueError("a size such as '1MiB' or 1048576") from None
+    if not 0 <= n <= 2**62:
+        raise ValueError("a size such as '1MiB' or 1048576, between 0 and 4 EiB")
+    return n
+
+
+@hookimpl
+def gpudask_config_options() -> list[Option]:
+    return [
+        Option(ENABLED, True, "Keep GPU objects in task graphs host bytes on the scheduler (made on the worker that "
+               "runs the task) and scatter large ones worker-direct from gpudask clients.", parse_bool,
+               "true or false"),
+        Option(THRESHOLD, "1MiB", "GPU objects at least this large in a gpudask client's graphs are scattered "
+               "straight to a worker (GPU to GPU) before the graph is sent; smaller ones stay in the graph.",
+               parse_size, "a size such as '1MiB', '64MB' or 1048576"),
+        Option(MODULES, [], "More modules whose objects live in GPU memory (beyond cupy, cupyx, cudf, rmm, "
+               "numba.cuda and distributed's serializers of them): their objects in a graph are not made on the "
+               "scheduler.", parse_name_list, "a list of module names"),
+    ]
+
+
+def deferred_modules(ctx: PlanContext) -> tuple[str, ...]:
+    return deferral.DEFAULT_DEFERRED_MODULES + tuple(ctx.value(MODULES) or ())
+
+
+@hookimpl
+def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
+    if plan.role not in ("scheduler", "client"):
+        return
+    if not ctx.value(ENABLED):
+        plan.note("GPU objects in graphs: as distributed does", f"{ENABLED}=false: the scheduler unpickles them "
+                  "(it needs the GPU packages and a GPU for graphs that carry any)")
+        return
+    if plan.role == "scheduler":
+        gpu = "" if ctx.gpus else "; this scheduler sees no GPU, so gpudask clients gather and scatter worker-direct"
+        plan.note("GPU objects in graphs stay host bytes here",
+                  "the scheduler reads each graph deferring every object of a GPU module (" +
+                  ", ".join(deferred_modules(ctx)[:6]) + ", ...): the worker that runs the task makes it on its GPU, "
+                  "so the scheduler needs no GPU, no cupy and no CUDA context for them" + gpu)
+    else:
+        threshold = ctx.value(THRESHOLD)
+        plan.note(f"GPU objects >= {format_bytes(threshold)} in graphs scattered worker-direct",
+                  f"{THRESHOLD}={threshold}: a GPU object at least this large passed to submit/map/delayed or held "
+                  "by a materialised graph layer (da.from_array) goes straight to a worker, GPU to GPU, and the task "
+                  "depends on its key; smaller ones stay in the graph (host bytes through the scheduler); "
+                  "asynchronous clients leave their graphs as they are")
+
+
+# -- the scheduler --------------------------------------------------------------------------
+_DEFERRED: list[tuple[str, ...]] = [deferral.DEFAULT_DEFERRED_MODULES]  # what this process's graph reads defer
+
+
+@contextlib.contextmanager
+def _reading_graph() -> Iterator[None]:
+    token = deferral.READING_GRAPH.set(True)
+    try:
+        yield
+    finally:
+        deferral.READING_GRAPH.reset(token)
+
+
+@hookimpl
+def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
+    if plan.role != "scheduler" or not ctx.value(ENABLED):
+        return
+    _DEFERRED[0] = deferred_modules(ctx)
+    seams.wrap_pickle_family(lambda original: deferral.deferring_pickle_loads(original, lambda: _DEFERRED[0]))
+    seams.wrap_stream_handler(server, "update-graph", _reading_graph)
+    scheduler: Any = server  # the role says so; distributed is not annotated
+    scheduler.set_metadata(keys=METADATA_KEYS, value={"direct": not ctx.gpus})
+
+
+# -- the client -----------------------------------------------------------------------------
+_CLIENT: dict[str, Any] = {}  # this process's client settings (one client plan per process)
+_DIRECT: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _rewrite(client: Any, expr: Any) -> tuple[Any, Any]:
+    """A client's graph with its large GPU objects scattered worker-direct (and the futures)."""
+    if not _CLIENT or seams.on_event_loop() or getattr(client, "asynchronous", False):
+        return expr, None
+    try:
+        prefix = f"gpudask-arg-{client.id}-{next(_COUNTER)}"
+
+        def scatter(found: dict[str, Any]) -> dict[str, Any]:
+            return client.scatter(found, direct=True, hash=False)  # type: ignore[no-any-return]
+
+        return lifting.lift(expr, scatter, _CLIENT["threshold"], _CLIENT["modules"], prefix)
+    except Exception as e:  # noqa: BLE001 - the graph goes as it is, the user's call is not broken
+        logger.warning("gpudask: large GPU objects stay in this graph (%s: %s)", type(e).__name__, e)
+        return expr, None
+
+
+def _counter() -> Iterator[int]:
+    n = 0
+    while True:
+        n += 1
+        yield n
+
+
+_COUNTER = _counter()
+
+
+async def _direct(client: Any) -> bool:
+    """Does ``client``'s scheduler ask for worker-direct gathers and scatters (it has no GPU)?"""
+    known = _DIRECT.get(client)
+    if known is None:
+        try:
+            meta = await seams.scheduler_metadata(client, METADATA_KEYS)
+        except Exception:  # noqa: BLE001 - a scheduler without gpudask: distributed's default
+            meta = None
+        known = bool(isinstance(meta, dict) and meta.get("direct") is True)
+        _DIRECT[client] = known
+    return known
+
+
+@hookimpl
+def gpudask_client_setup(ctx: PlanContext, plan: ProcessPlan) -> None:
+    if not ctx.value(ENABLED):
+        return
+    _CLIENT.update(threshold=ctx.value(THRESHOLD), modules=deferred_modules(ctx))
+    seams.wrap_graph_submission(_rewrite)
+    seams.wrap_direct_default(_direct)

@@ -1,0 +1,302 @@
+"""Who shares a GPU, and who holds its memory (part of the rmm plugin).
+
+A default pool is a share of the GPU's *total* memory, planned for every worker that uses the
+GPU -- this command's and those of this user's other gpudask commands on the host -- never a
+fraction of what happens to be free when the worker starts (a restarted worker whose old
+process has not let go of its pool yet, a peer that grew, a client's context).  So:
+
+* :func:`other_commands` counts the workers other live gpudask processes of this user planned
+  on each GPU and started, from their host plans in the private state directory
+  (``plan-<pid>.json``, the files ``dask worker`` / ``LocalGPUCluster`` write for their workers
+  and remove at exit) and their slot folders (``pid-<pid>/slot-<i>.lock``: worker ``i`` has
+  started).  Those processes (the nanny hosts) live through every restart of their workers and
+  a slot's file stays, so the count does not change while a worker restarts or is killed;
+* :func:`wait_for_memory` lets a starting worker wait, bounded, while memory its predecessor
+  (or any process going away) still holds is released, instead of sizing against it;
+* :func:`holders` names who holds the memory when it really is short: NVML's process list.
+
+Standard library and NVML (pynvml, imported inside functions) only: this runs in the
+``dask worker`` CLI process (the facts probe) and at every worker's start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudask.pluginapi import read_private, state_dir, write_atomic
+
+# the environment a planning process gives its worker processes (gpudask/apply/hostfile.py)
+PLAN_ENV = "GPUDASK_HOST_PLAN"
+GROUP_ENV = "GPUDASK_GROUP"
+# at most this many other host plans are read (a state directory is this user's own; bounded anyway)
+MAX_PLANS = 256
+POLL = 0.2  # seconds between two readings of the GPU's free memory while waiting
+# a wait ends early when for this long nothing on the GPU is going away and free memory stopped growing
+SETTLE = 3.0
+
+
+# --------------------------------------------------------------------------- processes
+def _start_time(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch); None when it is gone or unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
+def going(pid: int) -> bool:
+    """Is ``pid`` gone, a zombie or being torn down (its GPU memory on the way back)?"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"Z", b"X", b"x")
+
+
+def alive_since(pid: int, written: float) -> bool:
+    """Is ``pid`` alive and the process that wrote a file at ``written`` (not a reused pid)?"""
+    if pid <= 0 or going(pid):
+        return False
+    started = _start_time(pid)
+    return started is None or started <= written + 1.0
+
+
+def own_planner() -> int | None:
+    """The pid of the process whose host plan this worker took (``$GPUDASK_HOST_PLAN``)."""
+    name = os.path.basename(os.environ.get(PLAN_ENV) or "")
+    pid = name[len("plan-"):-len(".json")] if name.startswith("plan-") and name.endswith(".json") else ""
+    return int(pid) if pid.isdigit() else None
+
+
+def other_commands(hostname: str, exclude: set[int] | None = None) -> dict[str, dict[int, int]]:
+    """GPU UUID -> {pid of another live gpudask planning process: how many of its workers are
+    planned on that GPU}, read from the host plans in this user's state directory; {} when the
+    directory cannot be read.  ``exclude``: this process and the one whose plan it took."""
+    skip = {os.getpid(), *(exclude or ())}
+    out: dict[str, dict[int, int]] = {}
+    try:
+        paths = sorted(state_dir().glob("plan-*.json"))[:MAX_PLANS]
+    except Exception:  # noqa: BLE001 - no usable state directory: nothing known of other commands
+        return out
+    for path in paths:
+        pid_text = path.stem[len("plan-"):]
+        if not pid_text.isdigit() or int(pid_text) in skip:
+            continue
+        pid = int(pid_text)
+        try:
+            written = path.stat().st_mtime
+        except OSError:
+            continue
+        if not alive_since(pid, written):
+            continue
+        started = _started_workers(path.parent / f"pid-{pid}")
+        if not started:
+            continue  # a client that planned but started no worker (gpudask.initialize()), or not yet
+        text = read_private(path, "host plan")
+        if text is None:
+            continue
+        for uuid, count in _workers_per_gpu(text, hostname, started).items():
+            out.setdefault(uuid, {})[pid] = count
+    return out
+
+
+def _started_workers(group: Any) -> set[int]:
+    """The worker numbers ever claimed in a command's slot folder (``slot-<i>.lock``,
+    gpudask/apply/runtime.py): a slot's file stays while its worker restarts or is killed, so
+    the count does not drop during a restart."""
+    try:
+        names = [p.name for p in group.glob("slot-*.lock")][:4096]
+    except OSError:
+        return set()
+    return {int(n[len("slot-"):-len(".lock")]) for n in names if n[len("slot-"):-len(".lock")].isdigit()}
+
+
+def _workers_per_gpu(text: str, hostname: str, started: set[int]) -> dict[str, int]:
+    """{GPU UUID: workers planned on it and started} of one host plan file (nothing of a file
+    not understood)."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("facts", {}).get("hostname") != hostname:
+            return {}
+        gpus = [g for g in data["facts"].get("gpus") or [] if isinstance(g, dict)]
+        device0 = gpus[0].get("uuid") if gpus else None
+        counts: dict[str, int] = {}
+        for i, w in enumerate(data.get("workers") or []):
+            if not isinstance(w, dict) or i not in started:
+                continue
+            uuid = w.get("gpu") or device0  # a worker without a GPU of its own computes on device 0
+            if isinstance(uuid, str) and uuid:
+                counts[uuid] = counts.get(uuid, 0) + 1
+        return counts
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
+        return {}
+
+
+# --------------------------------------------------------------------------- who holds memory
+@dataclass
+class Holder:
+    pid: int
+    used: int | None  # bytes; None when NVML does not say (some containers)
+    what: str = ""  # "gpudask worker 0 of pid 123", "python", ...
+
+
+def gpu_processes(uuid: str) -> list[tuple[int, int | None]] | None:
+    """(pid, bytes used) of every process with a context on the GPU, from NVML; None when NVML
+    cannot tell (no driver, a MIG instance, an old binding)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - NVML missing or failing: unknown
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        found: dict[int, int | None] = {}
+        answered = False
+        for call in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            try:
+                listed = list(getattr(pynvml, call)(handle))[:4096]
+            except Exception:  # noqa: BLE001 - one list unsupported: the other still says
+                continue
+            answered = True
+            for p in listed:
+                used = getattr(p, "usedGpuMemory", None)
+                pid = int(p.pid)
+                found[pid] = int(used) if isinstance(used, int) and not isinstance(used, bool) else found.get(pid)
+        return sorted(found.items()) if answered else None
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _what(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read(4096).split(b"\0")
+    except OSError:
+        return "not a process of this host's namespace" if not os.path.exists(f"/proc/{pid}") else "unknown"
+    words = [os.path.basename(a.decode("utf-8", "replace")) for a in argv[:4] if a]
+    text = " ".join(words)
+    return "".join(c if c.isprintable() else "?" for c in text)[:60]
+
+
+def holders(processes: list[tuple[int, int | None]] | None, workers: Mapping[int, str] | None = None) -> list[Holder]:
+    """The processes holding memory on a GPU, largest first, named (``workers``: pid -> what a
+    gpudask worker is, from the state directory)."""
+    out = [Holder(pid, used, (workers or {}).get(pid) or _what(pid)) for pid, used in processes or []]
+    return sorted(out, key=lambda h: -(h.used or 0))
+
+
+def holders_text(found: list[Holder] | None, limit: int = 8) -> str:
+    """``pid 123 (gpudask worker 0) 35840 MiB, pid 456 (python) 512 MiB`` or why none is named."""
+    if found is None:
+        return "NVML cannot list the processes on this GPU"
+    if not found:
+        return "NVML lists no process on this GPU (processes of other containers are not listed)"
+    parts = [f"pid {h.pid} ({h.what}) " + (f"{h.used // 2**20} MiB" if h.used is not None else "? MiB")
+             for h in found[:limit]]
+    more = f", and {len(found) - limit} more" if len(found) > limit else ""
+    return ", ".join(parts) + more
+
+
+# --------------------------------------------------------------------------- this worker's record
+def _record_path(index: int | None) -> Any:
+    group = os.environ.get(GROUP_ENV) or f"ppid-{os.getppid()}"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in group)[:120]
+    base = state_dir() / safe
+    base.mkdir(mode=0o700, exist_ok=True)
+    return base / f"rmm-worker-{index if index is not None else 'x'}.json"
+
+
+def predecessor(index: int | None) -> int | None:
+    """The pid of the process that was this worker (same command, same number) before it was
+    restarted or killed, when it recorded itself; None otherwise."""
+    try:
+        text = read_private(_record_path(index), "worker record")
+        pid = json.loads(text).get("pid") if text else None
+    except Exception:  # noqa: BLE001 - no record: no predecessor known
+        return None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid != os.getpid() else None
+
+
+def known_workers() -> dict[int, str]:
+    """pid -> "gpudask worker N of pid P" for the workers of this user's commands that recorded
+    themselves (the latest process of each worker number)."""
+    out: dict[int, str] = {}
+    try:
+        paths = sorted(state_dir().glob("*/rmm-worker-*.json"))[:4 * MAX_PLANS]
+    except Exception:  # noqa: BLE001
+        return out
+    for path in paths:
+        text = read_private(path, "worker record")
+        try:
+            pid = json.loads(text).get("pid") if text else None
+        except ValueError:
+            continue
+        if isinstance(pid, int) and not isinstance(pid, bool):
+            number = path.stem[len("rmm-worker-"):]
+            out[pid] = f"gpudask worker {number} of {path.parent.name}"
+    return out
+
+
+def record(index: int | None, gpu: str | None, pool: int | None) -> None:
+    """Note this process as worker ``index`` of its command (for the one that replaces it)."""
+    try:
+        write_atomic(_record_path(index), json.dumps({"pid": os.getpid(), "gpu": gpu, "pool": pool}))
+    except Exception:  # noqa: BLE001 - only an aid to the next start
+        pass
+
+
+# --------------------------------------------------------------------------- waiting for release
+@dataclass
+class Waited:
+    free: int
+    total: int
+    seconds: float
+    why_stopped: str  # "enough free", "nothing being released", "time limit"
+    readings: list[int] = field(default_factory=list)
+
+
+def wait_for_memory(read: Callable[[], tuple[int, int] | None], needed: int, timeout: float,
+                    leaving: Callable[[], bool], clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> Waited | None:
+    """Wait until ``read()`` (free, total bytes) shows ``needed`` free, at most ``timeout``
+    seconds; earlier when nothing is being released: ``leaving()`` says no process on the GPU
+    is going away (a predecessor, a killed process) and free memory has not grown for
+    :data:`SETTLE` seconds.  None when the GPU's memory cannot be read."""
+    start = clock()
+    first = read()
+    if first is None:
+        return None
+    free, total = first
+    readings = [free]
+    last_growth = start
+    while free < needed:
+        now = clock()
+        if now - start >= timeout:
+            return Waited(free, total, now - start, "time limit", readings)
+        if now - last_growth >= SETTLE and not leaving():
+            return Waited(free, total, now - start, "nothing being released", readings)
+        sleep(POLL)
+        found = read()
+        if found is None:
+            break
+        if found[0] > free:
+            last_growth = clock()
+        free, total = found
+        readings.append(free)
+    return Waited(free, total, clock() - start, "enough free" if free >= needed else "unreadable", readings)
