@@ -19,7 +19,7 @@ class ConfigError(GpudaskError):
 
 
 class FactsError(GpudaskError):
-    """A facts file (or a probed host) does not match the facts schema (2, or 1 upgraded)."""
+    """A facts file (or a probed host) does not match the facts schema (2)."""
 
 
 class PluginError(GpudaskError):

@@ -45,12 +45,6 @@ re-decide.  Each docstring says which processes call it (``Called in:``).
 ``gpudask_scheduler_check`` compares two processes' published facts, a *reference* and
 a *subject* (the fields of the same names of each :class:`~gpudask.findings.Finding`).
 
-Renamed after gpudask 0.1.0 (an implementation of the old name is refused at
-registration, naming the new one: :data:`RENAMED_HOOKS`, :data:`RENAMED_PARAMETERS`):
-``gpudask_preload`` is ``gpudask_server_setup``; ``gpudask_scheduler_check(ctx,
-scheduler_facts, worker_facts)`` is ``gpudask_scheduler_check(ctx, reference,
-subject)``.
-
 The annotations name the types; they are imported for type checkers only, so this
 module stays as light as ``import gpudask``.
 """
@@ -76,15 +70,6 @@ PROJECT = "gpudask"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
-
-# Hooks renamed after gpudask 0.1.0: old name -> new name.  An implementation of an old name
-# would otherwise never be called (pluggy keeps it pending): the manager refuses it.
-RENAMED_HOOKS: dict[str, str] = {"gpudask_preload": "gpudask_server_setup"}
-# Parameters renamed after gpudask 0.1.0: hook -> {old name: new name}.
-RENAMED_PARAMETERS: dict[str, dict[str, str]] = {
-    "gpudask_scheduler_check": {"scheduler_facts": "reference", "worker_facts": "subject"},
-}
-
 
 @hookspec
 def gpudask_config_options() -> list[Option]:
@@ -132,13 +117,14 @@ def gpudask_facts_sections() -> list[FactsSection] | None:
         published facts) and read with ``ctx.facts.section(name)`` -- None when a described
         host does not say.
 
-        Optional fields (:class:`~gpudask.pluginapi.FactsSection`): ``from_v1(data)``, the
-        value taken from a schema-1 facts file's keys (the upgrade on load); ``check(value,
-        facts)``, what the schema cannot say; ``summary(value)``, words for ``gpudask info``.
+        Optional fields (:class:`~gpudask.pluginapi.FactsSection`): ``check(value, facts)``,
+        what the schema cannot say; ``summary(value)``, words for ``gpudask info``;
+        ``decides=False`` for a section no decision depends on: probed (and validated) on a
+        real host only when first read, in the process that reads it.
 
     **Combined:** the sections of all plugins, each name owned by one plugin.
     **Failure:** raising, returning something that is not a ``FactsSection``, a name
-    another plugin owns, a schema that is not JSON Schema, a probe, an upgrade or a check
+    another plugin owns, a schema that is not JSON Schema, a probe or a check
     that raises, or a value its schema or check refuses stops the process (one line naming
     the plugin, the file or the probe, and the key).
     """

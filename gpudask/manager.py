@@ -39,7 +39,7 @@ from gpudask.findings import Finding
 from gpudask.hookcall import PluginStopped, call_isolated
 from gpudask.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
                                   ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
-                                  LoadedPlugin, declared, pluggy_target, refused_option, renamed, select,
+                                  LoadedPlugin, declared, pluggy_target, refused_option, select,
                                   unknown_hook)
 
 if TYPE_CHECKING:
@@ -156,9 +156,6 @@ class PluginManager:
         priority, reads, read_at_start = declared(obj, name, distribution)
         if any(p.name == name for p in self.plugins):
             raise PluginError(name, distribution, "registration", "another plugin already has this name")
-        stale = renamed(self._pm, obj)
-        if stale is not None:
-            raise PluginError(name, distribution, "registration", stale)
         target = pluggy_target(obj, name)
         self._pm.direct = True
         try:

@@ -7,12 +7,10 @@ their hooks; it registers them by these rules, which hold no state:
   (the *essential* ones, :data:`ESSENTIAL_PLUGINS`, cannot be disabled), the third-party
   entry points of the ``gpudask`` group, the enable/disable lists and their one-line errors,
   autoload and ``$GPUDASK_LOAD_PLUGINS``;
-* what a plugin object must be (:func:`declared`, :func:`renamed`, :func:`unknown_hook`,
+* what a plugin object must be (:func:`declared`, :func:`unknown_hook`,
   :func:`refused_option`): an explicit integer ``priority`` and well-formed declarations, and
   the refusal of what gpudask would not run as written -- hook wrappers and
-  ``tryfirst``/``trylast`` (:data:`REFUSED_HOOKIMPL_OPTIONS`), and hooks and parameters
-  renamed since gpudask 0.1.0 (:data:`gpudask.hookspecs.RENAMED_HOOKS`,
-  :data:`gpudask.hookspecs.RENAMED_PARAMETERS`), which would otherwise never run;
+  ``tryfirst``/``trylast`` (:data:`REFUSED_HOOKIMPL_OPTIONS`);
 * what pluggy holds for it (:func:`pluggy_target`): the object, or a module copy of one that
   cannot be hashed.
 
@@ -25,7 +23,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
-import inspect
 import os
 import types
 from dataclasses import dataclass, field
@@ -235,42 +232,6 @@ def refused_option(pm: pluggy.PluginManager, obj: Any, name: str) -> str | None:
                         f"'priority' ({MIN_PRIORITY}-{MAX_PRIORITY}, lower first)")
     return None
 
-
-def renamed(pm: pluggy.PluginManager, obj: Any) -> str | None:
-    """A hookimpl of ``obj`` under a hook name or with parameter names renamed since
-    gpudask 0.1.0, said in one line with the new name; None when there is none.  (pluggy
-    would keep an old hook name pending, never called, and refuse an old parameter with
-    its own three lines.)"""
-    for attr in sorted(dir(obj)):
-        try:
-            # pluggy's public parse: None unless the attribute is marked with @hookimpl
-            opts = pm.parse_hookimpl_opts(obj, attr)
-        except Exception:  # noqa: BLE001 - an attribute that cannot be read is pluggy's to report
-            continue
-        if opts is None:
-            continue
-        hook = opts.get("specname") or attr
-        if hook in hookspecs.RENAMED_HOOKS:
-            new = hookspecs.RENAMED_HOOKS[hook]
-            return (f"hook {hook} was renamed {new} after gpudask 0.1.0 (same arguments); rename the "
-                    f"implementation to {new}, or it would never run")
-        old = hookspecs.RENAMED_PARAMETERS.get(hook)
-        if old:
-            try:
-                argnames = list(inspect.signature(getattr(obj, attr)).parameters)
-            except (TypeError, ValueError):
-                continue  # pluggy reports what it cannot read
-            stale = [arg for arg in argnames if arg in old]
-            if stale:
-                said = ", ".join(f"{arg} -> {old[arg]}" for arg in stale)
-                return (f"{hook}'s parameters were renamed after gpudask 0.1.0 ({said}); accepted "
-                        f"parameters: {', '.join(_spec_argnames(pm, hook))}")
-    return None
-
-
-def _spec_argnames(pm: pluggy.PluginManager, hook_name: str) -> tuple[str, ...]:
-    spec = getattr(pm.hook, hook_name).spec
-    return tuple(spec.argnames) if spec is not None else ()
 
 
 def unknown_hook(pm: pluggy.PluginManager, error: pluggy.PluginValidationError) -> str:

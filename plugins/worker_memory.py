@@ -5,7 +5,7 @@
 distributed counts GPU objects (CuPy arrays) against it: above 0.6 of it they go to
 disk.  dask-cuda's ``dask cuda worker`` (and gpudask's ``LocalGPUCluster``) give each
 worker ``host memory / workers``; this plugin does the same for stock ``dask worker``.
-Measured on two H200s (docs/device-runs/2026-11-30-dc-local-cupy-x2.md): with the
+Measured on two H200s (lab/device-runs/2026-11-30-dc-local-cupy-x2.md): with the
 ``auto`` limit dask-cuda's ``local_cupy`` dot took 27-31 s on gpudask workers against
 3 s on dask-cuda's, its arrays read back from disk before every transfer.
 

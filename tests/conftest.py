@@ -249,23 +249,10 @@ def described(tmp_path: pathlib.Path, base: str, **changes) -> str:
     return str(path)
 
 
-def as_schema_2(data: dict) -> dict:
-    """A schema-1 facts file written by hand as schema 2 (independently of gpudask's upgrade):
-    the keys the plugins own moved into their sections."""
-    out = json.loads(json.dumps(data))
-    assert out["schema"] == 1
-    out["schema"] = 2
-    sections = out.setdefault("sections", {})
-    sections["nvlink"] = {"peers": {str(g["index"]): g["nvlink_peers"] for g in out["gpus"] if g["nvlink_peers"]}}
-    sections["infiniband"] = {"ports": out.pop("ib_devices")}
-    sections["ucx_info"] = {"transports": out.pop("ucx_transports")}
-    free = {str(g["index"]): g["memory_free"] for g in out["gpus"] if g.get("memory_free") is not None}
-    if free:
-        sections["rmm"] = {"memory_free": free}
-    for g in out["gpus"]:
-        g.pop("nvlink_peers")
-        g.pop("memory_free", None)
-    return out
+def sections_with(base: str, **changed: object) -> dict:
+    """The plugins' facts sections of tests/hosts/<base>, some of them replaced (a described
+    host's ``sections`` for ``described(..., sections=...)``)."""
+    return {**json.loads((HOSTS / base).read_text())["sections"], **changed}
 
 
 def plan_on(facts: str, protocol: str, nworkers: int | None = None, **config):

@@ -173,7 +173,7 @@ def _set(path, value):
     (_set("protocol", KeyError), "key 'protocol' is missing"),
     (_set("plugins", {"a": 1}), "key 'plugins'"),
     (_set("warnings", [1]), "key 'warnings' is [1]; accepted: a list of strings"),
-    (_set("facts", {"schema": 1}), "key 'facts': key 'hostname' is missing"),
+    (_set("facts", {"schema": 2}), "key 'facts': key 'hostname' is missing"),
     (_set("scheduler/role", "worker"), "key 'scheduler.role' is 'worker'; accepted: 'scheduler'"),
     (_set("nanny", []), "key 'nanny' is []; accepted: a process plan"),
     (_set("workers/0/env", {"A": 1}), "key 'workers[0].env'"),

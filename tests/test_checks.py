@@ -19,7 +19,7 @@ import warnings
 
 import pytest
 
-from conftest import Cluster, base_env, host
+from conftest import Cluster, base_env, host, sections_with
 
 import gpudask
 from gpudask import hookimpl
@@ -60,7 +60,7 @@ def facts_file(tmp_path: pathlib.Path, base: str, label: str, packages: dict | N
 def no_gpu_ucx(tmp_path) -> str:
     """A GPU-less scheduler host that can still run ucx:// (distributed-ucxx installed)."""
     return facts_file(tmp_path, "no-gpu.json", "no-gpu-ucx", {"ucxx": "0.52.0", "distributed-ucxx": "0.52.0"},
-                      ucx_transports=["self", "tcp"])
+                      sections=sections_with("no-gpu.json", ucx_info={"transports": ["self", "tcp"]}))
 
 
 def side(role: str, facts_path: str, protocol: str = "tcp", address: str | None = None) -> dict:
@@ -210,7 +210,7 @@ def test_a_worker_without_a_gpu_and_the_client_are_named_by_role(tmp_path):
 
 @pytest.mark.parametrize("junk", [
     "junk", 42, None, [1, 2], {"facts": "x"}, {"no": "facts"},
-    {"facts": {"schema": 1, "gpus": "many"}},
+    {"facts": {"schema": 2, "gpus": "many"}},
     {"facts": {"schema": 2}},
     {"facts": json.loads(pathlib.Path(host("h200-single.json")).read_text()), "protocol": 7},
     {"facts": {1: 2}},
@@ -494,7 +494,7 @@ def test_refuse_closes_the_offending_worker_with_the_finding_as_reason(cluster, 
 JUNK_PRELOAD = '''
 def dask_setup(worker):
     worker.startup_information["gpudask"] = lambda w: {"version": 3, "protocol": ["tcp"],
-                                                      "facts": {"schema": 1, "gpus": "lots", "packages": [1]}}
+                                                      "facts": {"schema": 2, "gpus": "lots", "packages": [1]}}
 '''
 
 def third_party_module() -> str:

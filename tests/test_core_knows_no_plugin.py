@@ -2,8 +2,8 @@
 argument, plan-section key, config key and fact a built-in plugin owns is named in ``plugins/`` only.
 
 Facts: the built-in plugins' facts sections (their names: ``nvlink``, ``infiniband``, ``rmm``,
-``ucx_info``) and the keys schema 1 had that schema 2 leaves to them (``nvlink_peers``,
-``ib_devices``, ``memory_free``, ``ucx_transports``, found by comparing the two schemas) appear
+``ucx_info``) and the names their facts had as keys of the core's before the sections
+(``nvlink_peers``, ``ib_devices``, ``memory_free``, ``ucx_transports``) appear
 in no string, name or data file of the core, in any case or spelling (``IBDevice``,
 ``_probe_nvlink``, ``probe_ucx_info``), docstrings excluded.  A moved key that is also a field
 of the core's plan (``ProcessPlan.ucx_transports``: what the transport plugins compose into
@@ -148,13 +148,10 @@ def test_the_core_names_no_key_of_a_builtin_plugin():
 
 @functools.lru_cache(maxsize=1)
 def _fact_words() -> frozenset[str]:
-    """The built-in plugins' facts sections, and the keys schema 1 had that schema 2 leaves to them."""
-    from gpudask.facts.loader import schema, schema_v1
+    """The built-in plugins' facts sections, and the names their facts had as the core's keys."""
     from gpudask.manager import PluginManager
 
-    v1, v2 = schema_v1(), schema()
-    moved = set(v1["properties"]) - set(v2["properties"])
-    moved |= set(v1["$defs"]["gpu"]["properties"]) - set(v2["$defs"]["gpu"]["properties"])
+    moved = {"nvlink_peers", "ib_devices", "memory_free", "ucx_transports"}
     sections = {section.name for _, section in PluginManager.from_environment().facts_sections()}
     return frozenset(moved | sections)
 
@@ -201,9 +198,8 @@ def fact_hits(package: pathlib.Path = PACKAGE) -> list[str]:
                     and (m.group(0).lower() not in PLAN_FIELDS or (line, text) in reads)]
     for path in sorted(package.rglob("*.json")):
         module = str(path.relative_to(package.parent))
-        # the frozen schema 1 (read and upgraded, never written) and the example hosts, which
-        # are schema-1 files kept as users have them
-        if path.name == "facts.schema.v1.json" or path.parent.name == "hosts":
+        # the example hosts: whole described hosts, the plugins' sections included
+        if path.parent.name == "hosts":
             continue
         out += [f"{module}: {m.group(0)!r}" for m in find.finditer(path.read_text())]
     return out

@@ -47,7 +47,7 @@ def raw(name: str) -> dict:
 
 
 def with_sections(facts):
-    """``facts`` with the built-in plugins' sections (upgraded from a schema-1 file's keys)."""
+    """``facts`` with the built-in plugins' sections (validated by their plugins)."""
     from gpudask.facts.sections import with_sections as add
     from gpudask.manager import PluginManager
 
@@ -56,12 +56,6 @@ def with_sections(facts):
 
 def loaded(path: str):
     return with_sections(F.load_facts(path))
-
-
-def v2(data: dict) -> dict:
-    from conftest import as_schema_2
-
-    return as_schema_2(data)
 
 
 # ------------------------------------------------------------------- described hosts
@@ -80,18 +74,18 @@ def test_host_files_present():
 
 @pytest.mark.parametrize("name", HOST_FILES)
 def test_load_and_round_trip(name):
-    """The shipped hosts are schema 1: read, upgraded (each plugin takes its keys into its
-    section) and written as schema 2, which reads back the same."""
+    """The shipped hosts are schema 2: read (each plugin validating its section) and written,
+    they read back the same."""
     from gpudask.plugins.ucx.nvlink_facts import peers
 
-    assert raw(name)["schema"] == 1
+    assert raw(name)["schema"] == 2
     facts = loaded(host(name))
     assert facts.origin == host(name) and facts.described and facts.schema == 2
     data = facts.to_dict()
     assert "origin" not in data
-    assert data == v2(raw(name))  # the plugins' keys, in their sections
+    assert data == raw(name)
     again = with_sections(F.facts_from_dict(json.loads(json.dumps(data)), host(name)))
-    assert again == facts and again.v1 is None
+    assert again == facts
     # every file's peers are symmetric and name other GPUs
     for g in facts.gpus:
         for p in peers(facts, g.index) or []:
@@ -154,20 +148,23 @@ def test_wrong_type(tmp_path):
     assert str(e.value) == f"{path}: key 'gpus[1].memory_total' must be an integer >= 0 (bytes), got 'abc'"
 
 
-def test_missing_key(tmp_path):
-    """A schema-1 file is checked with the frozen schema 1: its own key paths."""
+def test_a_schema_1_file_is_refused_in_one_line_naming_the_key(tmp_path):
+    """The pre-release format (plugins' facts as GPU and top-level keys) is not read: one line
+    says to rewrite it as schema 2."""
     data = raw("hgx-4gpu-2ib.json")
-    del data["ib_devices"][1]["link_layer"]
+    data["schema"] = 1
     path = write(tmp_path, data)
-    with pytest.raises(FactsError, match=r"key 'ib_devices\[1\]\.link_layer' is missing \(expected a string\)") as e:
+    with pytest.raises(FactsError) as e:
         F.load_facts(path)
-    assert str(e.value).startswith(path + ":")
-    assert "\n" not in str(e.value)
+    assert str(e.value) == (f"{path}: key 'schema' is 1, a format gpudask no longer reads; rewrite the file as "
+                            "schema 2 (the plugins' facts move into 'sections': docs/facts.md)")
+    with pytest.raises(FactsError, match="key 'schema' is 1"):
+        F.facts_from_dict({"schema": 1, "gpus": "lots"}, "facts of the worker")
 
 
 def test_missing_key_in_a_section(tmp_path):
-    """The same port in schema 2: the infiniband plugin's schema fragment says it."""
-    data = v2(raw("hgx-4gpu-2ib.json"))
+    """A port without its link layer: the infiniband plugin's schema fragment says it."""
+    data = raw("hgx-4gpu-2ib.json")
     del data["sections"]["infiniband"]["ports"][1]["link_layer"]
     path = write(tmp_path, data)
     with pytest.raises(FactsError) as e:
@@ -188,7 +185,6 @@ def test_missing_key_in_a_section(tmp_path):
         (lambda d: d["gpus"][0]["mig"]["instances"].append({"uuid": "MIG-x"}), "gpus[0].mig.instances[0].memory_total", "missing"),
         (lambda d: d.update(net_interfaces={"eth0": "10.0.0.1"}), "net_interfaces.eth0", "a list"),
         (lambda d: d["packages"].update(cupy=14), "packages.cupy", "a string or null"),
-        (lambda d: d.update(ucx_transports="tcp"), "ucx_transports", "a list or null"),
         (lambda d: d.pop("hostname"), "hostname", "missing"),
         (lambda d: d.update(driver_version=570), "driver_version", "a version such as \"535.104.05\" (digits and dots) or null"),
         # issue 11: values that were silently accepted
@@ -208,68 +204,40 @@ def test_bad_values(tmp_path, change, key, expected):
     assert msg.startswith(f"{path}: key {key!r} ") and expected in msg and "\n" not in msg
 
 
-@pytest.mark.parametrize("shape", ["v1", "v2"])
 @pytest.mark.parametrize("change, key, expected", [
-    (lambda d, s: d["gpus"][2].update(nvlink_peers=[0, 7]) if s == "v1" else
-     d["sections"]["nvlink"]["peers"].update({"2": [0, 7]}),
+    (lambda d: d["sections"]["nvlink"]["peers"].update({"2": [0, 7]}),
      "sections.nvlink.peers.2[1]", "must be the index of another GPU (0, 1, 2, 3), got 7 (facts section of plugin 'nvlink')"),
-    (lambda d, s: d["gpus"][1].update(nvlink_peers=[1]) if s == "v1" else
-     d["sections"]["nvlink"]["peers"].update({"1": [1]}),
+    (lambda d: d["sections"]["nvlink"]["peers"].update({"1": [1]}),
      "sections.nvlink.peers.1[0]", "must be the index of another GPU (0, 1, 2, 3), got 1"),
-    (lambda d, s: d["gpus"][0].update(memory_free=d["gpus"][0]["memory_total"] + 1) if s == "v1" else
-     d["sections"].update(rmm={"memory_free": {"0": d["gpus"][0]["memory_total"] + 1}}),
+    (lambda d: d["sections"].update(rmm={"memory_free": {"0": d["gpus"][0]["memory_total"] + 1}}),
      "sections.rmm.memory_free.0", "must be at most memory_total (85520809984)"),
+    (lambda d: d["sections"]["ucx_info"].update(transports="tcp"), "sections.ucx_info.transports", "a list"),
 ])
-def test_a_section_contradicting_the_core_facts_is_one_line(tmp_path, shape, change, key, expected):
-    """What a section's schema cannot say (its check), in either shape; a schema-1 file's
-    error says the section was made from its schema-1 keys."""
-    data = raw("hgx-4gpu-2ib.json") if shape == "v1" else v2(raw("hgx-4gpu-2ib.json"))
-    change(data, shape)
-    path = write(tmp_path, data)
-    with pytest.raises(FactsError) as e:
-        loaded(path)
-    msg = str(e.value)
-    assert msg.startswith(f"{path}: key {key!r} ") and expected in msg and "\n" not in msg, msg
-    assert msg.endswith("made from the file's schema-1 keys") == (shape == "v1")
-
-
-@pytest.mark.parametrize("change, key, expected", [
-    (lambda d: d["gpus"][2].update(nvlink_peers="0"), "gpus[2].nvlink_peers", "a list"),
-    (lambda d: d["ib_devices"].append("mlx5_9"), "ib_devices[2]", "an object"),
-    (lambda d: d["gpus"][0].update(memory_free=-1), "gpus[0].memory_free", "an integer >= 0 (bytes) or null"),
-    (lambda d: d.pop("ib_devices"), "ib_devices", "missing"),
-])
-def test_a_schema_1_file_is_held_to_schema_1(tmp_path, change, key, expected):
-    """The frozen schema 1 checks the old keys where the file has them, as before."""
+def test_a_section_contradicting_the_core_facts_is_one_line(tmp_path, change, key, expected):
+    """What a section's schema or check says, in one line naming the plugin."""
     data = raw("hgx-4gpu-2ib.json")
     change(data)
     path = write(tmp_path, data)
     with pytest.raises(FactsError) as e:
-        F.load_facts(path)
+        loaded(path)
     msg = str(e.value)
     assert msg.startswith(f"{path}: key {key!r} ") and expected in msg and "\n" not in msg, msg
 
 
 @pytest.mark.parametrize("name", HOST_FILES)
 def test_every_host_file_is_valid_against_the_shipped_schema(name):
-    """The shipped hosts are schema 1 (valid against the frozen schema); written as schema 2
-    they are valid against the current one."""
+    """The shipped hosts are valid against the shipped schema (the core's keys; each section
+    is its plugin's to check, test_load_and_round_trip)."""
     import jsonschema
 
-    from gpudask.facts.loader import schema_v1
-
     jsonschema.Draft202012Validator.check_schema(F.schema())
-    jsonschema.Draft202012Validator.check_schema(schema_v1())
-    jsonschema.validate(raw(name), schema_v1(), cls=jsonschema.Draft202012Validator)
-    jsonschema.validate(v2(raw(name)), F.schema(), cls=jsonschema.Draft202012Validator)
+    jsonschema.validate(raw(name), F.schema(), cls=jsonschema.Draft202012Validator)
 
 
 def test_schema_is_shipped_next_to_the_loader():
-    from gpudask.facts.loader import SCHEMA_V1_PATH, schema_v1
-
     assert F.SCHEMA_PATH.name == "facts.schema.json" and F.SCHEMA_PATH.parent.name == "facts"
     assert F.schema()["properties"]["schema"]["const"] == F.SCHEMA_VERSION == 2
-    assert SCHEMA_V1_PATH.parent == F.SCHEMA_PATH.parent and schema_v1()["properties"]["schema"]["const"] == 1
+    assert [p.name for p in F.SCHEMA_PATH.parent.glob("*.json")] == ["facts.schema.json"]
 
 
 def test_the_core_schema_names_no_plugin_fact():
@@ -296,7 +264,7 @@ def test_unknown_keys_ignored_and_optional_cvd(tmp_path):
 
 
 def test_bad_json(tmp_path):
-    path = write(tmp_path, '{\n  "schema": 1,\n  "hostname": "x",,\n}')
+    path = write(tmp_path, '{\n  "schema": 2,\n  "hostname": "x",,\n}')
     with pytest.raises(FactsError, match=r"invalid JSON at line 3 column 19") as e:
         F.load_facts(path)
     assert str(e.value).startswith(path + ":")
@@ -310,13 +278,13 @@ def test_not_an_object(tmp_path):
 
 @pytest.mark.parametrize("version", [3, 0, "1", True])
 def test_a_schema_this_gpudask_does_not_read(tmp_path, version):
-    data = v2(raw("no-gpu.json"))
+    data = raw("no-gpu.json")
     data["schema"] = version
     path = write(tmp_path, data)
     with pytest.raises(FactsError) as e:
         F.load_facts(path)
     shown = repr(version) if isinstance(version, str) else json.dumps(version)
-    assert str(e.value) == f"{path}: key 'schema' must be 2 (or 1, the previous version, upgraded when read), got {shown}"
+    assert str(e.value) == f"{path}: key 'schema' must be 2, got {shown}"
 
 
 def test_missing_schema(tmp_path):
@@ -781,5 +749,5 @@ def test_get_facts_probes_once(monkeypatch):
 
 def test_a_wrong_value_is_reported_before_missing_keys():
     with pytest.raises(FactsError) as e:
-        F.facts_from_dict({"schema": 1, "gpus": "lots", "packages": [1]}, "facts of the worker")
+        F.facts_from_dict({"schema": 2, "gpus": "lots", "packages": [1]}, "facts of the worker")
     assert str(e.value) == "facts of the worker: key 'gpus' must be a list, got 'lots'"

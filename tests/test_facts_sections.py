@@ -120,33 +120,17 @@ def test_the_package_list_is_the_plugins(monkeypatch):
         bootstrap.inputs(extra_plugins=[bad])
 
 
-def test_a_third_party_section_works_unchanged_in_a_schema_1_and_a_schema_2_file(tmp_path):
-    """A plugin's section declared as before (no from_v1): a schema-1 file's ``sections`` and
-    a schema-2 file's give it alike, and both upgrade the built-in plugins' old keys beside it."""
-    from conftest import as_schema_2
-
-    old = json.loads((HOSTS / "partial-nvlink.json").read_text())
-    old["sections"] = {"thing": {"ok": False}}
-    for data in (old, as_schema_2(old)):
-        path = facts_file(tmp_path, data)
-        host = plan_for(path, "tcp", plugins=[owner()])
-        assert host.facts.section("thing") == {"ok": False}
-        assert host.facts.section("nvlink") == {"peers": {"0": [1], "1": [0], "2": [3], "3": [2]}}
-        assert "thing={'ok': False}" in [r.decision for r in host.workers[0].reasons]
-    del old["sections"]
-    host = plan_for(facts_file(tmp_path, old), "tcp", plugins=[owner()])
-    assert host.facts.section("thing") is None  # a schema-1 file without it: None, as before
-
-
-def test_an_upgrade_that_fails_names_its_plugin(tmp_path):
-    def boom(data):
-        raise KeyError("gpus")
-
-    plugin = types.SimpleNamespace(name="upgrader", priority=300)
-    plugin.gpudask_facts_sections = hookimpl(lambda: [FactsSection("up", SCHEMA, lambda f: {"ok": True}, from_v1=boom)])
-    with pytest.raises(PluginError) as info:
-        plan_for("single-gpu", "tcp", plugins=[plugin])
-    assert str(info.value).startswith("gpudask plugin 'upgrader' failed in the schema-1 upgrade of facts section 'up'")
+def test_a_third_party_section_is_read_beside_the_built_in_ones(tmp_path):
+    """A plugin's section in a described host's ``sections``, beside the built-in plugins'."""
+    data = json.loads((HOSTS / "partial-nvlink.json").read_text())
+    data["sections"]["thing"] = {"ok": False}
+    host = plan_for(facts_file(tmp_path, data), "tcp", plugins=[owner()])
+    assert host.facts.section("thing") == {"ok": False}
+    assert host.facts.section("nvlink") == {"peers": {"0": [1], "1": [0], "2": [3], "3": [2]}}
+    assert "thing={'ok': False}" in [r.decision for r in host.workers[0].reasons]
+    del data["sections"]["thing"]
+    host = plan_for(facts_file(tmp_path, data), "tcp", plugins=[owner()])
+    assert host.facts.section("thing") is None  # a described host without it: None
 
 
 def test_a_summary_is_on_the_host_line_of_gpudask_info():
@@ -158,3 +142,41 @@ def test_a_summary_is_on_the_host_line_of_gpudask_info():
     host = plan_for("hgx-4gpu-2ib", "ucx", plugins=[plugin])
     for text in (plan_summary(host, width=None), plan_table(host, width=None)):
         assert "driver 570.86.15, 2 active InfiniBand port(s), summed unknown" in text
+
+
+def test_a_section_that_decides_nothing_is_probed_only_when_read():
+    """``decides=False`` (the nvlink plugin's peers): on a real host the probe runs, and its
+    value is validated, when the section is first read -- not in every process that reads facts."""
+    from gpudask.facts import facts_from_dict
+    from gpudask.facts.sections import with_sections
+
+    calls = []
+    lazy = FactsSection("lazy", SCHEMA, lambda facts: calls.append(1) or {"ok": True}, decides=False)
+    bad = FactsSection("bad-lazy", SCHEMA, lambda facts: {"ok": "yes"}, decides=False)
+    probed = facts_from_dict(json.loads((HOSTS / "single-gpu.json").read_text()), "probed")
+    facts = with_sections(probed, [("lazy-owner", lazy), ("bad-owner", bad)])
+    assert calls == [] and "lazy" not in facts.to_dict().get("sections", {})
+    assert facts.section("lazy") == {"ok": True} and facts.section("lazy") == {"ok": True}
+    assert len(calls) <= 1  # once per process (a probe's value is memoised)
+    assert facts.to_dict()["sections"]["lazy"] == {"ok": True}  # published once read
+    with pytest.raises(FactsError) as e:
+        facts.section("bad-lazy")
+    assert "sections.bad-lazy.ok" in str(e.value) and "plugin 'bad-owner'" in str(e.value)
+    # a described host's file is read and validated as any section
+    described = with_sections(facts_from_dict(json.loads((HOSTS / "single-gpu.json").read_text()), "x.json"),
+                              [("lazy-owner", lazy)])
+    assert described.section("lazy") is None and described.deferred == {}
+
+
+def test_the_nvlink_peers_decide_nothing():
+    from gpudask.plugins.ucx import nvlink_facts
+
+    assert [s.decides for s in nvlink_facts.SECTIONS] == [False]
+
+
+def test_decides_must_be_a_bool():
+    plugin = types.SimpleNamespace(name="odd", priority=300)
+    plugin.gpudask_facts_sections = hookimpl(lambda: [FactsSection("odd", SCHEMA, lambda f: {"ok": True},
+                                                                   decides="no")])
+    with pytest.raises(PluginError, match="decides: a bool"):
+        plan_for("single-gpu", "tcp", plugins=[plugin])

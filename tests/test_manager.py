@@ -303,46 +303,16 @@ def test_only_pluggys_public_api_is_used():
     assert found == []
 
 
-# ----------------------------------------------------------------- renamed after 0.1.0
-def test_an_old_hook_name_is_refused_in_one_line_naming_the_new_one():
-    """gpudask_preload would otherwise stay pending in pluggy and never run."""
-    plugin = make_plugin("legacy", 300, gpudask_preload=lambda ctx, plan, server: None)
+# ----------------------------------------------------------------- hook names and parameters
+def test_a_hook_gpudask_does_not_have_is_refused_in_one_line():
+    """pluggy would keep it pending, never called: registration refuses it, naming the nearest hook."""
+    plugin = make_plugin("legacy", 300, gpudask_server_setpu=lambda ctx, plan, server: None)
     m = PluginManager()
     with pytest.raises(PluginError) as info:
         m.register(plugin, distribution="gpudask-legacy")
-    assert str(info.value) == (
-        "gpudask plugin 'legacy' (from gpudask-legacy) failed in registration: hook gpudask_preload was renamed "
-        "gpudask_server_setup after gpudask 0.1.0 (same arguments); rename the implementation to "
-        "gpudask_server_setup, or it would never run")
+    assert str(info.value) == ("gpudask plugin 'legacy' (from gpudask-legacy) failed in registration: unknown hook "
+                               "'gpudask_server_setpu'; did you mean 'gpudask_server_setup'?")
     assert m.names() == []
-    renamed = make_plugin("legacy", 300, gpudask_server_setup=lambda ctx, plan, server: None)
-    assert m.register(renamed).hooks == ["gpudask_server_setup"]
-
-
-def test_an_old_hook_name_given_as_specname_is_refused_too():
-    def setup(ctx, plan, server):
-        return None
-
-    plugin = types.SimpleNamespace(name="legacy", priority=300,
-                                   on_server=hookimpl(specname="gpudask_preload")(setup))
-    with pytest.raises(PluginError, match="hook gpudask_preload was renamed gpudask_server_setup"):
-        PluginManager().register(plugin)
-
-
-def test_old_parameter_names_of_the_scheduler_check_are_refused_in_one_line():
-    class OldCheck:
-        name, priority = "old-check", 400
-
-        @hookimpl
-        def gpudask_scheduler_check(self, ctx, scheduler_facts, worker_facts):
-            return []
-
-    with pytest.raises(PluginError) as info:
-        PluginManager().register(OldCheck(), distribution="gpudask-old")
-    text = str(info.value)
-    assert text == ("gpudask plugin 'old-check' (from gpudask-old) failed in registration: gpudask_scheduler_check's "
-                    "parameters were renamed after gpudask 0.1.0 (scheduler_facts -> reference, worker_facts -> "
-                    "subject); accepted parameters: ctx, reference, subject")
 
 
 def test_the_new_parameter_names_reach_the_implementation():
@@ -360,19 +330,6 @@ def test_an_argument_the_spec_does_not_have_is_refused_in_one_line():
         PluginManager().register(make_plugin("odd", gpudask_validate=lambda ctx, extra: None))
     text = str(info.value)
     assert "\n" not in text and "'odd'" in text and "extra" in text and "gpudask_validate" in text
-
-
-def test_the_renames_name_hooks_and_parameters_that_exist():
-    from gpudask import hookspecs
-    from gpudask.manager import HOOKS
-
-    for old, new in hookspecs.RENAMED_HOOKS.items():
-        assert old not in HOOKS and new in HOOKS
-    for hook, params in hookspecs.RENAMED_PARAMETERS.items():
-        import inspect
-
-        spec = list(inspect.signature(getattr(hookspecs, hook)).parameters)
-        assert not set(params) & set(spec) and set(params.values()) <= set(spec)
 
 
 def test_hooks_are_called_through_pluggys_hook_callers_one_plugin_at_a_time():

@@ -19,7 +19,7 @@ import pathlib
 
 import dask
 import pytest
-from conftest import HOSTS, as_schema_2, described, plan_on
+from conftest import HOSTS, described, plan_on, sections_with
 
 from gpudask.errors import GpudaskError
 from gpudask.pluginapi import tls_enables
@@ -43,11 +43,11 @@ def _facts(name: str) -> dict:
 
 
 def _active_ib(facts: dict) -> bool:
-    return any(d["state"] == "ACTIVE" and d["link_layer"] == "InfiniBand" for d in facts["ib_devices"])
+    return any(d["state"] == "ACTIVE" and d["link_layer"] == "InfiniBand" for d in facts["sections"]["infiniband"]["ports"])
 
 
 def _ipc_possible(facts: dict, plan) -> bool:
-    transports = facts.get("ucx_transports")
+    transports = facts["sections"]["ucx_info"]["transports"]
     if transports is not None and "cuda_ipc" not in transports:
         return False
     return not any(g["mig"]["enabled"] for g in facts["gpus"])
@@ -137,19 +137,14 @@ def test_infiniband_asked_by_name_on_a_host_without_a_port_warns_and_sets_no_rdm
 
 # -- memory for the host, not the command ---------------------------------------------------------
 def _gpu_with_free(tmp_path, name: str, free_fraction: float, other_workers=None, processes=None) -> str:
-    facts = _facts(name)
-    gpus = [dict(g, memory_free=int(g["memory_total"] * free_fraction)) for g in facts["gpus"]]
-    if other_workers is None and processes is None:
-        return described(tmp_path, name, gpus=gpus)
-    # schema 1 said only memory_free: other commands' workers and the processes are in the rmm section
-    facts = as_schema_2(dict(facts, gpus=gpus))
+    """A described host whose rmm section says what is free, and optionally other commands' workers
+    and the processes on each GPU."""
+    rmm = {"memory_free": {str(g["index"]): int(g["memory_total"] * free_fraction) for g in _facts(name)["gpus"]}}
     if other_workers is not None:
-        facts["sections"]["rmm"]["other_workers"] = other_workers
+        rmm["other_workers"] = other_workers
     if processes is not None:
-        facts["sections"]["rmm"]["processes"] = processes
-    path = tmp_path / f"host-{len(list(tmp_path.glob('host-*.json')))}.json"
-    path.write_text(json.dumps(facts))
-    return str(path)
+        rmm["processes"] = processes
+    return described(tmp_path, name, sections=sections_with(name, rmm=rmm))
 
 
 def test_free_memory_does_not_change_the_planned_pool(tmp_path):
@@ -242,8 +237,8 @@ def test_other_workers_keyed_by_an_unknown_gpu_is_one_line(tmp_path):
 
 
 def test_memory_free_above_memory_total_is_refused_in_one_line(tmp_path):
-    facts = _facts("h200-single.json")
-    gpus = [dict(g, memory_free=g["memory_total"] + 1) for g in facts["gpus"]]
+    free = {str(g["index"]): g["memory_total"] + 1 for g in _facts("h200-single.json")["gpus"]}
     with pytest.raises(GpudaskError) as e:
-        plan_on(described(tmp_path, "h200-single.json", gpus=gpus), "ucx", 1)
+        plan_on(described(tmp_path, "h200-single.json", sections=sections_with("h200-single.json",
+                                                                                rmm={"memory_free": free})), "ucx", 1)
     assert "memory_free" in str(e.value) and "at most memory_total" in str(e.value) and "\n" not in str(e.value)

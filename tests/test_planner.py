@@ -112,7 +112,7 @@ def test_info_table_and_bad_facts_file(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "host hgx4 (described by" in out.stdout
     bad = tmp_path / "bad.json"
-    bad.write_text('{"schema": 1}')
+    bad.write_text('{"schema": 2}')
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "info", "--facts", str(bad)], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1

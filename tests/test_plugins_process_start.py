@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import base_env, host, described, plan_on
+from conftest import base_env, host, described, plan_on, sections_with
 
 from gpudask.errors import GpudaskError
 
@@ -236,12 +236,14 @@ def test_no_forkserver_without_a_gpu_unless_ucx_uses_active_infiniband(tmp_path)
     assert reasons(h.nanny, "forkserver")[0] == ("forkserver not used", "no GPU visible and no active InfiniBand "
                                                  "port: worker processes start as distributed's config says")
     # one DOWN InfiniBand port, one RoCE port and one ACTIVE InfiniBand port: the last one counts
-    roce = described(tmp_path, "ib-down-and-roce.json", gpus=[])
+    no_peers = sections_with("ib-down-and-roce.json", nvlink={"peers": {}})  # the host without its GPUs
+    roce = described(tmp_path, "ib-down-and-roce.json", gpus=[], sections=no_peers)
     h = plan(roce, "ucx")
     assert h.nanny.multiprocessing_method == "forkserver" and "mlx5_2:1" in reasons(h.nanny, "forkserver")[0][1]
     with open(host("ib-down-and-roce.json")) as f:
-        ports = [d for d in json.load(f)["ib_devices"] if d["name"] != "mlx5_2"]
-    h = plan(described(tmp_path, "ib-down-and-roce.json", gpus=[], ib_devices=ports), "ucx")
+        ports = [d for d in json.load(f)["sections"]["infiniband"]["ports"] if d["name"] != "mlx5_2"]
+    h = plan(described(tmp_path, "ib-down-and-roce.json", gpus=[], sections={**no_peers, "infiniband": {"ports": ports}}),
+             "ucx")
     assert h.nanny.multiprocessing_method is None
     assert "no active InfiniBand port" in reasons(h.nanny, "forkserver")[0][1]
 

@@ -14,7 +14,7 @@ import sys
 
 import dask
 import pytest
-from conftest import base_env, host, described, plan_on
+from conftest import base_env, host, described, plan_on, sections_with
 
 from gpudask.errors import GpudaskError
 from gpudask.plugins.ucx.infiniband import nearest_ports
@@ -153,9 +153,11 @@ def test_equally_near_ports_are_spread_by_numa_node_when_paths_are_unknown():
 def test_equally_near_ports_under_one_switch_are_spread(tmp_path):
     with open(HGX) as f:
         data = json.load(f)
-    extra = dict(data["ib_devices"][0], name="mlx5_2", netdev="ib2",
+    ports = data["sections"]["infiniband"]["ports"]
+    extra = dict(ports[0], name="mlx5_2", netdev="ib2",
                  pci_path="/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:11.0/0000:09:00.0")
-    h = plan(described(tmp_path, "hgx-4gpu-2ib.json", ib_devices=[*data["ib_devices"], extra],
+    sections = sections_with("hgx-4gpu-2ib.json", infiniband={"ports": [*ports, extra]})
+    h = plan(described(tmp_path, "hgx-4gpu-2ib.json", sections=sections,
                        net_interfaces={**data["net_interfaces"], "ib2": ["192.168.12.4"]}))
     assert [w.env["UCX_NET_DEVICES"] for w in h.workers] == ["mlx5_0:1", "mlx5_2:1", "mlx5_1:1", "mlx5_1:1"]
     assert [w.interface for w in h.workers] == ["ib0", "ib2", "ib1", "ib1"]
@@ -188,8 +190,9 @@ def test_down_and_roce_ports_are_not_infiniband():
 
 def test_without_an_active_infiniband_port_there_is_no_rc(tmp_path):
     with open(ROCE) as f:
-        ports = json.load(f)["ib_devices"][:2]  # only the DOWN and the RoCE port
-    h = plan(described(tmp_path, "ib-down-and-roce.json", ib_devices=ports))
+        ports = json.load(f)["sections"]["infiniband"]["ports"][:2]  # only the DOWN and the RoCE port
+    h = plan(described(tmp_path, "ib-down-and-roce.json",
+                       sections=sections_with("ib-down-and-roce.json", infiniband={"ports": ports})))
     for p in all_plans(h):
         assert "rc" not in tls(p).split(",")
         assert not {"UCX_NET_DEVICES", "UCX_SOCKADDR_TLS_PRIORITY", "UCX_MAX_RNDV_RAILS"} & set(p.env)
@@ -304,7 +307,8 @@ def test_explicit_true_does_not_put_cuda_into_the_nanny():
 
 # -- no GPU -----------------------------------------------------------------------------
 def test_no_gpu_keeps_the_protocol_and_uses_no_cuda_transport(tmp_path):
-    no_gpu_ucx = described(tmp_path, "no-gpu.json", ucx_transports=["self", "tcp", "posix"],
+    no_gpu_ucx = described(tmp_path, "no-gpu.json",
+                           sections=sections_with("no-gpu.json", ucx_info={"transports": ["self", "tcp", "posix"]}),
                            packages={"distributed-ucxx": "0.52.0", "ucxx": "0.52.0"})
     h = plan(no_gpu_ucx, protocol="tcp")
     assert h.protocol == "tcp"

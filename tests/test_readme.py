@@ -31,8 +31,9 @@ def test_ci_runs_the_readme_commands_first_each_in_a_fresh_venv():
 def test_the_device_scripts_install_the_bench_with_gpudask():
     """Every device script that installs the checkout installs contrib/gpudask-bench the same
     way (offline, editable): the GPU tests and `gpudask bench` need it there too."""
-    scripts = sorted(ROOT.glob("bench/*.sh")) + [ROOT / "tests/workloads/run-on-device.sh",
-                                                  ROOT / ".ci/gpu-on-device.sh"]
+    scripts = sorted(ROOT.glob("bench/*.sh")) + sorted(ROOT.glob("lab/bench/*.sh")) + [
+        ROOT / "tests/workloads/run-on-device.sh",
+        ROOT / ".ci/gpu-on-device.sh"]
     installs = {str(p.relative_to(ROOT)): [line for line in p.read_text().splitlines()
                                            if "--no-build-isolation -e ." in line] for p in scripts}
     assert [name for name, lines in installs.items() if lines] != []

@@ -1,7 +1,7 @@
 """A worker's pool fitted to its GPU as it is when the worker starts (plugins/rmm/fit.py).
 
 The arithmetic runs here; the NVML read and the allocation run on the GPU machine
-(docs/device-runs/2026-12-01-shapes-h200-sequential.json.gz, docs/memory.md)."""
+(lab/device-runs/2026-12-01-shapes-h200-sequential.json.gz, docs/memory.md)."""
 
 from __future__ import annotations
 

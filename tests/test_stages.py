@@ -65,10 +65,18 @@ def module_name(path: pathlib.Path) -> str:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+# modules of a stage's folder that belong to an earlier stage
+STAGE_OF_MODULE = {
+    # distributed's internals, in one place: imports nothing of gpudask, so the core, the
+    # checks and the plugin API (which re-exports what plugins need) all may use it
+    "gpudask.compat.distributed": "base",
+}
+
+
 def stage(module: str) -> str | None:
     if module in FACADES:
         return None
-    return STAGE_OF.get(module.split(".")[1])
+    return STAGE_OF_MODULE.get(module) or STAGE_OF.get(module.split(".")[1])
 
 
 def imports(module: str) -> set[str]:

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import HOSTS, plan_on
+from conftest import HOSTS, plan_on, sections_with
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -43,9 +43,9 @@ def test_a_plan_for_a_described_host_is_the_plan_gpudask_info_prints():
 def test_facts_file_writes_a_new_file_with_the_changes(tmp_path):
     from gpudask.testing import facts_file, plan_for
 
-    one = facts_file(tmp_path, "hgx-4gpu-2ib", ib_devices=[])
+    one = facts_file(tmp_path, "hgx-4gpu-2ib", sections=sections_with("hgx-4gpu-2ib.json", infiniband={"ports": []}))
     two = facts_file(tmp_path, "hgx-4gpu-2ib")
-    assert one != two and json.loads(one.read_text())["ib_devices"] == []
+    assert one != two and json.loads(one.read_text())["sections"]["infiniband"] == {"ports": []}
     assert "rc" not in plan_for(one, "ucx").workers[0].ucx_transports
     assert "rc" in plan_for(two, "ucx").workers[0].ucx_transports
     three = facts_file(tmp_path / "new", json.loads(two.read_text()), hostname="x")

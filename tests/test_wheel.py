@@ -63,7 +63,7 @@ def test_wheel_installed_alone_lists_every_builtin_plugin(tmp_path):
         entry_points = next((z.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt")), "")
     assert "gpudask/testing/processes.py" in names and "gpudask/testing/plugin.py" in names
     assert "gpudask/testing/hosts/hgx-4gpu-2ib.json" in names  # the example hosts, package data
-    assert not [n for n in names if n.startswith(("gpudask/bench/", "gpudask_bench"))], "the bench is in the wheel"
+    assert not [n for n in names if n.startswith(("gpudask/bench/", "gpudask_bench", "bench/", "lab/"))], "the bench or the lab is in the wheel"
     assert "bench" not in entry_points and "gpudask.commands" not in entry_points, entry_points
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)

@@ -2,14 +2,16 @@
 
 * ``docs/reference/configuration.md`` from the options every loaded plugin declares
   (``PluginManager.from_environment().config_options()``);
-* ``docs/reference/hookspecs.md`` from the docstrings of ``gpudask/hookspecs.py``.
+* ``reference/hookspecs.md`` from the docstrings of ``gpudask/hookspecs.py``, the one source
+  of the hook contract: it exists only in the built site (``on_files`` adds it), never in
+  the repository, so nothing restates the docstrings.
 
-Both files are committed, so the docs' links to them work in a fresh clone (and on the
-repository's web page); ``tests/test_docs_links.py`` checks they are up to date (after a
-change of options or hooks: ``python docs/_hooks/gen_reference.py``).  A build rewrites
-them in ``on_pre_build``, before MkDocs collects the files, and only when their text
-changed, so ``mkdocs serve`` does not rebuild in a loop.  The two ``*_markdown()`` functions
-need no MkDocs and are what ``tests/test_docs.py`` checks.
+The configuration page is committed, so the docs' links to it work in a fresh clone (and
+on the repository's web page); ``tests/test_docs_links.py`` checks it is up to date (after a
+change of options: ``python docs/_hooks/gen_reference.py``).  A build rewrites it in
+``on_pre_build``, before MkDocs collects the files, and only when its text changed, so
+``mkdocs serve`` does not rebuild in a loop.  The two ``*_markdown()`` functions need no
+MkDocs and are what ``tests/test_docs.py`` checks.
 """
 
 from __future__ import annotations
@@ -183,15 +185,26 @@ def _write(path: pathlib.Path, text: str) -> None:
         path.write_text(text)
 
 
+# pages that exist only in the built site (their links are checked by the build, not against git)
+GENERATED_AT_BUILD = {"reference/hookspecs.md": hookspecs_markdown}
+
+
 def write_reference() -> None:
     _write(REFERENCE / "configuration.md", configuration_markdown())
-    _write(REFERENCE / "hookspecs.md", hookspecs_markdown())
 
 
 def on_pre_build(config: Any, **kwargs: Any) -> None:  # noqa: ARG001 - MkDocs event signature
     write_reference()
 
 
-if __name__ == "__main__":  # python docs/_hooks/gen_reference.py: write the pages without MkDocs
+def on_files(files: Any, config: Any, **kwargs: Any) -> Any:  # noqa: ARG001 - MkDocs event signature
+    from mkdocs.structure.files import File
+
+    for path, markdown in GENERATED_AT_BUILD.items():
+        files.append(File.generated(config, path, content=markdown()))
+    return files
+
+
+if __name__ == "__main__":  # python docs/_hooks/gen_reference.py: write the committed page without MkDocs
     write_reference()
-    print(f"wrote {REFERENCE / 'configuration.md'} and {REFERENCE / 'hookspecs.md'}")
+    print(f"wrote {REFERENCE / 'configuration.md'}")

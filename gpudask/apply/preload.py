@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import Any
 
 from gpudask.apply import hostfile, process, runtime, state
@@ -128,12 +127,14 @@ def _other_commands_warnings(s: process.Session, cli: runtime.CliArgs | None) ->
 def _worker_running() -> bool:
     """Is a Worker already running in this process (gpudask imported late, e.g. by a
     plugin a client registered)?  Then gpudask.apply.server_plugins applies what it can."""
-    module = sys.modules.get("distributed.worker")
-    if module is None:
+    from gpudask.compat.distributed import worker_instances
+
+    workers = worker_instances()
+    if not workers:
         return False
     from distributed.core import Status
 
-    return any(w.status not in (Status.init, Status.undefined) for w in list(module.Worker._instances))
+    return any(w.status not in (Status.init, Status.undefined) for w in workers)
 
 
 def _fail_here(step: Any, cli: runtime.CliArgs | None, report: bool = True) -> None:
@@ -172,13 +173,9 @@ def fatal(error: BaseException) -> None:
 def _imported_by_distributed_preload() -> bool:
     """Is this import run by distributed's preload machinery (``--preload``,
     ``--preload-nanny``, ``distributed.*.preload``), i.e. before ``listen()``?"""
-    suffix = os.path.join("distributed", "preloading.py")
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(suffix):
-            return True
-        frame = frame.f_back
-    return False
+    from gpudask.compat.distributed import imported_by_distributed_preload
+
+    return imported_by_distributed_preload()
 
 
 def initialize(protocol: str | None = None, nworkers: int | None = None) -> process.Session:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import inspect
 import json
 import logging
 import multiprocessing
@@ -96,12 +95,9 @@ def _preload_argv_validated() -> Any:
     the preloads (gpudask among them) before it hands the arguments to their click command.
     (The re-parse above cannot give them: that callback refuses them while gpudask, half
     imported, has no click command yet.)"""
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code.co_name == "validate_preload_argv" and "value" in frame.f_locals:
-            return frame.f_locals["value"]
-        frame = frame.f_back
-    return None
+    from gpudask.compat.distributed import preload_argv_being_validated
+
+    return preload_argv_being_validated()
 
 
 def resolve_nworkers(value: Any) -> int | None:
@@ -170,13 +166,9 @@ def worker_init_locals() -> dict[str, Any]:
     scheduler (hence protocol) and which nanny this worker belongs to, before the
     worker has parsed them itself.
     """
-    frame = inspect.currentframe()
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "__init__" and "preload_argv" in code.co_varnames and "nanny" in code.co_varnames:
-            return dict(frame.f_locals)
-        frame = frame.f_back
-    return {}
+    from gpudask.compat.distributed import worker_init_locals as locals_of_worker_init
+
+    return locals_of_worker_init()
 
 
 def set_listen_interface(interface: str) -> str:
@@ -192,7 +184,9 @@ def set_listen_interface(interface: str) -> str:
         return "not applied: no Worker under construction in this process"
     if locals_.get("host") or locals_.get("interface"):
         return f"not applied: --host/--interface given ({locals_.get('host') or locals_.get('interface')})"
-    worker._interface = interface
+    from gpudask.compat.distributed import set_worker_interface
+
+    set_worker_interface(worker, interface)
     return "applied"
 
 

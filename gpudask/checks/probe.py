@@ -28,6 +28,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from gpudask.compat.distributed import client_gather, client_run, client_run_on_scheduler
+
 TOPIC = "gpudask-probe"  # the scheduler's event topic holding the probes' reports
 PATHS = ("client -> worker", "worker -> worker", "worker -> client via scheduler", "worker -> client direct")
 SIZE = 1 << 23  # int64 elements: 64 MiB, enough for a rate to tell a staged path from a direct one
@@ -158,8 +160,8 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
     b = chosen[1] if len(chosen) > 1 else None
     try:
         # the scheduler calls each worker at its address: one it cannot reach answers an error
-        modules = p.within(lambda: client._run(_worker_array_module, workers=chosen, on_error="return"))
-        scheduler_gpus = p.within(lambda: client._run_on_scheduler(_scheduler_gpus))
+        modules = p.within(lambda: client_run(client, _worker_array_module, workers=chosen, on_error="return"))
+        scheduler_gpus = p.within(lambda: client_run_on_scheduler(client, _scheduler_gpus))
     except Exception as e:  # noqa: BLE001
         report["problem"] = f"the workers (or the scheduler) did not run a function: {_one_line(e)}"
         return report
@@ -233,7 +235,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
                      "see the workers' logs; the data was corrupted on the way")
             else:
                 try:
-                    best = p.within(lambda: client._run(_pull, a, source.key, RATE_REPEATS, workers=[b]))[b]
+                    best = p.within(lambda: client_run(client, _pull, a, source.key, RATE_REPEATS, workers=[b]))[b]
                 except Exception:  # noqa: BLE001 - a busy sender: the task's own fetch still times the path
                     best = seconds
                 path(PATHS[1], "ok", min(seconds, best), detail=f"{b} fetched from {a}")
@@ -248,7 +250,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
             seconds = float("inf")
             for _ in range(RATE_REPEATS):  # each gather moves the data again (the client keeps no copy)
                 start = time.perf_counter()
-                (got,) = p.within(lambda d=direct: client._gather([source], direct=d))
+                (got,) = p.within(lambda d=direct: client_gather(client, [source], direct=d))
                 seconds = min(seconds, time.perf_counter() - start)
             total = int(_host(got).sum())
             if total != expected:

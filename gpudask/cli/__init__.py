@@ -39,7 +39,7 @@ def main() -> None:
 
 
 _facts_option = click.option("--facts", "facts", type=click.Path(dir_okay=False),
-                             help="Describe the host with a facts file (schema 2; a schema-1 file is upgraded) instead of probing it.")
+                             help="Describe the host with a facts file (schema 2) instead of probing it.")
 _config_option = click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
                               help="A gpudask.toml (or dask YAML) file merged over the config in effect.")
 

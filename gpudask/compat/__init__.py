@@ -6,4 +6,8 @@ API (dask-cuda's ``LocalCUDACluster`` arguments and ``dask cuda worker`` options
 plugins declare, or refuses it in one line.  It reads the bootstrap's plugins and settings
 and decides nothing; the apply stage (``dask worker``'s preload options) and
 :class:`gpudask.cluster.LocalGPUCluster` call it.
+
+:mod:`gpudask.compat.distributed` is every reach into distributed's internals (private names,
+frame walks, replaced handlers), each held by tests/test_compat_contract.py; it imports nothing
+of gpudask, so any stage and the plugin API may use it.
 """

@@ -3,8 +3,7 @@
 Facts come from one of three places, chosen by :func:`get_facts`:
 
 * a facts file (``--facts`` / ``$GPUDASK_FACTS``): a *described* host, schema 2,
-  validated against ``facts.schema.json`` (a schema-1 file is upgraded on load,
-  :mod:`gpudask.facts.loader`);
+  validated against ``facts.schema.json`` (:mod:`gpudask.facts.loader`);
 * ``$GPUDASK_PROBED_FACTS``: facts as JSON, taken as this host's probe (not a
   described host).  gpudask sets it nowhere -- a nanny's workers get their facts from the
   host plan (:mod:`gpudask.apply.hostfile`) -- it lets a test hand in what a probe of some

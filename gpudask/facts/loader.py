@@ -8,10 +8,8 @@ text.  What JSON Schema cannot say (unique GPU indices, CPUs below ``cpu_count``
 ``cuda_visible_devices`` entries) is checked here after it.
 
 Schema 2 holds the core's facts; the plugins' own facts are its ``sections``
-(:mod:`gpudask.facts.sections`).  A schema-1 file (the previous version, where some plugins'
-facts were top-level or GPU keys) is validated with ``facts.schema.v1.json``, kept frozen
-beside it, and read as schema 2: the core keeps its own keys and hands the whole file on as
-``Facts.v1``, from which each declared section takes the keys it owned (``from_v1``).
+(:mod:`gpudask.facts.sections`).  A file of the pre-release schema 1 is refused with one line
+saying to rewrite it as schema 2.
 
 ``jsonschema`` is imported when a file is first read, never at ``import gpudask``.
 """
@@ -32,8 +30,6 @@ from gpudask.errors import FactsError
 from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, resolve_visible
 
 SCHEMA_PATH = pathlib.Path(__file__).with_name("facts.schema.json")
-# the previous version, frozen: schema-1 files are validated with it, then upgraded
-SCHEMA_V1_PATH = pathlib.Path(__file__).with_name("facts.schema.v1.json")
 
 # A facts file describes one host in a few kilobytes; anything larger is refused unread
 # (docs/facts.md states the limit).
@@ -44,13 +40,6 @@ MAX_FACTS_BYTES = 16 * 2**20
 def schema() -> dict[str, Any]:
     """The facts JSON Schema (draft 2020-12) as shipped with gpudask."""
     data: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-    return data
-
-
-@functools.lru_cache(maxsize=1)
-def schema_v1() -> dict[str, Any]:
-    """The frozen schema-1 JSON Schema, which schema-1 files are validated with."""
-    data: dict[str, Any] = json.loads(SCHEMA_V1_PATH.read_text(encoding="utf-8"))
     return data
 
 
@@ -70,16 +59,6 @@ def strict_validator() -> Any:
 @functools.lru_cache(maxsize=1)
 def _validator() -> Any:
     return strict_validator()(schema())
-
-
-@functools.lru_cache(maxsize=1)
-def _validator_v1() -> Any:
-    return strict_validator()(schema_v1())
-
-
-def is_v1(data: Any) -> bool:
-    """Is ``data`` a schema-1 file (read with the frozen schema, then upgraded)?"""
-    return isinstance(data, dict) and type(data.get("schema")) is int and data["schema"] == 1
 
 
 def _show(value: Any) -> str:
@@ -115,7 +94,11 @@ def _schema_error(where: str, data: Any) -> FactsError | None:
 
 
 def _first_schema_error(where: str, data: Any) -> FactsError | None:
-    return first_error(_validator_v1() if is_v1(data) else _validator(), data, where)
+    if isinstance(data, dict) and type(data.get("schema")) is int and data["schema"] == 1:
+        # the pre-release format (plugins' facts as GPU and top-level keys): not read any more
+        return FactsError(f"{where}: key 'schema' is 1, a format gpudask no longer reads; rewrite the file as "
+                          f"schema {SCHEMA_VERSION} (the plugins' facts move into 'sections': docs/facts.md)")
+    return first_error(_validator(), data, where)
 
 
 def first_error(validator: Any, data: Any, where: str, prefix: Iterable[Any] = ()) -> FactsError | None:
@@ -205,8 +188,6 @@ def _build(data: dict[str, Any], origin: str) -> Facts:
         sections=copy.deepcopy(dict(data.get("sections") or {})),
         origin=origin,
         schema=SCHEMA_VERSION,
-        # a schema-1 file: its plugins' keys are taken by their sections (FactsSection.from_v1)
-        v1=copy.deepcopy(data) if is_v1(data) else None,
     )
 
 
@@ -258,7 +239,7 @@ def from_dict(data: Any, origin: str, where: str, described: bool) -> Facts:
 
 
 def facts_from_dict(data: Any, origin: str) -> Facts:
-    """Validate parsed facts JSON (schema 2, or 1 to be upgraded); errors name ``origin`` and the key."""
+    """Validate parsed facts JSON (schema 2); errors name ``origin`` and the key."""
     return from_dict(data, origin, where=origin, described=origin != "probed")
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpudask.errors import FactsError
 
-SCHEMA_VERSION = 2  # 1: the previous version, read and upgraded (loader.py)
+SCHEMA_VERSION = 2  # schema 1 (pre-release) is refused with one line (loader.py)
 
 
 @dataclass
@@ -62,9 +63,9 @@ class Facts:
     schema: int = SCHEMA_VERSION
     # the plugins' own facts, by section name (gpudask.facts.sections): read with section()
     sections: dict[str, Any] = field(default_factory=dict)
-    # a schema-1 file as read: handed to each declared section's from_v1 (gpudask.facts.sections),
-    # which takes the keys it owned from it; None for schema-2 facts
-    v1: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    # sections that decide nothing (FactsSection.decides false), not probed yet: each probed
+    # and validated when first read (section()), in the process that reads it
+    deferred: dict[str, Callable[[], Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def described(self) -> bool:
@@ -73,7 +74,9 @@ class Facts:
     def section(self, name: str) -> Any:
         """The facts section ``name`` a plugin declared (``gpudask_facts_sections``): probed
         on a real host, read from a described host's ``sections``; None when the described
-        host does not say."""
+        host does not say.  A section that decides nothing is probed here, when first read."""
+        if name not in self.sections and name in self.deferred:
+            self.sections[name] = self.deferred.pop(name)()
         return self.sections.get(name)
 
     @property

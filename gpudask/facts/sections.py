@@ -9,11 +9,7 @@ the probe, the key path and the fragment's ``x-accepts`` text), kept in
 ``facts.sections[name]`` and read with ``ctx.facts.section(name)``.  A described host
 without the section gives None: the plugin says what an unknown fact means.
 
-A schema-1 facts file (the previous version, where some plugins' facts were keys of the
-core's: GPU keys, top-level lists) is upgraded here: a section the file's ``sections`` does
-not hold is asked for ``from_v1(file)``, the value it makes of the keys it used to own (the
-loader validated them with the frozen schema-1 schema).  A section's ``check`` says what its
-schema cannot (a GPU index that names no GPU of the host).
+A section's ``check`` says what its schema cannot (a GPU index that names no GPU of the host).
 
 ``jsonschema`` is imported only when a section is validated.
 """
@@ -21,6 +17,7 @@ schema cannot (a GPU index that names no GPU of the host).
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -43,22 +40,22 @@ class FactsSection:
 
     Optional:
 
-    * ``from_v1(data)``: the section's value taken from a schema-1 facts file (``data``, the
-      whole file as read, valid against the frozen schema 1), or None when the file does not
-      say -- for a section whose facts were keys of schema 1 (a GPU key, a top-level list);
     * ``check(value, facts)``: what the schema cannot say (references to the core's facts):
       None, or ``(key path inside the section, what is accepted, the value found)`` for the
       first problem, which becomes the usual one-line error;
     * ``summary(value)``: a few words for the host line of ``gpudask info`` ("2 active ...
-      port(s)"), or None; ``value`` is None when a described host does not say.
+      port(s)"), or None; ``value`` is None when a described host does not say;
+    * ``decides``: False for a section no plan decision depends on (read for a reason's
+      text only): on a real host it is probed and validated when first read
+      (``facts.section(name)``), not in every process that reads facts.
     """
 
     name: str
     schema: Mapping[str, Any]
     probe: Callable[[Facts], Any]
-    from_v1: Callable[[Mapping[str, Any]], Any] | None = None
     check: Callable[[Any, Facts], tuple[Sequence[str | int], str, Any] | None] | None = None
     summary: Callable[[Any], str | None] | None = None
+    decides: bool = True
 
 
 def check_declared(plugin: str, distribution: str | None, result: Any, taken: Mapping[str, str]) -> list[FactsSection]:
@@ -70,10 +67,11 @@ def check_declared(plugin: str, distribution: str | None, result: Any, taken: Ma
     for section in result or []:
         if not isinstance(section, FactsSection) or not isinstance(section.name, str) or not section.name \
                 or not isinstance(section.schema, Mapping) or not callable(section.probe) \
-                or not all(f is None or callable(f) for f in (section.from_v1, section.check, section.summary)):
+                or not all(f is None or callable(f) for f in (section.check, section.summary)) \
+                or not isinstance(section.decides, bool):
             raise PluginError(plugin, distribution, hook, f"returned {section!r:.80}; expected "
                               "gpudask.pluginapi.FactsSection(name, schema, probe) with a JSON Schema mapping "
-                              "(from_v1, check, summary: callables or None)")
+                              "(check, summary: callables or None; decides: a bool)")
         if section.name in taken:
             raise PluginError(plugin, distribution, hook, f"facts section {section.name!r} is plugin "
                               f"{taken[section.name]!r}'s; accepted: a section name of its own")
@@ -108,33 +106,36 @@ def _probed(plugin: str, section: FactsSection, facts: Facts) -> Any:
 
 def with_sections(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> Facts:
     """``facts`` with every declared section: taken from the facts (a described host's file,
-    or facts handed on by a planning parent), upgraded from a schema-1 file's keys
-    (``from_v1``) or probed on a real host, then validated."""
+    or facts handed on by a planning parent) or probed on a real host, then validated."""
     sections = dict(facts.sections)
+    deferred: dict[str, Callable[[], Any]] = {}
     for plugin, section in declared:
-        upgraded = False
         if section.name in sections:
             value = sections[section.name]
+        elif facts.described:
+            continue  # the file does not describe it: None for the plugin
+        elif not section.decides:
+            # probed when read (facts.section), in the process that reads it
+            deferred[section.name] = functools.partial(_probe_and_check, plugin, section, facts)
+            continue
         else:
-            value = None
-            if facts.v1 is not None and section.from_v1 is not None:
-                try:
-                    value = section.from_v1(facts.v1)
-                except Exception as e:  # noqa: BLE001 - an upgrade's failure names its plugin
-                    raise PluginError(plugin, None, f"the schema-1 upgrade of facts section {section.name!r}",
-                                      e) from e
-                upgraded = value is not None
-            if value is None:
-                if facts.described:
-                    continue  # the file does not describe it: None for the plugin
-                value = _probed(plugin, section, facts)
-            sections[section.name] = value
-        error = section_error(facts.where(), section, value, plugin) or _check_error(facts, section, value, plugin)
-        if error is not None:
-            if upgraded:
-                error = FactsError(f"{error}; made from the file's schema-1 keys")
-            raise error
-    return facts if sections == facts.sections else replace(facts, sections=sections)
+            value = sections[section.name] = _probed(plugin, section, facts)
+        _raise_if_invalid(facts, plugin, section, value)
+    if sections == facts.sections and not deferred:
+        return facts
+    return replace(facts, sections=sections, deferred=deferred)
+
+
+def _raise_if_invalid(facts: Facts, plugin: str, section: FactsSection, value: Any) -> None:
+    error = section_error(facts.where(), section, value, plugin) or _check_error(facts, section, value, plugin)
+    if error is not None:
+        raise error
+
+
+def _probe_and_check(plugin: str, section: FactsSection, facts: Facts) -> Any:
+    value = _probed(plugin, section, facts)
+    _raise_if_invalid(facts, plugin, section, value)
+    return value
 
 
 def _check_error(facts: Facts, section: FactsSection, value: Any, plugin: str) -> FactsError | None:

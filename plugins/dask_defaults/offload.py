@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import Option, parse_bytes
+from gpudask.pluginapi import Option, offload_threshold, parse_bytes, set_offload_threshold
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
 
 OFFLOAD = "gpudask.comm.offload-threshold"
-# Measured on one H200 (2026-12-01, bench/pull-levers.py, medians of 15 in-worker pulls, ms at 1 MiB /
+# Measured on one H200 (2026-12-01, lab/bench/pull-levers.py, medians of 15 in-worker pulls, ms at 1 MiB /
 # 64 MiB / 1 GiB): distributed's 10 MiB 0.71 / 1.45 / 1.99; 512 MiB 0.57 / 0.58 / 1.73; never 0.91 /
 # 0.96 / 1.35; dask cuda worker 0.98 / 1.78 / 2.42.  2 GiB keeps every GPU pull up to 2 GiB inline
 # while a host message above it is still handed to a thread.
@@ -83,19 +83,14 @@ def plan_offload(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 def threshold_in_effect() -> Any:
     """The threshold distributed's comms use in this process (read back)."""
-    import sys
-
-    module = sys.modules.get("distributed.comm.utils")
-    return getattr(module, "OFFLOAD_THRESHOLD", None)
+    return offload_threshold()
 
 
 def apply_offload(plan: ProcessPlan) -> None:
     """Make the planned distributed.comm.offload the one distributed's comms read."""
     if plan.role != "worker" or DISTRIBUTED_KEY not in plan.config:
         return
-    import distributed.comm.utils as comm_utils
-
-    comm_utils.OFFLOAD_THRESHOLD = plan.config[DISTRIBUTED_KEY]
+    set_offload_threshold(plan.config[DISTRIBUTED_KEY])
 
 
 def applied(plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:

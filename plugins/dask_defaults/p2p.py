@@ -7,8 +7,8 @@ ndarray on CPU is not allowed", surfacing as "P2P ... failed during barrier phas
 gpudask's workers and on ``dask cuda worker`` alike.  gpu-dask-defaults sets ``tasks`` where
 gpudask runs, so a client that imports gpudask passes; a plain client does not.  The
 scheduler sees the graph the client chose: :class:`P2PRechunkWarning` looks at each graph's
-task keys and, when it holds P2P rechunk transfers (``rechunk-transfer-<token>``, the
-tasks of ``distributed.shuffle._rechunk.partial_rechunk``) while GPU workers are connected,
+task keys and, when it holds P2P rechunk transfers (``rechunk-transfer-<token>``: distributed's
+naming, ``gpudask.pluginapi.P2P_RECHUNK_TRANSFER_PREFIX``) while GPU workers are connected,
 sends that client one warning through distributed's own ``"warn"`` event (a plain client
 shows it as a ``UserWarning``).  Once per client.  The graph runs as it is: NumPy-backed
 arrays rechunk fine with P2P, and the scheduler cannot tell a chunk's type before it runs.
@@ -25,13 +25,12 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from gpudask.pluginapi import facts_from_dict
+from gpudask.pluginapi import P2P_RECHUNK_TRANSFER_PREFIX, facts_from_dict
 
 logger = logging.getLogger("distributed.gpudask.dask-defaults")
 
 NAME = "gpudask-p2p-rechunk"
-# the P2P rechunk's transfer tasks (distributed.shuffle._rechunk.partial_rechunk: f"rechunk-transfer-{token}")
-TRANSFER_PREFIX = "rechunk-transfer-"
+TRANSFER_PREFIX = P2P_RECHUNK_TRANSFER_PREFIX  # the P2P rechunk's transfer tasks
 
 
 def worker_has_gpus(extra: Any) -> bool:

@@ -14,13 +14,11 @@ directory (:mod:`.shares`).  ``processes`` (optional): GPU index -> the processe
 it, with the bytes each holds.  A default pool is a share of the GPU's total memory between
 this command's workers and the other commands' (:mod:`.target`); free memory and the
 processes only say who holds memory when it is short.  Probed through NVML (never a CUDA context; pynvml is
-imported by the probe only); a schema-1 facts file said it as ``gpus[].memory_free``, which
-:func:`from_v1` takes.
+imported by the probe only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import FactsSection, nvml_session
@@ -135,12 +133,6 @@ def probe(facts: Facts) -> dict[str, Any]:
     return out
 
 
-def from_v1(data: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Schema 1 said it per GPU, optionally: ``gpus[i].memory_free``; None when no GPU says."""
-    free = {str(g["index"]): g["memory_free"] for g in data["gpus"] if g.get("memory_free") is not None}
-    return {"memory_free": free} if free else None
-
-
 def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
     """Every GPU named is one of the host's, and its free memory at most its memory_total."""
     by_index = {g.index: g for g in facts.gpus}
@@ -158,4 +150,4 @@ def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
     return None
 
 
-SECTIONS = [FactsSection(SECTION, SCHEMA, probe, from_v1=from_v1, check=check)]
+SECTIONS = [FactsSection(SECTION, SCHEMA, probe, check=check)]

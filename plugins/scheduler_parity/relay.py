@@ -34,7 +34,8 @@ until its own timeout.  On such a scheduler only (UCX, no GPU visible, workers w
   ``Scheduler.report`` of this scheduler instance is wrapped for that; a context variable
   limits the rewrite to the update-graph call of the client's own stream.
 
-Imports only distributed and the plugin API; installed by the scheduler-parity plugin's
+Imports only distributed and the plugin API (the handlers are replaced through
+``gpudask.pluginapi.wrap_handler``: gpudask.compat.distributed holds every such reach); installed by the scheduler-parity plugin's
 ``gpudask_server_setup`` hook.
 """
 
@@ -48,6 +49,8 @@ from time import time
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
+
+from gpudask.pluginapi import unwrap_handler, unwrap_report, wrap_handler, wrap_report
 
 logger = logging.getLogger("distributed.gpudask.check")
 
@@ -146,21 +149,14 @@ class RelayGuard(SchedulerPlugin):
         if self.scheduler is not None:
             return  # started once (at scheduler start, or by gpudask's SchedulerPlugin on a running one)
         self.scheduler = scheduler
-        original = scheduler.handlers.get("gather")
-        if original is not None and getattr(original, "__gpudask_relay__", None) is not self:
-            self._gather = original
-            scheduler.handlers["gather"] = self._wrap(original)
-        subscribe = scheduler.stream_handlers.get("subscribe-topic")
-        if subscribe is not None and getattr(subscribe, "__gpudask_relay__", None) is not self:
-            self._subscribe = subscribe
-            scheduler.stream_handlers["subscribe-topic"] = self._wrap_subscribe(subscribe)
+        # distributed has no API to wrap a built-in handler: gpudask.compat.distributed does it
+        self._gather = wrap_handler(scheduler, "gather", self._wrap, self)
+        self._subscribe = wrap_handler(scheduler, "subscribe-topic", self._wrap_subscribe, self, stream=True)
         if self.graphs:
-            update = scheduler.stream_handlers.get("update-graph")
-            if update is not None and getattr(update, "__gpudask_relay__", None) is not self:
-                self._update_graph = update
-                scheduler.stream_handlers["update-graph"] = self._wrap_update_graph(update)
-                self._report = scheduler.report  # this instance's only; rewrites only inside update-graph
-                scheduler.report = self._wrap_report(self._report)
+            self._update_graph = wrap_handler(scheduler, "update-graph", self._wrap_update_graph, self, stream=True)
+            if self._update_graph is not None:
+                # this instance's only; rewrites only inside update-graph
+                self._report = wrap_report(scheduler, self._wrap_report, self)
         # clients already connected (gpudask registered on a running scheduler) listen to "warn"
         self.listening.update(scheduler.clients)
         for address, ws in list(scheduler.workers.items()):
@@ -169,20 +165,12 @@ class RelayGuard(SchedulerPlugin):
                     "gather of GPU results raises at once", self.cause, self.protocol)
 
     async def close(self) -> None:
-        if self.scheduler is not None and self._gather is not None:
-            current = self.scheduler.handlers.get("gather")
-            if getattr(current, "__gpudask_relay__", None) is self:
-                self.scheduler.handlers["gather"] = self._gather
-        if self.scheduler is not None and self._subscribe is not None:
-            current = self.scheduler.stream_handlers.get("subscribe-topic")
-            if getattr(current, "__gpudask_relay__", None) is self:
-                self.scheduler.stream_handlers["subscribe-topic"] = self._subscribe
-        if self.scheduler is not None and self._update_graph is not None:
-            current = self.scheduler.stream_handlers.get("update-graph")
-            if getattr(current, "__gpudask_relay__", None) is self:
-                self.scheduler.stream_handlers["update-graph"] = self._update_graph
-            if getattr(self.scheduler.report, "__gpudask_relay__", None) is self:
-                self.scheduler.report = self._report
+        if self.scheduler is None:
+            return
+        unwrap_handler(self.scheduler, "gather", self._gather, self)
+        unwrap_handler(self.scheduler, "subscribe-topic", self._subscribe, self, stream=True)
+        unwrap_handler(self.scheduler, "update-graph", self._update_graph, self, stream=True)
+        unwrap_report(self.scheduler, self._report, self)
 
     # -- workers and clients -----------------------------------------------------------
     def _see_worker(self, address: str, ws: Any) -> bool:
@@ -225,7 +213,6 @@ class RelayGuard(SchedulerPlugin):
             guard.subscribed(kwargs.get("topic"), kwargs.get("client"))
             return result
 
-        subscribe_topic.__gpudask_relay__ = guard  # type: ignore[attr-defined]
         return subscribe_topic
 
     def _warn_later(self, client: str) -> None:
@@ -281,7 +268,6 @@ class RelayGuard(SchedulerPlugin):
             # a builtin exception: a client without gpudask unpickles it and raises it, once
             return error_message(RuntimeError(line), status="uncaught-error")
 
-        gather.__gpudask_relay__ = guard  # type: ignore[attr-defined]
         gather.__name__ = "gather"
         return gather
 
@@ -300,7 +286,6 @@ class RelayGuard(SchedulerPlugin):
             finally:
                 _CALL.reset(token)
 
-        update_graph.__gpudask_relay__ = guard  # type: ignore[attr-defined]
         update_graph.__name__ = "update_graph"
         return update_graph
 
@@ -313,7 +298,6 @@ class RelayGuard(SchedulerPlugin):
                 msg = guard.rewrite(call, msg)
             return original(msg, ts=ts, client=client)
 
-        report.__gpudask_relay__ = guard  # type: ignore[attr-defined]
         return report
 
     def rewrite(self, call: _Call, msg: dict[str, Any]) -> dict[str, Any]:

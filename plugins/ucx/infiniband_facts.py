@@ -6,8 +6,7 @@ Its section of the host's facts (``ctx.facts.section("infiniband")``)::
                 "pci_path": "/sys/devices/...", "numa_node": 0, "netdev": "ib0"}, ...]}
 
 Probed from ``/sys/class/infiniband`` (no verbs library needed; a test points
-``$GPUDASK_SYSFS_ROOT`` at a fake tree); a schema-1 facts file said it as the top-level
-``ib_devices``, which :func:`from_v1` takes.  Other plugins (forkserver) read the ports
+``$GPUDASK_SYSFS_ROOT`` at a fake tree).  Other plugins (forkserver) read the ports
 through :func:`ports` and :func:`active_ports`.
 """
 
@@ -133,11 +132,6 @@ def probe(facts: Facts) -> dict[str, Any]:
     return {"ports": [p.to_dict() for p in probe_ports()]}
 
 
-def from_v1(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Schema 1 said it at the top level: ``ib_devices``."""
-    return {"ports": [dict(p) for p in data["ib_devices"]]}
-
-
 def summary(value: Any) -> str | None:
     """The host line of ``gpudask info``: how many ports UCX's rc can use."""
     if value is None:
@@ -146,4 +140,4 @@ def summary(value: Any) -> str | None:
     return f"{active} active InfiniBand port(s)"
 
 
-SECTIONS = [FactsSection(SECTION, SCHEMA, probe, from_v1=from_v1, summary=summary)]
+SECTIONS = [FactsSection(SECTION, SCHEMA, probe, summary=summary)]

@@ -6,13 +6,12 @@ Its section of the host's facts (``ctx.facts.section("nvlink")``)::
 
 GPU index (as a string: a JSON key) -> the indices of the GPUs it reaches over NVLink,
 directly or through an NVSwitch; a GPU not listed has no NVLink peer.  Probed through NVML
-(never a CUDA context; pynvml is imported by the probe only); a schema-1 facts file said it
-as ``gpus[].nvlink_peers``, which :func:`from_v1` takes.
+(never a CUDA context; pynvml is imported by the probe only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import FactsSection, norm_bus_id, nvml_session
@@ -93,11 +92,6 @@ def _peers(pynvml: Any, nv: Any, devices: Sequence[tuple[int, str | None, Any]])
             for index, _, _ in devices}
 
 
-def from_v1(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Schema 1 said it per GPU: ``gpus[i].nvlink_peers``."""
-    return {"peers": {str(g["index"]): list(g["nvlink_peers"]) for g in data["gpus"] if g["nvlink_peers"]}}
-
-
 def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
     """Every GPU named is one of the host's, and a GPU is not its own peer."""
     indices = [g.index for g in facts.gpus]
@@ -111,4 +105,6 @@ def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
     return None
 
 
-SECTIONS = [FactsSection(SECTION, SCHEMA, probe, from_v1=from_v1, check=check)]
+# no plan decision depends on the peers (CUDA IPC is allowed wherever UCX can use it): they are
+# read for the text of the nvlink plugin's reason only, so probed where that text is made
+SECTIONS = [FactsSection(SECTION, SCHEMA, probe, check=check, decides=False)]

@@ -5,8 +5,7 @@ Its section of the host's facts (``ctx.facts.section("ucx_info")``)::
     {"transports": ["cma", "cuda_copy", "cuda_ipc", "posix", "rc_mlx5", "self", "tcp", ...]}
 
 the transports ``ucx_info -d`` lists (:func:`probe_ucx_transports`), or ``null`` when UCX is
-not installed or ``ucx_info`` fails; a schema-1 facts file said it as the top-level
-``ucx_transports``, which :func:`from_v1` takes.  The plugins of this folder read it through
+not installed or ``ucx_info`` fails.  The plugins of this folder read it through
 :func:`transports` and :func:`supports`; the tcp plugin answers the core's
 ``gpudask_ucx_offered`` with it (the names a user's ``UCX_TLS`` may use on this host).  Also
 here: which ``UCX_*`` variables UCX would not use (:func:`ucx_unused_variables`).
@@ -24,7 +23,6 @@ import logging
 import os
 import pathlib
 import re
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import FactsSection, StateDirError, read_private, state_dir, write_atomic
@@ -72,13 +70,7 @@ def probe(facts: Facts) -> dict[str, Any]:
     return {"transports": probe_ucx_transports()}
 
 
-def from_v1(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Schema 1 said it at the top level: ``ucx_transports``."""
-    found = data["ucx_transports"]
-    return {"transports": None if found is None else list(found)}
-
-
-SECTIONS = [FactsSection(SECTION, SCHEMA, probe, from_v1=from_v1)]
+SECTIONS = [FactsSection(SECTION, SCHEMA, probe)]
 
 
 # How long `ucx_info -d` may take before we give up on listing UCX transports.

@@ -47,7 +47,7 @@ async def pull_times(addr, key, reps, backend, dask_worker=None):
     """Seconds of each of ``reps`` pulls of ``key`` from worker ``addr`` into this worker, with
     distributed's own ``get_data_from_worker`` as ``gather_dep`` calls it: no scheduling, no
     task, the transfer and its request/reply only (the device synchronised before the clock
-    stops).  The one pull function of ``gpudask bench`` and bench/pull-levers.py: send it with
+    stops).  The one pull function of ``gpudask bench`` and lab/bench/pull-levers.py: send it with
     :func:`detached` so that stock workers stay stock."""
     import time
 

@@ -1,6 +1,6 @@
 """gpudask-torch-rmm: the decision for described hosts, and what the worker hook does.
 
-Runs without a GPU: hosts are described by facts files (schema 1), the plugin is loaded
+Runs without a GPU: hosts are described by facts files (schema 2), the plugin is loaded
 next to gpudask's built-in plugins exactly as the entry point would load it.
 """
 
@@ -20,14 +20,15 @@ def _facts(tmp_path, gpus=2, **packages):
     pkgs = {"distributed": "2026.7.1", "dask": "2026.7.1", "rmm": "26.10.0", "torch": "2.9.0", "cupy": "14.2.0"}
     pkgs.update(packages)
     data = {
-        "schema": 1, "hostname": "test-host", "cpu_count": 16,
+        "schema": 2, "hostname": "test-host", "cpu_count": 16,
         "driver_version": "580.1" if gpus else None, "cuda_driver_version": 13000 if gpus else None,
         "gpus": [{"index": i, "uuid": f"GPU-0000000{i}-0000-0000-0000-000000000000", "name": "NVIDIA Test",
                   "memory_total": 16 * 2**30, "compute_capability": [9, 0], "pci_bus_id": None, "pci_path": None,
-                  "numa_node": None, "cpu_affinity": list(range(8 * i, 8 * i + 8)), "nvlink_peers": [],
+                  "numa_node": None, "cpu_affinity": list(range(8 * i, 8 * i + 8)),
                   "mig": {"enabled": False, "instances": []}} for i in range(gpus)],
-        "ib_devices": [], "net_interfaces": {"lo": ["127.0.0.1"]}, "cuda_visible_devices": None,
-        "ucx_transports": ["self", "tcp", "cuda_copy"], "packages": pkgs,
+        "net_interfaces": {"lo": ["127.0.0.1"]}, "cuda_visible_devices": None,
+        "sections": {"nvlink": {"peers": {}}, "infiniband": {"ports": []},
+                     "ucx_info": {"transports": ["self", "tcp", "cuda_copy"]}}, "packages": pkgs,
     }
     path = tmp_path / f"host-{gpus}-{abs(hash(json.dumps(pkgs, sort_keys=True)))}.json"
     path.write_text(json.dumps(data))

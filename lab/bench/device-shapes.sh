@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The shape matrix (issue 29 item 4) on the GPU machine, in one device call of at most ~9 minutes:
-# bench/shapes.py over every shape, each gpudask form started with its dask-cuda form, their repetitions
+# lab/bench/shapes.py over every shape, each gpudask form started with its dask-cuda form, their repetitions
 # alternated; gpudask info (the probed facts and the plan) first, into info*.
 #
 # Here, once:   ../shared/device/wheels.sh            (dask-cuda, distributed-ucxx, rmm ... into .whl/)
-# Then:         run(command="bash bench/device-shapes.sh", carry=[".whl"], timeout_s=600)
+# Then:         run(command="bash lab/bench/device-shapes.sh", carry=[".whl"], timeout_s=600)
 # Back in $OUT: shapes.json (one run's rows: pool runs -- fresh pairs of clusters, one call each -- with
-#               bench/shapes_pool.py into docs/device-runs/<date>-shapes-h200.json), shapes.jsonl (as it
+#               lab/bench/shapes_pool.py into lab/device-runs/<date>-shapes-h200.json), shapes.jsonl (as it
 #               went), console.txt, logs.tgz (every cluster's logs, each side's console).
 # Knobs (environment): TOTAL_S (default 540: the whole call), SHAPES (default: all), SIZES, EXTRA (more
-#               arguments for bench/shapes.py, e.g. "--dask-cuda-worker-args=--rmm-pool-size=8GB").
+#               arguments for lab/bench/shapes.py, e.g. "--dask-cuda-worker-args=--rmm-pool-size=8GB").
 set -u
 t0=$(date +%s)
 OUT=${OUT:-/tmp/shapes-out}
@@ -30,10 +30,10 @@ timeout 60 gpudask info --protocol ucx --json > "$OUT/info.json" 2>&1; echo "== 
 b=$(( TOTAL_S - ($(date +%s) - t0) - 25 ))
 [ "$b" -gt 500 ] && b=500
 echo "== shapes budget $b s"
-timeout -k 10 $(( b + 30 )) python3 bench/shapes.py --out "$OUT" --work "$WORK" --max-seconds "$b" \
+timeout -k 10 $(( b + 30 )) python3 lab/bench/shapes.py --out "$OUT" --work "$WORK" --max-seconds "$b" \
     ${SHAPES:+--shapes "$SHAPES"} ${SIZES:+--sizes "$SIZES"} ${EXTRA:-} 2>&1 | grep --line-buffered -v "UCX  WARN"
 echo "== shapes: exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s"
-# anything bench/shapes.py started and could not stop (it kills by pid, after each cluster, what carries its
+# anything lab/bench/shapes.py started and could not stop (it kills by pid, after each cluster, what carries its
 # run id in its environment; this is the same, for any run id)
 python3 - <<'PY'
 import os, signal, psutil

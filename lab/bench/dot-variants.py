@@ -1,7 +1,7 @@
 """A small dot workload on plain `dask worker`s and on gpudask workers with one default
 changed at a time: which of gpudask's defaults costs time (issue 16's regression guard).
 
-    python bench/dot-variants.py [NWORKERS]
+    python lab/bench/dot-variants.py [NWORKERS]
 
 Each variant: a fresh `dask scheduler --protocol ucx`, NWORKERS workers (default: 2, on the
 visible GPUs round-robin), `x.dot(x.T).sum()` on a 12000^2 CuPy array in 2000^2 chunks,

@@ -1,4 +1,4 @@
-"""bench/shapes.py: the shape matrix's harness (issue 29), in its CPU dry-run form.
+"""lab/bench/shapes.py: the shape matrix's harness (issue 29), in its CPU dry-run form.
 
 No figure is asserted: this holds that one shape starts on both sides at once (on a CPU the
 reference side is stock distributed: dask-cuda needs a GPU), every path of every size is measured
@@ -17,7 +17,7 @@ import pytest
 
 from conftest import base_env
 
-BENCH = pathlib.Path(__file__).parent.parent / "bench"
+BENCH = pathlib.Path(__file__).parents[1] / "bench"  # lab/bench
 PATHS = ["client-via-scheduler", "client-direct", "worker-pull", "submit-arg"]
 
 

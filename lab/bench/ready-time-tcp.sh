@@ -1,5 +1,5 @@
 #!/bin/bash
-# Ready time of a stock tcp cluster with or without gpudask: PRELOAD="--preload gpudask" bench/ready-time-tcp.sh
+# Ready time of a stock tcp cluster with or without gpudask: PRELOAD="--preload gpudask" lab/bench/ready-time-tcp.sh
 # prints the seconds from start until a client sees both workers (see docs/benchmarks.md).
 # a stock tcp cluster: dask scheduler + dask worker --nworkers 2 (with PRELOAD="--preload gpudask" or not),
 # timed until a client sees 2 workers; then everything is stopped

@@ -1,4 +1,4 @@
-"""bench/scheduler-scale.py: the scale figure's harness (docs/benchmarks.md, "Scheduler cost at scale").
+"""lab/bench/scheduler-scale.py: the scale figure's harness (docs/benchmarks.md, "Scheduler cost at scale").
 
 No figure is asserted (no timed tests): these hold that the harness measures what it says,
 real gpudask workers as the scheduler sees them, every one of them checked.
@@ -15,7 +15,7 @@ import pytest
 
 from conftest import base_env
 
-BENCH = pathlib.Path(__file__).parent.parent / "bench"
+BENCH = pathlib.Path(__file__).parents[1] / "bench"  # lab/bench
 
 
 @pytest.mark.process

@@ -6,8 +6,8 @@
 # local_cupy (transpose_sum, dot, slice; 20000^2, chunks 2000, --disable-rmm) on both sides.
 #
 # Here, once:   ../shared/device/wheels.sh            (dask-cuda and nvtx included)
-# Then:         run(command="bash bench/device-bench.sh", carry=[".whl"], timeout_s=600)
-# Back in $OUT: bench.json (commit as docs/device-runs/<date>-bench-h200.json), bench.txt (the table),
+# Then:         run(command="bash lab/bench/device-bench.sh", carry=[".whl"], timeout_s=600)
+# Back in $OUT: bench.json (commit as lab/device-runs/<date>-bench-h200.json), bench.txt (the table),
 #               console.txt, logs.tgz (every process's log, local_cupy's full output per side).
 # Knobs (environment):
 #   TOTAL_S          the whole call (default 520); the bench gets what is left less 40 s

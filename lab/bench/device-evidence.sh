@@ -5,7 +5,7 @@
 # The workload suite has its own call: tests/workloads/run-on-device.sh.
 #
 # Here, once:   ../shared/device/wheels.sh      (dask-cuda, nvtx and pytest-timeout included)
-# Then:         run(command="bash bench/device-evidence.sh", carry=[".whl"])
+# Then:         run(command="bash lab/bench/device-evidence.sh", carry=[".whl"])
 # Back in $OUT (at most 8 files): gpu-tests.xml gpu-tests.txt bench.json bench.txt
 #               levers.jsonl console.txt logs.tgz
 set -u
@@ -48,7 +48,7 @@ strays
 # 3. the pull levers (a fresh cluster per lever), with what is left
 l=$(( $(left) - 15 ))
 if [ "$l" -gt 45 ]; then
-    timeout -k 10 "$l" python3 bench/pull-levers.py --out "$OUT/logs/levers" --array cupy --breakdown \
+    timeout -k 10 "$l" python3 lab/bench/pull-levers.py --out "$OUT/logs/levers" --array cupy --breakdown \
         --configs "${LEVERS:-gpudask,polling,offload-off,polling-offload-off,dask-cuda,thread-polling,rndv-get,proto-v1}" \
         --repeat 10 --max-seconds $(( l - 10 )) 2>&1 | grep --line-buffered -v "UCX  WARN"
     cp "$OUT/logs/levers/pull-levers.jsonl" "$OUT/levers.jsonl" 2>/dev/null

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce the GPU-less scheduler failure over UCX (issue 6), with and without gpudask.
-# Device machine: run(command="bash bench/gpu-less-scheduler-repro.sh", carry=[".whl"]).
+# Device machine: run(command="bash lab/bench/gpu-less-scheduler-repro.sh", carry=[".whl"]).
 set -u
 OUT=${OUT:-/tmp/repro-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -3,7 +3,7 @@
 # (issue 16: dot up to 10x slower on `dask worker --preload gpudask` than on `dask cuda worker`).
 #
 # Needs the device wheels in .whl/ (dask-cuda included) plus nvtx, which local_cupy imports.
-# Then with the device tool:           run(command="bash bench/dc-local-cupy-matrix.sh",
+# Then with the device tool:           run(command="bash lab/bench/dc-local-cupy-matrix.sh",
 #                                          carry=[".whl"], kind="nvidia-h200-x2")
 #
 # Each variant: a fresh `dask scheduler --protocol ucx` (no preload, the same for every variant),

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Scheduler CPU per joining worker, with and without gpudask (issue 14's scale figure).
 
-    python bench/scheduler-scale.py [--workers 32,64,128,256] [--repeat 3] [--hosts 4]
+    python lab/bench/scheduler-scale.py [--workers 32,64,128,256] [--repeat 3] [--hosts 4]
         [--facts tests/hosts/dgx-8gpu-nvswitch-4ib.json] [--json OUT] [--profile DIR]
-    python bench/scheduler-scale-compare.py            # hosted workers look like real ones
+    python lab/bench/scheduler-scale-compare.py            # hosted workers look like real ones
 
 Each trial first starts the worker host processes (below) and waits until they are ready
 to join, then launches a real ``python -m dask scheduler --host 127.0.0.1 --port 0
@@ -44,7 +44,7 @@ claiming again in the same process drops the previous descriptor, which frees it
 so in-process claims would alternate 0, 1, 0, 1 instead of counting up.  Workers run
 without nannies in both modes, and with distributed's worker profiler off (256 sampling
 threads would starve the 2 cores; the profiler sends nothing to the scheduler unasked).
-``bench/scheduler-scale-compare.py`` checks the claim: it joins two real ``dask worker
+``lab/bench/scheduler-scale-compare.py`` checks the claim: it joins two real ``dask worker
 --nworkers 2 --preload gpudask`` workers and two hosted ones to one scheduler and compares
 what the scheduler holds for them (``WorkerState.extra``, resources, the check's result).
 
@@ -66,7 +66,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_FACTS = os.path.join(HERE, "..", "tests", "hosts", "dgx-8gpu-nvswitch-4ib.json")
+DEFAULT_FACTS = os.path.join(HERE, "..", "..", "tests", "hosts", "dgx-8gpu-nvswitch-4ib.json")
 TICK = os.sysconf("SC_CLK_TCK")
 
 

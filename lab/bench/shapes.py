@@ -12,7 +12,7 @@ by up to 60 % between runs on the H200 (docs/benchmarks.md), more than the diffe
 * ``client-direct``: ``client.gather(future, direct=True)`` (what ``Client(direct_to_workers=True)``
   does: ``Client._gather`` takes ``direct`` from it when the call gives none);
 * ``worker-pull``: distributed's ``get_data_from_worker`` run inside the receiving worker
-  (``client.run``), as ``gather_dep`` does and as ``bench/pull-levers.py`` measures it;
+  (``client.run``), as ``gather_dep`` does and as ``lab/bench/pull-levers.py`` measures it;
 * ``submit-arg``: the client makes the array and times ``client.submit(f, x).result()``, f
   returning the array's checksum.
 
@@ -32,10 +32,10 @@ whose first element is ``{"meta": {...}}`` (machine, versions, date, arguments, 
 start, commands, errors) and then one row per (shape, path, size) with ``gpudask_s`` and
 ``dask-cuda_s`` (medians), ``ratio``, ``result_match``, the workers' environments, notes.
 With ``--sample PATH``: ``WORK/<shape>-<side>.jsonl.samples.json``, where each side's client process
-spent that path's timed repetitions, thread by thread (bench/stack_sampler.py).
+spent that path's timed repetitions, thread by thread (lab/bench/stack_sampler.py).
 
-Usage: python bench/shapes.py --out DIR [--shapes a,b] [--sizes 1MiB,64MiB,1GiB] [--max-seconds 500]
-       python bench/shapes.py --out DIR --cpu --sizes 1MiB,8MiB      (CPU dry run: stock distributed as reference)
+Usage: python lab/bench/shapes.py --out DIR [--shapes a,b] [--sizes 1MiB,64MiB,1GiB] [--max-seconds 500]
+       python lab/bench/shapes.py --out DIR --cpu --sizes 1MiB,8MiB      (CPU dry run: stock distributed as reference)
 """
 
 from __future__ import annotations
@@ -513,7 +513,7 @@ class Side:
         return out
 
     def sampler(self, p: str, n: int):
-        """--sample PATH: the stack sampler of this cell (bench/stack_sampler.py), around its timed
+        """--sample PATH: the stack sampler of this cell (lab/bench/stack_sampler.py), around its timed
         repetitions only; None for the other paths."""
         if p not in self.args.sample:
             return None
@@ -1109,7 +1109,7 @@ def main() -> int:
     p.add_argument("--dask-cuda-worker-args", default="", help="added to every `dask cuda worker`")
     p.add_argument("--sample", action="append", default=[], choices=PATHS, metavar="PATH",
                    help="sample the Python stacks of every thread of each side's client process during this path's "
-                        "timed repetitions (bench/stack_sampler.py) into WORK/<shape>-<side>.jsonl.samples.json")
+                        "timed repetitions (lab/bench/stack_sampler.py) into WORK/<shape>-<side>.jsonl.samples.json")
     p.add_argument("--gpudask-env", action="append", default=[], metavar="KEY=VALUE",
                    help="a lever: this variable in every process of the gpudask sides (client, scheduler, workers), "
                         "e.g. DASK_GPUDASK__RMM__POOL_SIZE=false; repeatable; recorded in meta")

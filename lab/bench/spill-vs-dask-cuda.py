@@ -2,7 +2,7 @@
 workers (gpudask.spill.device-memory-limit) and on dask-cuda workers (--device-memory-limit),
 one after the other in one run; spill_s and the workers' peak GPU memory (NVML) for each.
 
-    python bench/spill-vs-dask-cuda.py [LIMIT_BYTES] [OUT.json]
+    python lab/bench/spill-vs-dask-cuda.py [LIMIT_BYTES] [OUT.json]
 
 Needs cupy, dask-cuda and gpudask; one worker per visible GPU on each side.
 """

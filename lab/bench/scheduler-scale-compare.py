@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Do hosted workers look to the scheduler as real gpudask workers do?  (bench/scheduler-scale.py)
+"""Do hosted workers look to the scheduler as real gpudask workers do?  (lab/bench/scheduler-scale.py)
 
-    python bench/scheduler-scale-compare.py [--facts tests/hosts/dgx-8gpu-nvswitch-4ib.json]
+    python lab/bench/scheduler-scale-compare.py [--facts tests/hosts/dgx-8gpu-nvswitch-4ib.json]
 
 One ``dask scheduler --preload gpudask``; two real workers (``dask worker --nworkers 2
 --preload gpudask``: a nanny host that plans, two worker processes, each claiming its

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine, one device call: bench/pull-levers.py over every configuration (pull
+# On the GPU machine, one device call: lab/bench/pull-levers.py over every configuration (pull
 # breakdown included), then the raw-ucxx ceiling from gpudask bench.  Results land in $OUT as
 # they go: pull-levers.jsonl, raw.json/raw.txt, console.txt.
-# Here first: ../shared/device/wheels.sh; then run(command="bash bench/device-pull-levers.sh", carry=[".whl"]).
+# Here first: ../shared/device/wheels.sh; then run(command="bash lab/bench/device-pull-levers.sh", carry=[".whl"]).
 set -u
 t0=$(date +%s)
 OUT=${OUT:-/tmp/pull-levers-out}; mkdir -p "$OUT"
@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n
 echo "install $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-timeout -k 10 ${LEVERS_S:-380} python3 bench/pull-levers.py --out "$OUT" --array cupy --breakdown \
+timeout -k 10 ${LEVERS_S:-380} python3 lab/bench/pull-levers.py --out "$OUT" --array cupy --breakdown \
    --configs "${LEVERS:-gpudask,dask-cuda,polling,thread-polling,thread,thread-no-delayed,thread-python-future,offload-off,polling-offload-off,rndv-get,rndv-put,proto-v1,dask-cuda-polling}" \
    --max-seconds $(( ${LEVERS_S:-380} - 20 )) 2>&1 | grep --line-buffered -v "UCX  WARN" | tee "$OUT/console.txt"
 echo "levers done at $(( $(date +%s) - t0 )) s"

@@ -1,7 +1,7 @@
-"""Pool several runs of the shape matrix (bench/shapes.py) into one record: each side's figure is
+"""Pool several runs of the shape matrix (lab/bench/shapes.py) into one record: each side's figure is
 the geometric mean of the runs' medians, so the ratio is the geometric mean of the runs' ratios.
 
-Why: bench/shapes.py alternates the two sides' repetitions within one pair of clusters, which
+Why: lab/bench/shapes.py alternates the two sides' repetitions within one pair of clusters, which
 takes the machine's drift out of each ratio; what is left is the pair itself.  On one H200 the
 same cell of the same dask-cuda shape, started twice, differed by up to 40 % (client-direct 1 MiB:
 1.86 and 2.59 ms in one call), on both sides alike: where a process lands (CPU, the moment UCX's
@@ -15,8 +15,8 @@ and not each side's median of the runs' medians, which may take the two sides fr
 runs (1.17, 1.35 and 0.98 gave 1.32).  Each run's own figures stay in the row
 (``runs``), so nothing is hidden.
 
-Usage: python bench/shapes_pool.py OUT.json RUN1.json RUN2.json [...] [--markdown]
-       (a run may also be one lever's run of bench/device-shape-levers.sh: levers.jsonl#NAME)
+Usage: python lab/bench/shapes_pool.py OUT.json RUN1.json RUN2.json [...] [--markdown]
+       (a run may also be one lever's run of lab/bench/device-shape-levers.sh: levers.jsonl#NAME)
 Output: a list whose first element is ``{"meta": {"what": ..., "runs": [each run's meta]}}`` and
 then one row per (shape, path, size) with ``gpudask_s`` and ``dask-cuda_s`` (the geometric means of
 the runs' medians, over the runs that measured both sides), ``ratio``, ``result_match`` (every run's checksums equal, on both sides), ``reps`` and
@@ -37,13 +37,13 @@ SIDES = ("gpudask", "dask-cuda")
 
 
 def _open_text(path: str) -> Any:
-    """A run's file as text; the raw runs kept in docs/device-runs/ are gzipped (a device call carries
+    """A run's file as text; the raw runs kept in lab/device-runs/ are gzipped (a device call carries
     the tree, 64 MiB at most)."""
     return gzip.open(path, "rt") if path.endswith(".gz") else open(path)
 
 
 def load_lever_run(path: str, lever: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One run of bench/device-shape-levers.sh (``levers.jsonl#NAME``): its rows, and its meta when the
+    """One run of lab/bench/device-shape-levers.sh (``levers.jsonl#NAME``): its rows, and its meta when the
     file holds it (earlier files did not: then the meta names the file and the run)."""
     meta: dict[str, Any] = {"lever": lever, "source": path}
     rows = []
@@ -68,7 +68,7 @@ def load(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     with _open_text(path) as f:
         data = json.load(f)
     if not (isinstance(data, list) and data and isinstance(data[0], dict) and "meta" in data[0]):
-        raise ValueError(f"{path}: not a bench/shapes.py record (a list whose first element is {{'meta': ...}})")
+        raise ValueError(f"{path}: not a lab/bench/shapes.py record (a list whose first element is {{'meta': ...}})")
     return data[0]["meta"], data[1:]
 
 
@@ -142,7 +142,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("runs", nargs="+")
-    p.add_argument("--what", default="the shape matrix, pooled over runs of bench/shapes.py")
+    p.add_argument("--what", default="the shape matrix, pooled over runs of lab/bench/shapes.py")
     p.add_argument("--markdown", action="store_true", help="also print the table")
     p.add_argument("--skip-shape", action="append", default=[], metavar="PREFIX",
                    help="leave out the rows of shapes whose name starts so (e.g. control-: the controls measured "

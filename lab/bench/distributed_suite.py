@@ -3,7 +3,7 @@
 
 Usage (from anywhere, in an environment where gpudask and distributed are installed):
 
-    python bench/distributed_suite.py /path/to/distributed-checkout [--out DIR]
+    python lab/bench/distributed_suite.py /path/to/distributed-checkout [--out DIR]
         [--gpudask-ref REV] [--only test_nanny,test_local] [--k test_worker='not gather']
         [--report-only]
 
@@ -89,7 +89,7 @@ PYTEST_ARGS = [
 ]
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # lab/bench/ in the checkout
 EXTRA_PATH: list[str] = []  # the --gpudask-ref snapshot, first on PYTHONPATH
 
 

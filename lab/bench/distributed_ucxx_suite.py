@@ -3,7 +3,7 @@
 
 Usage (in an environment where gpudask and distributed-ucxx are installed):
 
-    python bench/distributed_ucxx_suite.py [--runs N] [--out DIR] [--tests DIR] [-k EXPR]
+    python lab/bench/distributed_ucxx_suite.py [--runs N] [--out DIR] [--tests DIR] [-k EXPR]
         [--report-only]
 
 distributed-ucxx installs its tests with the package (``distributed_ucxx/tests``); that
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from distributed_suite import outcomes  # the same junit reader (this script runs from bench/)
+from distributed_suite import outcomes  # the same junit reader (this script runs from lab/bench/)
 
 PRELOAD_VARS = {
     "DASK_DISTRIBUTED__SCHEDULER__PRELOAD": '["gpudask"]',

@@ -15,7 +15,7 @@ configuration is done:
 * ``cpu_idle``: CPU seconds per second each worker process burns while idle (progress modes
   that poll spin a core).
 
-Usage: python bench/pull-levers.py --out DIR [--array cupy|numpy] [--configs a,b] [--repeat 20]
+Usage: python lab/bench/pull-levers.py --out DIR [--array cupy|numpy] [--configs a,b] [--repeat 20]
        [--sizes 1MiB,64MiB,1GiB] [--breakdown] [--max-seconds 400]
 The configurations are in ``CONFIGS`` below; ``--list`` prints them.
 """

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Second GPU call of the shapes round (one call, at most ~9 minutes), what it decides:
 #   1. the workload suite's gpudask forms with the new transport/memory rules (the "after"; compared
-#      with the recorded stock + dask-cuda rows of docs/device-runs/2026-12-01-workloads-h200-second.jsonl);
+#      with the recorded stock + dask-cuda rows of lab/device-runs/2026-12-01-workloads-h200-second.jsonl);
 #   2. the client/scheduler UCX_CUDA_IPC_CACHE question: the shapes whose client paths were slower
 #      (local, one-command-2w) with the cache on, and the suite's restart workflow with it on;
-#   3. the offload lever through the plan (gpudask.comm.offload-threshold) in bench/pull-levers.py.
-# Here: ../shared/device/wheels.sh; then run(command="bash bench/device-shapes-levers.sh", carry=[".whl"])
+#   3. the offload lever through the plan (gpudask.comm.offload-threshold) in lab/bench/pull-levers.py.
+# Here: ../shared/device/wheels.sh; then run(command="bash lab/bench/device-shapes-levers.sh", carry=[".whl"])
 set -u
 t0=$(date +%s)
 OUT=${OUT:-/tmp/shapes-levers-out}
@@ -28,7 +28,7 @@ for spec in processes:110 local:90; do
   strays
 done
 cp $w/results.jsonl "$OUT/workloads-after.jsonl"
-grep '"form": "dask-cuda"' docs/device-runs/2026-12-01-workloads-h200-second.jsonl >> $w/results.jsonl
+grep '"form": "dask-cuda"' lab/device-runs/2026-12-01-workloads-h200-second.jsonl >> $w/results.jsonl
 echo "=== compare (gpudask forms now, stock + dask-cuda rows recorded earlier today)"
 python3 -m tests.workloads.compare $w/results.jsonl 2>&1 | tail -n 25
 echo "== suite done $(( $(date +%s) - t0 )) s"
@@ -41,13 +41,13 @@ cp $w2/results.jsonl "$OUT/workloads-ipc-cache-on.jsonl" 2>/dev/null
 strays
 b=$(( $(left) - 200 )); [ "$b" -gt 160 ] && b=160
 echo "== shapes with UCX_CUDA_IPC_CACHE=y, budget $b s"
-UCX_CUDA_IPC_CACHE=y timeout -k 10 $(( b + 30 )) python3 bench/shapes.py --out "$OUT/shapes-ipc-cache" --work /tmp/shapes-work \
+UCX_CUDA_IPC_CACHE=y timeout -k 10 $(( b + 30 )) python3 lab/bench/shapes.py --out "$OUT/shapes-ipc-cache" --work /tmp/shapes-work \
     --max-seconds "$b" --shapes local,one-command-2w 2>&1 | grep --line-buffered -v "UCX  WARN" | grep -v "^--"
 strays
 # 3. the offload lever through the plan
 l=$(( $(left) - 20 ))
 echo "== levers, budget $l s"
-[ "$l" -gt 60 ] && timeout -k 10 "$l" python3 bench/pull-levers.py --out "$OUT/logs/levers" --array cupy \
+[ "$l" -gt 60 ] && timeout -k 10 "$l" python3 lab/bench/pull-levers.py --out "$OUT/logs/levers" --array cupy \
     --configs gpudask,plan-offload-off,plan-offload-512MiB,dask-cuda --repeat 15 --max-seconds $(( l - 10 )) 2>&1 \
     | grep --line-buffered -v "UCX  WARN"
 cp "$OUT/logs/levers/pull-levers.jsonl" "$OUT/levers.jsonl" 2>/dev/null

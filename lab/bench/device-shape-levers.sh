@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Levers on the shape matrix, in one device call: bench/shapes.py run once per line of LEVERS, each a fresh
+# Levers on the shape matrix, in one device call: lab/bench/shapes.py run once per line of LEVERS, each a fresh
 # pair of clusters (gpudask side beside dask-cuda side, alternated as usual), so that a cell that differs
 # between the sides can be taken apart one setting at a time, with the spread of repeated runs in view.
 #
 # Here, once:   ../shared/device/wheels.sh
-# Then:         run(command="bash bench/device-shape-levers.sh", carry=[".whl"], timeout_s=600)
-# LEVERS:       one run per line: NAME|SHAPES|OUTER ENV (KEY=VALUE ..., for both sides)|MORE bench/shapes.py ARGS
+# Then:         run(command="bash lab/bench/device-shape-levers.sh", carry=[".whl"], timeout_s=600)
+# LEVERS:       one run per line: NAME|SHAPES|OUTER ENV (KEY=VALUE ..., for both sides)|MORE lab/bench/shapes.py ARGS
 #               (e.g. --gpudask-env DASK_GPUDASK__RMM__POOL_SIZE=false: the gpudask side only).  Default: below.
 # SIZES:        default 1MiB.  TOTAL_S: the whole call (default 540).  SHAPE_S: seconds given to each shape of a
 #               run (default 35: enough at 1 MiB; more for larger sizes).
@@ -45,7 +45,7 @@ while IFS='|' read -r name shapes outer extra; do
   [ -z "$name" ] && continue
   i=$((i + 1))
   left=$(( TOTAL_S - ($(date +%s) - t0) - 15 ))
-  # bench/shapes.py keeps 25 s of its budget for the last side's teardown; each shape then needs about
+  # lab/bench/shapes.py keeps 25 s of its budget for the last side's teardown; each shape then needs about
   # SHAPE_S (two clusters ready in 10-14 s, four 1 MiB cells); a run that cannot have that is skipped
   n_shapes=$(( $(tr -cd ',' <<< "$shapes" | wc -c) + 1 ))
   b=$(( 25 + SHAPE_S * n_shapes ))
@@ -53,7 +53,7 @@ while IFS='|' read -r name shapes outer extra; do
   echo "== $name: $shapes ${outer:+[$outer]} $extra (budget $b s)"
   rm -rf "$WORK/$name"; mkdir -p "$WORK/$name"
   # shellcheck disable=SC2086  # outer and extra are lists of words
-  env $outer timeout -k 10 $(( b + 30 )) python3 bench/shapes.py --out "$WORK/$name/out" --work "$WORK/$name/work" \
+  env $outer timeout -k 10 $(( b + 30 )) python3 lab/bench/shapes.py --out "$WORK/$name/out" --work "$WORK/$name/work" \
       --max-seconds "$b" --shapes "$shapes" --sizes "$SIZES" $extra 2>&1 | grep --line-buffered -v "UCX  WARN" | tail -n 12
   python3 - "$WORK/$name/out/shapes.json" "$name" "$i" "$OUT/levers.jsonl" "$OUT/summary.txt" <<'PY'
 import json, sys
@@ -64,7 +64,7 @@ except (OSError, ValueError) as e:
     print(f"   {name}: no rows ({type(e).__name__})"); sys.exit(0)
 with open(jsonl, "a") as j, open(summary, "a") as s:
     for r in rows:
-        if "meta" in r:  # the run's versions, machine and arguments, for bench/shapes_pool.py
+        if "meta" in r:  # the run's versions, machine and arguments, for lab/bench/shapes_pool.py
             j.write(json.dumps({"lever": name, "run": int(run), **r}) + "\n")
         if "shape" not in r:
             continue

@@ -1,7 +1,7 @@
 """Ready time of `dask scheduler` + `dask worker --nworkers N --preload gpudask` with the
 workers forked by a fork server or spawned, interleaved run by run (docs/benchmarks.md).
 
-    GPUDASK_FACTS=tests/hosts/h200-single.json python bench/start-method.py [PAIRS] [NWORKERS] [PROTOCOL]
+    GPUDASK_FACTS=tests/hosts/h200-single.json python lab/bench/start-method.py [PAIRS] [NWORKERS] [PROTOCOL]
 
 Ready: from launching the scheduler (the workers start right after it) until a client sees
 N workers.  The only difference between the two sides is gpudask.forkserver.enabled.
