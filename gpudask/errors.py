@@ -7,6 +7,8 @@ preload entry points print ``str(error)`` and never a traceback for these.
 
 from __future__ import annotations
 
+from gpudask.plaindata import exception_text
+
 
 class GpudaskError(Exception):
     """Base class: a problem the user can fix, described in one line."""
@@ -27,13 +29,13 @@ class PluginError(GpudaskError):
         self.plugin = plugin
         self.distribution = distribution
         self.hook = hook
-        self.cause = cause
+        # the cause is kept as its text, read once here (gpudask.plaindata.exception_text: a
+        # plugin's exception whose text raises SystemExit is only named): nothing formats a
+        # plugin's exception later, and pickled to another process (a nanny receives a
+        # worker's startup failure) an exception type the other side cannot import never matters
+        self.cause = str.__str__(cause) if isinstance(cause, str) else exception_text(cause)
         where = f"plugin {plugin!r}" + (f" (from {distribution})" if distribution else "")
-        text = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
-        super().__init__(f"gpudask {where} failed in {hook}: {text}")
+        super().__init__(f"gpudask {where} failed in {hook}: {self.cause}")
 
     def __reduce__(self) -> tuple[type[PluginError], tuple[str, str | None, str, str]]:
-        # Pickled across processes (a nanny receives a worker's startup failure): the cause
-        # travels as its text, so an exception type the other side cannot import never matters.
-        cause = self.cause if isinstance(self.cause, str) else f"{type(self.cause).__name__}: {self.cause}"
-        return PluginError, (self.plugin, self.distribution, self.hook, cause)
+        return PluginError, (self.plugin, self.distribution, self.hook, self.cause)

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from gpudask.printable import printable
+
 SEVERITIES = ("info", "warning", "error")
 
 # Limits on what another process may publish: anything beyond is "malformed", never a crash.
@@ -102,9 +104,12 @@ class Finding:
             and isinstance(data.get("message"), str)
 
     def line(self) -> str:
-        who = self.subject or "?"
-        against = f" vs {self.reference}" if self.reference else ""
-        return f"{self.severity}: {who}{against}: [{self.plugin or 'gpudask'}] {self.message}"
+        """One line for a log or a terminal: what came from another process or a plugin
+        escaped (gpudask.printable), so it can neither act on the terminal nor start a line."""
+        who = printable(self.subject or "?")
+        against = f" vs {printable(self.reference)}" if self.reference else ""
+        return f"{printable(self.severity)}: {who}{against}: [{printable(self.plugin or 'gpudask')}] " \
+               f"{printable(self.message)}"
 
 
 def worst(findings: Iterable[Finding | Mapping[str, Any]]) -> str:

@@ -2,9 +2,12 @@
 plugin's call can do to the process calling it.
 
 :func:`call_isolated` runs ``function(*args)`` and turns whatever it raises -- ``Exception``
-and also ``SystemExit``, ``GeneratorExit`` or any other ``BaseException`` but
-``KeyboardInterrupt`` -- into a :class:`~gpudask.errors.PluginError` naming the plugin and
-the hook, so that ``sys.exit()`` in a plugin never ends a scheduler, a worker or a command.
+and also ``SystemExit``, ``GeneratorExit`` or any other ``BaseException`` (``KeyboardInterrupt``
+too, but on the main thread, where it is the user's Ctrl-C) -- into a :class:`~gpudask.errors.PluginError` naming the plugin and
+the hook, so that ``sys.exit()`` in a plugin never ends a scheduler, a worker or a command.  What it
+raised travels as its text, read here (:func:`gpudask.plaindata.exception_text`); the manager's ``function`` also
+makes the plugin's result plain data here (:mod:`gpudask.hookresults`), so nothing a plugin
+hands back runs its code later, outside the isolation.
 
 On the main thread (where ``dask scheduler`` / ``dask worker`` run their event loop and
 every command plans), the call is also bounded in time: after ``gpudask.plugins.hook-timeout``
@@ -29,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpudask.errors import GpudaskError, PluginError
+from gpudask.plaindata import exception_text
 
 TIMEOUT_KEY = "gpudask.plugins.hook-timeout"
 DEFAULT_TIMEOUT_S = 60.0
@@ -66,28 +70,51 @@ def hook_timeout() -> float:
 
 def call_isolated(plugin: str, distribution: str | None, hook: str, function: Callable[..., Any],
                   args: Sequence[Any]) -> Any:
-    """``function(*args)``; any failure (``KeyboardInterrupt`` aside) is a PluginError."""
-    bound = _Bound(hook) if threading.current_thread() is threading.main_thread() else None
+    """``function(*args)``; any failure is a PluginError (``KeyboardInterrupt`` on the main
+    thread aside: there it is the user's Ctrl-C; a thread never receives one, so there it is
+    the plugin's)."""
+    main = threading.current_thread() is threading.main_thread()
+    bound = _Bound(hook) if main else None
     start = time.monotonic()
     try:
         if bound is not None:
             bound.arm()
         return function(*args)
     except KeyboardInterrupt:
-        raise
+        if main:
+            raise
+        raise PluginError(plugin, distribution, hook, "KeyboardInterrupt: a plugin may not end the process") from None
     except _Interrupted as e:
         kind = PluginStopped if e.why.startswith("stopped") else PluginError
         raise kind(plugin, distribution, hook, f"{e.why} after {time.monotonic() - start:.1f} s; the call "
                           "was interrupted") from None
     except BaseException as e:  # noqa: BLE001 -- SystemExit too: a plugin never ends the process
-        # a plugin's own one-line error keeps its text; anything else its type too
-        cause: BaseException | str = str(e) if isinstance(e, GpudaskError) else e
-        if isinstance(e, SystemExit):
-            cause = f"SystemExit({e.code!r}): a plugin may not end the process"
-        raise PluginError(plugin, distribution, hook, cause) from e
+        # gpudask's own errors keep their chain (callers read __cause__); a plugin's exception
+        # travels as its text only: nothing formats it again later, on an event loop
+        raise PluginError(plugin, distribution, hook, exception_text(e)) from (e if _ours(e) else None)
     finally:
         if bound is not None:
             bound.disarm()
+
+
+def _ours(error: BaseException) -> bool:
+    """One of gpudask's own errors (a plugin's subclass of one is the plugin's)."""
+    try:
+        return isinstance(error, GpudaskError) and type(error).__dict__.get("__module__", "").startswith("gpudask.")
+    except BaseException:  # noqa: BLE001 -- an odd type is not ours
+        return False
+
+
+def plugin_in_call(frame: Any) -> str | None:
+    """The plugin whose isolated call ``frame`` (another thread's, from
+    ``sys._current_frames()``) is inside -- its hook or the plain copy of its result -- or None."""
+    code = call_isolated.__code__
+    while frame is not None:
+        if frame.f_code is code:
+            plugin = frame.f_locals.get("plugin")
+            return plugin if type(plugin) is str else None
+        frame = frame.f_back
+    return None
 
 
 class _Bound:

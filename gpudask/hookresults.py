@@ -1,10 +1,18 @@
-"""What a plugin's hook returned, checked before the core uses it.
+"""What a plugin's hook returned, checked and made plain data before the core uses it.
 
-Each function takes one plugin's result of one hook and returns what is wrong with it, in
-the words of the one-line :class:`~gpudask.errors.PluginError` the manager raises (or the
-problem line a report shows), or None when the result is what the hook's specification in
-:mod:`gpudask.hookspecs` asks for; :func:`findings_of` turns a check's result into findings,
-whatever it holds.  Nothing here calls a plugin.
+Each ``*_problem`` function takes one plugin's result of one hook and returns what is wrong
+with it, in the words of the one-line :class:`~gpudask.errors.PluginError` the manager raises
+(or the problem line a report shows), or None when the result is what the hook's
+specification in :mod:`gpudask.hookspecs` asks for; :func:`findings_of` turns a check's result
+into findings, whatever it holds.
+
+:func:`take` is what the manager runs on every result *inside the call's isolation*
+(:func:`gpudask.hookcall.call_isolated`), right after the plugin returned: the check, then
+the copy into plain data (:func:`gpudask.plaindata.plain`) -- exact types, bounded.  A
+result's ``__str__``, a Finding subclass's properties, a mapping's ``items`` therefore run
+where a ``SystemExit`` is the plugin's failure and the call is bounded in time (a check's
+thread, the report rows' thread, the main thread's alarm), and what leaves the call is data
+that formatting, pickling or logging on a scheduler's event loop cannot turn into plugin code.
 """
 
 from __future__ import annotations
@@ -14,8 +22,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpudask.config import Option
-from gpudask.findings import Finding
-from gpudask.plan.values import value_problem
+from gpudask.errors import GpudaskError
+from gpudask.findings import SEVERITIES, Finding
+from gpudask.plaindata import MAX_STR, NotPlain, plain, text, type_name
+from gpudask.plan.values import ACCEPTED, value_problem
+
+MAX_FINDINGS = 1000  # findings of one plugin's check; the rest are counted in one more
 
 
 def options_problem(result: Any) -> str | None:
@@ -85,18 +97,57 @@ def _applied_state_shape(result: Any) -> str | None:
 
 
 def findings_of(plugin: str, result: Any) -> list[Finding]:
-    """``gpudask_scheduler_check``: its findings (dicts of the published form read back), each
-    naming ``plugin`` unless it names another; anything else becomes a ``plugin-failed`` finding."""
-    out = []
-    for finding in result or []:
-        if isinstance(finding, dict) and Finding.is_finding_dict(finding):
-            finding = Finding.from_dict(finding)
-        if not isinstance(finding, Finding):
-            finding = Finding("warning", "plugin-failed", f"the check could not finish: plugin returned "
-                              f"{type(finding).__name__}, not a gpudask.pluginapi.Finding", plugin=plugin)
-        finding.plugin = finding.plugin or plugin
-        out.append(finding)
+    """``gpudask_scheduler_check``: its findings (Findings, or dicts of the published form),
+    each a new :class:`Finding` of exact strings and plain details, naming ``plugin`` unless it
+    names another (by a string); anything else becomes a ``plugin-failed`` finding.  Reads the
+    plugin's objects (a Finding subclass's fields, a message's ``__str__``): inside the
+    call's isolation (:func:`take`)."""
+    if result is None:
+        return []
+    if not isinstance(result, (list, tuple)):
+        return [_not_a_finding(plugin, result)]
+    items = list.__iter__(result) if isinstance(result, list) else tuple.__iter__(result)
+    out: list[Finding] = []
+    more = 0
+    for item in items:
+        if len(out) >= MAX_FINDINGS:
+            more += 1
+            continue
+        if isinstance(item, Finding):
+            fields = {name: getattr(item, name) for name in _FINDING_FIELDS}
+        elif isinstance(item, dict) and Finding.is_finding_dict(plain(item)):
+            fields = plain(item)
+        else:
+            out.append(_not_a_finding(plugin, item))
+            continue
+        out.append(_plain_finding(plugin, fields))
+    if more:
+        out.append(Finding("warning", "too-many-findings", f"... and {more} more finding(s) of this plugin left out "
+                           f"(the first {MAX_FINDINGS} are kept)", plugin=plugin, details={"more": more}))
     return out
+
+
+_FINDING_FIELDS = ("severity", "code", "message", "plugin", "subject", "reference", "details")
+
+
+def _plain_finding(plugin: str, fields: Mapping[str, Any]) -> Finding:
+    severity = fields.get("severity")
+    severity = severity if isinstance(severity, str) and str.__str__(severity) in SEVERITIES else "warning"
+    named = fields.get("plugin")
+    details = plain(fields.get("details"))
+
+    def optional(value: Any) -> str | None:
+        return None if value is None else text(value, 1000)
+
+    return Finding(str.__str__(severity), text(fields.get("code", ""), 200), text(fields.get("message", ""), MAX_STR),
+                   plugin=text(named, 200) if isinstance(named, str) and named else plugin,
+                   subject=optional(fields.get("subject")), reference=optional(fields.get("reference")),
+                   details=details if isinstance(details, dict) else {})
+
+
+def _not_a_finding(plugin: str, item: Any) -> Finding:
+    return Finding("warning", "plugin-failed", f"the check could not finish: plugin returned "
+                   f"{type_name(item)}, not a gpudask.pluginapi.Finding", plugin=plugin)
 
 
 REPORT_ROW_KEYS: dict[str, type | tuple[type, ...]] = {"column": str, "summary": str, "note": (str, type(None)),
@@ -130,3 +181,58 @@ def warn_column_twice(column: str, first: str, second: str) -> None:
     warnings.warn(f"report column {column!r} of plugin {second!r} left out: plugin {first!r} (earlier in "
                   "priority order) already has a column of that name; accepted: a column name of its own",
                   UserWarning, stacklevel=3)
+
+
+class ResultProblem(GpudaskError):
+    """What is wrong with a result, raised by :func:`take` inside the call's isolation: the
+    manager's one-line PluginError then carries this text as its cause."""
+
+
+def _checked(problem: Any, strict: bool = True) -> Any:
+    def take_result(result: Any) -> Any:
+        found = problem(result)
+        if found is not None:
+            raise ResultProblem(found)
+        try:
+            return None if result is None else plain(result, strict=strict)
+        except NotPlain as e:
+            raise ResultProblem(f"returned {e}; {ACCEPTED}") from None
+
+    return take_result
+
+
+def _options(result: Any) -> Any:
+    found = options_problem(result)
+    if found is not None:
+        raise ResultProblem(found)
+    return list(result or [])
+
+
+def _rows(result: Any) -> Any:
+    found = report_rows_problem(result)
+    if found is not None:
+        raise ResultProblem(found)
+    # the rows as the page and `gpudask status` show them: plain, an object's value as its text
+    rows = plain(result)
+    return rows if rows is None else [r for r in rows if isinstance(r, dict)]
+
+
+_TAKE = {
+    "gpudask_config_options": _options,
+    "gpudask_facts_packages": _checked(facts_packages_problem),
+    "gpudask_ucx_offered": _checked(ucx_offered_problem),
+    "gpudask_setup_memory": _checked(setup_memory_problem),
+    "gpudask_applied_state": _checked(applied_state_problem),
+    "gpudask_report_rows": _rows,
+}
+
+
+def take(hook: str, plugin: str, result: Any) -> Any:
+    """One plugin's result of ``hook``, checked and copied into plain data; run by the manager
+    inside the call's isolation, right after the plugin returned.
+
+    :raises ResultProblem: with the one line of what is wrong (the manager's PluginError)."""
+    if hook == "gpudask_scheduler_check":
+        return findings_of(plugin, result)
+    taker = _TAKE.get(hook)
+    return result if taker is None else taker(result)

@@ -20,6 +20,7 @@ from typing import Any
 import pluggy
 
 from gpudask.errors import GpudaskError, PluginError
+from gpudask.printable import printable
 
 logger = logging.getLogger("distributed.gpudask.trace")
 
@@ -58,7 +59,7 @@ def after(outcome: pluggy.Result[Any], hook_name: str, impls: Sequence[pluggy.Ho
         else:
             found = outcome.get_result()
             result = found[0] if found else None
-        write(trace_line(hook_name, impl.plugin_name, tracked, result, seconds))
+        write(printable(trace_line(hook_name, impl.plugin_name, tracked, result, seconds)))  # one line each
 
 
 def write(message: str) -> None:

@@ -217,7 +217,10 @@ class PluginManager:
         """``plugin``'s implementation of ``hook_name``, through pluggy, which hands it the
         arguments it names (checked against the spec at registration); its result or None."""
         returned = self._caller(hook_name, plugin)(**kwargs)
-        return returned[0] if returned else None  # pluggy leaves None results out of its list
+        result = returned[0] if returned else None  # pluggy leaves None results out of its list
+        # still inside the call's isolation: the result checked and made plain data here
+        # (gpudask.hookresults.take), so nothing of the plugin's runs once the call is left
+        return hookresults.take(hook_name, plugin.name, result)
 
     def hook_functions(self, hook_name: str) -> dict[str, Callable[..., Any]]:
         """plugin name -> the function implementing ``hook_name`` (e.g. to tell which
@@ -270,9 +273,8 @@ class PluginManager:
 
     def config_options(self) -> list[Option]:
         options = list(CORE_OPTIONS)
-        for plugin, result in self._call("gpudask_config_options"):
-            _refuse(plugin, "gpudask_config_options", hookresults.options_problem(result))
-            options += result or []
+        for _plugin, result in self._call("gpudask_config_options"):
+            options += result  # checked in the call (hookresults.take)
         return options
 
     def facts_sections(self) -> list[tuple[str, FactsSection]]:
@@ -290,8 +292,7 @@ class PluginManager:
     def facts_packages(self) -> dict[str, list[str]]:
         """The packages the plugins read: ``{key: distributions}``, the first plugin's wins."""
         out: dict[str, list[str]] = {}
-        for plugin, result in self._call("gpudask_facts_packages"):
-            _refuse(plugin, "gpudask_facts_packages", hookresults.facts_packages_problem(result))
+        for _plugin, result in self._call("gpudask_facts_packages"):
             for key, dists in (result or {}).items():
                 out.setdefault(key, list(dists))
         return out
@@ -301,8 +302,7 @@ class PluginManager:
         every answer's names together, in priority order, or None when no plugin knows."""
         hook = "gpudask_ucx_offered"
         found: list[str] | None = None
-        for plugin, result in self._call(hook, facts=facts):
-            _refuse(plugin, hook, hookresults.ucx_offered_problem(result))
+        for _plugin, result in self._call(hook, facts=facts):
             if result is None:
                 continue
             found = found if found is not None else []
@@ -332,9 +332,11 @@ class PluginManager:
         problems: list[str] = []
         seen: dict[str, str] = {}  # column -> the plugin that has it
         for plugin, result in self._call("gpudask_report_rows", plan, isolate=True, published=published):
-            problem = str(result) if isinstance(result, PluginError) else hookresults.report_rows_problem(result)
-            if problem is not None:
-                problems.append(f"plugin {plugin.name}'s report rows left out: {problem}")
+            if isinstance(result, PluginError):
+                # a malformed row: what is wrong with it; a call that failed: its one line
+                refused = isinstance(result.__cause__, hookresults.ResultProblem)
+                problems.append(f"plugin {plugin.name}'s report rows left out: "
+                                f"{result.cause if refused else result}")
                 continue
             for row in result or []:
                 first = seen.setdefault(row["column"], plugin.name)
@@ -356,7 +358,6 @@ class PluginManager:
         (:func:`gpudask.apply.process.setup_memory`)."""
         out = {}
         for plugin, result in self._call("gpudask_setup_memory", plan, ctx=ctx):
-            _refuse(plugin, "gpudask_setup_memory", hookresults.setup_memory_problem(result))
             if result is not None:
                 out[plugin.name] = result
         return out
@@ -368,7 +369,6 @@ class PluginManager:
         """Each plugin's read-back of what it applied: ``{plugin: {key: {planned, actual}}}``."""
         out = {}
         for plugin, result in self._call("gpudask_applied_state", plan, ctx=ctx):
-            _refuse(plugin, "gpudask_applied_state", hookresults.applied_state_problem(result))
             if result:
                 out[plugin.name] = result
         return out
@@ -384,11 +384,5 @@ class PluginManager:
                 findings.append(Finding("warning", "plugin-failed", f"the check could not finish: {result}",
                                         plugin=plugin.name))
                 continue
-            findings += hookresults.findings_of(plugin.name, result)
+            findings += result  # plain Findings, made in the call (hookresults.findings_of)
         return findings
-
-
-def _refuse(plugin: LoadedPlugin, hook: str, problem: str | None) -> None:
-    """A plugin's result that :mod:`gpudask.hookresults` found wrong: its one-line PluginError."""
-    if problem is not None:
-        raise PluginError(plugin.name, plugin.distribution, hook, problem)

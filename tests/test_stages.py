@@ -26,6 +26,7 @@ STAGE_OF = {
     "_version": "base", "errors": "base", "config": "base", "config_files": "base", "findings": "base",
     "hookcall": "base",  # one plugin call, isolated: used by the plugin manager
     "session": "base",  # what gpudask holds for this process, in one object
+    "plaindata": "base", "printable": "base",  # what a plugin returns as plain data; outside text made printable
     "facts": "facts",
     # the hook contract, the plugins' registration and the manager that calls them are
     # typed with the plan's types

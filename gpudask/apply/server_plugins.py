@@ -44,6 +44,7 @@ from gpudask.apply import process as session
 from gpudask.apply import read_back, running, runtime
 from gpudask.apply.state import plugin_of
 from gpudask.errors import GpudaskError
+from gpudask.printable import printable
 
 logger = logging.getLogger("distributed.gpudask")
 
@@ -146,7 +147,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
             try:
                 s.memory = session.setup_memory(s.manager, ctx, plan)
             except GpudaskError as e:  # a running worker is not stopped for it: say so
-                logger.error("gpudask: %s", e)
+                logger.error("gpudask: %s", printable(e))  # a plugin's text: one line
                 notes.append(f"memory setup failed: {e}")
             else:
                 if s.memory:
@@ -155,7 +156,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
             s.manager.server_setup(ctx, plan, worker)
             applied.append("gpudask_server_setup hooks")
         except GpudaskError as e:
-            logger.error("gpudask: %s", e)
+            logger.error("gpudask: %s", printable(e))  # a plugin's text: one line
             notes.append(f"gpudask_server_setup hooks failed: {e}")
         notes.append("gpudask_context_init runs at import time only (before UCX): not run on a running worker")
 
@@ -281,7 +282,7 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
                 s.manager.server_setup(s.ctx, s.plan, scheduler)
                 report["applied"].append("gpudask_server_setup hooks")
             except GpudaskError as e:  # a running scheduler is not stopped for it: say so
-                logger.error("gpudask: %s", e)
+                logger.error("gpudask: %s", printable(e))  # a plugin's text: one line
                 report["notes"].append(f"gpudask_server_setup hooks failed: {e}")
             # plugins added by the hooks (the scheduler check) start now, as they would
             # have at scheduler start; the check then also checks the connected workers

@@ -19,6 +19,7 @@ from gpudask.checks.runner import plan_here, report_on_scheduler
 from gpudask.checks.sides import SEVERITIES, dedupe, local_side, run_hooks, scheme, side_from_published, summary
 from gpudask.errors import GpudaskError
 from gpudask.findings import Finding, worst
+from gpudask.printable import printable
 
 ADDRESS_FORMS = "tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT, or --scheduler-file FILE"
 
@@ -114,9 +115,12 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
     origin = sched.get("facts_origin")
     installed = (f"check installed, action {report.get('action')}" if report.get("installed")
                  else "check not installed (one-off report)")
-    lines = [f"scheduler {sched.get('address')}: protocol {sched.get('protocol')}, "
-             f"{len(gpus) if isinstance(gpus, list) else '?'} GPU(s), driver {sched.get('driver_version') or 'none'}"
-             + (f", facts from {origin}" if origin not in (None, "probed") else "") + f"; {installed}"]
+    # what the scheduler and its workers said is printed escaped (gpudask.printable); the
+    # table escapes its cells
+    lines = [printable(f"scheduler {sched.get('address')}: protocol {sched.get('protocol')}, "
+                       f"{len(gpus) if isinstance(gpus, list) else '?'} GPU(s), driver "
+                       f"{sched.get('driver_version') or 'none'}"
+                       + (f", facts from {origin}" if origin not in (None, "probed") else "") + f"; {installed}")]
     workers = report.get("workers") or {}
     if workers:
         rows = [[a, "yes" if w.get("gpudask") else "no", w.get("status"), len(w.get("findings") or [])]
@@ -124,7 +128,7 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
         lines += ["", table(["worker", "gpudask", "status", "findings"], rows)]
     else:
         lines.append("no workers connected")
-    lines += [f"refused: {address}" for address in report.get("refused") or {}]
+    lines += [f"refused: {printable(address)}" for address in report.get("refused") or {}]
     findings = sorted(report.get("findings") or [], key=lambda f: -SEVERITIES.index(f.get("severity", "info")))
     lines.append("")
     if findings:
@@ -140,8 +144,8 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
                  plugin, message] for (severity, reference, plugin, message), subjects in grouped.items()]
         lines += [table(["severity", "process", "compared with", "plugin", "finding"], rows), ""]
     counts = report.get("counts") or {}
-    lines.append(f"{counts.get('error', 0)} error(s), {counts.get('warning', 0)} warning(s), "
-                 f"{counts.get('info', 0)} info: {report.get('status')}")
+    lines.append(printable(f"{counts.get('error', 0)} error(s), {counts.get('warning', 0)} warning(s), "
+                           f"{counts.get('info', 0)} info: {report.get('status')}"))
     return "\n".join(lines)
 
 
@@ -343,7 +347,7 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
             check_timeout(path_timeout, "--path-timeout")
             nbytes = _payload(payload)
     except GpudaskError as e:
-        echo(f"gpudask: error: {e}", err=True)
+        echo(f"gpudask: error: {printable(e)}", err=True)
         return 2
     try:
         # plain TCP only: UCX is set up once per process and TLS needs the security
@@ -354,7 +358,7 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
                 _probe(target, timeout)
             client = Client(target, timeout=timeout, set_as_default=False, security=security)
     except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
-        echo(f"gpudask: error: {unreachable(target, timeout, e)}", err=True)
+        echo(f"gpudask: error: {printable(unreachable(target, timeout, e))}", err=True)
         return 2
     if probe:
         from gpudask.checks.probe import format_probe, run_probe

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpudask.errors import GpudaskError
 from gpudask.findings import Finding
+from gpudask.hookcall import plugin_in_call
 
 TIMEOUT_KEY = "gpudask.scheduler-check.timeout"
 DEFAULT_TIMEOUT_S = 5.0
@@ -111,11 +112,13 @@ def running_plugin(job: Job, manager: Any) -> str | None:
         code = getattr(getattr(function, "__func__", function), "__code__", None)
         if code is not None:
             codes[code] = name
+    top = frame
     while frame is not None:
         if frame.f_code in codes:
             return codes[frame.f_code]
         frame = frame.f_back
-    return None
+    # past the hook's own function: the copy of its result, still in the plugin's isolated call
+    return plugin_in_call(top)
 
 
 def timeout_finding(job: Job, timeout: float, manager: Any) -> Finding:

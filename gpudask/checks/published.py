@@ -16,7 +16,9 @@ malformed; the rest is shown (``/gpudask``, ``gpudask status``) and turned into 
 * at most :data:`MAX_MISMATCHES` mismatches become findings; the others are counted in
   one more finding.
 
-Nothing here raises on odd data, and a bounded value passes through again unchanged.
+Nothing here raises on odd data, and a bounded value passes through again unchanged (so
+every reader bounds what it reads: no mark in the data says "bounded already", which a
+worker could publish too).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ MAX_ITEMS = 1000  # items of one list or dict
 MAX_MISMATCHES = 50  # mismatches reported one by one; the rest in one finding
 MAX_SHOWN = 200  # characters of a value quoted in a log line or a finding's message
 BOUNDED_FIELDS = ("plan", "applied", "mismatches", "memory", "plugins")
-BOUNDED_MARK = "bounded"  # set in a published dict once its fields were bounded
 
 
 def bound(value: Any, *, limit_total: int = MAX_TOTAL) -> Any:
@@ -98,8 +99,11 @@ def shown(value: Any) -> str:
 def bound_published(published: Any) -> Any:
     """``published`` (a worker's ``extra["gpudask"]``) with :data:`BOUNDED_FIELDS` bounded;
     the facts are left as published (they are validated whole, elsewhere).  A non-dict is
-    returned as it is (the check reports it as malformed)."""
-    if not isinstance(published, dict) or published.get(BOUNDED_MARK) is True:
+    returned as it is (the check reports it as malformed).
+
+    Every call bounds again (bounded data passes through unchanged): nothing in the data
+    says it was bounded already, since a worker could say so too."""
+    if not isinstance(published, dict):
         return published
     out = dict(published)
     for key in BOUNDED_FIELDS:
@@ -110,7 +114,6 @@ def bound_published(published: Any) -> Any:
             out[key] = shown(out[key])
         elif isinstance(out.get(key), str):
             out[key] = truncate(out[key], MAX_SHOWN)
-    out[BOUNDED_MARK] = True
     return out
 
 

@@ -46,6 +46,8 @@ from gpudask.checks.sides import (ACTION_KEY, ACTIONS, CLIENT_WARN_TOPIC, EVENT_
                                   scheme, summary)
 from gpudask.errors import GpudaskError
 from gpudask.findings import Finding, worst
+from gpudask.plaindata import exception_text
+from gpudask.printable import printable
 
 logger = logging.getLogger("distributed.gpudask.check")
 
@@ -138,7 +140,7 @@ class SchedulerCheck(SchedulerPlugin):
         except GpudaskError as e:
             self.problem = f"gpudask cannot plan on the scheduler, so nothing is checked: {e}"
             if not self.dry:
-                logger.error("gpudask check: %s", self.problem)
+                logger.error("gpudask check: %s", printable(self.problem))
                 scheduler.log_event(EVENT_TOPIC, {"action": "scheduler-check-unavailable", "reason": self.problem})
             return
         if self.manager is None:  # install() may have given them meanwhile
@@ -223,8 +225,9 @@ class SchedulerCheck(SchedulerPlugin):
         job.thread = threading.get_ident()
         try:
             return evaluate_worker(self.manager, self.ctx, self.side or {}, job.address, job.ws.extra)
-        except Exception as e:  # noqa: BLE001 - evaluate_worker never raises; keep it so in a thread too
-            return [Finding("warning", "plugin-failed", f"the check could not finish: {type(e).__name__}: {e}",
+        except BaseException as e:  # noqa: BLE001 - evaluate_worker never raises; whatever it would is
+            # text here, in the thread: an exception handed to the event loop would be raised there
+            return [Finding("warning", "plugin-failed", f"the check could not finish: {exception_text(e)}",
                             plugin="gpudask", subject=job.address, reference="scheduler")], None
 
     async def _finish_later(self, job: Job) -> None:
@@ -274,7 +277,7 @@ class SchedulerCheck(SchedulerPlugin):
             logger.log(level, "gpudask check: %s", f.line())
         if not findings:
             level = logging.INFO if self.says_ok else logging.DEBUG
-            logger.log(level, "gpudask check: worker %s matches the scheduler", address)
+            logger.log(level, "gpudask check: worker %s matches the scheduler", printable(address))
         self.scheduler.log_event(EVENT_TOPIC, {"action": "scheduler-check", "worker": address, "status": status,
                                                "policy": self.action, "findings": result["findings"]})
         problems = [f for f in findings if f.severity in ("warning", "error")]
@@ -297,8 +300,8 @@ class SchedulerCheck(SchedulerPlugin):
 
     def _refuse(self, address: str, problems: list[Finding]) -> None:
         reason = "gpudask scheduler check refused this worker: " + "; ".join(
-            f"{f.severity}: [{f.plugin or 'gpudask'}] {f.message}" for f in problems)
-        logger.error("gpudask check: closing worker %s: %s", address, reason)
+            f"{f.severity}: [{printable(f.plugin or 'gpudask')}] {printable(f.message)}" for f in problems)
+        logger.error("gpudask check: closing worker %s: %s", printable(address), reason)
         self.refused[address] = {"reason": reason, "findings": [f.to_dict() for f in problems]}
         self.scheduler.log_event(EVENT_TOPIC, {"action": "refuse-worker", "worker": address, "reason": reason})
         # The worker's stream may not be started yet (we run inside Scheduler.add_worker):

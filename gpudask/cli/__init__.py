@@ -27,7 +27,9 @@ class _CleanErrors(click.Group):
         try:
             return super().invoke(ctx)
         except GpudaskError as e:
-            click.echo(f"gpudask: error: {e}", err=True)
+            from gpudask.printable import printable
+
+            click.echo(f"gpudask: error: {printable(e)}", err=True)  # one line, whatever the text holds
             sys.exit(2)
 
 

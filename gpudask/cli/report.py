@@ -14,6 +14,7 @@ import textwrap
 from typing import Any
 
 from gpudask.plan import HostPlan, ProcessPlan, cpu_ranges as _cpu_ranges
+from gpudask.printable import printable
 
 _GAP = "  "
 _MIN_COLUMN = 6  # narrower than this a column is unreadable: the table overflows instead
@@ -98,7 +99,8 @@ def table(headers: list[str], rows: list[list[Any]], width: int | None = -1) -> 
     """A plain-text table; ``width`` -1 means the terminal's (see :func:`terminal_width`)."""
     if width == -1:
         width = terminal_width()
-    cells = [[str(c) for c in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    # a cell may hold what another process published: escaped, never sent to the terminal raw
+    cells = [[printable(c) for c in headers]] + [["" if c is None else printable(c) for c in row] for row in rows]
     widths = _fit(cells, width)
     lines = []
     for n, row in enumerate(cells):
@@ -115,11 +117,14 @@ def wrap_text(text: str, width: int | None = -1, indent: str = "  ") -> str:
     """Prose lines wrapped to the terminal (continuations indented); whole without a terminal."""
     if width == -1:
         width = terminal_width()
+    # each line's text escaped (a plugin's warning, a described host's name): only the
+    # caller's own newlines break lines
+    lines = [printable(line) for line in text.split("\n")]
     if width is None:
-        return text
+        return "\n".join(lines)
     return "\n".join(textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
                                    break_long_words=True) if len(line) > width else line
-                     for line in text.splitlines())
+                     for line in lines)
 
 
 def _memory(plan: ProcessPlan, host: HostPlan) -> str:

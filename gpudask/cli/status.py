@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpudask.plan import cpu_ranges
+from gpudask.printable import printable
 
 _MAX_CELL = 120  # characters of one published value shown in a cell or a mismatch line
 
@@ -28,7 +29,7 @@ def escaped(value: Any, limit: int = _MAX_CELL) -> str:
     """``value`` as printable text: control and other non-printable characters escaped
     (``\\x1b``, ``\\n``), cut to ``limit`` characters."""
     text = value if isinstance(value, str) else str(value)
-    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit + 1])
+    out = printable(text[:limit + 1])
     return out[:limit - 1] + "…" if len(text) > limit or len(out) > limit else out
 
 

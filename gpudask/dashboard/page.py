@@ -78,8 +78,9 @@ def build(snap: dict[str, Any]) -> bytes:
 
     report = snap["report"]
     work = []
+    bounded: dict[str, dict[str, Any]] = {}  # each worker's published data, bounded once per build
     for address, ws in snap["workers"]:
-        published = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
+        published = bounded[address] = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
         if published:
             work.append((address, _dict(published.get("plan")), published))
     rows, problem = ROWS.run(plugin_manager(), work) if work else ({}, None)
@@ -88,7 +89,8 @@ def build(snap: dict[str, Any]) -> bytes:
     for address, ws in snap["workers"]:
         result = (report.get("workers") or {}).get(address) or ws.extra.get(snap["extra_key"])
         given = rows_by_column(*rows[address]) if rows and address in rows else {}
-        piece = json.dumps(worker_state(address, ws, result, given), default=str, allow_nan=False)
+        piece = json.dumps(worker_state(address, ws, result, given, bounded[address]), default=str,
+                           allow_nan=False)
         if size + len(piece) > MAX_JSON_BYTES:
             left_out += 1
             continue
@@ -138,11 +140,14 @@ def last_probe(scheduler: Any) -> dict[str, Any] | None:
 
 
 def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
-                 rows: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                 rows: dict[str, dict[str, Any]] | None = None,
+                 published: dict[str, Any] | None = None) -> dict[str, Any]:
     """One worker's row, from what its gpudask published (``WorkerState.extra``) and its
     heartbeat metrics (``WorkerState.metrics``); ``rows``: its plugins' rows when already
-    made (:func:`rows_by_column`), else they are made here."""
-    published = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
+    made (:func:`rows_by_column`), else they are made here; ``published``: what it published,
+    when already bounded, else it is bounded here."""
+    if published is None:
+        published = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
     plan = _dict(published.get("plan"))
     facts = _dict(bound(published.get("facts")))
     applied = bound(published.get("applied", ws.extra.get("applied")))

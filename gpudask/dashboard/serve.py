@@ -25,6 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpudask.hookcall import plugin_in_call
+from gpudask.plaindata import exception_text
+
 ROWS_LIMIT_S = 2.0  # seconds the plugins' report rows of one build may take
 BUILD_LIMIT_S = 20.0  # seconds a reader waits for a build before it gets a one-line error
 CACHE_S = 1.0  # a page built this recently is served as it is
@@ -47,11 +50,13 @@ class _Rows:
             return None
         frame = sys._current_frames().get(thread.ident or -1)
         codes = {fn.__code__: name for name, fn in self.functions.items() if hasattr(fn, "__code__")}
+        top = frame
         while frame is not None:
             if frame.f_code in codes:
                 return codes[frame.f_code]
             frame = frame.f_back
-        return "?"
+        # past the hook's own function: the copy of its result, still in the plugin's isolated call
+        return plugin_in_call(top) or "?"
 
     def run(self, manager: Any, work: list[tuple[str, dict[str, Any], dict[str, Any]]]
             ) -> tuple[dict[str, Any] | None, str | None]:
@@ -65,7 +70,10 @@ class _Rows:
 
         def rows() -> None:
             for address, plan, published in work:
-                out[address] = manager.report_rows(plan, published)
+                try:
+                    out[address] = manager.report_rows(plan, published)
+                except BaseException as e:  # noqa: BLE001 -- report_rows isolates each plugin; never the thread's end
+                    out[address] = ([], [f"the plugins' report rows could not be made: {exception_text(e)}"])
 
         self.since = time.monotonic()
         self.thread = threading.Thread(target=rows, name="gpudask-report-rows", daemon=True)
@@ -104,10 +112,6 @@ class Builder:
             body = await asyncio.wait_for(asyncio.shield(future), BUILD_LIMIT_S)
         except asyncio.TimeoutError:
             return _problem(f"the page's data was not built within {BUILD_LIMIT_S:g} s")
-        except Exception as e:  # noqa: BLE001 -- one line for the page, never a 500 with a traceback
-            if self.future is future:
-                self.future = None
-            return _problem(f"the page's data could not be built: {type(e).__name__}: {e}")
         if self.future is future:
             self.future, self.body, self.built_at = None, body, time.monotonic()
         return body
@@ -116,23 +120,19 @@ class Builder:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
 
-        def settle(body: bytes | None, error: BaseException | None) -> None:
-            if future.done():
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(body or b"")
+        def settle(body: bytes) -> None:
+            if not future.done():
+                future.set_result(body)
 
         def run() -> None:
-            body: bytes | None = None
-            error: BaseException | None = None
             try:
                 body = build(snap)
-            except BaseException as e:  # noqa: BLE001 -- the reader gets it, the thread ends
-                error = e
+            except BaseException as e:  # noqa: BLE001 -- SystemExit too: the reader gets one line
+                # made text here, in the thread: an exception handed to the event loop would be
+                # raised there (a SystemExit from a plugin's value ended the scheduler)
+                body = _problem(f"the page's data could not be built: {exception_text(e)}")
             try:
-                loop.call_soon_threadsafe(settle, body, error)
+                loop.call_soon_threadsafe(settle, body)
             except RuntimeError:  # the scheduler closed meanwhile
                 pass
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudask.errors import GpudaskError
+from gpudask.plaindata import plain, text
 from gpudask.plan.values import check_env, check_value
 
 ROLES = ("scheduler", "nanny", "client", "worker")
@@ -62,11 +63,12 @@ class ProcessPlan:
     # -- recording decisions -------------------------------------------------------
     def note(self, decision: str, why: str) -> None:
         """Record a decision (or a skip: ``note("skipped", "no GPU")``) with its reason."""
-        self.reasons.append(Reason(self.acting_plugin, decision, why))
+        # a plugin's words, as exact strings (gpudask.plaindata): published and printed as they are
+        self.reasons.append(Reason(self.acting_plugin, text(decision), text(why)))
 
     def set_env(self, name: str, value: str, why: str) -> None:
-        self.env[name] = check_env(name, value)
-        self.note(f"{name}={value}", why)
+        self.env[name] = str.__str__(check_env(name, value))
+        self.note(f"{name}={self.env[name]}", why)
 
     def unset_env(self, name: str, why: str) -> None:
         if self.env.pop(name, None) is not None:
@@ -76,6 +78,7 @@ class ProcessPlan:
         if not isinstance(key, str) or not key:
             raise GpudaskError(f"dask config key {key!r:.60} refused; accepted: a non-empty dotted string")
         check_value(value, f"dask config {key}")
+        key, value = str.__str__(key), plain(value, strict=True)  # exact types: what the plan holds is data
         self.config[key] = value
         self.note(f"{key}={value!r}", why)
 
@@ -104,6 +107,7 @@ class ProcessPlan:
         line is ``decision`` or ``<plugin>: key=value, ...`` of what changed."""
         owner = self.acting_plugin
         check_value(dict(values), f"plan section {owner!r}")
+        values = plain(dict(values), strict=True)  # exact types: what the plan publishes is data
         section = self.sections.setdefault(owner, {})
         changed = {k: v for k, v in values.items() if k not in section or section[k] != v}
         section.update(values)
@@ -155,6 +159,7 @@ class ProcessPlan:
                 not isinstance(amount, (int, float)) or not 0 <= amount < 2**53:
             raise GpudaskError(f"resource {name!r:.60}={amount!r:.40} refused; accepted: a name and a finite "
                                "number from 0 to 2**53")
+        name, amount = str.__str__(name), plain(amount, strict=True)
         self.resources[name] = amount
         self.note(f"resource {name}={amount:g}", why)
 

@@ -1,0 +1,140 @@
+"""What a plugin hands back, as plain data: the one form gpudask touches after the call.
+
+:func:`plain` copies a value into exact ``str``, ``int``, ``float``, ``bool``, ``None``,
+``list`` and ``dict`` (string keys) -- never a subclass -- bounded in size and depth.  It
+runs inside the hook call's isolation (:func:`gpudask.hookcall.call_isolated`, through
+:func:`gpudask.hookresults.take`): whatever plugin code the copy still runs (an object's
+``__str__``, a mapping's ``items``) runs there, where ``SystemExit`` and every other
+``BaseException`` is the plugin's failure and the call is bounded in time, never on a
+scheduler's event loop.  Once copied, formatting, pickling, comparing or printing the value
+runs only the interpreter's own code.
+
+A subclass of ``str``, ``int``, ``float``, ``list``, ``tuple`` or ``dict`` is read through
+the base type's own methods (``str.__str__``, ``dict.items`` ...), so its overrides never
+run.  Anything else is, with ``strict``, refused (:class:`NotPlain`, naming its type), and
+otherwise its text (``str(value)``, cut).  Without ``strict``, over the bounds, strings are
+cut and containers end in a marker counting what was left out, as what workers publish is
+(:mod:`gpudask.checks.published`); with ``strict`` (a result that is published as it is, and
+bounded where it is read) nothing is changed, and over :data:`MAX_STRICT_VALUES` values or
+:data:`MAX_DEPTH` levels the result is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+MAX_STR = 64 * 1024  # characters of one string (not strict: cut)
+MAX_DEPTH = 32  # nesting (gpudask.plan.values.MAX_DEPTH)
+MAX_VALUES = 200_000  # values in one result (not strict: the rest left out, counted)
+MAX_STRICT_VALUES = 2_000_000  # values in one result where only plain data is accepted: beyond, refused
+MAX_INT = 2**63 - 1  # what msgpack carries; beyond it, without strict, an int is text
+
+
+class NotPlain(ValueError):
+    """A value that is not plain data, where only plain data is accepted (``strict``)."""
+
+
+def plain(value: Any, *, strict: bool = False) -> Any:
+    """An exact-typed, bounded copy of ``value`` (see the module's text).
+
+    :raises NotPlain: with ``strict``, for a value of another type (its type named)."""
+    return _plain(value, 0, [MAX_STRICT_VALUES if strict else MAX_VALUES], strict)
+
+
+def text(value: Any, limit: int = MAX_STR) -> str:
+    """``value`` as an exact ``str`` of at most ``limit`` characters: a string (or str
+    subclass) as its characters, anything else as ``str(value)`` -- plugin code: call it
+    inside the hook's isolation."""
+    if isinstance(value, str):
+        out = str.__str__(value)
+    else:
+        shown = str(value)
+        out = str.__str__(shown) if isinstance(shown, str) else type_name(value)
+    return cut(out, limit)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` or its start and a marker naming how many characters were cut (at most
+    ``limit`` characters in all, so a cut text passes through again unchanged)."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 40, 0)
+    return f"{text[:keep]}... [{len(text) - keep} more characters]"
+
+
+def exception_text(error: BaseException) -> str:
+    """What a plugin raised, as one exact ``str``: a GpudaskError's own line (that type is
+    read by name, without importing it), ``SystemExit(code): ...``, else its type and text.
+    Reading the text runs the exception's ``__str__`` or its code's ``__repr__`` (plugin
+    code): whatever that raises -- ``SystemExit`` or a time bound's interruption included --
+    leaves the type's name alone."""
+    try:
+        if any(getattr(k, "__name__", None) == "GpudaskError" and k.__module__ == "gpudask.errors"
+               for k in type(error).__mro__):
+            return text(error)
+        if isinstance(error, SystemExit):
+            return f"SystemExit({text(repr(error.code), 200)}): a plugin may not end the process"
+        return f"{type_name(error)}: {text(error)}"
+    except BaseException:  # noqa: BLE001 -- a text that raises (even SystemExit) is not read
+        try:
+            return f"{type_name(error)} (its text could not be read)"
+        except BaseException:  # noqa: BLE001
+            return "an exception (its text could not be read)"
+
+
+def type_name(value: Any) -> str:
+    """The name of ``value``'s type, read from the type itself (a metaclass's own
+    ``__name__`` never runs)."""
+    name = type.__dict__["__name__"].__get__(type(value))
+    return str.__str__(name) if isinstance(name, str) else "object"
+
+
+def _plain(value: Any, depth: int, budget: list[int], strict: bool) -> Any:
+    budget[0] -= 1
+    if value is None or value is True or value is False:
+        return value
+    if strict and budget[0] < 0:
+        raise NotPlain(f"more than {MAX_STRICT_VALUES} values")
+    if isinstance(value, str):
+        return str.__str__(value) if strict else cut(str.__str__(value), MAX_STR)
+    if isinstance(value, int):  # bool is handled above
+        number = int.__index__(value)
+        if strict or -MAX_INT - 1 <= number <= MAX_INT:
+            return number  # strict: the caller's check refuses what msgpack cannot carry
+        return f"<an integer of {number.bit_length()} bits>"
+    if isinstance(value, float):
+        real = float.__float__(value)
+        return real if strict or math.isfinite(real) else repr(real)
+    container = isinstance(value, (list, tuple, dict)) or isinstance(value, Mapping)
+    if not container:
+        if strict:
+            raise NotPlain(f"a {type_name(value)}")
+        return text(value)
+    if depth >= MAX_DEPTH:
+        if strict:
+            raise NotPlain(f"nested more than {MAX_DEPTH} levels deep")
+        return f"<nested deeper than {MAX_DEPTH} levels: left out>"
+    if isinstance(value, (list, tuple)):
+        items = list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value)
+        out: list[Any] = []
+        for item in items:
+            if budget[0] <= 0 and not strict:
+                out.append(f"... and more items: over the {MAX_VALUES}-value limit")
+                break
+            out.append(_plain(item, depth + 1, budget, strict))
+        return out
+    pairs = dict.items(value) if isinstance(value, dict) else value.items()
+    result: dict[str, Any] = {}
+    for key, item in pairs:
+        if budget[0] <= 0 and not strict:
+            result["..."] = f"more keys: over the {MAX_VALUES}-value limit"
+            break
+        if not isinstance(key, str):
+            if strict:
+                raise NotPlain(f"a {type_name(key)} key")
+            key = text(key, 1000)
+        key = str.__str__(key)
+        result[key if strict else cut(key, MAX_STR)] = _plain(item, depth + 1, budget, strict)
+    return result
