@@ -76,10 +76,37 @@ def test_info_reasons_gives_every_decision(cli):
     lines = full.splitlines()
     for process in [plan["scheduler"], plan["nanny"], plan["client"], *plan["workers"]]:
         for r in process["reasons"]:
-            # said once, under the processes that share it
-            assert lines.count(f"  [{r['plugin']}] {r['decision']} -- {r['why']}") == 1
-    assert any(line.startswith("every worker (4):") for line in lines)
-    assert "dask worker ucx://SCHEDULER:8786 --nworkers 4 --nthreads 1 --preload gpudask" in full
+            # said once: under the processes that share it, or as the rule every worker applies
+            # to its own GPU, or for the scheduler and the client together
+            literal = f"  [{r['plugin']}] {r['decision']} -- {r['why']}"
+            number = str(process["index"]) if process["role"] == "worker" else None
+            saying = [line for line in lines if says(line, literal, number)]
+            assert len(saying) == 1, (literal, saying)
+    assert any(line.startswith("every worker (4)") for line in lines)
+
+
+def says(line: str, literal: str, number: str | None) -> bool:
+    """Whether a line of `info --reasons` says ``literal`` (one decision with its reason):
+    word for word, or among decisions that share the reason (``a, b -- why``); as a templated
+    rule (``N``: the worker's number, ``…``: its own value; a GPU UUID shortened around ``…``);
+    with ``scheduler/client`` for either; or as another process's decision ("as worker 0's")."""
+    import re
+
+    head, _, rest = line.partition("] ")
+    decisions, _, why = rest.partition(" -- ")
+    for decision in [decisions, *decisions.split(", ")]:
+        one = f"{head}] {decision} -- {why}"
+        if one == literal or (number is None and why.startswith("as worker ") and literal.startswith(f"{head}] {decision} -- ")):
+            return True
+        pattern = re.escape(one).replace("…", ".+?")
+        if number is not None:
+            pattern = re.sub(r"(?<![A-Za-z_])N(?![A-Za-z_])", number, pattern)
+        pattern = re.sub(r"((?:scheduler|nanny|client)(?:/(?:scheduler|nanny|client))+)",
+                         lambda m: "(?:" + m.group(1).replace("/", "|") + ")", pattern)
+        if pattern != re.escape(one) and re.fullmatch(pattern, literal):
+            return True
+    return False
+
 
 
 def test_info_command_line_follows_protocol_nworkers_and_interface(cli):

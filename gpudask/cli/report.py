@@ -178,6 +178,13 @@ def _table_columns(host: HostPlan) -> list[tuple[str, list[str], tuple[str, ...]
             if n == "gpu" or len(set(v)) > 1 or (single and v[0] != "-")]
 
 
+def _shared_columns(host: HostPlan) -> list[tuple[str, list[str], tuple[str, ...]]]:
+    """The worker-table columns every worker has the same value in (said once, not per row)."""
+    shown = {n for n, _, _ in _table_columns(host)}
+    return [(n, [str(value(w, host)) for w in host.workers], p) for n, value, p in _WORKER_COLUMNS
+            if n not in shown and host.workers]
+
+
 def _worker_table(host: HostPlan, width: int | None) -> str:
     columns = _table_columns(host)
     rows = [[w.index, *(v[k] for _, v, _ in columns)] for k, w in enumerate(host.workers)]
@@ -283,19 +290,101 @@ def plan_summary(host: HostPlan, interface: str | None = None, width: int | None
     return "\n".join(out)
 
 
+_UUID = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+
+
+def _shape(text: str) -> str:
+    """``text`` with its numbers and UUIDs blanked: two workers' reasons of the same shape are
+    one rule applied to each worker's own GPU, CPUs or port."""
+    return re.sub(r"[0-9a-f]*\d[0-9a-f]*", "#", _UUID.sub("#", text))
+
+
+def _template(texts: list[str], numbers: list[str]) -> str:
+    """One text for several of the same shape (:func:`_shape`): a word where they differ is
+    ``N`` when each has its own worker number there, else ``…`` inside what they share of it
+    (``GPU-…),``); a run of such words (a list of peers) is one ``…``."""
+    split = [t.split(" ") for t in texts]
+    out: list[str] = []
+    for k, word in enumerate(split[0]):
+        words = [s[k] for s in split]
+        if len(set(words)) == 1:
+            out.append(word)
+            continue
+        head = _common_edge(words, front=True)
+        tail = _common_edge([w[len(head):] for w in words], front=False)
+        middles = [w[len(head):len(w) - len(tail)] for w in words]
+        placeholder = head + ("N" if middles == numbers else "…") + tail
+        if placeholder.strip(",;") == "…" and out and out[-1].strip(",;") == "…":
+            out[-1] = placeholder  # "peers 1, 2, 3" -> "peers …"
+        else:
+            out.append(placeholder)
+    return " ".join(out)
+
+
+def _common_edge(texts: list[str], front: bool) -> str:
+    """What ``texts`` share at their start (``front``) or end, cut after (before) a character
+    that is not a letter or digit, so no word is split: ``GPU-`` of two UUIDs, ``),`` at an end."""
+    shared = ""
+    for chars in zip(*(t if front else t[::-1] for t in texts)):
+        if len(set(chars)) > 1:
+            break
+        shared += chars[0]
+    while shared and shared[-1].isalnum():
+        shared = shared[:-1]
+    return shared if front else shared[::-1]
+
+
+def _workers_named(numbers: list[int], nworkers: int) -> str:
+    """``every worker (8)``, ``workers 0-3``, ``workers 0,2``."""
+    if len(numbers) == nworkers and nworkers > 1:
+        return f"every worker ({nworkers})"
+    return "workers " + _cpu_ranges(sorted(numbers)) if len(numbers) > 1 else f"worker {numbers[0]}"
+
+
+_SIDE_ROLES = ("scheduler", "nanny", "client")
+
+
+def _short_uuids_in(text: str, host: HostPlan) -> str:
+    """The host's GPU UUIDs in ``text`` shortened as ``gpudask status`` shows them (each still
+    told apart from the others: ``GPU-b63e…0c86``); ``--json`` has them whole."""
+    from gpudask.cli.status import short_uuids
+
+    short = short_uuids([g.uuid for g in host.facts.gpus if g.uuid])
+    return re.sub(r"(?:GPU|MIG)-[0-9a-fA-F-]{8,}", lambda m: short.get(m.group(0), m.group(0)), text)
+
+
+def _template_roles(texts: list[str], roles: list[str]) -> str:
+    """One text for the same reason in several processes that differ only by naming their own
+    role (``the scheduler mapped`` / ``the client mapped``): ``the scheduler/client mapped``."""
+    split = [t.split(" ") for t in texts]
+    out = []
+    for k, word in enumerate(split[0]):
+        words = [s[k] for s in split]
+        if len(set(words)) == 1:
+            out.append(word)
+        else:
+            head = _common_edge(words, front=True)
+            tail = _common_edge([w[len(head):] for w in words], front=False)
+            out.append(head + "/".join(w[len(head):len(w) - len(tail)] for w in words) + tail)
+    return " ".join(out)
+
+
 def plan_table(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
-    """Everything: the worker table, then every process's settings and every decision with
-    its reason, wrapped to the terminal (the command lines stay whole: they are copied)."""
+    """Everything: the workers, then every process's settings and every decision with its
+    reason, wrapped to the terminal (the command lines stay whole: they are copied).
+
+    Each thing is said once: a setting or decision several processes share, under the
+    processes that share it; a rule each worker applies to its own GPU (the same reason but
+    for the GPU's number, UUID, CPUs, port), once for every worker, ``N`` standing for each
+    one's number and ``…`` for its own value (the table has those); the same reason in the
+    scheduler and the client but for naming themselves, once for both."""
     if width == -1:
         width = terminal_width()
-    rows = []
-    for w in host.workers:
-        rows.append([w.index, *(value(w, host) for _, value, _ in _WORKER_COLUMNS)])
-    out = [wrap_text("\n".join(_header(host)), width), "",
-           table(["worker", *(n for n, _, _ in _WORKER_COLUMNS)], rows, width)]
-    # a setting or decision several processes share is said once, under the processes that
-    # share it ("every process", "all but client", "workers", "worker 0,1"); then each
-    # process's own
+    out = [wrap_text("\n".join(_header(host)), width), "", _worker_table(host, width)]
+    shared = _shared_columns(host)
+    if shared and len(host.workers) > 1:
+        out += ["", wrap_text("Every worker: " + ", ".join(f"{name} {values[0]}" for name, values, _ in shared),
+                              width, indent="    ")]
     processes = [host.scheduler, host.nanny, host.client, *host.workers]
     titles = [p.role + (f" {p.index}" if p.index is not None else "") for p in processes]
     holders: dict[tuple[str, ...], list[str]] = {}
@@ -303,19 +392,68 @@ def plan_table(host: HostPlan, interface: str | None = None, width: int | None =
         items: list[tuple[str, ...]] = [("set", k, v) for k, v in {**plan.env, **{k: repr(v) for k, v in plan.config.items()}}.items()]
         for item in items + [("why", r.plugin, r.decision, r.why) for r in plan.reasons]:
             holders.setdefault(item, []).append(title)
+    decided = {title: {r.decision for r in plan.reasons} for title, plan in zip(titles, processes)}
+    workers = {f"worker {w.index}": str(w.index) for w in host.workers}
+    every_worker = tuple(workers)
+    extra_groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+
+    def merge(kind: str, members: list[str], shape: Any, template: Any) -> None:
+        """Items of the same shape held one each by several of ``members``: one templated item."""
+        alike: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
+        for item, where in holders.items():
+            held = [t for t in where if t in members]
+            if kind == "worker" and len(held) == len(where) == len(members):
+                continue  # every worker holds it as it is: said so under "every worker"
+            key = (item[0], item[1], *(shape(text) for text in item[2:]))
+            for title in held:
+                alike.setdefault(key, {}).setdefault(title, item)
+        for key, by_title in alike.items():
+            if len(by_title) < 2 or len(set(by_title.values())) < 2:
+                continue
+            if kind == "worker" and len(by_title) < len(members):
+                continue  # only a rule every worker applies is said once for them all
+            names, items = list(by_title), list(by_title.values())
+            values = [workers[t] for t in names] if kind == "worker" else names
+            merged = (key[0], key[1], *(template([i[n] for i in items], values) for n in range(2, len(key))))
+            extra_groups.setdefault(tuple(names), []).append(merged)
+            for title, item in by_title.items():
+                holders[item].remove(title)
+            for title, item in by_title.items():
+                if kind == "worker" and holders[item] and item[0] == "why":
+                    # another process decided the same for the same GPU: named, its reason is the rule's
+                    extra_groups.setdefault(tuple(holders[item]), []).append(
+                        ("same", item[1], item[2], f"as {title}'s (every worker's below)"))
+                    holders[item] = []
+
+    if len(workers) > 1:
+        merge("worker", list(workers), _shape, _template)
+    roles = [t for t in titles if t in _SIDE_ROLES]
+    merge("role", roles, lambda text: re.sub(r"\b(?:%s)\b" % "|".join(_SIDE_ROLES), "#", text), _template_roles)
     groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     for item, where in holders.items():
-        groups.setdefault(tuple(where), []).append(item)
-    order = sorted(groups, key=lambda where: (titles.index(where[0]), -len(where)))
-    for where in order:
+        if where:
+            groups.setdefault(tuple(where), []).append(item)
+    for where, items in extra_groups.items():
+        groups.setdefault(where, []).extend(items)
+    for where in sorted(groups, key=lambda where: (titles.index(where[0]), -len(where))):
         name = _where(list(where), host.nworkers)
         name = {"all": "every process", "workers": f"every worker ({host.nworkers})"}.get(name, name)
-        extra = " ".join(f"{item[1]}={item[2]}" for item in groups[where] if item[0] == "set")
+        items = groups[where]
+        if where == every_worker and any("N" in i[2:] or "…" in " ".join(i[2:]) for i in items if i[0] == "why"):
+            name += " (N: its number, …: its own value)"
+        # a setting is named on the heading unless each process holding it has a decision saying it
+        extra = " ".join(f"{item[1]}={item[2]}" for item in items
+                         if item[0] == "set" and not all(f"{item[1]}={item[2]}" in decided[t] for t in where))
         out.append("")
         out.append(wrap_text(f"{name}:" + (f"  {extra}" if extra else ""), width, indent="    "))
-        for item in groups[where]:
-            if item[0] == "why":
-                out.append(wrap_text(f"  [{item[1]}] {item[2]} -- {item[3]}", width, indent="      "))
+        # decisions of one plugin for the same reason: one line (the RMM pool keys of both packages)
+        why: dict[tuple[str, str], list[str]] = {}
+        for item in items:
+            if item[0] in ("why", "same"):
+                why.setdefault((item[1], item[3]), []).append(item[2])
+        for (plugin, reason), decisions in why.items():
+            out.append(wrap_text(_short_uuids_in(f"  [{plugin}] {', '.join(decisions)} -- {reason}", host), width,
+                                 indent="    "))
     for title, plan in zip(titles, processes):
         if not plan.reasons and not plan.env and not plan.config:
             out += ["", f"{title}:", "  (no decisions)"]
