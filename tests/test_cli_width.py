@@ -110,3 +110,73 @@ def test_check_and_status_at_100_columns_cut_no_word_and_group_what_workers_shar
             assert "every worker (2)" in whole and "scheduler-parity" in narrow
         else:
             assert "GPU-0000…0000" in narrow and "GPU-0000…0001" in narrow
+
+
+def _check_report_of_three_workers(monkeypatch) -> dict:
+    """The report `gpudask check` prints for a GPU-less scheduler and three workers of a
+    described H200 host with newer dask (six findings each), the client here like the
+    scheduler: the plugins' real checks (evaluate_worker, the client's comparison), no processes."""
+    import copy
+    import json
+    import pathlib
+
+    import dask.config
+
+    from gpudask.checks import evaluate_worker, local_side
+    from gpudask.checks.client import with_client
+    from gpudask.checks.runner import plan_here
+    from gpudask.checks.sides import summary
+    from gpudask.findings import worst
+
+    config, defaults = copy.deepcopy(dask.config.config), list(dask.config.defaults)
+    monkeypatch.setenv("GPUDASK_FACTS", host("no-gpu.json"))
+    try:
+        manager, ctx, facts = plan_here("tcp")
+        scheduler = local_side(facts, "scheduler", "tcp://10.0.0.1:8786", "tcp")
+        worker_facts = json.loads(pathlib.Path(host("h200-single.json")).read_text())
+        worker_facts["packages"].update({"dask": "2026.9.0", "distributed": "2026.9.0", "distributed-ucxx": None})
+        results, sides = {}, {}
+        for n in range(3):
+            address = f"tcp://10.0.0.{10 + n}:4{n}123"
+            found, sides[address] = evaluate_worker(manager, ctx, scheduler, address,
+                                                    {"gpudask": {"facts": worker_facts, "protocol": "tcp"}})
+            results[address] = {"status": worst(found), "gpudask": True, "findings": [f.to_dict() for f in found]}
+        every = [f for r in results.values() for f in r["findings"]]
+        remote = {"installed": True, "action": "warn", "scheduler": summary(scheduler, scheduler["address"]),
+                  "problem": None, "workers": results, "refused": {}, "findings": every, "status": worst(every),
+                  "sides": {"scheduler": scheduler, "workers": sides}}
+        return with_client(remote, scheduler["address"], (manager, ctx, facts))
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(config)
+        dask.config.defaults[:] = defaults
+
+
+@pytest.mark.parametrize("columns", [100, 80])
+def test_check_of_three_workers_with_six_findings_each_says_each_once_in_40_lines(monkeypatch, columns):
+    from gpudask.checks.client import format_report
+    from gpudask.cli.report import table
+
+    report = _check_report_of_three_workers(monkeypatch)
+    workers = report["workers"]
+    assert len(workers) == 3 and all(len(w["findings"]) == 6 for w in workers.values())
+    assert len(report["client"]["findings"]) >= 5  # the client differs from the workers as the scheduler does
+    narrow = format_report(report, lambda h, rows: table(h, rows, columns), columns)
+    whole = format_report(report, lambda h, rows: table(h, rows, None), None)
+    lines = narrow.splitlines()
+    assert len(lines) <= (40 if columns == 100 else 50), narrow  # the goal is at 100 columns
+    assert max(map(len, lines)) <= columns, narrow
+    assert mid_word_breaks(narrow, whole) == [], narrow
+    assert repeated_lines(whole) == [], whole
+    for address in workers:  # each address once, whole, in the workers' table
+        assert narrow.count(address) == 1
+    flat = " ".join(whole.split())
+    for f in report["findings"]:
+        if f["reference"] == "scheduler":  # every worker's finding once, for all three
+            assert flat.count(f["message"]) == 1, f["message"]
+    # the client's own consequence (no GPU to deserialise results into) is said; what it shares
+    # with the scheduler (the same package versions) is not said again
+    client_no_gpu = next(f for f in report["client"]["findings"] if f["code"] == "client-no-gpu")
+    assert flat.count(client_no_gpu["message"]) == 1
+    assert "every worker (3) against the scheduler, and against the client" in whole
+    assert not any("the client has 2026.8.0" in line for line in whole.splitlines())
