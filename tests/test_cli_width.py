@@ -180,3 +180,59 @@ def test_check_of_three_workers_with_six_findings_each_says_each_once_in_40_line
     assert flat.count(client_no_gpu["message"]) == 1
     assert "every worker (3) against the scheduler, and against the client" in whole
     assert not any("the client has 2026.8.0" in line for line in whole.splitlines())
+
+
+def _status_of_an_8_gpu_ucx_host() -> dict:
+    """What `gpudask status` reads from 8 workers of the described DGX over UCX, each as planned
+    (its published plan, and an applied state that matches it)."""
+    from gpudask.bootstrap import plan_host
+    from gpudask.cli.status import worker_row
+
+    plan = plan_host("ucx", None, facts_path=DGX)
+    rows = []
+    for w in plan.workers:
+        published = w.to_dict()
+        applied = {"env": {"CUDA_VISIBLE_DEVICES": w.cuda_visible_devices}, "ucx": {"TLS": w.env.get("UCX_TLS")},
+                   "cpu_affinity": w.cpu_affinity, "multiprocessing_method": w.multiprocessing_method,
+                   "cuda_context": {"exists": True, "uuid": published.get("gpu")}}
+        rows.append(worker_row(f"ucx://10.120.104.{11 + w.index}:4{w.index}123",
+                               {"gpudask": {"plan": published, "applied": applied}}, plan.ctx.manager))
+    return {"scheduler": "ucx://10.120.104.1:8786", "workers": rows, "mismatches": 0, "problems": 0}
+
+
+@pytest.mark.parametrize("columns", [100, 80])
+def test_status_of_8_workers_fits_without_cutting_an_address_or_a_header(columns):
+    from gpudask.cli.report import table
+    from gpudask.cli.status import format_status
+
+    status = _status_of_an_8_gpu_ucx_host()
+    narrow = format_status(status, lambda h, rows: table(h, rows, columns), columns)
+    whole = format_status(status, lambda h, rows: table(h, rows, None), None)
+    lines = narrow.splitlines()
+    assert max(map(len, lines)) <= columns, narrow
+    assert mid_word_breaks(narrow, whole) == [], narrow
+    for row in status["workers"]:  # one line per worker, its address whole at its start
+        assert sum(line.startswith(row["worker"] + " ") for line in lines) == 1
+    # what every worker has alike is said once, not in eight rows
+    assert narrow.count("forkserver") == 1 and narrow.count("rc,tcp,cuda_copy,cuda_ipc") == 1
+    assert "every worker:" in narrow and "visible GPUs" in narrow and "CUDA_" not in lines[2]
+
+
+def test_probe_lines_follow_the_terminal_and_keep_addresses_whole():
+    from gpudask.checks.probe import PATHS, format_probe
+
+    workers = ["tcp://10.120.104.11:40123", "tcp://10.120.104.12:41123"]
+    report = {"scheduler": "tcp://10.120.104.1:8786", "protocol": "tcp", "array": "numpy", "workers": workers,
+              "timeout": 10.0, "status": "failed", "paths": [
+                  {"path": PATHS[0], "status": "ok", "seconds": 0.0123, "gbps": 5.1, "detail": "numpy from the client"},
+                  {"path": PATHS[1], "status": "ok", "seconds": 0.02, "gbps": 3.2,
+                   "detail": f"{workers[1]} fetched from {workers[0]}"},
+                  {"path": PATHS[2], "status": "failed", "seconds": None,
+                   "error": f"no answer from {workers[0]} within 10 s", "fix": "give the scheduler a GPU"}]}
+    whole = format_probe(report, None)
+    assert max(map(len, whole.splitlines())) > 100  # one line per path without a terminal
+    for columns in (100, 80):
+        narrow = format_probe(report, columns)
+        assert max(map(len, narrow.splitlines())) <= columns, narrow
+        assert mid_word_breaks(narrow, whole) == [], narrow
+        assert narrow.split() == whole.split()  # the same words, in the same order

@@ -33,8 +33,8 @@ def _pieces(text: str, header: bool = False) -> list[str]:
     (``tcp://10.0.0.1:8786``) nor a name (``scheduler-parity``)."""
     out: list[str] = []
     for word in re.split(r"(?<=[ ,])", text):
-        # a column's header is a label: it may wrap at its underscores (CUDA_/VISIBLE_/DEVICES)
-        whole = "://" in word or (len(word.rstrip(" ,")) <= _WHOLE_WORD and not header)
+        # a column's header is a label, never cut either (CUDA_VISIBLE_DEVICES stays one word)
+        whole = "://" in word or len(word.rstrip(" ,")) <= _WHOLE_WORD
         out += [word] if whole else _BREAK.split(word)
     return [piece for piece in out if piece]
 
@@ -71,8 +71,12 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
     # of all columns together are wider than the terminal: then the longest ones first)
     floors = [min(n, max(_MIN_COLUMN, max([len(piece.rstrip()) for k, r in enumerate(cells) for piece in _pieces(r[i], k == 0)] or [0])))
               for i, n in enumerate(natural)]
-    while sum(floors) > budget and max(floors) > _MIN_COLUMN:
-        floors[floors.index(max(floors))] -= 1
+    # an address (tcp://10.0.0.1:8786) is never cut: its column keeps its width, the table overflows
+    keep = [max([len(piece.rstrip()) for r in cells for piece in _pieces(r[i]) if "://" in piece] or [0])
+            for i in range(len(natural))]
+    while sum(floors) > budget and any(f > max(_MIN_COLUMN, k) for f, k in zip(floors, keep)):
+        cuttable = [f if f > max(_MIN_COLUMN, k) else 0 for f, k in zip(floors, keep)]
+        floors[cuttable.index(max(cuttable))] -= 1
     lines = [{w: [len(_wrap_cell(row[i], w, k == 0)) for k, row in enumerate(cells)] for w in range(min(floors[i], n), n + 1)}
              for i, n in enumerate(natural)]
 
