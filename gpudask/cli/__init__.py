@@ -30,7 +30,8 @@ class _CleanErrors(click.Group):
             sys.exit(2)
 
 
-@click.group(cls=_CleanErrors, name="gpudask")
+# help follows the terminal (or COLUMNS) up to 100 columns; click's own limit is 80
+@click.group(cls=_CleanErrors, name="gpudask", context_settings={"max_content_width": 100})
 @click.version_option(package_name="gpudask")
 def main() -> None:
     """gpudask: stock dask scheduler/worker, set up for GPUs by plugins."""
