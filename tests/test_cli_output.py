@@ -202,3 +202,21 @@ def test_plugins_lists_a_plugin_that_cannot_be_imported_as_broken_and_exits_1(tm
     assert "rmm" in listed and listed["rmm"]["source"] == "builtin"  # the others still listed
     assert listed["broken"]["source"] == "broken" and "No module named 'no_such_module_here'" in \
         listed["broken"]["error"]
+
+
+def test_config_shows_a_value_as_the_user_wrote_it_then_what_gpudask_made_of_it(cli, monkeypatch):
+    monkeypatch.setenv("DASK_GPUDASK__RMM__POOL_SIZE", "40GiB")
+    import dask.config
+
+    dask.config.refresh()
+    try:
+        out = cli("config", columns=100)
+        row = next(line for line in out.splitlines() if line.startswith("gpudask.rmm.pool-size "))
+        assert row.split() == ["gpudask.rmm.pool-size", "40GiB", "(42949672960)", "$DASK_GPUDASK__RMM__POOL_SIZE"]
+        rows = json.loads(cli("config", "--json"))
+        setting = next(r for r in rows if r["key"] == "gpudask.rmm.pool-size")
+        assert (setting["value"], setting["given"]) == (42949672960, "40GiB")
+        assert all(r["given"] != r["value"] for r in rows)  # given only where it is spelled otherwise
+    finally:
+        monkeypatch.delenv("DASK_GPUDASK__RMM__POOL_SIZE")
+        dask.config.refresh()

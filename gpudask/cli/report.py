@@ -27,6 +27,12 @@ def terminal_width() -> int | None:
     return columns if columns > 0 else None
 
 
+def _unbreakable(word: str) -> bool:
+    """An address (``tcp://10.0.0.1:8786``) or a variable's name (``$DASK_GPUDASK__RMM__POOL_SIZE``):
+    never cut, however long."""
+    return "://" in word or word.startswith("$")
+
+
 def _pieces(text: str, header: bool = False) -> list[str]:
     """``text`` cut where a cell may wrap: between words; a word is cut (after a colon,
     slash, dash ...) only when it is long (a path, a list without spaces), never an address
@@ -34,7 +40,7 @@ def _pieces(text: str, header: bool = False) -> list[str]:
     out: list[str] = []
     for word in re.split(r"(?<=[ ,])", text):
         # a column's header is a label, never cut either (CUDA_VISIBLE_DEVICES stays one word)
-        whole = "://" in word or len(word.rstrip(" ,")) <= _WHOLE_WORD
+        whole = _unbreakable(word) or len(word.rstrip(" ,")) <= _WHOLE_WORD
         out += [word] if whole else _BREAK.split(word)
     return [piece for piece in out if piece]
 
@@ -71,8 +77,8 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
     # of all columns together are wider than the terminal: then the longest ones first)
     floors = [min(n, max(_MIN_COLUMN, max([len(piece.rstrip()) for k, r in enumerate(cells) for piece in _pieces(r[i], k == 0)] or [0])))
               for i, n in enumerate(natural)]
-    # an address (tcp://10.0.0.1:8786) is never cut: its column keeps its width, the table overflows
-    keep = [max([len(piece.rstrip()) for r in cells for piece in _pieces(r[i]) if "://" in piece] or [0])
+    # an address or a variable's name is never cut: its column keeps its width, the table overflows
+    keep = [max([len(piece.rstrip()) for r in cells for piece in _pieces(r[i]) if _unbreakable(piece)] or [0])
             for i in range(len(natural))]
     while sum(floors) > budget and any(f > max(_MIN_COLUMN, k) for f, k in zip(floors, keep)):
         cuttable = [f if f > max(_MIN_COLUMN, k) else 0 for f, k in zip(floors, keep)]
