@@ -220,3 +220,23 @@ def test_config_shows_a_value_as_the_user_wrote_it_then_what_gpudask_made_of_it(
     finally:
         monkeypatch.delenv("DASK_GPUDASK__RMM__POOL_SIZE")
         dask.config.refresh()
+
+
+def test_the_demos_table_on_a_cpu_host_over_ucx_does_not_contradict_itself():
+    """A plugin that decided something is not also listed as skipped; no row promises a pool on
+    a host without a GPU; one plugin's decisions for one reason are one row."""
+    from gpudask.bootstrap import plan_host
+    from gpudask.cli.demo import _decisions
+
+    host = plan_host("ucx", 2, facts_path=str(ROOT / "tests/hosts/no-gpu-ucx.json"))
+    published = [{"plan": w.to_dict(), "plugins": host.plugins} for w in host.workers]
+    out: list[str] = []
+    _decisions(published, 2, out.append, out.append)
+    text = "\n".join(out)
+    rows = [line for line in text.splitlines()[3:] if line.startswith("all ")]
+    decided = {row.split()[1].rstrip(",") for row in rows if " skipped " not in f" {row} "}
+    skipped = {name.rstrip(",") for row in rows if " skipped " in f" {row} " for name in row.split("  ")[1].split()}
+    assert rows and not decided & skipped, text
+    assert "builds this worker's pool" not in text and "no GPU visible: no pool" in text
+    pool_rows = [row for row in rows if "rmm.pool-size=None" in row]
+    assert len(pool_rows) == 1 and "distributed-ucxx.rmm.pool-size=None, distributed.rmm.pool-size=None" in text
