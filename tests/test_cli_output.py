@@ -164,9 +164,10 @@ def test_table_with_a_column_narrower_than_the_minimum_still_wraps():
 
 
 def test_table_without_a_terminal_keeps_whole_lines(monkeypatch):
+    from gpudask import textwidth
     from gpudask.cli import report
 
-    monkeypatch.setattr(report.shutil, "get_terminal_size", lambda fallback: os.terminal_size(fallback))
+    monkeypatch.setattr(textwidth.shutil, "get_terminal_size", lambda fallback: os.terminal_size(fallback))
     assert report.terminal_width() is None
     assert len(report.table(["k", "v"], [["a", "y" * 300]]).splitlines()[-1]) > 300
 

@@ -25,6 +25,7 @@ FACADES = {"gpudask", "gpudask.pluginapi"}
 STAGE_OF = {
     "_version": "base", "errors": "base", "config": "base", "config_files": "base", "findings": "base",
     "hookcall": "base",  # one plugin call, isolated: used by the plugin manager
+    "textwidth": "base",  # the terminal's width and prose wrapped to it: every command's output
     "facts": "facts",
     # the hook contract, the plugins' registration and the manager that calls them are
     # typed with the plan's types

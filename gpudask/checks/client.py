@@ -123,7 +123,7 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
     is about (``every worker (3) against the scheduler``), at the width of the terminal; a
     finding the client shares with the scheduler (the same check, the same values: a
     package both lack) is said for the scheduler, naming the client too."""
-    from gpudask.cli.report import terminal_width, wrap_text
+    from gpudask.textwidth import terminal_width, wrap_text
 
     if width == -1:
         width = terminal_width()

@@ -320,7 +320,7 @@ def format_probe(report: dict[str, Any], width: int | None = -1) -> str:
     """One line per path: ``ok`` with its time, or what failed and the fix; wrapped to
     ``width`` (-1: the terminal's, none for a pipe) between words, a path's continuation
     under its detail, so no address is cut."""
-    from gpudask.cli.report import terminal_width, wrap_text
+    from gpudask.textwidth import terminal_width, wrap_text
 
     if width == -1:
         width = terminal_width()

@@ -9,22 +9,16 @@ pipe or a file keeps whole lines (``grep`` sees every value on one line) unless
 from __future__ import annotations
 
 import re
-import shutil
-import textwrap
 from typing import Any
 
+from gpudask.cli.said_once import shape, template, template_roles
 from gpudask.plan import HostPlan, ProcessPlan, cpu_ranges as _cpu_ranges
+from gpudask.textwidth import terminal_width, wrap_text
 
 _GAP = "  "
 _MIN_COLUMN = 6  # narrower than this a column is unreadable: the table overflows instead
 _WHOLE_WORD = 24  # a word up to this long is never cut
 _BREAK = re.compile(r"(?<=[ ,;:/_=|-])")  # a cell may wrap after any of these
-
-
-def terminal_width() -> int | None:
-    """``$COLUMNS`` or the terminal's width; None (no limit) when writing to a pipe or file."""
-    columns = shutil.get_terminal_size(fallback=(0, 0)).columns
-    return columns if columns > 0 else None
 
 
 def _unbreakable(word: str) -> bool:
@@ -119,17 +113,6 @@ def table(headers: list[str], rows: list[list[Any]], width: int | None = -1) -> 
         if n == 0:
             lines.append(_GAP.join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def wrap_text(text: str, width: int | None = -1, indent: str = "  ") -> str:
-    """Prose lines wrapped to the terminal (continuations indented); whole without a terminal."""
-    if width == -1:
-        width = terminal_width()
-    if width is None:
-        return text
-    return "\n".join(textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
-                                   break_long_words=True) if len(line) > width else line
-                     for line in text.splitlines())
 
 
 def _memory(plan: ProcessPlan, host: HostPlan) -> str:
@@ -300,57 +283,6 @@ def plan_summary(host: HostPlan, interface: str | None = None, width: int | None
     return "\n".join(out)
 
 
-_UUID = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
-
-
-def _shape(text: str) -> str:
-    """``text`` with its numbers and UUIDs blanked: two workers' reasons of the same shape are
-    one rule applied to each worker's own GPU, CPUs or port."""
-    return re.sub(r"[0-9a-f]*\d[0-9a-f]*", "#", _UUID.sub("#", text))
-
-
-def _template(texts: list[str], numbers: list[str]) -> str:
-    """One text for several of the same shape (:func:`_shape`): a word where they differ is
-    ``N`` when each has its own worker number there, else ``…`` inside what they share of it
-    (``GPU-…),``); a run of such words (a list of peers) is one ``…``."""
-    split = [t.split(" ") for t in texts]
-    out: list[str] = []
-    for k, word in enumerate(split[0]):
-        words = [s[k] for s in split]
-        if len(set(words)) == 1:
-            out.append(word)
-            continue
-        head = _common_edge(words, front=True)
-        tail = _common_edge([w[len(head):] for w in words], front=False)
-        middles = [w[len(head):len(w) - len(tail)] for w in words]
-        placeholder = head + ("N" if middles == numbers else "…") + tail
-        if placeholder.strip(",;") == "…" and out and out[-1].strip(",;") == "…":
-            out[-1] = placeholder  # "peers 1, 2, 3" -> "peers …"
-        else:
-            out.append(placeholder)
-    return " ".join(out)
-
-
-def _common_edge(texts: list[str], front: bool) -> str:
-    """What ``texts`` share at their start (``front``) or end, cut after (before) a character
-    that is not a letter or digit, so no word is split: ``GPU-`` of two UUIDs, ``),`` at an end."""
-    shared = ""
-    for chars in zip(*(t if front else t[::-1] for t in texts)):
-        if len(set(chars)) > 1:
-            break
-        shared += chars[0]
-    while shared and shared[-1].isalnum():
-        shared = shared[:-1]
-    return shared if front else shared[::-1]
-
-
-def _workers_named(numbers: list[int], nworkers: int) -> str:
-    """``every worker (8)``, ``workers 0-3``, ``workers 0,2``."""
-    if len(numbers) == nworkers and nworkers > 1:
-        return f"every worker ({nworkers})"
-    return "workers " + _cpu_ranges(sorted(numbers)) if len(numbers) > 1 else f"worker {numbers[0]}"
-
-
 _SIDE_ROLES = ("scheduler", "nanny", "client")
 
 
@@ -361,22 +293,6 @@ def _short_uuids_in(text: str, host: HostPlan) -> str:
 
     short = short_uuids([g.uuid for g in host.facts.gpus if g.uuid])
     return re.sub(r"(?:GPU|MIG)-[0-9a-fA-F-]{8,}", lambda m: short.get(m.group(0), m.group(0)), text)
-
-
-def _template_roles(texts: list[str], roles: list[str]) -> str:
-    """One text for the same reason in several processes that differ only by naming their own
-    role (``the scheduler mapped`` / ``the client mapped``): ``the scheduler/client mapped``."""
-    split = [t.split(" ") for t in texts]
-    out = []
-    for k, word in enumerate(split[0]):
-        words = [s[k] for s in split]
-        if len(set(words)) == 1:
-            out.append(word)
-        else:
-            head = _common_edge(words, front=True)
-            tail = _common_edge([w[len(head):] for w in words], front=False)
-            out.append(head + "/".join(w[len(head):len(w) - len(tail)] for w in words) + tail)
-    return " ".join(out)
 
 
 def plan_table(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
@@ -436,9 +352,9 @@ def plan_table(host: HostPlan, interface: str | None = None, width: int | None =
                     holders[item] = []
 
     if len(workers) > 1:
-        merge("worker", list(workers), _shape, _template)
+        merge("worker", list(workers), shape, template)
     roles = [t for t in titles if t in _SIDE_ROLES]
-    merge("role", roles, lambda text: re.sub(r"\b(?:%s)\b" % "|".join(_SIDE_ROLES), "#", text), _template_roles)
+    merge("role", roles, lambda text: re.sub(r"\b(?:%s)\b" % "|".join(_SIDE_ROLES), "#", text), template_roles)
     groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     for item, where in holders.items():
         if where:

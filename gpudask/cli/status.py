@@ -235,7 +235,7 @@ def format_status(status: dict[str, Any], table: Any, width: int | None = -1) ->
         ok = (f"{len(r['mismatches'])} mismatch(es)" if r["mismatches"]
               else f"{len(r['problems'])} malformed" if r["problems"] else "yes")
         rows.append([name, "-" if r["index"] is None else r["index"], *cells, ok])
-    from gpudask.cli.report import wrap_text
+    from gpudask.textwidth import wrap_text
 
     # a column no worker has a value in (UCX_TLS over tcp) says nothing: left out; one every
     # worker has the same value in is said once, above the table
