@@ -75,6 +75,8 @@ class Setting:
     key: str
     value: Any
     source: str  # "default", "dask config", "gpudask.toml (path)", "$DASK_...", "legacy key ..."
+    # the value as the user wrote it ("40GiB"), when it is not the parsed value itself
+    given: Any = None
 
     @property
     def explicit(self) -> bool:
@@ -303,7 +305,7 @@ class Settings:
             if isinstance(e, (OverflowError, RecursionError)):
                 e = ValueError(opt.accepts)
             raise ConfigError(f"{key} = {shown(raw)} (from {source}) is not valid; accepted: {e or opt.accepts}") from None
-        setting = Setting(key, value, source)
+        setting = Setting(key, value, source, raw if raw is not value and raw != value else None)
         self._cache[key] = setting
         return setting
 

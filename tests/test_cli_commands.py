@@ -87,3 +87,35 @@ def test_config_given_a_scheduler_address_points_at_gpudask_check():
         "gpudask: error: gpudask config takes no argument ('tcp://10.0.0.1:8786'): it lists this process's "
         "settings; to compare a running cluster's scheduler, workers and client, run: gpudask check "
         "tcp://10.0.0.1:8786")
+
+
+def test_dask_help_lists_the_commands_installed_here(tmp_path, monkeypatch):
+    """`dask --help`'s line for gpudask names gpudask's own commands (status too) and the ones
+    installed distributions add, read from the same entry point group `gpudask --help` reads."""
+    import gpudask_dask_cli
+    from gpudask.cli import _builtin_list
+
+    import click
+
+    assert sorted(gpudask_dask_cli.BUILTIN_COMMANDS) == sorted(_builtin_list(click.Context(main)))
+    _installed_command(tmp_path, monkeypatch, "hello", "gpudask_cmd_hello:hello")
+    line = gpudask_dask_cli.main.get_short_help_str()
+    named = line.split(": ", 1)[1].split(", ")
+    assert named == sorted(set(_builtin_list(click.Context(main))) | {"hello"}
+                           | ({"bench"} if importlib.util.find_spec("gpudask_bench") else set()))
+    assert "status" in named
+
+
+@pytest.mark.parametrize("columns", [100, 80, 200])
+def test_help_follows_the_terminal_up_to_100_columns(columns, monkeypatch):
+    import click
+
+    monkeypatch.setenv("COLUMNS", str(columns))  # (click's CliRunner forces 80 columns: the contexts directly)
+    top = main.make_context("gpudask", [], resilient_parsing=True)
+    for name in (None, "check", "info"):
+        ctx = top if name is None else main.get_command(top, name).make_context(name, [], parent=top,
+                                                                                resilient_parsing=True)
+        widest = max(map(len, ctx.get_help().splitlines()))
+        assert widest <= min(columns, 100)
+        if name == "check":
+            assert widest > min(columns, 100) - 10  # it uses the width it has (click alone stops at 80)

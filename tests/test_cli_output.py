@@ -76,10 +76,37 @@ def test_info_reasons_gives_every_decision(cli):
     lines = full.splitlines()
     for process in [plan["scheduler"], plan["nanny"], plan["client"], *plan["workers"]]:
         for r in process["reasons"]:
-            # said once, under the processes that share it
-            assert lines.count(f"  [{r['plugin']}] {r['decision']} -- {r['why']}") == 1
-    assert any(line.startswith("every worker (4):") for line in lines)
-    assert "dask worker ucx://SCHEDULER:8786 --nworkers 4 --nthreads 1 --preload gpudask" in full
+            # said once: under the processes that share it, or as the rule every worker applies
+            # to its own GPU, or for the scheduler and the client together
+            literal = f"  [{r['plugin']}] {r['decision']} -- {r['why']}"
+            number = str(process["index"]) if process["role"] == "worker" else None
+            saying = [line for line in lines if says(line, literal, number)]
+            assert len(saying) == 1, (literal, saying)
+    assert any(line.startswith("every worker (4)") for line in lines)
+
+
+def says(line: str, literal: str, number: str | None) -> bool:
+    """Whether a line of `info --reasons` says ``literal`` (one decision with its reason):
+    word for word, or among decisions that share the reason (``a, b -- why``); as a templated
+    rule (``N``: the worker's number, ``…``: its own value; a GPU UUID shortened around ``…``);
+    with ``scheduler/client`` for either; or as another process's decision ("as worker 0's")."""
+    import re
+
+    head, _, rest = line.partition("] ")
+    decisions, _, why = rest.partition(" -- ")
+    for decision in [decisions, *decisions.split(", ")]:
+        one = f"{head}] {decision} -- {why}"
+        if one == literal or (number is None and why.startswith("as worker ") and literal.startswith(f"{head}] {decision} -- ")):
+            return True
+        pattern = re.escape(one).replace("…", ".+?")
+        if number is not None:
+            pattern = re.sub(r"(?<![A-Za-z_])N(?![A-Za-z_])", number, pattern)
+        pattern = re.sub(r"((?:scheduler|nanny|client)(?:/(?:scheduler|nanny|client))+)",
+                         lambda m: "(?:" + m.group(1).replace("/", "|") + ")", pattern)
+        if pattern != re.escape(one) and re.fullmatch(pattern, literal):
+            return True
+    return False
+
 
 
 def test_info_command_line_follows_protocol_nworkers_and_interface(cli):
@@ -137,9 +164,10 @@ def test_table_with_a_column_narrower_than_the_minimum_still_wraps():
 
 
 def test_table_without_a_terminal_keeps_whole_lines(monkeypatch):
+    from gpudask import textwidth
     from gpudask.cli import report
 
-    monkeypatch.setattr(report.shutil, "get_terminal_size", lambda fallback: os.terminal_size(fallback))
+    monkeypatch.setattr(textwidth.shutil, "get_terminal_size", lambda fallback: os.terminal_size(fallback))
     assert report.terminal_width() is None
     assert len(report.table(["k", "v"], [["a", "y" * 300]]).splitlines()[-1]) > 300
 
@@ -175,3 +203,41 @@ def test_plugins_lists_a_plugin_that_cannot_be_imported_as_broken_and_exits_1(tm
     assert "rmm" in listed and listed["rmm"]["source"] == "builtin"  # the others still listed
     assert listed["broken"]["source"] == "broken" and "No module named 'no_such_module_here'" in \
         listed["broken"]["error"]
+
+
+def test_config_shows_a_value_as_the_user_wrote_it_then_what_gpudask_made_of_it(cli, monkeypatch):
+    monkeypatch.setenv("DASK_GPUDASK__RMM__POOL_SIZE", "40GiB")
+    import dask.config
+
+    dask.config.refresh()
+    try:
+        out = cli("config", columns=100)
+        row = next(line for line in out.splitlines() if line.startswith("gpudask.rmm.pool-size "))
+        assert row.split() == ["gpudask.rmm.pool-size", "40GiB", "(42949672960)", "$DASK_GPUDASK__RMM__POOL_SIZE"]
+        rows = json.loads(cli("config", "--json"))
+        setting = next(r for r in rows if r["key"] == "gpudask.rmm.pool-size")
+        assert (setting["value"], setting["given"]) == (42949672960, "40GiB")
+        assert all(r["given"] is None or r["given"] != r["value"] for r in rows)  # only where spelled otherwise
+    finally:
+        monkeypatch.delenv("DASK_GPUDASK__RMM__POOL_SIZE")
+        dask.config.refresh()
+
+
+def test_the_demos_table_on_a_cpu_host_over_ucx_does_not_contradict_itself():
+    """A plugin that decided something is not also listed as skipped; no row promises a pool on
+    a host without a GPU; one plugin's decisions for one reason are one row."""
+    from gpudask.bootstrap import plan_host
+    from gpudask.cli.demo import _decisions
+
+    host = plan_host("ucx", 2, facts_path=str(ROOT / "tests/hosts/no-gpu-ucx.json"))
+    published = [{"plan": w.to_dict(), "plugins": host.plugins} for w in host.workers]
+    out: list[str] = []
+    _decisions(published, 2, out.append, out.append)
+    text = "\n".join(out)
+    rows = [line for line in text.splitlines()[3:] if line.startswith("all ")]
+    decided = {row.split()[1].rstrip(",") for row in rows if " skipped " not in f" {row} "}
+    skipped = {name.rstrip(",") for row in rows if " skipped " in f" {row} " for name in row.split("  ")[1].split()}
+    assert rows and not decided & skipped, text
+    assert "builds this worker's pool" not in text and "no GPU visible: no pool" in text
+    pool_rows = [row for row in rows if "rmm.pool-size=None" in row]
+    assert len(pool_rows) == 1 and "distributed-ucxx.rmm.pool-size=None, distributed.rmm.pool-size=None" in text

@@ -282,3 +282,65 @@ def test_the_docs_name_the_columns_the_page_has():
     documented = [line.split("|")[1].strip() for line in rows[2:]]  # the header row and its rule left out
     assert documented == [h.replace("&#x27;", "'") for h in headers]
     assert "Last probe" in page and "[`gpudask check --probe`]" in docs
+
+
+def test_the_page_comes_drawn_each_worker_named_and_the_probe_without_workers_that_left():
+    """The first paint needs no JavaScript: /gpudask arrives with a row per worker, each titled
+    by its name or address and its GPU (not its host's IP, which every worker of a host shares),
+    and the last probe names only workers still connected."""
+    import html.parser
+
+    from gpudask.checks.probe import TOPIC
+
+    class Text(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.titles, self.where = {}, [], []
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag == "tr" and "data-worker" in attrs:
+                self.rows[attrs["data-worker"]] = []
+            self.where.append((tag, attrs))
+
+        def handle_endtag(self, tag):
+            while self.where and self.where.pop()[0] != tag:
+                pass
+
+        def handle_data(self, data):
+            row = next((a["data-worker"] for t, a in reversed(self.where) if t == "tr" and "data-worker" in a), None)
+            if row is not None and data.strip():
+                self.rows[row].append(data.strip())
+            if any(a.get("class") == "worker-title" for _, a in self.where) and data.strip():
+                self.titles.append(data.strip())
+
+    async def main():
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
+            dashboard.install(s)
+            async with Worker(s.address, host="127.0.0.1", dashboard_address="127.0.0.1:0", name="alpha") as a, \
+                    Worker(s.address, host="127.0.0.1", dashboard_address="127.0.0.1:0") as b:
+                gone = "tcp://127.0.0.1:1"
+                s.log_event(TOPIC, {"status": "ok", "array": "numpy", "protocol": "tcp",
+                                    "workers": [a.address, gone], "paths": []})
+                code, page = await fetch(s.http_server.port, "/gpudask")
+        assert code == 200 and "loading" not in page and 'data-drawn="1"' in page
+        text = Text()
+        text.feed(page)
+        assert sorted(text.rows) == sorted([a.address, b.address])
+        assert f"alpha ({a.address})" in text.titles  # its own name, then its address
+        assert b.address in text.titles and "127.0.0.1" not in text.titles
+        assert all("no gpudask" in " ".join(cells) for cells in text.rows.values())
+        summary = page[page.index('id="probe-summary"'):].split("</p>")[0]
+        assert a.address in summary and gone not in summary and "1 probed worker(s) since left" in summary
+
+    run(main())
+
+
+def test_the_drawn_page_escapes_what_workers_publish():
+    from gpudask.dashboard.html import render
+
+    state = {"scheduler": {"address": "tcp://s:1"}, "check": {}, "findings": [], "probe": None, "workers": [
+        {"address": "tcp://w:1", "title": "<script>alert(1)</script> __FINDINGS__", "gpudask": False}]}
+    page = render(3, state)
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;" in page
+    assert "__FINDINGS__" in page  # a value is never taken for a placeholder

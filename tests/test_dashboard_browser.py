@@ -149,3 +149,33 @@ def test_on_a_cpu_host_the_page_says_why_plugins_skipped_and_probe_times_in_ms(c
     assert not any(re.search(r" 0\.\d{3,} ", p) for p in paths), paths  # not seconds with 4 digits
     assert page.wbr > 0  # names (worker-memory.host_memory_fraction ...) wrap after their dots and dashes
     assert "overflow-wrap: anywhere" not in done.stdout  # which cut words at any letter
+
+
+def test_before_its_script_runs_the_page_shows_each_worker_by_name_and_gpu(cluster):
+    """The first paint is the scheduler's (a headless screenshot caught "loading…" when the
+    script drew everything): the page as loaded, before its script has drawn anything (no
+    virtual time for it; Chromium's --dump-dom needs scripts on), has each worker's row,
+    titled by its address and GPU, not by the IP every worker of the host shares."""
+    cluster.scheduler("--preload", "gpudask", "--dashboard", "--dashboard-address", "127.0.0.1:0",
+                      env=base_env(GPUDASK_FACTS=host("no-gpu.json")))
+    cluster.worker("--preload", "gpudask", "--nworkers", "2",
+                   env=base_env(GPUDASK_FACTS=host("workstation-2gpu-pcie.json")))
+    with cluster.client() as client:
+        client.wait_for_workers(2, timeout=120)
+        info = client.scheduler_info(n_workers=-1)
+        url = f"http://127.0.0.1:{info['services']['dashboard']}/gpudask"
+        done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", url],
+                              capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "loading" not in done.stdout and 'data-drawn="1"' in done.stdout, done.stdout[:3000]
+    page = Rows()
+    page.feed(done.stdout)
+    assert page.body.get("data-refreshes") == "0", page.body  # the script has not drawn: the scheduler did
+    titles = set()
+    for address, worker in info["workers"].items():
+        (text,) = page.text(**{"data-worker": address})
+        index = worker["gpudask"]["plan"]["gpu_index"]
+        assert f"{address} · GPU {index} (NVIDIA RTX A6000)" in text, text
+        titles.add(index)
+    assert titles == {0, 1}
+    assert any("scheduler-no-gpu" in f for f in page.text(**{"class": "finding"}))

@@ -27,6 +27,7 @@ STAGE_OF = {
     "hookcall": "base",  # one plugin call, isolated: used by the plugin manager
     "session": "base",  # what gpudask holds for this process, in one object
     "plaindata": "base", "printable": "base",  # what a plugin returns as plain data; outside text made printable
+    "textwidth": "base",  # the terminal's width and prose wrapped to it: every command's output
     "facts": "facts",
     # the hook contract, the plugins' registration and the manager that calls them are
     # typed with the plan's types

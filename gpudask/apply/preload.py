@@ -47,7 +47,10 @@ def on_import() -> None:
     taken = process_state.current().taken_options if role in ("nanny", "worker") else {}
     from gpudask.compat.dask_cuda import without_effect
 
-    for warning in (s.host.warnings + _worker_count_warnings(s, cli) + _other_commands_warnings(s, cli)
+    # the host's warnings once per command: by the process that planned the host, not again by
+    # each of its worker processes
+    host_warnings = [] if s.planned_by_parent else list(s.host.warnings)
+    for warning in (host_warnings + _worker_count_warnings(s, cli) + _other_commands_warnings(s, cli)
                     + (without_effect(s.host, taken) if taken else [])):
         logger.warning("gpudask: %s", warning)
 
@@ -183,7 +186,11 @@ def initialize(protocol: str | None = None, nworkers: int | None = None) -> proc
     existing = process.current()
     if existing is not None and existing.role == "client" and (protocol is None or existing.host.protocol == protocol):
         return existing
-    return process.start("client", protocol=protocol, nworkers=nworkers)
+    session = process.start("client", protocol=protocol, nworkers=nworkers)
+    # the workers started from here read this host plan and leave its warnings to this process
+    for warning in session.host.warnings:
+        logger.warning("gpudask: %s", warning)
+    return session
 
 
 # plan-only sessions are held by the process state (plan_only), with the dask config keys

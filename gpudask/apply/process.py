@@ -44,6 +44,9 @@ class Session:
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     # the user's values of what apply changed (later plans of this process start from them)
     user_values: UserValues = field(default_factory=UserValues)
+    # a worker process whose host plan a planning parent made (the `dask worker` process,
+    # gpudask.initialize()): the parent said the host's warnings, this process does not again
+    planned_by_parent: bool = False
 
     @property
     def manager(self) -> Any:
@@ -122,6 +125,7 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
     locals_ = locals_ or {}
     index = runtime.worker_index(str(locals_["nanny"]) if locals_.get("nanny") else None)
     host = hostfile.load()
+    by_parent = host is not None
     if host is not None:
         hostfile.restore_user_values(host)  # what the planning parent changed for itself
     else:
@@ -136,7 +140,10 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
         # more workers than the parent planned for (scale-up beyond it): this worker's plan is
         # the one for index+1 workers, made here, once (GPUs shared round-robin, with a warning)
         host = plan_host(host.protocol, index + 1, planner="worker")
-    session = Session("worker", host, host.for_role("worker", index))
+        by_parent = False  # a plan of its own, with its own warning (GPUs now shared)
+    elif not by_parent and index > 0:
+        by_parent = True  # each worker process plans the same host for itself: worker 0 says its warnings
+    session = Session("worker", host, host.for_role("worker", index), planned_by_parent=by_parent)
     process_state.current().applied = session
     _apply(session)
     return session

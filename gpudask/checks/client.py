@@ -52,7 +52,6 @@ def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
         from distributed import get_client
 
         client = get_client()
-    findings: list[Finding] = []
     try:
         remote = _fetch_scheduler_report(client)
     except Exception as e:  # noqa: BLE001 - e.g. gpudask not installed on the scheduler
@@ -60,11 +59,19 @@ def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
                   "problem": f"the scheduler could not run gpudask's check ({type(e).__name__}: {e}); "
                              f"is gpudask installed there?", "workers": {}, "refused": {}, "findings": [],
                   "sides": {"scheduler": None, "workers": {}}}
+    return with_client(remote, client.scheduler.address, here, extra_plugins)
+
+
+def with_client(remote: dict[str, Any], scheduler_address: str, here: tuple[Any, Any, Any] | None = None,
+                extra_plugins: Iterable[Any] = ()) -> dict[str, Any]:
+    """The scheduler's report (``remote``, with its ``sides``) completed with this client's
+    comparison with the scheduler and with each worker: the report :func:`run_check` returns."""
+    findings: list[Finding] = []
     sides = remote.pop("sides", None) or {}
     if remote.get("problem"):
         findings.append(Finding("error", "check-unavailable", remote["problem"], plugin="gpudask",
                                 subject="scheduler"))
-    protocol = scheme(client.scheduler.address)
+    protocol = scheme(scheduler_address)
     mine: list[Finding] = []
     try:
         manager, ctx, facts = here if here is not None else plan_here(protocol, extra_plugins)
@@ -107,53 +114,119 @@ def check(client: Any = None, extra_plugins: Iterable[Any] = ()) -> dict[str, An
     return run_check(client, extra_plugins)
 
 
-def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[Any]]], str]) -> str:
+def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[Any]]], str],
+                  width: int | None = -1) -> str:
     """The readable form of a report (``gpudask check`` without ``--json``); ``table``
-    renders headers and rows as text."""
+    renders headers and rows as text; prose is wrapped to ``width`` (-1: the terminal's).
+
+    Each thing is said once: the workers are numbered in their table and named by number
+    after it; a finding several processes share is one paragraph under the processes it
+    is about (``every worker (3) against the scheduler``), at the width of the terminal; a
+    finding the client shares with the scheduler (the same check, the same values: a
+    package both lack) is said for the scheduler, naming the client too."""
+    from gpudask.textwidth import terminal_width, wrap_text
+
+    if width == -1:
+        width = terminal_width()
     sched = report.get("scheduler") or {}
     gpus = sched.get("gpus")
     origin = sched.get("facts_origin")
     installed = (f"check installed, action {report.get('action')}" if report.get("installed")
                  else "check not installed (one-off report)")
-    # what the scheduler and its workers said is printed escaped (gpudask.printable); the
-    # table escapes its cells
-    lines = [printable(f"scheduler {sched.get('address')}: protocol {sched.get('protocol')}, "
+    lines = [wrap_text(f"scheduler {sched.get('address')}: protocol {sched.get('protocol')}, "
                        f"{len(gpus) if isinstance(gpus, list) else '?'} GPU(s), driver "
                        f"{sched.get('driver_version') or 'none'}"
-                       + (f", facts from {origin}" if origin not in (None, "probed") else "") + f"; {installed}")]
+                       + (f", facts from {origin}" if origin not in (None, "probed") else "") + f"; {installed}",
+                       width)]
     workers = report.get("workers") or {}
+    numbers = {address: n for n, address in enumerate(workers)}
     if workers:
-        rows = [[a, "yes" if w.get("gpudask") else "no", w.get("status"), len(w.get("findings") or [])]
+        rows = [[numbers[a], a, "yes" if w.get("gpudask") else "no", w.get("status"), len(w.get("findings") or [])]
                 for a, w in workers.items()]
-        lines += ["", table(["worker", "gpudask", "status", "findings"], rows)]
+        lines += ["", table(["#", "worker", "gpudask", "status", "findings"], rows)]
     else:
         lines.append("no workers connected")
-    lines += [f"refused: {printable(address)}" for address in report.get("refused") or {}]
-    findings = sorted(report.get("findings") or [], key=lambda f: -SEVERITIES.index(f.get("severity", "info")))
-    lines.append("")
-    if findings:
-        # a finding several processes share is one row naming them all
-        grouped: dict[tuple[Any, ...], list[str]] = {}
-        for f in findings:
-            key = (f.get("severity"), f.get("reference") or "-", f.get("plugin") or "gpudask", f.get("message"))
-            subjects = grouped.setdefault(key, [])
-            for subject in str(f.get("subject") or "-").split(", "):
-                if subject not in subjects:
-                    subjects.append(subject)
-        rows = [[severity, _processes(subjects, list(workers)), _processes(str(reference).split(", "), list(workers)),
-                 plugin, message] for (severity, reference, plugin, message), subjects in grouped.items()]
-        lines += [table(["severity", "process", "compared with", "plugin", "finding"], rows), ""]
+    lines += [wrap_text(f"refused: {address}", width) for address in report.get("refused") or {}]
+    groups = _grouped_findings(report.get("findings") or [], numbers)
+    for where, found in groups.items():
+        lines += ["", wrap_text(f"{where}:", width)]
+        for f in found:
+            lines.append(wrap_text(f"  {f['severity']}: [{f.get('plugin') or 'gpudask'}] {f.get('message')}", width,
+                                   indent="    "))
     counts = report.get("counts") or {}
-    lines.append(printable(f"{counts.get('error', 0)} error(s), {counts.get('warning', 0)} warning(s), "
-                           f"{counts.get('info', 0)} info: {report.get('status')}"))
+    lines += ["", f"{counts.get('error', 0)} error(s), {counts.get('warning', 0)} warning(s), "
+                  f"{counts.get('info', 0)} info: {report.get('status')}"]
     return "\n".join(lines)
 
 
-def _processes(names: list[str], workers: list[str]) -> str:
-    """Processes named in a finding's row: every worker of several is said so."""
-    if len(workers) > 1 and sorted(names) == sorted(workers):
-        return f"every worker ({len(workers)})"
-    return ", ".join(names)
+_SIDES = ("scheduler", "client")
+
+
+def _without_side(f: dict[str, Any]) -> tuple[Any, ...]:
+    """A finding with the name of its non-worker side (the scheduler's or the client's) taken
+    out of its details: the same for both when it is the same check (code) with the same
+    values (``package-missing`` cupy, ``None`` on both).  Different codes stay apart: the
+    client lacking a GPU has other consequences than the scheduler lacking one."""
+    details = f.get("details") if isinstance(f.get("details"), dict) else {}
+    side = next((s for s in _SIDES if s in (f.get("subject"), f.get("reference"))), None)
+
+    def blank(value: Any) -> Any:
+        return "#" if value == side else value
+
+    try:
+        shown = json.dumps({blank(k): blank(v) for k, v in details.items()}, sort_keys=True, default=str)
+    except TypeError:
+        shown = repr(details)
+    return f.get("severity"), f.get("plugin"), f.get("code"), shown
+
+
+def _grouped_findings(findings: list[dict[str, Any]], numbers: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+    """Findings under a line naming the processes they are about: identical ones (the same
+    message) once for every process that has them; one the client shares with the scheduler
+    (:func:`_without_side`) once, for both; worst first within each."""
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for f in findings:
+        key = (f.get("severity"), f.get("plugin"), f.get("code"), f.get("message"))
+        entry = merged.setdefault(key, {**f, "subjects": [], "references": []})
+        for field, names in (("subject", entry["subjects"]), ("reference", entry["references"])):
+            for name in str(f.get(field) or "-").split(", "):
+                if name not in names:
+                    names.append(name)
+    entries = list(merged.values())
+    against_scheduler = {(_without_side(e), tuple(sorted(e["subjects"]))): e for e in entries
+                         if e["references"] == ["scheduler"]}
+    kept = []
+    for e in entries:
+        twin = against_scheduler.get((_without_side(e), tuple(sorted(e["references"]))))
+        if e["subjects"] == ["client"] and twin is not None:
+            twin["client_too"] = True  # the client against the same workers: the same finding
+            continue
+        kept.append(e)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in kept:
+        where = f"{_processes(e['subjects'], numbers)} against {_processes(e['references'], numbers)}"
+        if e.get("client_too"):
+            where += ", and against the client (the same values)"
+        groups.setdefault(where, []).append(e)
+    for found in groups.values():
+        found.sort(key=lambda f: -SEVERITIES.index(f.get("severity", "info")))
+    return dict(sorted(groups.items(), key=lambda g: -max(SEVERITIES.index(f.get("severity", "info"))
+                                                          for f in g[1])))
+
+
+def _processes(names: list[str], numbers: dict[str, int]) -> str:
+    """Processes named in a finding's heading: workers by their number in the table,
+    ``every worker (3)`` for all of several, ``workers 0,2``; the others by role."""
+    from gpudask.plan import cpu_ranges
+
+    known = sorted(numbers[n] for n in names if n in numbers)
+    named = [f"the {n}" if n in _SIDES else n for n in names if n not in numbers]
+    if known:
+        if len(known) == len(numbers) > 1:
+            named.append(f"every worker ({len(numbers)})")
+        else:
+            named.append(("workers " if len(known) > 1 else "worker ") + cpu_ranges(known))
+    return ", ".join(named)
 
 
 MAX_SCHEDULER_FILE = 1 << 20  # what `dask scheduler --scheduler-file` writes is a few hundred bytes

@@ -318,25 +318,54 @@ def _rates(report: dict[str, Any], protocol: str, module: str, nbytes: int = SIZ
                         "staged-through-host finding: allow cuda_ipc in UCX_TLS (unset it: gpudask chooses)")
 
 
-def format_probe(report: dict[str, Any]) -> str:
-    """One line per path: ``ok`` with its time, or what failed and the fix."""
+def format_probe(report: dict[str, Any], width: int | None = -1) -> str:
+    """One line per path: ``ok`` with its time, or what failed and the fix; wrapped to
+    ``width`` (-1: the terminal's, none for a pipe) between words, a path's continuation
+    under its detail, so no address is cut."""
+    from gpudask.textwidth import terminal_width, wrap_text
+
+    if width == -1:
+        width = terminal_width()
     head = (f"probe of {report.get('scheduler')} ({report.get('protocol')}): {report.get('array') or '?'} arrays, "
             f"workers {', '.join(report.get('workers') or []) or 'none'}, {report.get('timeout'):g} s per path")
-    lines = [head]
+    lines = [wrap_text(head, width)]
     if report.get("problem"):
-        lines.append(f"failed: {report['problem']}")
-    lines += [f"note: {n}" for n in report.get("notes") or []]
-    width = max(len(p) for p in PATHS)
+        lines.append(wrap_text(f"failed: {report['problem']}", width))
+    lines += [wrap_text(f"note: {n}", width) for n in report.get("notes") or []]
+    column = max(len(p) for p in PATHS)
     for p in report.get("paths") or []:
         rate = f"{p['gbps']:7.2f} GB/s" if p.get("gbps") is not None else " " * 12
         if p["status"] == "ok":
-            lines.append(f"{p['path']:<{width}}  ok      {p['seconds'] * 1000:8.1f} ms {rate}  {p.get('detail') or ''}"
-                         .rstrip())
+            line = f"{p['path']:<{column}}  ok      {p['seconds'] * 1000:8.1f} ms {rate}  {p.get('detail') or ''}"
         elif p["status"] == "slow":
-            lines.append(f"{p['path']:<{width}}  SLOW    {p['seconds'] * 1000:8.1f} ms {rate}  fix: {p.get('fix')}")
+            line = f"{p['path']:<{column}}  SLOW    {p['seconds'] * 1000:8.1f} ms {rate}  fix: {p.get('fix')}"
         elif p["status"] == "skipped":
-            lines.append(f"{p['path']:<{width}}  skipped  {p.get('detail') or ''}".rstrip())
+            line = f"{p['path']:<{column}}  skipped  {p.get('detail') or ''}"
         else:
-            lines.append(f"{p['path']:<{width}}  FAILED  {p.get('error')}; fix: {p.get('fix')}")
+            line = f"{p['path']:<{column}}  FAILED  {p.get('error')}; fix: {p.get('fix')}"
+        line = line.rstrip()
+        # continuations under the detail when the terminal leaves it room, else under the path
+        detail_at = column + 2 + 8 + (9 + 3 + 12 + 2 if p["status"] in ("ok", "slow") else 0)
+        indent = " " * (detail_at if width and width - detail_at >= 40 else 4)
+        lines.append(_wrap_keeping_columns(line, width, indent, detail_at))
     lines.append(f"probe: {report.get('status')}")
     return "\n".join(lines)
+
+
+def _wrap_keeping_columns(line: str, width: int | None, indent: str, fixed: int) -> str:
+    """``line`` wrapped after its first ``fixed`` characters (the aligned columns, kept as
+    they are), between words."""
+    if width is None or len(line) <= width:
+        return line
+    import textwrap
+
+    wrapped = textwrap.wrap(line[fixed:], width - fixed, break_on_hyphens=False, break_long_words=False)
+    first, rest = (wrapped[0], wrapped[1:]) if wrapped else ("", [])
+    if len(first) > width - fixed:  # its first word (an address) does not fit there: all of it below
+        first, rest = "", wrapped
+    tail = " ".join(rest)
+    out = [(line[:fixed] + first).rstrip()]
+    if tail:
+        out += textwrap.wrap(tail, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False,
+                             break_long_words=False)
+    return "\n".join(out)

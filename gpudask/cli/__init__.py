@@ -46,7 +46,8 @@ def _printable_output() -> None:
                 pass
 
 
-@click.group(cls=_CleanErrors, name="gpudask")
+# help follows the terminal (or COLUMNS) up to 100 columns; click's own limit is 80
+@click.group(cls=_CleanErrors, name="gpudask", context_settings={"max_content_width": 100})
 @click.version_option(package_name="gpudask")
 def main() -> None:
     """gpudask: stock dask scheduler/worker, set up for GPUs by plugins."""
@@ -134,16 +135,27 @@ def config_cmd(as_json: bool, extra: tuple[str, ...]) -> None:
     rows = []
     for opt in settings.options.values():
         s = settings.get(opt.key)
-        rows.append({"key": opt.key, "value": s.value, "source": s.source, "default": opt.default, "doc": opt.doc})
+        rows.append({"key": opt.key, "value": s.value, "given": s.given, "source": s.source, "default": opt.default,
+                     "doc": opt.doc})
     if as_json:
         click.echo(json.dumps(rows, indent=1, default=str))
         return
     from gpudask.cli.report import table
 
-    click.echo(table(["key", "value", "source"], [[r["key"], json.dumps(r["value"], default=str), r["source"]]
+    click.echo(table(["key", "value", "source"], [[r["key"], _as_given(r["value"], r["given"]), r["source"]]
                                                   for r in rows]))
     for warning in settings.unknown_keys():
         click.echo(f"warning: {warning}", err=True)
+
+
+def _as_given(value: Any, given: Any) -> str:
+    """A setting's value as the user wrote it, what gpudask made of it after (``40GiB
+    (42949672960)``); a value written as gpudask reads it, once."""
+    shown = json.dumps(value, default=str)
+    if given is None:
+        return shown
+    spelled = given if isinstance(given, str) else json.dumps(given, default=str)
+    return spelled if spelled == shown else f"{spelled} ({shown})"
 
 
 @main.command()

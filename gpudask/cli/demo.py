@@ -46,19 +46,39 @@ def _answers(url: str) -> int | None:
 
 def _decisions(published: list[dict[str, Any]], n: int, say: Callable[[str], None],
                raw: Callable[[str], None]) -> None:
-    """Every plugin's decisions, a decision the workers share said once (naming them)."""
+    """Every plugin's decisions, each thing said once: a decision the workers share once (naming
+    them), decisions of one plugin for the same reason on one row, plugins skipped for the same
+    reason on one row; a plugin that decided something is not also listed as skipped (its
+    decisions say why)."""
     from gpudask.cli.report import table
 
     found: dict[tuple[str, str, str], list[str]] = {}
     for p in published:
         plan = p.get("plan") or {}
         for r in plan.get("reasons", []):
-            found.setdefault((r["plugin"], r["decision"], r["why"]), []).append(str(plan.get("index")))
-    rows = [["all" if len(workers) == n and n > 1 else ",".join(workers), plugin, decision, why]
-            for (plugin, decision, why), workers in found.items()]
+            workers = found.setdefault((r["plugin"], r["decision"], r["why"]), [])
+            if str(plan.get("index")) not in workers:
+                workers.append(str(plan.get("index")))
+    decided = {plugin for plugin, decision, _ in found if decision != "skipped"}
+    rows: dict[tuple[str, str], list[list[str]]] = {}  # (workers, why) -> [plugins, decisions]
+    for (plugin, decision, why), workers in found.items():
+        if decision == "skipped" and plugin in decided:
+            continue
+        where = "all" if len(workers) == n and n > 1 else ",".join(workers)
+        plugins, decisions = rows.setdefault((where, why), [[], []])
+        # one plugin's decisions for one reason on one row; plugins skipped for one reason on one row
+        if decision == "skipped" or not plugins or plugins == [plugin]:
+            if plugin not in plugins:
+                plugins.append(plugin)
+            if decision not in decisions:
+                decisions.append(decision)
+        else:
+            rows.setdefault((where, why, plugin), [[plugin], [decision]])  # type: ignore[arg-type]
+    lines = [[key[0], ", ".join(plugins), ", ".join(decisions), key[1]] for key, (plugins, decisions) in rows.items()]
     say("What every plugin decided (full reasons: gpudask info --reasons):")
-    raw(table(["workers", "plugin", "decision", "why"], rows) if rows else "(no decisions)")
-    silent = sorted({pl["name"] for p in published for pl in p.get("plugins", [])} - {r[1] for r in rows})
+    raw(table(["workers", "plugin", "decision", "why"], lines) if lines else "(no decisions)")
+    named = {pl for _, plugins, _, _ in lines for pl in plugins.split(", ")}
+    silent = sorted({pl["name"] for p in published for pl in p.get("plugins", [])} - named)
     if silent:
         say(f"plugins with nothing to decide on this host: {', '.join(silent)}")
 

@@ -9,12 +9,12 @@ pipe or a file keeps whole lines (``grep`` sees every value on one line) unless
 from __future__ import annotations
 
 import re
-import shutil
-import textwrap
 from typing import Any
 
+from gpudask.cli.said_once import shape, template, template_roles
 from gpudask.plan import HostPlan, ProcessPlan, cpu_ranges as _cpu_ranges
 from gpudask.printable import printable
+from gpudask.textwidth import terminal_width, wrap_text
 
 _GAP = "  "
 _MIN_COLUMN = 6  # narrower than this a column is unreadable: the table overflows instead
@@ -22,10 +22,10 @@ _WHOLE_WORD = 24  # a word up to this long is never cut
 _BREAK = re.compile(r"(?<=[ ,;:/_=|-])")  # a cell may wrap after any of these
 
 
-def terminal_width() -> int | None:
-    """``$COLUMNS`` or the terminal's width; None (no limit) when writing to a pipe or file."""
-    columns = shutil.get_terminal_size(fallback=(0, 0)).columns
-    return columns if columns > 0 else None
+def _unbreakable(word: str) -> bool:
+    """An address (``tcp://10.0.0.1:8786``) or a variable's name (``$DASK_GPUDASK__RMM__POOL_SIZE``):
+    never cut, however long."""
+    return "://" in word or word.startswith("$")
 
 
 def _pieces(text: str, header: bool = False) -> list[str]:
@@ -34,8 +34,8 @@ def _pieces(text: str, header: bool = False) -> list[str]:
     (``tcp://10.0.0.1:8786``) nor a name (``scheduler-parity``)."""
     out: list[str] = []
     for word in re.split(r"(?<=[ ,])", text):
-        # a column's header is a label: it may wrap at its underscores (CUDA_/VISIBLE_/DEVICES)
-        whole = "://" in word or (len(word.rstrip(" ,")) <= _WHOLE_WORD and not header)
+        # a column's header is a label, never cut either (CUDA_VISIBLE_DEVICES stays one word)
+        whole = _unbreakable(word) or len(word.rstrip(" ,")) <= _WHOLE_WORD
         out += [word] if whole else _BREAK.split(word)
     return [piece for piece in out if piece]
 
@@ -72,8 +72,12 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
     # of all columns together are wider than the terminal: then the longest ones first)
     floors = [min(n, max(_MIN_COLUMN, max([len(piece.rstrip()) for k, r in enumerate(cells) for piece in _pieces(r[i], k == 0)] or [0])))
               for i, n in enumerate(natural)]
-    while sum(floors) > budget and max(floors) > _MIN_COLUMN:
-        floors[floors.index(max(floors))] -= 1
+    # an address or a variable's name is never cut: its column keeps its width, the table overflows
+    keep = [max([len(piece.rstrip()) for r in cells for piece in _pieces(r[i]) if _unbreakable(piece)] or [0])
+            for i in range(len(natural))]
+    while sum(floors) > budget and any(f > max(_MIN_COLUMN, k) for f, k in zip(floors, keep)):
+        cuttable = [f if f > max(_MIN_COLUMN, k) else 0 for f, k in zip(floors, keep)]
+        floors[cuttable.index(max(cuttable))] -= 1
     lines = [{w: [len(_wrap_cell(row[i], w, k == 0)) for k, row in enumerate(cells)] for w in range(min(floors[i], n), n + 1)}
              for i, n in enumerate(natural)]
 
@@ -111,20 +115,6 @@ def table(headers: list[str], rows: list[list[Any]], width: int | None = -1) -> 
         if n == 0:
             lines.append(_GAP.join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def wrap_text(text: str, width: int | None = -1, indent: str = "  ") -> str:
-    """Prose lines wrapped to the terminal (continuations indented); whole without a terminal."""
-    if width == -1:
-        width = terminal_width()
-    # each line's text escaped (a plugin's warning, a described host's name): only the
-    # caller's own newlines break lines
-    lines = [printable(line) for line in text.split("\n")]
-    if width is None:
-        return "\n".join(lines)
-    return "\n".join(textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
-                                   break_long_words=True) if len(line) > width else line
-                     for line in lines)
 
 
 def _memory(plan: ProcessPlan, host: HostPlan) -> str:
@@ -181,6 +171,13 @@ def _table_columns(host: HostPlan) -> list[tuple[str, list[str], tuple[str, ...]
     single = len(host.workers) == 1
     return [(n, v, p) for n, v, p in columns
             if n == "gpu" or len(set(v)) > 1 or (single and v[0] != "-")]
+
+
+def _shared_columns(host: HostPlan) -> list[tuple[str, list[str], tuple[str, ...]]]:
+    """The worker-table columns every worker has the same value in (said once, not per row)."""
+    shown = {n for n, _, _ in _table_columns(host)}
+    return [(n, [str(value(w, host)) for w in host.workers], p) for n, value, p in _WORKER_COLUMNS
+            if n not in shown and host.workers]
 
 
 def _worker_table(host: HostPlan, width: int | None) -> str:
@@ -288,19 +285,34 @@ def plan_summary(host: HostPlan, interface: str | None = None, width: int | None
     return "\n".join(out)
 
 
+_SIDE_ROLES = ("scheduler", "nanny", "client")
+
+
+def _short_uuids_in(text: str, host: HostPlan) -> str:
+    """The host's GPU UUIDs in ``text`` shortened as ``gpudask status`` shows them (each still
+    told apart from the others: ``GPU-b63e…0c86``); ``--json`` has them whole."""
+    from gpudask.cli.status import short_uuids
+
+    short = short_uuids([g.uuid for g in host.facts.gpus if g.uuid])
+    return re.sub(r"(?:GPU|MIG)-[0-9a-fA-F-]{8,}", lambda m: short.get(m.group(0), m.group(0)), text)
+
+
 def plan_table(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
-    """Everything: the worker table, then every process's settings and every decision with
-    its reason, wrapped to the terminal (the command lines stay whole: they are copied)."""
+    """Everything: the workers, then every process's settings and every decision with its
+    reason, wrapped to the terminal (the command lines stay whole: they are copied).
+
+    Each thing is said once: a setting or decision several processes share, under the
+    processes that share it; a rule each worker applies to its own GPU (the same reason but
+    for the GPU's number, UUID, CPUs, port), once for every worker, ``N`` standing for each
+    one's number and ``…`` for its own value (the table has those); the same reason in the
+    scheduler and the client but for naming themselves, once for both."""
     if width == -1:
         width = terminal_width()
-    rows = []
-    for w in host.workers:
-        rows.append([w.index, *(value(w, host) for _, value, _ in _WORKER_COLUMNS)])
-    out = [wrap_text("\n".join(_header(host)), width), "",
-           table(["worker", *(n for n, _, _ in _WORKER_COLUMNS)], rows, width)]
-    # a setting or decision several processes share is said once, under the processes that
-    # share it ("every process", "all but client", "workers", "worker 0,1"); then each
-    # process's own
+    out = [wrap_text("\n".join(_header(host)), width), "", _worker_table(host, width)]
+    shared = _shared_columns(host)
+    if shared and len(host.workers) > 1:
+        out += ["", wrap_text("Every worker: " + ", ".join(f"{name} {values[0]}" for name, values, _ in shared),
+                              width, indent="    ")]
     processes = [host.scheduler, host.nanny, host.client, *host.workers]
     titles = [p.role + (f" {p.index}" if p.index is not None else "") for p in processes]
     holders: dict[tuple[str, ...], list[str]] = {}
@@ -308,19 +320,68 @@ def plan_table(host: HostPlan, interface: str | None = None, width: int | None =
         items: list[tuple[str, ...]] = [("set", k, v) for k, v in {**plan.env, **{k: repr(v) for k, v in plan.config.items()}}.items()]
         for item in items + [("why", r.plugin, r.decision, r.why) for r in plan.reasons]:
             holders.setdefault(item, []).append(title)
+    decided = {title: {r.decision for r in plan.reasons} for title, plan in zip(titles, processes)}
+    workers = {f"worker {w.index}": str(w.index) for w in host.workers}
+    every_worker = tuple(workers)
+    extra_groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+
+    def merge(kind: str, members: list[str], shape: Any, template: Any) -> None:
+        """Items of the same shape held one each by several of ``members``: one templated item."""
+        alike: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
+        for item, where in holders.items():
+            held = [t for t in where if t in members]
+            if kind == "worker" and len(held) == len(where) == len(members):
+                continue  # every worker holds it as it is: said so under "every worker"
+            key = (item[0], item[1], *(shape(text) for text in item[2:]))
+            for title in held:
+                alike.setdefault(key, {}).setdefault(title, item)
+        for key, by_title in alike.items():
+            if len(by_title) < 2 or len(set(by_title.values())) < 2:
+                continue
+            if kind == "worker" and len(by_title) < len(members):
+                continue  # only a rule every worker applies is said once for them all
+            names, items = list(by_title), list(by_title.values())
+            values = [workers[t] for t in names] if kind == "worker" else names
+            merged = (key[0], key[1], *(template([i[n] for i in items], values) for n in range(2, len(key))))
+            extra_groups.setdefault(tuple(names), []).append(merged)
+            for title, item in by_title.items():
+                holders[item].remove(title)
+            for title, item in by_title.items():
+                if kind == "worker" and holders[item] and item[0] == "why":
+                    # another process decided the same for the same GPU: named, its reason is the rule's
+                    extra_groups.setdefault(tuple(holders[item]), []).append(
+                        ("same", item[1], item[2], f"as {title}'s (every worker's below)"))
+                    holders[item] = []
+
+    if len(workers) > 1:
+        merge("worker", list(workers), shape, template)
+    roles = [t for t in titles if t in _SIDE_ROLES]
+    merge("role", roles, lambda text: re.sub(r"\b(?:%s)\b" % "|".join(_SIDE_ROLES), "#", text), template_roles)
     groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     for item, where in holders.items():
-        groups.setdefault(tuple(where), []).append(item)
-    order = sorted(groups, key=lambda where: (titles.index(where[0]), -len(where)))
-    for where in order:
+        if where:
+            groups.setdefault(tuple(where), []).append(item)
+    for where, items in extra_groups.items():
+        groups.setdefault(where, []).extend(items)
+    for where in sorted(groups, key=lambda where: (titles.index(where[0]), -len(where))):
         name = _where(list(where), host.nworkers)
         name = {"all": "every process", "workers": f"every worker ({host.nworkers})"}.get(name, name)
-        extra = " ".join(f"{item[1]}={item[2]}" for item in groups[where] if item[0] == "set")
+        items = groups[where]
+        if where == every_worker and any("N" in i[2:] or "…" in " ".join(i[2:]) for i in items if i[0] == "why"):
+            name += " (N: its number, …: its own value)"
+        # a setting is named on the heading unless each process holding it has a decision saying it
+        extra = " ".join(f"{item[1]}={item[2]}" for item in items
+                         if item[0] == "set" and not all(f"{item[1]}={item[2]}" in decided[t] for t in where))
         out.append("")
         out.append(wrap_text(f"{name}:" + (f"  {extra}" if extra else ""), width, indent="    "))
-        for item in groups[where]:
-            if item[0] == "why":
-                out.append(wrap_text(f"  [{item[1]}] {item[2]} -- {item[3]}", width, indent="      "))
+        # decisions of one plugin for the same reason: one line (the RMM pool keys of both packages)
+        why: dict[tuple[str, str], list[str]] = {}
+        for item in items:
+            if item[0] in ("why", "same"):
+                why.setdefault((item[1], item[3]), []).append(item[2])
+        for (plugin, reason), decisions in why.items():
+            out.append(wrap_text(_short_uuids_in(f"  [{plugin}] {', '.join(decisions)} -- {reason}", host), width,
+                                 indent="    "))
     for title, plan in zip(titles, processes):
         if not plan.reasons and not plan.env and not plan.config:
             out += ["", f"{title}:", "  (no decisions)"]

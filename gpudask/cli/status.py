@@ -21,7 +21,7 @@ from gpudask.printable import printable
 
 _MAX_CELL = 120  # characters of one published value shown in a cell or a mismatch line
 
-LEGEND = ("planned -> actual; '!': a mismatch (the plan did not take effect, see the error lines); "
+LEGEND = ("planned -> actual; visible GPUs: CUDA_VISIBLE_DEVICES; '!': a mismatch (the plan did not take effect, see the error lines); "
           "'not set': gpudask leaves it as it is (what the process has in brackets)")
 
 
@@ -214,12 +214,14 @@ def _gpu(row: dict[str, Any], short: Mapping[str, str]) -> str:
     return f"{shown} -> {escaped(short.get(actual, actual), 48)}" + ("!" if mismatch else "")
 
 
-def format_status(status: dict[str, Any], table: Any) -> str:
+def format_status(status: dict[str, Any], table: Any, width: int | None = -1) -> str:
+    """The readable form of :func:`cluster_status`: the table fits ``width`` (-1: the
+    terminal's), the prose wrapped to it between words."""
     plugin_columns: list[str] = []  # the plugins' columns, in the order they first appear
     for r in status["workers"]:
         plugin_columns += [c for c in r.get("columns") or {} if c not in plugin_columns]
-    headers = ["worker", "#", "gpu (planned -> actual)", "CUDA_VISIBLE_DEVICES", "UCX_TLS",
-               *(escaped(c, 20) for c in plugin_columns), "cpus", "start", "ok"]
+    headers = ["worker", "#", "gpu", "visible GPUs", "UCX_TLS", *(escaped(c, 20) for c in plugin_columns), "cpus",
+               "start", "ok"]
     rows = []
     short = short_uuids([str(u) for r in status["workers"] if r["gpudask"]
                          for u in (r["gpu"].get("planned"), r["gpu"].get("actual")) if isinstance(u, str)])
@@ -234,15 +236,24 @@ def format_status(status: dict[str, Any], table: Any) -> str:
         ok = (f"{len(r['mismatches'])} mismatch(es)" if r["mismatches"]
               else f"{len(r['problems'])} malformed" if r["problems"] else "yes")
         rows.append([name, "-" if r["index"] is None else r["index"], *cells, ok])
-    from gpudask.cli.report import wrap_text
+    from gpudask.textwidth import wrap_text
 
-    lines = [f"scheduler {escaped(status['scheduler'])}: {len(status['workers'])} worker(s)", table(headers, rows),
-             wrap_text(LEGEND)]
+    # a column no worker has a value in (UCX_TLS over tcp) says nothing: left out; one every
+    # worker has the same value in is said once, above the table
+    empty = [k for k in range(2, len(headers)) if all(row[k] in ("-", "") for row in rows)]
+    same = [k for k in range(2, len(headers)) if k not in empty and len(rows) > 1
+            and len({str(row[k]) for row in rows}) == 1]
+    shared = ", ".join(f"{headers[k]} {rows[0][k]}" for k in same)
+    headers = [h for k, h in enumerate(headers) if k not in empty + same]
+    rows = [[c for k, c in enumerate(row) if k not in empty + same] for row in rows]
+    lines = [wrap_text(f"scheduler {escaped(status['scheduler'])}: {len(status['workers'])} worker(s)"
+                       + (f"; every worker: {shared}" if shared else ""), width)]
+    lines += [table(headers, rows), wrap_text(LEGEND, width)]
     for r in status["workers"]:
         for m in r["mismatches"]:
-            lines.append(f"error: {escaped(r['worker'])} ({escaped(m['process'])}): {escaped(m['key'])} is "
-                         f"{escaped(repr(m['actual']))}, planned {escaped(repr(m['planned']))} "
-                         f"(plugin {escaped(m['plugin'] or 'gpudask')})")
+            lines.append(wrap_text(f"error: {escaped(r['worker'])} ({escaped(m['process'])}): {escaped(m['key'])} is "
+                                   f"{escaped(repr(m['actual']))}, planned {escaped(repr(m['planned']))} "
+                                   f"(plugin {escaped(m['plugin'] or 'gpudask')})", width))
         for p in r["problems"]:
-            lines.append(f"warning: {escaped(r['worker'])} published a malformed field: {escaped(p, 200)}")
+            lines.append(wrap_text(f"warning: {escaped(r['worker'])} published a malformed field: {escaped(p, 200)}", width))
     return "\n".join(lines)

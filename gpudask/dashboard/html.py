@@ -1,10 +1,14 @@
-"""The HTML of ``/gpudask``: static markup and a script that draws from ``/gpudask/json``.
+"""The HTML of ``/gpudask``: the markup, drawn once here from the state (the first paint,
+without JavaScript), and a script that redraws it from ``/gpudask/json`` every few seconds.
 
-Kept apart from the handlers so the page can be read (and changed) as one document.
-Every value from the cluster is put into the page with ``textContent``, never as HTML.
+Kept apart from the handlers so the page can be read (and changed) as one document.  Every
+value from the cluster goes into the page escaped (``html.escape`` here, ``textContent`` in
+the script), never as HTML.  The Python drawing below and the script's make the same rows.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en">
@@ -36,28 +40,28 @@ _PAGE = """<!DOCTYPE html>
   #problem { color: #8a1111; }
 </style>
 </head>
-<body data-refreshes="0">
-<header><h1>gpudask</h1><span id="summary">loading&hellip;</span><span id="links"></span></header>
+<body data-refreshes="0"__DRAWN__>
+<header><h1>gpudask</h1><span id="summary">__SUMMARY__</span><span id="links">__LINKS__</span></header>
 <main>
-<p id="problem"></p>
+<p id="problem">__PROBLEM__</p>
 <h2>Workers</h2>
 <table id="workers">
 <thead><tr><th>Worker</th><th>GPU</th><th>Transports planned</th><th>Transports active</th>
 <th>Plugins' plan</th><th>Live metrics</th><th>Applied</th><th>Check</th></tr></thead>
-<tbody></tbody>
+<tbody>__WORKERS__</tbody>
 </table>
 <h2>Findings of the scheduler check</h2>
 <table id="findings">
 <thead><tr><th>Severity</th><th>Workers</th><th>Plugin</th><th>Code</th><th>Message</th></tr></thead>
-<tbody></tbody>
+<tbody>__FINDINGS__</tbody>
 </table>
 <h2>Last probe (<span class="mono">gpudask check --probe</span>)</h2>
-<p id="probe-summary" class="muted"></p>
+<p id="probe-summary" class="muted">__PROBE_SUMMARY__</p>
 <table id="probe">
 <thead><tr><th>Path</th><th>Status</th><th>Time</th><th>Detail, or what failed and the fix</th></tr></thead>
-<tbody></tbody>
+<tbody>__PROBE__</tbody>
 </table>
-<p class="muted" id="updated"></p>
+<p class="muted" id="updated">__UPDATED__</p>
 </main>
 <script>
 "use strict";
@@ -132,7 +136,7 @@ function lines(td, items) { for (const [cls, text] of items) td.appendChild(el("
 function workerRow(w) {
   const tr = el("tr");
   tr.dataset.worker = w.address;
-  tr.appendChild(lines(el("td"), [[null, w.name === w.address ? w.host : w.name], ["mono muted", w.address],
+  tr.appendChild(lines(el("td"), [["worker-title", w.title], ["mono muted", w.address],
     ["muted", w.gpudask ? "gpudask " + dash(w.version) : "no gpudask"]]));
   const gpu = w.gpu || {};
   tr.appendChild(lines(el("td"), [["gpu-name", gpu.name], ["gpu-uuid mono", gpu.uuid],
@@ -229,7 +233,8 @@ function draw(state) {
   const probe = state.probe;
   document.getElementById("probe-summary").textContent = probe
     ? "status " + dash(probe.status) + " \u00b7 " + dash(probe.array) + " over " + dash(probe.protocol)
-      + " \u00b7 workers " + (probe.workers || []).join(", ") + " \u00b7 at "
+      + " \u00b7 workers " + (probe.workers || []).join(", ")
+      + (probe.workers_left ? " (" + probe.workers_left + " probed worker(s) since left)" : "") + " \u00b7 at "
       + new Date(probe.time * 1000).toLocaleString() + (probe.problem ? " \u00b7 " + probe.problem : "")
     : "";
   replace(document.querySelector("#probe tbody"), probe ? (probe.paths || []).map(probeRow) : [],
@@ -249,12 +254,24 @@ async function refresh() {
     setTimeout(refresh, REFRESH_MS);
   }
 }
-refresh();
+setTimeout(refresh, document.body.dataset.drawn ? REFRESH_MS : 0);  // drawn by the server: redraw later
 </script>
 </body>
 </html>
 """
 
 
-def render(refresh_seconds: float) -> str:
-    return _PAGE.replace("__REFRESH__", repr(float(refresh_seconds)))
+def render(refresh_seconds: float, state: dict[str, Any] | None = None) -> str:
+    """The page; with ``state`` (what ``/gpudask/json`` returns) drawn in it already, so it
+    reads without JavaScript (a headless screenshot, a text browser); the script redraws it."""
+    page = _PAGE.replace("__REFRESH__", repr(float(refresh_seconds)))
+    from gpudask.dashboard.first_paint import first_paint
+
+    parts = first_paint(state) if state is not None else {
+        "SUMMARY": "loading&hellip;", "LINKS": "", "PROBLEM": "", "WORKERS": "", "FINDINGS": "",
+        "PROBE_SUMMARY": "", "PROBE": "", "UPDATED": "", "DRAWN": ""}
+    import re
+
+    # one pass: a value drawn in (a worker's name) is never taken for a placeholder
+    return re.sub(r"__(SUMMARY|LINKS|PROBLEM|WORKERS|FINDINGS|PROBE_SUMMARY|PROBE|UPDATED|DRAWN)__",
+                  lambda m: parts[m.group(1)], page)

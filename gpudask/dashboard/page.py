@@ -110,12 +110,23 @@ def build(snap: dict[str, Any]) -> bytes:
                         "problem": report.get("problem"), "refused": sorted(report.get("refused") or {})}),
         "bokeh": snap["bokeh"],
         "findings": [bound(f) for f in findings],
-        "probe": bound(snap["probe"]),
+        "probe": bound(_present(snap["probe"], {address for address, _ in snap["workers"]})),
         "problems": problems,
         "workers_left_out": left_out,
     }
     text = json.dumps(head, default=str, allow_nan=False)
     return (text[:-1] + ', "workers": [' + ",".join(pieces) + "]}").encode()
+
+
+def _present(probe: dict[str, Any] | None, connected: set[str]) -> dict[str, Any] | None:
+    """The last probe as the page shows it now: the workers it probed that have left since
+    are dropped from it (and counted)."""
+    if not probe:
+        return probe
+    workers = probe.get("workers") or []
+    here = [w for w in workers if w in connected]
+    gone = len(workers) - len(here)
+    return {**probe, "workers": here, "workers_left": gone}
 
 
 def last_probe(scheduler: Any) -> dict[str, Any] | None:
@@ -152,13 +163,15 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
     facts = _dict(bound(published.get("facts")))
     applied = bound(published.get("applied", ws.extra.get("applied")))
     env = _dict(plan.get("env"))
+    gpu = _gpu(plan, facts)
     row = {
         "address": address,
         "name": str(ws.name),
+        "title": worker_title(address, ws.name, plan.get("index"), gpu),
         "host": ws.host,
         "gpudask": bool(published),
         "version": published.get("version"),
-        "gpu": _gpu(plan, facts),
+        "gpu": gpu,
         "transports": {
             "planned": {"protocol": published.get("protocol"), "UCX_TLS": env.get("UCX_TLS"),
                         "ucx_transports": plan.get("ucx_transports") or []},
@@ -177,6 +190,19 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
     # what a worker published is bounded (gpudask.checks.published): one worker's row
     # never floods or breaks the page, and it is always valid JSON
     return bound(row)  # type: ignore[no-any-return]
+
+
+def worker_title(address: str, name: Any, index: Any, gpu: dict[str, Any]) -> str:
+    """What a worker's row is titled: its name when it has its own (``LocalCluster``'s 0, 1,
+    a ``--name``), else its address (every worker of a host shares the host's IP); then
+    its GPU: ``tcp://10.0.0.7:40123 · GPU 1``."""
+    own = str(name) if name is not None and str(name) != address and not str(name).startswith(address) else None
+    title = f"{own} ({address})" if own else address
+    if gpu.get("index") is not None:
+        title += f" \u00b7 GPU {gpu['index']}" + (f" ({gpu['name']})" if gpu.get("name") else "")
+    elif isinstance(index, int) and not isinstance(index, bool):
+        title += f" \u00b7 worker {index}"
+    return title
 
 
 def _plugin_rows(plan: dict[str, Any], published: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -266,11 +292,18 @@ class StateHandler(RequestHandler):
 
 
 class PageHandler(RequestHandler):
-    """``/gpudask``: the page; its script draws it from ``/gpudask/json``."""
+    """``/gpudask``: the page, drawn here from the state (it reads without JavaScript); its
+    script redraws it from ``/gpudask/json`` every few seconds."""
 
-    def get(self) -> None:
+    async def get(self) -> None:
+        from gpudask.dashboard.serve import BUILDER
+
+        try:
+            state = json.loads(await BUILDER.get(self.server, snapshot, build))
+        except Exception:  # noqa: BLE001 - the page still comes, drawn by its script
+            state = None
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.write(render(REFRESH_SECONDS))
+        self.write(render(REFRESH_SECONDS, state))
 
 
 routes: list[tuple] = [(PAGE, PageHandler, {}), (f"{PAGE}/json", StateHandler, {})]

@@ -122,6 +122,8 @@ def reset_ucxx_keys(ctx: PlanContext, plan: ProcessPlan, keep: tuple[str, ...] =
         "scheduler": "no worker pool in the scheduler (gpudask.rmm.scheduler-pool-size asks for one)",
         "client": "no pool in the client: pools belong to workers",
     }[plan.role]
+    if plan.role == "worker" and not ctx.gpus:  # gpudask builds no pool either: say so, not the GPU case
+        why = "no GPU visible: no pool from gpudask, nor from distributed-ucxx at the first UCX connection"
     honoured = [f"{k}={v!r}" for k, v in user.items() if v is not None]
     if honoured and plan.role == "worker":
         why += f"; your {', '.join(honoured)} is honoured as gpudask.rmm.pool-size"
