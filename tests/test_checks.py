@@ -159,27 +159,57 @@ def test_the_action_setting_is_validated():
 
 
 # ------------------------------------------------------------------ in-process: parity
-@pytest.mark.parametrize("protocol, severity", [("tcp", "warning"), ("ucx", "error")])
-def test_gpu_less_scheduler(tmp_path, protocol, severity):
+GPU_ONLY = ("cupy", "rmm", "cudf", "dask-cudf", "numba")
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "ucx"])
+def test_gpu_less_scheduler_is_a_supported_shape(tmp_path, protocol):
+    """No GPU and no GPU libraries on the scheduler: an info finding, not a problem (the
+    gpu-graph-data plugin reads graphs there without making their GPU objects)."""
     manager, ctx = planned()
     findings = run_hooks(manager, ctx, side("scheduler", no_gpu_ucx(tmp_path), protocol),
                          side("worker", host("h200-single.json"), protocol), "tcp://w:1", "scheduler")
+    assert all(f.severity == "info" for f in findings), [f.line() for f in findings]
     (f,) = by_code(findings, "scheduler-no-gpu")
-    assert f.severity == severity and f.plugin == "scheduler-parity" and f.subject == "tcp://w:1"
-    assert "NVIDIA H200" in f.message
-    if protocol == "ucx":
-        assert "GPU frames relayed through the scheduler will fail with cudaErrorNoDevice" in f.message
-    else:  # the edge cases are named
-        assert "client.submit" in f.message and "meta of cuDF-backed collections" in f.message
-    (cupy,) = [f for f in by_code(findings, "package-missing") if f.details["package"] == "cupy"]
-    assert cupy.message.startswith("cupy is installed on the worker (14.2.0) but not on the scheduler")
+    assert f.plugin == "scheduler-parity" and f.subject == "tcp://w:1"
+    assert f.message.startswith("the scheduler has no GPU visible while the worker has 1 GPU(s) (NVIDIA H200): "
+                                "a supported shape")
+    assert "no cupy and no CUDA context" in f.message
+    if protocol == "ucx":  # what the relay does, and what clients do for scatters
+        assert "relays the GPU results a client gathers through it as host bytes" in f.message
+        assert "plain clients scatter with direct=True" in f.message
+    else:
+        assert "relays" not in f.message
+    # cupy, rmm and numba are on the worker only: the scheduler does without them
+    assert by_code(findings, "package-missing") == []
+
+
+def test_the_scheduler_does_without_gpu_libraries_only(tmp_path):
+    """GPU libraries missing on the scheduler are fine; ucxx (for ucx://) is not, and a worker
+    missing a GPU library still is a finding."""
+    manager, ctx = planned("ucx")
+    h200 = host("h200-single.json")
+    findings = run_hooks(manager, ctx, side("scheduler", host("no-gpu.json"), "ucx"), side("worker", h200, "ucx"),
+                         "ucx://w:1", "scheduler")
+    missing = {f.details["package"]: f for f in by_code(findings, "package-missing")}
+    assert set(missing) == {"ucxx", "distributed-ucxx"} and not set(missing) & set(GPU_ONLY)
+    assert missing["ucxx"].severity == "warning"
+    assert missing["ucxx"].message == ("ucxx is installed on the worker (0.52.0) but not on the scheduler: the ucx:// "
+                                       "protocol is not available there")
+    no_cupy = facts_file(tmp_path, "h200-single.json", "no-cupy", {"cupy": None})
+    findings = run_hooks(manager, ctx, side("scheduler", h200, "ucx"), side("worker", no_cupy, "ucx"),
+                         "ucx://w:1", "scheduler")
+    (cupy,) = by_code(findings, "package-missing")
+    assert cupy.severity == "warning" and cupy.details == {"package": "cupy", "scheduler": "14.2.0", "worker": None}
+    assert cupy.message.startswith("cupy is installed on the scheduler (14.2.0) but not on the worker")
 
 
 def test_driver_cuda_and_packages_mismatch_name_both_sides(tmp_path):
-    old = facts_file(tmp_path, "h200-single.json", "old-driver", {"cupy": None, "numba": "0.60.0"},
+    old = facts_file(tmp_path, "h200-single.json", "old-driver", {"rmm": None, "numba": "0.60.0"},
                      driver_version="550.54.15", cuda_driver_version=12040)
+    no_cupy = facts_file(tmp_path, "h200-single.json", "no-cupy", {"cupy": None})
     manager, ctx = planned("ucx")
-    findings = run_hooks(manager, ctx, side("scheduler", old, "ucx"), side("worker", host("h200-single.json"), "ucx"),
+    findings = run_hooks(manager, ctx, side("scheduler", old, "ucx"), side("worker", no_cupy, "ucx"),
                          "ucx://w:1", "scheduler")
     assert all(f.severity != "error" for f in findings)
     (driver,) = by_code(findings, "driver-mismatch")
@@ -188,6 +218,7 @@ def test_driver_cuda_and_packages_mismatch_name_both_sides(tmp_path):
     assert "the scheduler has CUDA 12.4, the worker has CUDA 13.0" in cuda.message
     (numba,) = by_code(findings, "package-mismatch")
     assert "numba differs: the scheduler has 0.60.0, the worker has 0.62.1" in numba.message
+    # cupy missing on the worker is named; rmm missing on the scheduler is not (it does without)
     assert [f.details["package"] for f in by_code(findings, "package-missing")] == ["cupy"]
 
 
@@ -246,8 +277,15 @@ def test_third_party_plugin_adds_findings_through_the_hook(tmp_path):
                          "tcp://w:1", "scheduler")
     (f,) = by_code(findings, "cudf-missing")
     assert f.plugin == "cudf-on-scheduler" and f.message == "cudf on the worker (25.10.0) but not on the scheduler"
-    # the built-in check says it too, in its own words
-    assert [x.plugin for x in by_code(findings, "package-missing")] == ["scheduler-parity"]
+    # the built-in check does not: the scheduler needs no cudf (gpu-graph-data)
+    assert by_code(findings, "package-missing") == []
+    # a worker without cudf next to a client with it: both plugins say it, each in its own words
+    findings = run_hooks(manager, None, side("worker", host("h200-single.json")), side("client", with_cudf),
+                         "client", "tcp://w:1")
+    (f,) = by_code(findings, "cudf-missing")
+    assert f.plugin == "cudf-on-scheduler" and f.message == "cudf on the client (25.10.0) but not on the worker"
+    (builtin,) = by_code(findings, "package-missing")
+    assert builtin.plugin == "scheduler-parity" and builtin.details["package"] == "cudf"
 
 
 def test_a_failing_or_misbehaving_plugin_becomes_a_finding():
