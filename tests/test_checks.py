@@ -1,8 +1,9 @@
 """The scheduler check: the runner (SchedulerPlugin), the scheduler-parity plugin, the client side.
 
 Hook-level tests run in-process; cluster tests run real `dask scheduler` / `dask worker`
-processes with a different GPUDASK_FACTS per process (a GPU-less scheduler next to
-described H200 workers), over TCP and over UCX with UCX_TLS=tcp.
+processes with a different GPUDASK_FACTS per process (GPU-less schedulers, workers and
+clients next to described H200s, other drivers and packages), over TCP and over UCX with
+UCX_TLS=tcp.
 """
 
 from __future__ import annotations
