@@ -222,21 +222,23 @@ def test_worker_gpudask_metrics_on_its_metrics_page():
 
 
 @pytest.mark.process
-def test_preloaded_cluster_state_and_worker_metrics(cluster):
+def test_preloaded_cluster_state_and_worker_metrics(cluster, tmp_path):
     """``--preload gpudask`` everywhere, a described 2-GPU host with a 4 GiB pool: the
     scheduler's /gpudask/json has both workers with their GPUs and planned pools, each
     worker's /metrics has the rmm plugin's ``gpudask-rmm`` metric as gauges, and the
     scheduler's /metrics has them for every worker."""
     import urllib.request
 
-    from conftest import host
+    from conftest import described, host
 
     def get(port: int, path: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
             return r.read().decode()
 
+    # the scheduler on a workstation like the workers' with an older driver: the check's warning in each row
+    older = described(tmp_path, "workstation-2gpu-pcie.json", driver_version="550.54.15")
     cluster.scheduler("--preload", "gpudask", "--dashboard-address", "127.0.0.1:0",
-                      env=base_env(GPUDASK_FACTS=host("no-gpu.json")))
+                      env=base_env(GPUDASK_FACTS=older))
     cluster.worker("--preload", "gpudask", "--nworkers", "2", "--dashboard", "--dashboard-address", "127.0.0.1:0",
                    env=base_env(GPUDASK_FACTS=host("workstation-2gpu-pcie.json"), DASK_GPUDASK__RMM__POOL_SIZE="4GiB"))
     with cluster.client() as client:
@@ -252,13 +254,13 @@ def test_preloaded_cluster_state_and_worker_metrics(cluster):
             assert row["sections"]["rmm"]["allocator"] == "pool"
             assert row["rows"]["pool"]["planned"] == 4 * 2**30 and row["rows"]["pool"]["summary"] == "pool 4.0 GiB"
             assert row["check"]["status"] == "warning"
-            assert "scheduler-no-gpu" in {f["code"] for f in row["check"]["findings"]}
+            assert "driver-mismatch" in {f["code"] for f in row["check"]["findings"]}
             text = get(info["workers"][address]["services"]["dashboard"], "/metrics").splitlines()
             assert "dask_worker_gpudask_rmm_initial_pool_size 4.294967296e+09" in text
             # described host: the pool is planned, not created (applied false)
             assert "dask_worker_gpudask_rmm_applied 0.0" in text
             assert 'dask_worker_gpudask_rmm_info{allocator="pool"} 1.0' in text
-        assert {f["subject"] for f in state["findings"] if f["code"] == "scheduler-no-gpu"} == set(rows)
+        assert {f["subject"] for f in state["findings"] if f["code"] == "driver-mismatch"} == set(rows)
         # the scheduler's /metrics: every worker's gpudask-* metrics, labelled by worker
         text = get(info["services"]["dashboard"], "/metrics").splitlines()
         for address in rows:

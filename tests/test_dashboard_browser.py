@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from conftest import base_env, host
+from conftest import base_env, described, host
 
 ROOT = pathlib.Path(__file__).parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -75,8 +75,10 @@ class Rows(html.parser.HTMLParser):
 
 def test_a_person_sees_the_workers_gpus_and_the_check_finding(cluster, tmp_path):
     workstation = json.loads(pathlib.Path(host("workstation-2gpu-pcie.json")).read_text())
+    # the scheduler on a workstation like the workers' with an older driver: the check's warning
+    older = described(tmp_path, "workstation-2gpu-pcie.json", driver_version="550.54.15")
     cluster.scheduler("--preload", "gpudask", "--dashboard", "--dashboard-address", "127.0.0.1:0",
-                      env=base_env(GPUDASK_FACTS=host("no-gpu.json")))
+                      env=base_env(GPUDASK_FACTS=older))
     cluster.worker("--preload", "gpudask", "--nworkers", "2",
                    env=base_env(GPUDASK_FACTS=host("workstation-2gpu-pcie.json"), DASK_GPUDASK__RMM__POOL_SIZE="4GiB"))
     with cluster.client() as client:
@@ -101,14 +103,14 @@ def test_a_person_sees_the_workers_gpus_and_the_check_finding(cluster, tmp_path)
             seen.add(uuid)
             assert "tcp no UCX_TLS tcp UCX_TLS not reported" in text  # planned and active transports
             assert "pool_size: 4.00 GiB" in text  # the memory plan (a 4 GiB RMM pool asked for)
-            assert "warning" in text and "scheduler-no-gpu" in text  # the check's verdict in the row
+            assert "warning" in text and "driver-mismatch" in text  # the check's verdict in the row
         assert seen == uuids, "the two workers must show the two different GPUs"
 
         findings = page.text(**{"class": "finding"})
-        no_gpu = [f for f in findings if "scheduler-no-gpu" in f]
+        driver = [f for f in findings if "NVIDIA driver differs" in f]
         # the finding both workers share is one row naming both (it was one row per worker)
-        assert len(no_gpu) == 1 and all(a in no_gpu[0] for a in workers), findings
-        assert all("the scheduler has no GPU visible while the worker has 2 GPU(s)" in f for f in no_gpu), no_gpu
+        assert len(driver) == 1 and all(a in driver[0] for a in workers), findings
+        assert "the scheduler has 550.54.15, the worker has 570.86.15" in driver[0], driver
         # it refreshes by itself: the script fetched the state more than once
         assert int(page.body.get("data-refreshes", "0")) >= 2, page.body
 
