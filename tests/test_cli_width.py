@@ -113,8 +113,9 @@ def test_check_and_status_at_100_columns_cut_no_word_and_group_what_workers_shar
 
 
 def _check_report_of_three_workers(monkeypatch) -> dict:
-    """The report `gpudask check` prints for a GPU-less scheduler and three workers of a
-    described H200 host with newer dask (six findings each), the client here like the
+    """The report `gpudask check` prints for a GPU-less scheduler (an older numba, no UCX) and
+    three workers of a described H200 host with newer dask (six findings each: the supported
+    GPU-less shape, three versions, two UCX packages missing on the scheduler), the client here like the
     scheduler: the plugins' real checks (evaluate_worker, the client's comparison), no processes."""
     import copy
     import json
@@ -133,8 +134,9 @@ def _check_report_of_three_workers(monkeypatch) -> dict:
     try:
         manager, ctx, facts = plan_here("tcp")
         scheduler = local_side(facts, "scheduler", "tcp://10.0.0.1:8786", "tcp")
+        scheduler["facts"]["packages"]["numba"] = "0.60.0"  # an older numba than the workers'
         worker_facts = json.loads(pathlib.Path(host("h200-single.json")).read_text())
-        worker_facts["packages"].update({"dask": "2026.9.0", "distributed": "2026.9.0", "distributed-ucxx": None})
+        worker_facts["packages"].update({"dask": "2026.9.0", "distributed": "2026.9.0", "distributed-ucxx": "0.52.1"})
         results, sides = {}, {}
         for n in range(3):
             address = f"tcp://10.0.0.{10 + n}:4{n}123"

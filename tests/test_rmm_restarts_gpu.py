@@ -26,8 +26,12 @@ import signal
 import sys
 import time
 
+import cloudpickle
 import pytest
 from conftest import base_env
+
+# the functions below run in the workers, which cannot import this test module: send them by value
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 GiB = 2**30
 RESTARTS = 10
