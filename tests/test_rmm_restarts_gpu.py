@@ -142,7 +142,10 @@ def test_two_commands_pools_equal_and_identical_through_restarts_kill_and_oom(gp
     else:
         figures["dask_cuda"] = "skipped: dask_cuda is not importable"
 
-    env = base_env(DASK_GPUDASK__RMM__ALLOCATOR="pool", TMPDIR=str(own))
+    # the tasks below are functions of this module: the scheduler and workers import it
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = base_env(DASK_GPUDASK__RMM__ALLOCATOR="pool", TMPDIR=str(own),
+                   PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     env.pop("XDG_RUNTIME_DIR", None)
     gd = gpudask_cluster_factory("gpudask")
     gd.scheduler(env=env)
