@@ -43,8 +43,8 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
         plan.note("skipped", f"NVML reports no CPU affinity for GPU {gpu.index}")
         return
     numa = f" (NUMA node {gpu.numa_node})" if gpu.numa_node is not None else ""
-    plan.set_cpu_affinity(gpu.cpu_affinity, f"CPUs local to GPU {gpu.index}{numa} as NVML reports them; "
-                                            "applied intersected with the CPUs the worker process may use")
+    plan.set_cpu_affinity(gpu.cpu_affinity, f"CPUs local to GPU {gpu.index}{numa} (NVML), within those the "
+                                            "process may use")
     if ctx.facts.described:
         plan.note("CPU binding not applied here",
                   f"the host is described ({ctx.facts.origin}): its CPUs "

@@ -72,8 +72,7 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
         return
     what = {"worker": "the worker's context is made on its own GPU, by gpudask or UCX",
             "nanny": "the process hosting the nannies must hold no CUDA context",
-            "scheduler": "the scheduler's context is made on its own GPU (device 0 of its visible GPUs) by "
-                         "gpudask when UCX relays GPU frames, and nowhere else" if ctx.uses_ucx
+            "scheduler": "its context is made by gpudask on device 0, for UCX's relayed frames" if ctx.uses_ucx
                          else "the scheduler must hold no CUDA context"}[plan.role]
     plan.set_env("RAPIDS_NO_INITIALIZE", "1", f"cudf/rmm create no CUDA context when imported: {what}")
 
@@ -92,11 +91,8 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     own = own_gpu(ctx, plan)
     if own is not None and ctx.uses_ucx and planned_context(ctx, plan):
         plan.note(f"CUDA context on {own[0]} before UCX",
-                  "UCX needs one (UCX_TLS names cuda or create-cuda-context is set): created at import on "
-                  "device 0 of CUDA_VISIBLE_DEVICES, its UUID checked"
-                  + ("; the scheduler holds it to receive relayed GPU frames (about 520 MiB of GPU memory "
-                     "measured on an H200 for the context and UCX; no RMM pool unless asked)"
-                     if plan.role == "scheduler" else ""))
+                  "created at import on device 0 of CUDA_VISIBLE_DEVICES, its UUID checked"
+                  + ("; to receive relayed GPU frames (about 520 MiB on an H200)" if plan.role == "scheduler" else ""))
     if ctx.facts.described:
         plan.note("CUDA context check not run here",
                   f"the host is described ({ctx.facts.origin}): nothing touching a device runs")

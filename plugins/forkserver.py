@@ -92,8 +92,8 @@ def _decide(ctx: PlanContext) -> tuple[bool, str]:
                      f"fork after UCX opened InfiniBand can corrupt registered memory; gpudask would use forkserver")
         return False, f"{METHOD_KEY}={user_method!r} set by the user (explicit settings win)"
     if infiniband:
-        return True, (f"UCX over InfiniBand ({', '.join(ib)}): worker processes come from a fork server started "
-                      "before UCX opens InfiniBand here (a fork after that is not fork-safe)")
+        return True, (f"UCX over InfiniBand ({', '.join(ib)}): workers forked from a server started before UCX "
+                      "opens it (not fork-safe after)")
     return True, ("GPU workers start sooner: each is forked from a server that has already imported distributed, "
                   "instead of starting an interpreter and importing it (see docs/process-start.md); the server "
                   "never touches CUDA, so its children are as clean as spawned ones")
@@ -106,12 +106,11 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     use, why = _decide(ctx)
     if use:
         if plan.role == "worker":
-            why = f"started by its nanny's fork server ({why})"
+            why = "started by its nanny's fork server"
         plan.set_multiprocessing_method("forkserver", why)
         if plan.role == "worker":
             plan.set_env("PTXCOMPILER_CHECK_NUMBA_CODEGEN_PATCH_NEEDED", "0",
-                         "no fork at import: otherwise ptxcompiler (imported by cudf) starts a subprocess to "
-                         "compare the driver and CUDA runtime versions")
+                         "no fork at import: ptxcompiler (imported by cudf) would start a subprocess")
     elif plan.role == "nanny":
         plan.note("forkserver not used", why)
     if ctx.value(DIAGNOSE):

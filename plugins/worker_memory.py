@@ -62,10 +62,9 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
         return
     share = round(1 / max(1, ctx.nworkers), 6)
     plan.set_section({"host_memory_fraction": share}, decision=f"memory: host_memory_fraction={share}",
-                     why=f"host memory limit: 1/{ctx.nworkers} of the host's memory (its {ctx.nworkers} "
-                            "worker(s) split it, as dask cuda worker does); distributed's 'auto' gives a worker "
-                            "nthreads/CPUs of it and counts GPU arrays against it, spilling them to disk above "
-                            "0.6 of it (dask-cuda's dot benchmark 10x slower); an explicit --memory-limit wins")
+                     why=f"1/{ctx.nworkers} of the host's memory per worker, as dask cuda worker splits it "
+                            "(distributed's 'auto', nthreads/CPUs of it, spilled GPU arrays to disk: dask-cuda's "
+                            "dot benchmark 10x slower); an explicit --memory-limit wins")
 
 
 @hookimpl

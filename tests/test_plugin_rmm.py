@@ -188,7 +188,7 @@ def test_every_plan_unsets_distributed_ucxx_pool_keys(protocol):
     for p in (host_plan.nanny, host_plan.client, *host_plan.workers):
         for key in POOL_KEYS:
             assert key in p.config and p.config[key] is None, (p.role, key)
-    assert "nanny would hold one" in reason(host_plan.nanny, "distributed-ucxx.rmm.pool-size=")
+    assert "in the nanny too" in reason(host_plan.nanny, "distributed-ucxx.rmm.pool-size=")
     assert host_plan.workers[0].sections.get("rmm")["initial_pool_size"] == 4_000_000_000
     assert host_plan.nanny.sections.get("rmm") is None and host_plan.client.sections.get("rmm") is None
     # the scheduler: distributed-ucxx's own key, honoured over UCX (init_once builds it), refused in one line over tcp

@@ -19,7 +19,7 @@ def test_each_gpu_worker_gets_its_share_of_the_host(facts, nworkers, share):
     h = plan_on(host(facts), "ucx", nworkers)
     for w in h.workers:
         assert w.sections["worker-memory"]["host_memory_fraction"] == share
-        assert "split it, as dask cuda worker does" in _reason(w).why
+        assert "as dask cuda worker splits it" in _reason(w).why
     assert "worker-memory" not in h.scheduler.sections
 
 

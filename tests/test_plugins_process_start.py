@@ -142,7 +142,7 @@ def test_workers_are_bound_to_the_cpus_local_to_their_gpu():
     h = plan(HGX)
     assert [w.cpu_affinity for w in h.workers] == [list(range(24))] * 2 + [list(range(24, 48))] * 2
     decision, why = reasons(h.workers[2], "cpu-affinity")[0]
-    assert decision == "cpu_affinity=24-47" and "GPU 2 (NUMA node 1)" in why and "intersected" in why
+    assert decision == "cpu_affinity=24-47" and "GPU 2 (NUMA node 1)" in why and "within those the process may use" in why
     # described: recorded, and said not to be applied on this machine
     assert any(d == "CPU binding not applied here" for d, _ in reasons(h.workers[2], "cpu-affinity"))
     assert h.nanny.cpu_affinity is None and h.scheduler.cpu_affinity is None

@@ -227,7 +227,7 @@ def test_nanny_gets_no_cuda_transport_and_no_cuda_context():
         assert "UCX_NET_DEVICES" not in p.env and p.interface is None
     h = plan(HGX)
     assert tls(h.nanny) == "rc,tcp"
-    assert "the nanny process initialises UCX at listen()" in \
+    assert "the nanny moves no GPU data" in \
         why(h.nanny, "nvlink", "distributed-ucxx.create-cuda-context=False")
 
 
@@ -237,7 +237,7 @@ def test_scheduler_with_a_gpu_relays_cuda_copy_cuda_ipc_and_its_context():
     s = h.scheduler
     assert tls(s) == "rc,tcp,cuda_copy,cuda_ipc"
     assert flags(s)["create-cuda-context"] is True and flags(s)["cuda-copy"] is True and flags(s)["nvlink"] is True
-    assert "the scheduler relays GPU results" in why(s, "nvlink", "UCX transport cuda_copy")
+    assert "the scheduler relays GPU frames" in why(s, "nvlink", "UCX transport cuda_copy")
     assert "NVLink peers" in why(s, "nvlink", "UCX transport cuda_ipc")
     assert "UCX_NET_DEVICES" not in s.env and s.interface is None  # it talks to every worker: every port
     assert s.env["UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES"] == "cuda"

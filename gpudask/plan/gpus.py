@@ -36,8 +36,7 @@ def process_gpu(ctx: PlanContext, plan: ProcessPlan) -> tuple[GPU | None, str]:
     if plan.role == "client":
         return first, f"the client uses the first visible GPU, {first.index}"
     if plan.role == "scheduler":
-        return first, (f"the scheduler relays GPU results and arguments between clients and workers (received "
-                       f"into device buffers over UCX) on device 0 of its visible GPUs, GPU {first.index}")
+        return first, f"the scheduler relays GPU frames on device 0 of its visible GPUs, GPU {first.index}"
     return first, (f"worker {plan.index} has no GPU of its own in the plan: CUDA device 0 is "
                    f"GPU {first.index}")
 

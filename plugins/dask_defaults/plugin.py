@@ -71,8 +71,7 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     what = f"GPU {'worker' if plan.role == 'worker' else 'client'}" + (
         "" if gpu else f" ({', '.join(cupy + cudf)} installed)")
     _set_unless_user(ctx, plan, RECHUNK_KEY, "tasks",
-                     f"P2P rechunk fails on CuPy-backed arrays (\"P2P ... failed during transfer phase\"); "
-                     f"{what}: {where}")
+                     f"P2P rechunk fails on CuPy-backed arrays; {what}: {where}")
     if cudf:
         lowered = "here" if plan.role == "client" else "in tasks that build graphs"
         _set_unless_user(ctx, plan, SHUFFLE_KEY, "tasks",

@@ -90,16 +90,13 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role == "scheduler":
         gpu = "" if ctx.gpus else "; this scheduler sees no GPU, so gpudask clients gather and scatter worker-direct"
         plan.note("GPU objects in graphs stay host bytes here",
-                  "the scheduler reads each graph deferring every object of a GPU module (" +
-                  ", ".join(deferred_modules(ctx)[:6]) + ", ...): the worker that runs the task makes it on its GPU, "
-                  "so the scheduler needs no GPU, no cupy and no CUDA context for them" + gpu)
+                  "objects of GPU modules (cupy, cudf, rmm, ...) are made by the worker that runs the task: no GPU, "
+                  "cupy or CUDA context needed here" + gpu)
     else:
         threshold = ctx.value(THRESHOLD)
         plan.note(f"GPU objects >= {format_bytes(threshold)} in graphs scattered worker-direct",
-                  f"{THRESHOLD}={threshold}: a GPU object at least this large passed to submit/map/delayed or held "
-                  "by a materialised graph layer (da.from_array) goes straight to a worker, GPU to GPU, and the task "
-                  "depends on its key; smaller ones stay in the graph (host bytes through the scheduler); "
-                  "asynchronous clients leave their graphs as they are")
+                  f"{THRESHOLD}={threshold}: such submit/map/delayed arguments and da.from_array data go GPU to GPU "
+                  "to a worker; smaller ones stay in the graph (not from asynchronous clients)")
 
 
 # -- the scheduler --------------------------------------------------------------------------

@@ -286,8 +286,8 @@ def _want_pool(ctx: PlanContext, s: RmmSettings, fast: list[str]) -> tuple[bool,
     if s.maximum is not None:
         return True, False, [f"{shown(ctx, 'gpudask.rmm.maximum-pool-size')} asks for a pool"]
     if fast:
-        return True, True, [f"UCX uses {_fast_text(fast)}: each buffer sent that way needs a mapping between every "
-                            f"pair of processes (up to hundreds of ms each); with a pool it is one mapping, made once"]
+        return True, True, [f"UCX uses {_fast_text(fast)}: a pool is one mapping per pair of processes, made once, "
+                            f"not one per buffer"]
     what = "UCX without NVLink or InfiniBand" if ctx.uses_ucx else f"protocol {ctx.protocol}"
     return False, False, [f"no pool: {what}, and no gpudask.rmm.pool-size set"]
 

@@ -115,8 +115,7 @@ def reset_ucxx_keys(ctx: PlanContext, plan: ProcessPlan, keep: tuple[str, ...] =
     if not ctx.uses_ucx and all(v is None for v in user.values()):
         return
     why = {
-        "nanny": "distributed-ucxx builds a pool from this key in every process that opens UCX: the nanny "
-                 "would hold one of its own (1472 MiB measured on an H200); gpudask builds worker pools itself",
+        "nanny": "distributed-ucxx would build a pool from this key in the nanny too (1472 MiB on an H200)",
         "worker": "gpudask builds this worker's pool itself, once, before listen() (plugin rmm); "
                   "distributed-ucxx would build another at the first UCX connection",
         "scheduler": "no worker pool in the scheduler (gpudask.rmm.scheduler-pool-size asks for one)",
@@ -176,9 +175,7 @@ def default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons
     split = f" split between the {n} workers sharing it" if n > 1 else ""
     reasons.append(f"default size {DEFAULT_FRACTION:g} of {target.label}{split} ({who}) = {initial} bytes "
                    f"({gib(initial)}){' each' if n > 1 else ''}: planned from the "
-                   "GPU's total memory, not from what is free now, so every worker's pool is the same through "
-                   "restarts; the rest is left to CUDA contexts (the client's, the scheduler's), UCX and "
-                   "allocators outside RMM")
+                   "GPU's total memory, not from what is free now: the same through restarts")
     if target.others and declared is None:
         ctx.warn(f"GPU {target.index} is shared with other gpudask commands ({who.split(';')[0]}): each default "
                  f"RMM pool is {gib(initial)} ({DEFAULT_FRACTION:g} of the "

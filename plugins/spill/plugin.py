@@ -261,8 +261,7 @@ def gpudask_plan_finish(ctx: PlanContext, plan: ProcessPlan) -> None:
                               f"{pool_max} bytes for {who} (gpudask.rmm.maximum-pool-size): the pool would run "
                               f"out before spilling starts; accepted: at most {pool_max} bytes")
         why = f"{_shown(ctx, KEY)} = {what}"
-    _set(plan, limit, why + ": above it the least recently used GPU objects move to host memory, then to "
-                            "disk under distributed's memory limit")
+    _set(plan, limit, why + ": above it the least recently used GPU objects move to host memory, then disk")
 
 
 def _set(plan: ProcessPlan, limit: int | None, why: str) -> None:

@@ -301,7 +301,7 @@ def _rdmacm(ctx: PlanContext, plan: ProcessPlan) -> None:
     elif mode(ctx) == EXPLICIT:
         on, why = False, f"{mode_why(ctx)} and {RDMACM} not set"
     else:
-        on, why = True, "InfiniBand: connections are set up by the RDMA connection manager"
+        on, why = True, "InfiniBand: the RDMA connection manager sets up connections"
     if user:
         plan.set_env("UCX_SOCKADDR_TLS_PRIORITY", user, why)
     elif on:

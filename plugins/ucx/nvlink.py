@@ -107,9 +107,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     set_flag(plan, "nvlink", ipc_on, "cuda_ipc in UCX_TLS" if ipc_on else "no cuda_ipc in UCX_TLS")
     if ipc_on and plan.role in ("scheduler", "client"):
         plan.note("UCX's CUDA IPC cache kept", f"as dask-cuda keeps it: without it the {plan.role} mapped and "
-                  "unmapped every frame it received (client paths up to 1.4x dask-cuda's on an H200); the "
-                  f"{plan.role} outlives the workers, so its mappings keep a restarted worker's old pool allocated, "
-                  "and the restarted worker fits its default pool to what is free (rmm plugin) instead of failing")
+                  "unmapped every frame it received (client paths up to 1.4x dask-cuda's on an H200)")
     if copy_on or ipc_on:
         context_flag(ctx, plan, True,
                      f"UCX_TLS names CUDA transports: the CUDA context on GPU {gpu.index} is created before UCX "
@@ -163,9 +161,8 @@ def _ipc_detection(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> tuple[bool,
         return False, f"GPU {gpu.index} is split into MIG instances: CUDA IPC does not work between them"
     if ucx_supports(ctx.facts, "cuda_ipc") is False:
         return False, "this host's UCX has no cuda_ipc transport"
-    return True, (f"{_ipc_peers(ctx, plan, gpu)}: CUDA IPC is allowed for every peer of this host (other "
-                  "commands' workers, the scheduler, a client too); UCX uses it where it works, else those "
-                  "transfers go through host memory over TCP")
+    return True, (f"{_ipc_peers(ctx, plan, gpu)}: CUDA IPC is allowed for every peer of this host; UCX "
+                  "uses it where it works")
 
 
 def _ipc_peers(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> str:
@@ -193,7 +190,7 @@ def _ipc_peers(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> str:
 
 def _no_cuda(ctx: PlanContext, plan: ProcessPlan, why: str) -> None:
     """Nanny host, GPU-less processes: UCX without CUDA, and no CUDA context from UCX."""
-    role_why = {"nanny": "the nanny process initialises UCX at listen() and moves no GPU data",
+    role_why = {"nanny": "the nanny moves no GPU data",
                 "scheduler": "the scheduler sees no GPU, so it cannot receive GPU frames"}.get(plan.role)
     context_why = f"{role_why}: no CUDA context for UCX here" if role_why else f"{why}: no CUDA context for UCX"
     tls = user_tls(ctx)

@@ -128,7 +128,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
         return
     support = ucx_info.supports(ctx.facts, "tcp")
     detected = support is not False
-    detect_why = ("the base transport of every UCX process: connection setup and the fallback for data"
+    detect_why = ("the base transport of every UCX process: connections and fallback"
                   if detected else "this host's UCX has no tcp transport")
     on, why, _ = decide(ctx, TCP, "tcp", detected, detect_why,
                         implied_by=("gpudask.transport.nvlink", "gpudask.transport.infiniband",
@@ -150,8 +150,8 @@ def _quiet_ucx(ctx: PlanContext, plan: ProcessPlan) -> None:
                   f"UCX_WARN_UNUSED_ENV_VARS={ctx.user_env['UCX_WARN_UNUSED_ENV_VARS']} is set: explicit settings win")
         return
     plan.set_env("UCX_WARN_UNUSED_ENV_VARS", "n",
-                 "UCX warns about variables ucxx itself sets (UCX_MEMTYPE_CACHE) in every UCX process; gpudask "
-                 "reports the user's own unused UCX_* variables instead, when it plans")
+                 "UCX warns about variables ucxx itself sets (UCX_MEMTYPE_CACHE); gpudask reports the user's "
+                 "own unused ones")
     if plan.role != "scheduler":
         return  # once per host plan is enough
     if getattr(ctx, "planner", None) == "worker":
