@@ -33,7 +33,8 @@ from dask.utils import format_bytes, parse_bytes
 
 from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_optional_bool, parse_optional_float
 from gpudask.compat.distributed import (P2P_RECHUNK_TRANSFER_PREFIX, offload_threshold, set_offload_threshold, unwrap_handler, unwrap_report,
-                                        wrap_handler, wrap_report)
+                                        wrap_direct_default, wrap_graph_submission, wrap_handler,
+                                        wrap_pickle_family_loads, wrap_report)
 from gpudask.errors import ConfigError, GpudaskError, PluginError
 from gpudask.facts import GPU, Facts, facts_from_dict
 from gpudask.facts.sections import FactsSection
@@ -71,5 +72,5 @@ __all__ = [
     "workers_sharing_gpu", "cpu_ranges", "format_bytes", "parse_bytes",
     # distributed's internals a plugin relies on (gpudask.compat.distributed, contract-tested)
     "wrap_handler", "unwrap_handler", "wrap_report", "unwrap_report", "offload_threshold", "set_offload_threshold",
-    "P2P_RECHUNK_TRANSFER_PREFIX",
+    "P2P_RECHUNK_TRANSFER_PREFIX", "wrap_graph_submission", "wrap_direct_default", "wrap_pickle_family_loads",
 ]

@@ -184,8 +184,8 @@ def test_the_tested_distributed_is_within_pyprojects_bounds():
 def test_no_private_name_of_distributed_is_used_outside_compat(folder):
     """Every reach into distributed's, distributed-ucxx's or click's private names is here."""
     private = re.compile(r"\b(?:distributed|distributed_ucxx|click)(?:\.\w+)*\._[a-z]\w*|"
-                         r"\b(?:client|worker|scheduler|module\.Worker)\._(?:run|run_on_scheduler|gather|interface|"
-                         r"instances)\b|_getframe|inspect\.currentframe")
+                         r"\b(?:client|worker|scheduler|module\.Worker|Client)\._(?:run|run_on_scheduler|gather|interface|"
+                         r"instances|graph_to_futures|scatter)\b|_getframe|inspect\.currentframe|\bfamilies\[")
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
              for path in sorted((ROOT / folder).rglob("*.py")) if "compat" not in path.parts
              for n, line in enumerate(path.read_text().splitlines(), 1)

@@ -29,7 +29,8 @@ sys.path.insert(0, str(STANDIN))
 
 import standin_gpu  # noqa: E402
 
-from gpudask.plugins.graph_data import deferral, lifting, plugin, seams  # noqa: E402
+from gpudask.compat import distributed as compat  # noqa: E402
+from gpudask.plugins.graph_data import deferral, lifting, plugin  # noqa: E402
 
 H200 = host("h200-single.json")
 NO_GPU = host("no-gpu-ucx.json")
@@ -108,9 +109,9 @@ def test_the_pickle_family_defers_only_while_a_graph_is_read(monkeypatch):
 
     dumps, loads, ctx = families["pickle"]
     monkeypatch.setitem(families, "pickle", (dumps, loads, ctx))  # put back after the test
-    assert seams.wrap_pickle_family(lambda original: deferral.deferring_pickle_loads(original,
-                                                                                     lambda: ("standin_gpu",)))
-    assert not seams.wrap_pickle_family(lambda original: original)  # once per process
+    assert compat.wrap_pickle_family_loads(lambda original: deferral.deferring_pickle_loads(
+        original, lambda: ("standin_gpu",)))
+    assert not compat.wrap_pickle_family_loads(lambda original: original)  # once per process
     header, frames = serialize(standin_gpu.DeviceArray(np.arange(4)), serializers=["pickle"])
     assert type(deserialize(header, frames)) is standin_gpu.DeviceArray
     token = deferral.READING_GRAPH.set(True)
@@ -174,7 +175,8 @@ def test_device_size_is_read_without_importing_anything():
 
 
 # ------------------------------------------------------------------ the contract with distributed
-def test_distributed_still_has_what_the_seams_wrap():
+def test_distributed_still_has_what_gpu_graph_data_wraps():
+    """The contract of gpudask.compat.distributed's client and serialization wrappers."""
     from distributed import Client, Scheduler
     from distributed.protocol.serialize import families, register_serialization_family
 

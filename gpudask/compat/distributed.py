@@ -131,6 +131,81 @@ def unwrap_report(scheduler: Any, original: Any, owner: Any) -> None:
         scheduler.report = original
 
 
+# -- a client's graphs, gathers and scatters (gpu-graph-data) ---------------------------------
+# distributed has no client-side hook between "a graph is built" and "it is pickled for the
+# scheduler", nor a per-client default for ``direct=`` beyond ``direct_to_workers``: three private
+# methods of ``Client`` are wrapped, once per process, chaining whatever is there.
+CLIENT_MARK = "__gpudask_graph_data__"
+
+
+def wrap_graph_submission(rewrite: Callable[[Any, Any], tuple[Any, Any]]) -> bool:
+    """Every client of this process passes its graph through ``rewrite(client, expr) -> (expr,
+    keep)`` before ``Client._graph_to_futures`` (what ``submit``, ``map``, ``compute``,
+    ``persist`` and ``get`` go through) sends it; ``keep`` lives until the graph is queued.
+    False when already wrapped."""
+    from distributed import Client
+
+    original: Any = Client._graph_to_futures  # distributed is not annotated
+    if getattr(original, CLIENT_MARK, False):
+        return False
+
+    def _graph_to_futures(self: Any, expr: Any, keys: Any, *args: Any, **kwargs: Any) -> Any:
+        expr, keep = rewrite(self, expr)
+        try:
+            return original(self, expr, keys, *args, **kwargs)
+        finally:
+            del keep  # after the graph is queued: the scheduler sees it before any release
+
+    setattr(_graph_to_futures, CLIENT_MARK, True)
+    setattr(Client, "_graph_to_futures", _graph_to_futures)  # noqa: B010
+    return True
+
+
+def wrap_direct_default(decide: Callable[[Any], Coroutine[Any, Any, bool]]) -> bool:
+    """``Client._gather`` / ``Client._scatter`` with ``direct=None`` (and no
+    ``direct_to_workers``) go worker-direct when ``await decide(client)`` says so."""
+    from distributed import Client
+
+    gather: Any = Client._gather  # distributed is not annotated
+    scatter: Any = Client._scatter
+    if getattr(gather, CLIENT_MARK, False):
+        return False
+
+    async def _gather(self: Any, futures: Any, errors: str = "raise", direct: Any = None,
+                      local_worker: Any = None) -> Any:
+        if direct is None and self.direct_to_workers is None and not local_worker:
+            direct = await decide(self) or None
+        return await gather(self, futures, errors=errors, direct=direct, local_worker=local_worker)
+
+    async def _scatter(self: Any, data: Any, workers: Any = None, broadcast: bool = False, direct: Any = None,
+                       **kwargs: Any) -> Any:
+        if direct is None and self.direct_to_workers is None:
+            direct = await decide(self) or None
+        return await scatter(self, data, workers=workers, broadcast=broadcast, direct=direct, **kwargs)
+
+    setattr(_gather, CLIENT_MARK, True)
+    setattr(_scatter, CLIENT_MARK, True)
+    setattr(Client, "_gather", _gather)  # noqa: B010
+    setattr(Client, "_scatter", _scatter)  # noqa: B010
+    return True
+
+
+def wrap_pickle_family_loads(make_loads: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Replace the ``pickle`` serialization family's loader of this process by
+    ``make_loads(distributed's pickle_loads)`` (``register_serialization_family`` is public; the
+    ``families`` table it fills is read for the original).  False when already replaced."""
+    from distributed.protocol.serialize import families, register_serialization_family
+
+    dumps, loads, _ = families["pickle"]
+    if getattr(loads, CLIENT_MARK, False):
+        return False
+    new = make_loads(loads)
+    setattr(new, CLIENT_MARK, True)
+    register: Any = register_serialization_family  # distributed is not annotated
+    register("pickle", dumps, new)
+    return True
+
+
 # -- task names ------------------------------------------------------------------------
 # the keys of a P2P rechunk's transfer tasks: f"rechunk-transfer-{token}", made by
 # distributed.shuffle._rechunk (no public name says a task belongs to a P2P rechunk)

@@ -187,5 +187,4 @@ def deferring_pickle_loads(original: Callable[[dict[str, Any], list[Any]], Any],
             views.append(mv)
         return DeferringUnpickler(pik, deferred(), buffers=views).load()
 
-    loads.gpudask_deferring = True  # type: ignore[attr-defined]  # installed once per process
     return loads

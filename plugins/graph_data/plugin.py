@@ -21,15 +21,16 @@ scheduler-parity); it is told at connect what it misses.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import Option, format_bytes, hookimpl, parse_bool, parse_bytes, parse_name_list
+from gpudask.pluginapi import (Option, format_bytes, hookimpl, parse_bool, parse_bytes, parse_name_list,
+                               wrap_direct_default, wrap_graph_submission, wrap_handler, wrap_pickle_family_loads)
 
-from . import deferral, lifting, seams
+from . import deferral, lifting
 
 if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
@@ -103,13 +104,22 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
 _DEFERRED: list[tuple[str, ...]] = [deferral.DEFAULT_DEFERRED_MODULES]  # what this process's graph reads defer
 
 
-@contextlib.contextmanager
-def _reading_graph() -> Iterator[None]:
-    token = deferral.READING_GRAPH.set(True)
-    try:
-        yield
-    finally:
-        deferral.READING_GRAPH.reset(token)
+def _reading_graph(original: Any) -> Any:
+    """The scheduler's ``update-graph`` handler, run with graphs read deferring GPU globals (it
+    deserialises the graph before its first await, in this task's context)."""
+
+    async def update_graph(**kwargs: Any) -> Any:
+        token = deferral.READING_GRAPH.set(True)
+        try:
+            result = original(**kwargs)
+            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                result = await result
+            return result
+        finally:
+            deferral.READING_GRAPH.reset(token)
+
+    update_graph.__name__ = "update_graph"
+    return update_graph
 
 
 @hookimpl
@@ -117,8 +127,8 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     if plan.role != "scheduler" or not ctx.value(ENABLED):
         return
     _DEFERRED[0] = deferred_modules(ctx)
-    seams.wrap_pickle_family(lambda original: deferral.deferring_pickle_loads(original, lambda: _DEFERRED[0]))
-    seams.wrap_stream_handler(server, "update-graph", _reading_graph)
+    wrap_pickle_family_loads(lambda original: deferral.deferring_pickle_loads(original, lambda: _DEFERRED[0]))
+    wrap_handler(server, "update-graph", _reading_graph, name, stream=True)
     scheduler: Any = server  # the role says so; distributed is not annotated
     scheduler.set_metadata(keys=METADATA_KEYS, value={"direct": not ctx.gpus})
 
@@ -130,7 +140,7 @@ _DIRECT: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 def _rewrite(client: Any, expr: Any) -> tuple[Any, Any]:
     """A client's graph with its large GPU objects scattered worker-direct (and the futures)."""
-    if not _CLIENT or seams.on_event_loop() or getattr(client, "asynchronous", False):
+    if not _CLIENT or _on_event_loop() or getattr(client, "asynchronous", False):
         return expr, None
     try:
         prefix = f"gpudask-arg-{client.id}-{next(_COUNTER)}"
@@ -142,6 +152,15 @@ def _rewrite(client: Any, expr: Any) -> tuple[Any, Any]:
     except Exception as e:  # noqa: BLE001 - the graph goes as it is, the user's call is not broken
         logger.warning("gpudask: large GPU objects stay in this graph (%s: %s)", type(e).__name__, e)
         return expr, None
+
+
+def _on_event_loop() -> bool:
+    """Is this thread running an event loop (an asynchronous client: it cannot wait here)?"""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _counter() -> Iterator[int]:
@@ -159,7 +178,7 @@ async def _direct(client: Any) -> bool:
     known = _DIRECT.get(client)
     if known is None:
         try:
-            meta = await seams.scheduler_metadata(client, METADATA_KEYS)
+            meta = await client.scheduler.get_metadata(keys=METADATA_KEYS, default=None)
         except Exception:  # noqa: BLE001 - a scheduler without gpudask: distributed's default
             meta = None
         known = bool(isinstance(meta, dict) and meta.get("direct") is True)
@@ -172,5 +191,5 @@ def gpudask_client_setup(ctx: PlanContext, plan: ProcessPlan) -> None:
     if not ctx.value(ENABLED):
         return
     _CLIENT.update(threshold=ctx.value(THRESHOLD), modules=deferred_modules(ctx))
-    seams.wrap_graph_submission(_rewrite)
-    seams.wrap_direct_default(_direct)
+    wrap_graph_submission(_rewrite)
+    wrap_direct_default(_direct)
