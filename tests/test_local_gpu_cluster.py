@@ -100,8 +100,10 @@ def test_gpu_keywords_on_a_host_without_a_gpu_warn_once_per_plugin(tmp_path):
                          env=base_env(GPUDASK_FACTS=host("no-gpu.json")), cwd=str(tmp_path))
     assert "STARTED 1" in out.stdout, out.stderr[-3000:]
     lines = [line.split(" - WARNING - ", 1)[1] for line in out.stderr.splitlines() if "no effect" in line]
+    # the UCX transport keywords over tcp: one line for both (the protocol is the first reason)
     assert sorted(lines) == [
-        "gpudask: enable_nvlink=True has no effect: plugin nvlink is skipped in every worker (no GPU visible)",
+        "gpudask: enable_tcp_over_ucx=True, enable_nvlink=True have no effect: the protocol is tcp, and UCX "
+        "transports apply only over UCX (--protocol ucx, a ucx:// scheduler)",
         "gpudask: rmm_pool_size='1GB', rmm_managed_memory=True have no effect: plugin rmm is skipped in every "
         "worker (no GPU visible: no RMM pool)"], out.stderr[-3000:]
 

@@ -133,11 +133,13 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
     origin = sched.get("facts_origin")
     installed = (f"check installed, action {report.get('action')}" if report.get("installed")
                  else "check not installed (one-off report)")
-    lines = [wrap_text(f"scheduler {sched.get('address')}: protocol {sched.get('protocol')}, "
-                       f"{len(gpus) if isinstance(gpus, list) else '?'} GPU(s), driver "
-                       f"{sched.get('driver_version') or 'none'}"
-                       + (f", facts from {origin}" if origin not in (None, "probed") else "") + f"; {installed}",
-                       width)]
+    # what the scheduler and its workers said is escaped (gpudask.printable) before it is laid
+    # out: a newline of theirs is text, never a line of the report; the table escapes its cells
+    lines = [wrap_text(printable(f"scheduler {sched.get('address')}: protocol {sched.get('protocol')}, "
+                                 f"{len(gpus) if isinstance(gpus, list) else '?'} GPU(s), driver "
+                                 f"{sched.get('driver_version') or 'none'}"
+                                 + (f", facts from {origin}" if origin not in (None, "probed") else "")
+                                 + f"; {installed}"), width)]
     workers = report.get("workers") or {}
     numbers = {address: n for n, address in enumerate(workers)}
     if workers:
@@ -146,13 +148,13 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
         lines += ["", table(["#", "worker", "gpudask", "status", "findings"], rows)]
     else:
         lines.append("no workers connected")
-    lines += [wrap_text(f"refused: {address}", width) for address in report.get("refused") or {}]
+    lines += [wrap_text(printable(f"refused: {address}"), width) for address in report.get("refused") or {}]
     groups = _grouped_findings(report.get("findings") or [], numbers)
     for where, found in groups.items():
-        lines += ["", wrap_text(f"{where}:", width)]
+        lines += ["", wrap_text(printable(f"{where}:"), width)]
         for f in found:
-            lines.append(wrap_text(f"  {f['severity']}: [{f.get('plugin') or 'gpudask'}] {f.get('message')}", width,
-                                   indent="    "))
+            lines.append(wrap_text(printable(f"  {f['severity']}: [{f.get('plugin') or 'gpudask'}] {f.get('message')}"),
+                                   width, indent="    "))
     counts = report.get("counts") or {}
     lines += ["", f"{counts.get('error', 0)} error(s), {counts.get('warning', 0)} warning(s), "
                   f"{counts.get('info', 0)} info: {report.get('status')}"]
