@@ -75,7 +75,7 @@ class Lifter:
     # -- task arguments ----------------------------------------------------------------------
     def arg(self, value: Any) -> Any:
         """A task argument with its large GPU objects replaced by references (same object if none)."""
-        from dask._task_spec import DataNode, GraphNode, Task
+        from dask._task_spec import DataNode, Task
 
         if self.large(value):
             return self._ref(value)
@@ -91,9 +91,7 @@ class Lifter:
             return self._ref(inner) if self.large(inner) else value
         if isinstance(value, Task):
             return self.task(value)
-        if isinstance(value, GraphNode):
-            return value  # aliases, references, containers of tasks: nothing of ours inside
-        return value
+        return value  # aliases, references, containers of tasks, host data: nothing of ours inside
 
     def task(self, task: Any) -> Any:
         from dask._task_spec import Task
