@@ -17,6 +17,7 @@ that formatting, pickling or logging on a scheduler's event loop cannot turn int
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -188,6 +189,23 @@ class ResultProblem(GpudaskError):
     manager's one-line PluginError then carries this text as its cause."""
 
 
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+MAX_PREIMPORT = 32
+
+
+def preimport_problem(result: Any) -> str | None:
+    """``gpudask_preimport``: None or a list of at most 32 dotted module names."""
+    if result is None:
+        return None
+    if (not isinstance(result, list) or len(result) > MAX_PREIMPORT
+            or not all(isinstance(m, str) and len(m) <= 200 and _MODULE_NAME.fullmatch(m) for m in result)):
+        return (f"returned {result!r:.80}; expected None or a list of at most {MAX_PREIMPORT} "
+                "dotted module names such as ['numpy', 'scipy.linalg']")
+    if any(m == "gpudask" or m.startswith("gpudask.") for m in result):
+        return f"returned {result!r:.80}; a module of gpudask cannot be imported ahead (its import applies the plan)"
+    return None
+
+
 def _checked(problem: Any, strict: bool = True) -> Any:
     def take_result(result: Any) -> Any:
         found = problem(result)
@@ -221,6 +239,7 @@ _TAKE = {
     "gpudask_config_options": _options,
     "gpudask_facts_packages": _checked(facts_packages_problem),
     "gpudask_ucx_offered": _checked(ucx_offered_problem),
+    "gpudask_preimport": _checked(preimport_problem),
     "gpudask_setup_memory": _checked(setup_memory_problem),
     "gpudask_applied_state": _checked(applied_state_problem),
     "gpudask_report_rows": _rows,

@@ -149,6 +149,34 @@ def gpudask_facts_packages() -> dict[str, list[str]] | None:
 
 
 @hookspec
+def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str] | None:
+    """Name the modules a process of ``role`` on this host imports as it starts, so gpudask can
+    import them ahead of time, off the start's critical path.
+
+    **When:** called once the plan inputs are built, with ``role="nanny"`` and ``protocol=None``
+    by the ``dask worker`` process that waits for the scheduler's file (the protocol follows the
+    scheduler, not known yet: name what a likely protocol needs), and with ``role="worker"``
+    and the plan's protocol by a process that starts a fork server for its worker processes
+    (the server imports them before it forks any).  **Called in:** the nanny host and a client
+    starting a ``LocalGPUCluster``, on a host planned for forkserver.
+
+    :param facts: the host's facts (GPUs, installed packages, the plugins' sections).
+    :param role: ``"nanny"`` or ``"worker"``.
+    :param protocol: the plan's protocol, or None while the scheduler's is not known.
+    :return: dotted module names (``["rmm", "rmm.allocators.cupy"]``), or None.  Importing
+        them must create no CUDA context and open no UCX context, and must not import
+        gpudask: the fork server's children are GPU workers that apply their own plan at
+        their first ``import gpudask``.  A module that fails to import is left out with one
+        debug line (the process imports it later as it would have, or not at all).
+
+    **Combined:** every answer's names, in priority order, each once; the worker's applied
+    state says which it found imported (``startup.preimported``).  **Failure:** raising or
+    returning something else than a list of at most 32 module names stops the process (one
+    line naming the plugin).
+    """
+
+
+@hookspec
 def gpudask_ucx_offered(facts: Facts) -> list[str] | None:
     """Say which transports this host's UCX offers: the names a user's ``UCX_TLS`` may use
     beside UCX's own aliases and transport names.

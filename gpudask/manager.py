@@ -297,6 +297,14 @@ class PluginManager:
                 out.setdefault(key, list(dists))
         return out
 
+    def preimport(self, facts: Facts, role: str, protocol: str | None) -> list[str]:
+        """The modules a ``role`` process of this host imports as it starts, as the plugins
+        name them (``gpudask_preimport``): every answer's names in priority order, each once."""
+        found: list[str] = []
+        for _plugin, result in self._call("gpudask_preimport", facts=facts, role=role, protocol=protocol):
+            found += [m for m in result or () if m not in found]
+        return found
+
     def ucx_offered(self, facts: Facts) -> list[str] | None:
         """The transports this host's UCX offers, as the plugins say (``gpudask_ucx_offered``):
         every answer's names together, in priority order, or None when no plugin knows."""

@@ -55,6 +55,9 @@ class ProcessState:
     taken_options: dict[str, str] = field(default_factory=dict)
     # this worker process's number once claimed late (gpudask.apply.server_plugins)
     late_index: int | None = None
+    # what gpudask_preimport named for this worker that its fork server had imported
+    # (gpudask.apply.process.start_worker)
+    preimported: list[str] = field(default_factory=list)
 
     def count(self, what: str) -> None:
         with _LOCK:
@@ -67,7 +70,8 @@ class ProcessState:
             counts = dict(self.counts)
         return {"bootstrap": counts.get("bootstrap", 0), "facts_read": counts.get("facts read", 0),
                 "facts_schema": counts.get("facts schema", 0),
-                "parsed": {k[len("parsed "):]: n for k, n in sorted(counts.items()) if k.startswith("parsed ")}}
+                "parsed": {k[len("parsed "):]: n for k, n in sorted(counts.items()) if k.startswith("parsed ")},
+                "preimported": list(self.preimported)}
 
 
 _LOCK = threading.RLock()  # the scheduler check plans off the event loop, in threads

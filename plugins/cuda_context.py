@@ -35,7 +35,7 @@ from gpudask.pluginapi import GpudaskError, Option, applied_role, choice, hookim
 if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
 
-    from gpudask.pluginapi import PlanContext, ProcessPlan
+    from gpudask.pluginapi import Facts, PlanContext, ProcessPlan
 
 name = "cuda-context"
 priority = 40
@@ -60,6 +60,13 @@ def ucx_wants_context(env: dict[str, str], config_get: Any) -> bool:
     if any(config_get(key) is True for key in CREATE_KEYS):
         return True
     return ucxx_creates_cuda_context(env.get("UCX_TLS"))
+
+
+@hookimpl
+def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str] | None:
+    """cuda.core, which makes a GPU worker's context: imported by its fork server (the import
+    opens no context)."""
+    return ["cuda.core"] if role == "worker" and facts.visible_gpus() else None
 
 
 @hookimpl

@@ -65,7 +65,7 @@ def test_a_worker_reading_its_host_plan_bootstraps_validates_and_parses_nothing(
     read = hostfile.load()
     assert read == plan and read.facts == plan.facts
     counts = session.current().startup_counts()
-    assert counts == {"bootstrap": 0, "facts_read": 0, "facts_schema": 0, "parsed": {}}, counts
+    assert counts == {"bootstrap": 0, "facts_read": 0, "facts_schema": 0, "parsed": {}, "preimported": []}, counts
     # the parent's value and its source, as it resolved them
     assert read.ctx.require(POOL).value == 2_000_000_000
     assert read.ctx.require(POOL).source == "$DASK_GPUDASK__RMM__POOL_SIZE"
@@ -131,9 +131,17 @@ def test_preloaded_workers_publish_that_they_bootstrapped_nothing(cluster, facts
         published = [w["gpudask"] for w in client.scheduler_info(n_workers=-1)["workers"].values()]
     assert sorted(p["plan"]["index"] for p in published) == [0, 1]
     for p in published:
-        assert p["applied"]["startup"] == {"bootstrap": 0, "facts_read": 0, "facts_schema": 0, "parsed": {}}
+        startup = dict(p["applied"]["startup"])
+        preimported = startup.pop("preimported")
+        assert startup == {"bootstrap": 0, "facts_read": 0, "facts_schema": 0, "parsed": {}}
         if facts:
             assert p["plan"]["sections"]["rmm"]["initial_pool_size"] == 1_000_000_000
+            # a described GPU host: forked from a fork server that had imported what the plugins
+            # name for a worker (those installed here: rmm is, cupy is not)
+            assert p["plan"]["multiprocessing_method"] == "forkserver"
+            assert "rmm" in preimported and "rmm.allocators.cupy" in preimported, preimported
+        else:
+            assert list(preimported) == []  # no GPU: no fork server
 
 
 @pytest.mark.gpu
@@ -149,7 +157,11 @@ def test_on_a_gpu_host_workers_read_their_plan_and_set_up_the_pool_it_holds(clus
         client.wait_for_workers(2, timeout=120)
         published = [w["gpudask"] for w in client.scheduler_info(n_workers=-1)["workers"].values()]
     for p in published:
-        assert p["applied"]["startup"] == {"bootstrap": 0, "facts_read": 0, "facts_schema": 0, "parsed": {}}
+        startup = dict(p["applied"]["startup"])
+        # forked from a server that had imported UCX's and RMM's modules (gpudask_preimport)
+        assert {"distributed_ucxx.ucxx", "ucxx", "rmm", "rmm.allocators.cupy", "cuda.core"} <= set(
+            startup.pop("preimported")), p["applied"]["startup"]
+        assert startup == {"bootstrap": 0, "facts_read": 0, "facts_schema": 0, "parsed": {}}
         assert p["plan"]["sections"]["rmm"]["initial_pool_size"] == 2**30
         assert "rmm" in p["memory"], "the pool was set up from the plan's section"
         assert not [m for m in p["mismatches"] if m["plugin"] == "rmm"], p["mismatches"]

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from gpudask import bootstrap
 from gpudask import session as process_state
-from gpudask.apply import hostfile, runtime
+from gpudask.apply import hostfile, preimport, runtime
 from gpudask.bootstrap import plan_host
 from gpudask.errors import GpudaskError
 from gpudask.plan import HostPlan, ProcessPlan, UserValues, applied
@@ -92,6 +92,8 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
           nworkers: int | None = None, apply: bool = True) -> Session:
     """Plan for this host and apply this process's part (``role``: scheduler, nanny, client)."""
     if cli is not None:
+        if protocol is None:
+            _prepare_while_the_scheduler_starts(cli)
         protocol = protocol or cli.scheduler_protocol()
         nworkers = nworkers or cli.nworkers or None  # 0: distributed refuses it and starts nothing
     protocol = (protocol or "tcp").split("://", 1)[0]  # LocalCluster passes protocol="tcp://"
@@ -112,8 +114,22 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
             # the worker processes this one starts read their plan there (and never plan)
             hostfile.publish(host, always=role == "nanny")
         if role in ("nanny", "client") and session.plan.multiprocessing_method == "forkserver":
-            _start_forkserver()
+            _start_forkserver(session.manager.preimport(host.facts, "worker", host.protocol))
     return session
+
+
+def _prepare_while_the_scheduler_starts(cli: runtime.CliArgs) -> None:
+    """``dask worker --scheduler-file F`` started beside the scheduler waits for F, which says
+    the protocol.  The plan inputs do not depend on it (settings, plugins, facts): build them
+    now, and import in a background thread what the plugins say this process will import, so
+    that once F appears only the decisions are left (issue 41: the wait was idle, then the
+    planning and UCX's imports came one after the other)."""
+    if cli.command != "worker" or cli.protocol or cli.scheduler_address or not cli.scheduler_file:
+        return
+    if os.path.isfile(cli.scheduler_file):
+        return  # the scheduler is up: nothing to overlap
+    inputs = bootstrap.inputs()
+    preimport.in_background(inputs.manager.preimport(inputs.facts, "nanny", None))
 
 
 def start_worker(locals_: dict[str, Any] | None = None) -> Session:
@@ -145,6 +161,10 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
         by_parent = True  # each worker process plans the same host for itself: worker 0 says its warnings
     session = Session("worker", host, host.for_role("worker", index), planned_by_parent=by_parent)
     process_state.current().applied = session
+    if session.plan.multiprocessing_method == "forkserver":
+        # before _apply imports any of them itself: what the fork server had imported
+        process_state.current().preimported = preimport.found_imported(
+            session.manager.preimport(host.facts, "worker", host.protocol))
     _apply(session)
     return session
 
@@ -217,15 +237,18 @@ def planned_config(plan: ProcessPlan) -> dict[str, Any]:
     return config
 
 
-def _start_forkserver() -> None:
+def _start_forkserver(preimport_modules: list[str]) -> None:
     """Start the fork server now, before this process opens UCX or CUDA, so worker
-    processes are forked from a clean parent (with the environment exported above)."""
+    processes are forked from a clean parent (with the environment exported above).  It
+    imports distributed and what the plugins say a worker imports (``gpudask_preimport``)
+    before it forks: each worker finds them imported."""
     import multiprocessing
     import multiprocessing.forkserver
 
     import dask.config
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed"])
+    # gpudask_forkserver imports them, every error caught (a failing import must not end the server)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed", "gpudask_forkserver"])
     # Workers forked from the server inherit its interpreter: give it what a nanny gives a
     # spawned worker at interpreter start (MALLOC_TRIM_THRESHOLD_, PYTHONHASHSEED=6640 as in
     # distributed's Nanny), in the server's environment only.
@@ -233,6 +256,7 @@ def _start_forkserver() -> None:
                                         or {}).items()}
     if pre_spawn.get("PYTHONHASHSEED") in (None, "0"):
         pre_spawn["PYTHONHASHSEED"] = "6640"
+    pre_spawn["GPUDASK_PREIMPORT"] = ",".join(preimport_modules)
     _short_multiprocessing_tempdir()
     saved = {k: os.environ.get(k) for k in pre_spawn}
     os.environ.update(pre_spawn)

@@ -66,6 +66,8 @@ class StartupCounts(TypedDict):
     facts_read: int  # facts probed or read, and the plugins' sections taken
     facts_schema: int  # JSON Schema validations of facts or of a facts section
     parsed: dict[str, int]  # settings parsed from their raw value, by key
+    # the modules (gpudask_preimport) a forked worker found imported by its fork server
+    preimported: list[str]
 
 
 class AppliedState(TypedDict, total=False):

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from distributed import Nanny, Scheduler, Worker
 
-    from gpudask.pluginapi import Finding, Option, PlanContext, ProcessPlan, ProcessSide
+    from gpudask.pluginapi import Facts, Finding, Option, PlanContext, ProcessPlan, ProcessSide
 
 name = "rmm"
 # distributed-ucxx reads its rmm keys, and their legacy distributed.rmm.* names, once: when
@@ -68,6 +68,14 @@ def gpudask_facts_packages() -> dict[str, list[str]]:
     # pools only where rmm is installed; torch's allocator is pointed at RMM when asked
     return {"rmm": ["rmm", "rmm-cu12", "rmm-cu13"], "torch": ["torch"]}
 
+
+@hookimpl
+def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str] | None:
+    """A GPU worker's pool: rmm and its CuPy allocator (which imports cupy), about 0.9 s of
+    imports on an H200 host, made once by the fork server instead of in every worker."""
+    if role != "worker" or not facts.visible_gpus() or facts.packages.get("rmm") is None:
+        return None
+    return ["rmm", "rmm.allocators.cupy"]
 
 @hookimpl
 def gpudask_config_options() -> list[Option]:

@@ -52,6 +52,17 @@ def gpudask_facts_packages() -> dict[str, list[str]]:
 
 
 @hookimpl
+def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str] | None:
+    """distributed-ucxx's comm, ucxx, and rmm (distributed-ucxx's first connection imports it):
+    about 0.9 s of imports on an H200 host.  For a worker over UCX, and for the ``dask worker``
+    process of a GPU host while the scheduler's protocol is not known (GPU clusters mostly run
+    UCX; over tcp the imports were a background thread's work, not the start's)."""
+    likely_ucx = protocol in ("ucx", "ucxx") or (protocol is None and bool(facts.visible_gpus()))
+    if not likely_ucx or facts.packages.get("distributed-ucxx") is None:
+        return None
+    return ["distributed_ucxx.ucxx", "ucxx"] + (["rmm"] if facts.packages.get("rmm") else [])
+
+@hookimpl
 def gpudask_facts_sections() -> list[FactsSection]:
     """What this host's UCX offers, as ``ucx_info`` says (:mod:`.ucx_info`)."""
     return list(ucx_info.SECTIONS)
