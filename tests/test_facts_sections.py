@@ -180,3 +180,31 @@ def test_decides_must_be_a_bool():
                                                                    decides="no")])
     with pytest.raises(PluginError, match="decides: a bool"):
         plan_for("single-gpu", "tcp", plugins=[plugin])
+
+
+def test_every_built_in_section_schema_is_json_schema():
+    """A start does not check the built-in plugins' section schemas against the meta-schema
+    (a third party's are: tests below); this test does, for every built-in section."""
+    import jsonschema
+
+    from gpudask.manager import PluginManager
+    from gpudask.registration import BUILTIN_DISTRIBUTION
+
+    manager = PluginManager.from_environment()
+    sections = manager.facts_sections()
+    assert {section.name for _, section in sections} >= {"ucx_info", "nvlink", "infiniband"}, sections
+    distribution = {p.name: p.distribution for p in manager.plugins}
+    for plugin, section in sections:
+        assert distribution[plugin] == BUILTIN_DISTRIBUTION
+        jsonschema.Draft202012Validator.check_schema(dict(section.schema))
+
+
+def test_a_third_party_section_schema_that_is_not_json_schema_is_refused():
+    from gpudask.errors import PluginError
+    from gpudask.facts.sections import check_declared
+    from gpudask.pluginapi import FactsSection
+
+    bad = FactsSection("mine", {"type": "no-such-type"}, probe=lambda facts: None)
+    with pytest.raises(PluginError, match="mine"):
+        check_declared("third", "third-dist", [bad], {})
+    assert check_declared("builtin", "gpudask", [bad], {}) == [bad]  # the suite checks the built-in ones

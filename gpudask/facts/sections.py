@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask import session
 from gpudask.errors import FactsError, PluginError
+from gpudask.registration import BUILTIN_DISTRIBUTION
 
 if TYPE_CHECKING:
     from gpudask.facts.model import Facts
@@ -76,7 +77,9 @@ def check_declared(plugin: str, distribution: str | None, result: Any, taken: Ma
         if section.name in taken:
             raise PluginError(plugin, distribution, hook, f"facts section {section.name!r} is plugin "
                               f"{taken[section.name]!r}'s; accepted: a section name of its own")
-        problem = _schema_problem(section.schema)
+        # the built-in plugins' schemas are checked by the test suite (tests/test_facts_sections.py),
+        # not again at every start: the meta-schema check is a planning process's costliest step
+        problem = None if distribution == BUILTIN_DISTRIBUTION else _schema_problem(section.schema)
         if problem is not None:
             raise PluginError(plugin, distribution, hook, f"facts section {section.name!r}: its schema is not "
                               f"valid JSON Schema: {problem}")

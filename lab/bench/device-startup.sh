@@ -6,7 +6,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=/tmp/site/libucx/lib:${LD_LIBRARY_PATH:-} PATH=/tmp/site/bin:$PATH \
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e ./contrib/gpudask-bench || exit 1
 export PYTHONUNBUFFERED=1 UCX_WARN_UNUSED_ENV_VARS=n
-python3 -m compileall -q gpudask plugins contrib/gpudask-bench >/dev/null
+python3 -m compileall -q -j 0 gpudask plugins contrib/gpudask-bench gpudask_forkserver.py /tmp/site >/dev/null 2>&1; env | grep -i bytecode
 if [ "${PARTS:-1}" = 1 ]; then
   timeout 200 python3 lab/bench/startup_parts.py > "$OUT/parts.jsonl" 2> "$OUT/parts.err"; cat "$OUT/parts.jsonl"
 fi
