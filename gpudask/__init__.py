@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpudask._version import __version__
-from gpudask.hookspecs import hookimpl
+from gpudask.plugin.hookspecs import hookimpl
 
 __all__ = ["__version__", "hookimpl", "initialize", "check", "cluster_kwargs", "LocalGPUCluster",
            "Option", "dask_setup", "GpudaskError"]

@@ -7,7 +7,7 @@ that plans are built from (the bootstrap stage, between plan and checks).
    (:func:`gpudask.config.load_dask_config`);
 2. take the *user's view* of this process: ``os.environ`` and ``dask.config`` with what
    gpudask applied here put back to the user's values (:func:`keep_user_values`);
-3. build the :class:`~gpudask.manager.PluginManager` (built-ins, entry points, extras);
+3. build the :class:`~gpudask.plugin.manager.PluginManager` (built-ins, entry points, extras);
 4. refuse a section given one value (``check_sections``), register the plugins' option
    defaults in ``dask.config``, build the typed :class:`~gpudask.config.Settings` and parse
    every option (unknown keys are warned about);
@@ -40,7 +40,7 @@ from gpudask.plan.planner import check_nworkers
 if TYPE_CHECKING:
     from gpudask.config import Settings
     from gpudask.errors import PluginError
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
     from gpudask.plan.host_plan import PlanDocument
 
 # gpudask's bookkeeping variables (the host plan file, the worker group): not the user's
@@ -98,7 +98,7 @@ def plugins(broken: list[PluginError]) -> PluginManager:
     """The plugins in effect after this process's config is loaded, a plugin that cannot be
     loaded recorded in ``broken`` instead of raised (``gpudask plugins``); not cached."""
     from gpudask.config import load_dask_config
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     load_dask_config()  # gpudask.toml may enable or disable plugins
     return PluginManager.from_environment(broken=broken)
@@ -149,7 +149,7 @@ def from_plan(doc: PlanDocument) -> PlanInputs:
     Only the plugin manager is built, from the plugins the settings select, since this
     process calls their apply hooks."""
     from gpudask.config import CORE_OPTIONS, Settings, register_defaults
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     env, config = user_view(doc.user_values)
     settings = Settings(CORE_OPTIONS, config=config, environ=env)
@@ -203,7 +203,7 @@ def _build_plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any
                    user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
                    kept: UserValues | None) -> _Plugins:
     from gpudask.config import CORE_OPTIONS, Settings, load_dask_config, register_defaults, warn_unknown
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     load_dask_config(config_file)
     env, config = user_view(kept)

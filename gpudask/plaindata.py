@@ -2,8 +2,8 @@
 
 :func:`plain` copies a value into exact ``str``, ``int``, ``float``, ``bool``, ``None``,
 ``list`` and ``dict`` (string keys) -- never a subclass -- bounded in size and depth.  It
-runs inside the hook call's isolation (:func:`gpudask.hookcall.call_isolated`, through
-:func:`gpudask.hookresults.take`): whatever plugin code the copy still runs (an object's
+runs inside the hook call's isolation (:func:`gpudask.plugin.hookcall.call_isolated`, through
+:func:`gpudask.plugin.hookresults.take`): whatever plugin code the copy still runs (an object's
 ``__str__``, a mapping's ``items``) runs there, where ``SystemExit`` and every other
 ``BaseException`` is the plugin's failure and the call is bounded in time, never on a
 scheduler's event loop.  Once copied, formatting, pickling, comparing or printing the value

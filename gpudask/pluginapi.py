@@ -42,7 +42,7 @@ from gpudask.facts.probe import (norm_bus_id, nvml_session, read_sysfs, sysfs_nu
                                  sysfs_realpath, sysfs_root)
 from gpudask.facts.statedir import StateDirError, host_lock, read_private, state_dir, write_atomic
 from gpudask.findings import Finding, ProcessSide, fingerprint
-from gpudask.hookspecs import hookimpl
+from gpudask.plugin.hookspecs import hookimpl
 from gpudask.plan import HostPlan, PlanContext, ProcessPlan, cpu_ranges
 from gpudask.plan.applied import applied_role
 from gpudask.plan.gpus import process_gpu, workers_sharing_gpu

@@ -374,7 +374,7 @@ def test_config_a_plugin_declares_read_at_start_needs_a_restart_and_goes_with_th
     plugin says so (config_read_at_start), the core does not know them."""
     import dask
 
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     plan = ProcessPlan("scheduler")
     plan.acting_plugin = "rmm"
@@ -396,7 +396,7 @@ def test_config_read_at_start_of_the_wrong_shape_is_refused_at_registration(bad)
     import types
 
     from gpudask.errors import PluginError
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     plugin = types.SimpleNamespace(name="odd", priority=300, config_read_at_start=bad)
     with pytest.raises(PluginError, match="config_read_at_start must be a tuple of dask config key prefixes"):
@@ -408,7 +408,7 @@ def test_dask_cuda_refused_of_the_wrong_shape_is_refused_at_registration(bad):
     import types
 
     from gpudask.errors import PluginError
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     plugin = types.SimpleNamespace(name="odd", priority=300, dask_cuda_refused=bad)
     with pytest.raises(PluginError, match="dask_cuda_refused must be a dict"):

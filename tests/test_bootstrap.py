@@ -57,7 +57,8 @@ def test_the_same_inputs_are_built_once_and_other_inputs_again():
 
 
 def test_a_bootstrap_builds_one_plugin_manager_and_one_settings(monkeypatch):
-    from gpudask import config, manager
+    from gpudask import config
+    from gpudask.plugin import manager
 
     made = {"settings": 0, "managers": 0}
     settings_init, manager_init = config.Settings.__init__, manager.PluginManager.__init__

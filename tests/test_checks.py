@@ -269,7 +269,7 @@ def test_a_worker_without_gpudask_is_reported():
 
 
 def test_third_party_plugin_adds_findings_through_the_hook(tmp_path):
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     manager = PluginManager.from_environment(extra=[CudfOnScheduler()])
     assert "cudf-on-scheduler" in manager.names()
@@ -290,7 +290,7 @@ def test_third_party_plugin_adds_findings_through_the_hook(tmp_path):
 
 
 def test_a_failing_or_misbehaving_plugin_becomes_a_finding():
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     class Broken:
         name, priority = "broken", 1

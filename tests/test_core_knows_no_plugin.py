@@ -31,7 +31,7 @@ HOSTS = sorted((ROOT / "tests" / "hosts").glob("*.json"))
 
 # The registries of which built-ins exist and which are essential name plugins by module path
 # and name, never their keys: the one place the core lists them.
-REGISTRIES = {"gpudask/registration.py"}
+REGISTRIES = {"gpudask/plugin/registration.py"}
 # A built-in plugin's name that is also a word of another project, where the core uses it as
 # that word: (module or "*", name) -> why that is no plugin knowledge.
 NOT_PLUGIN_WORDS = {
@@ -58,8 +58,8 @@ def _plugin_knowledge() -> tuple[frozenset[str], frozenset[str], frozenset[str]]
     from gpudask.bootstrap import plan_host
     from gpudask.config import CORE_OPTIONS
     from gpudask.errors import GpudaskError
-    from gpudask.manager import PluginManager
-    from gpudask.registration import BUILTIN_PLUGINS
+    from gpudask.plugin.manager import PluginManager
+    from gpudask.plugin.registration import BUILTIN_PLUGINS
 
     options = PluginManager.from_environment().config_options()
     core = {o.key for o in CORE_OPTIONS}
@@ -149,7 +149,7 @@ def test_the_core_names_no_key_of_a_builtin_plugin():
 @functools.lru_cache(maxsize=1)
 def _fact_words() -> frozenset[str]:
     """The built-in plugins' facts sections, and the names their facts had as the core's keys."""
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     moved = {"nvlink_peers", "ib_devices", "memory_free", "ucx_transports"}
     sections = {section.name for _, section in PluginManager.from_environment().facts_sections()}
@@ -261,6 +261,6 @@ def test_the_guard_finds_a_plugin_key_where_the_core_would_name_one(tmp_path):
 
 @pytest.mark.parametrize("word", sorted({w for _, w in NOT_PLUGIN_WORDS}))
 def test_every_exception_is_a_builtin_plugin_name(word):
-    from gpudask.registration import BUILTIN_PLUGINS
+    from gpudask.plugin.registration import BUILTIN_PLUGINS
 
     assert word in {name for name, _ in BUILTIN_PLUGINS}

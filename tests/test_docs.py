@@ -25,7 +25,7 @@ def _gen_reference():
 def builtin_manager(monkeypatch):
     """The core and the built-in plugins: what the documentation describes (third-party
     plugins installed in this environment are not part of gpudask's docs)."""
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     monkeypatch.setenv("GPUDASK_DISABLE_PLUGIN_AUTOLOAD", "1")
     return PluginManager.from_environment()
@@ -54,7 +54,7 @@ def test_configuration_reference_names_the_plugin_and_legacy_keys():
 
 
 def test_hookspec_reference_has_every_hook():
-    from gpudask.manager import HOOKS
+    from gpudask.plugin.manager import HOOKS
 
     text = _gen_reference().hookspecs_markdown()
     for name in HOOKS:

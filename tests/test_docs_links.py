@@ -1,6 +1,6 @@
 """The docs read well in a fresh clone: every relative link names a committed file (or a page
 the build generates), the generated reference page that is committed is the one the code
-generates now, and the hook reference is not committed (its one source is gpudask/hookspecs.py)."""
+generates now, and the hook reference is not committed (its one source is gpudask/plugin/hookspecs.py)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_the_hook_reference_is_generated_at_build_time_only():
     assert "reference/hookspecs.md" in gen.GENERATED_AT_BUILD
     if tracked is not None:
         assert "docs/reference/hookspecs.md" not in tracked
-    from gpudask.manager import HOOKS
+    from gpudask.plugin.manager import HOOKS
 
     guide = (DOCS / "hooks.md").read_text()
     assert [h for h in HOOKS if f"](reference/hookspecs.md#{h})" not in guide] == []

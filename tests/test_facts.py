@@ -49,7 +49,7 @@ def raw(name: str) -> dict:
 def with_sections(facts):
     """``facts`` with the built-in plugins' sections (validated by their plugins)."""
     from gpudask.facts.sections import with_sections as add
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     return add(facts, PluginManager.from_environment().facts_sections())
 

@@ -187,8 +187,8 @@ def test_every_built_in_section_schema_is_json_schema():
     (a third party's are: tests below); this test does, for every built-in section."""
     import jsonschema
 
-    from gpudask.manager import PluginManager
-    from gpudask.registration import BUILTIN_DISTRIBUTION
+    from gpudask.plugin.manager import PluginManager
+    from gpudask.plugin.registration import BUILTIN_DISTRIBUTION
 
     manager = PluginManager.from_environment()
     sections = manager.facts_sections()

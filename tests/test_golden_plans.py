@@ -45,6 +45,6 @@ def test_there_are_golden_plans():
 
 
 def test_each_builtin_plugin_has_its_golden_entry_and_nothing_else_has_one():
-    from gpudask.registration import BUILTIN_PLUGINS
+    from gpudask.plugin.registration import BUILTIN_PLUGINS
 
     assert sorted(p.stem for p in PLUGINS.glob("*.json")) == sorted(name for name, _ in BUILTIN_PLUGINS)

@@ -8,8 +8,8 @@ import pathlib
 
 import pytest
 
-from gpudask import hookspecs
-from gpudask.manager import HOOKS
+from gpudask.plugin import hookspecs
+from gpudask.plugin.manager import HOOKS
 
 DOCS = pathlib.Path(__file__).parents[1] / "docs"
 
@@ -72,7 +72,7 @@ def _implementations():
     import importlib
     import sys
 
-    from gpudask.manager import BUILTIN_PLUGINS
+    from gpudask.plugin.manager import BUILTIN_PLUGINS
 
     root = pathlib.Path(__file__).parents[1]
     found = []

@@ -11,7 +11,7 @@ import pytest
 
 from gpudask import hookimpl
 from gpudask.errors import ConfigError, PluginError
-from gpudask.manager import PluginManager
+from gpudask.plugin.manager import PluginManager
 from gpudask.plan import ProcessPlan
 
 BUILTINS = {"tcp", "nvlink", "infiniband", "rmm", "forkserver", "cuda-context", "gpu-pinning", "cpu-affinity",
@@ -26,7 +26,7 @@ def make_plugin(name, priority=500, **hooks):
 
 
 def test_builtins_come_from_the_tuple_in_code_in_priority_order():
-    from gpudask.manager import BUILTIN_PLUGINS
+    from gpudask.plugin.manager import BUILTIN_PLUGINS
 
     assert {name for name, _ in BUILTIN_PLUGINS} == BUILTINS
     m = PluginManager.from_environment()
@@ -94,7 +94,7 @@ def test_enable_list_keeps_only_the_named_plugins(monkeypatch):
 
 
 def test_an_essential_plugin_stays_loaded_with_an_enable_list_and_cannot_be_disabled(monkeypatch):
-    from gpudask.manager import ESSENTIAL_PLUGINS
+    from gpudask.plugin.manager import ESSENTIAL_PLUGINS
 
     assert ESSENTIAL_PLUGINS == ("tcp",)
     monkeypatch.setenv("GPUDASK_PLUGINS", "gpu-pinning")

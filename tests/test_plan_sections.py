@@ -18,7 +18,7 @@ from gpudask.cli.status import format_status, worker_row
 from gpudask.config import Settings
 from gpudask.errors import PluginError
 from gpudask.facts import load_facts
-from gpudask.manager import PluginManager
+from gpudask.plugin.manager import PluginManager
 from gpudask.plan import PlanInputs, ProcessPlan, build_plan
 from gpudask.plugins import gpu_pinning, worker_memory
 from gpudask.plugins.rmm import plugin as rmm_plugin
@@ -132,7 +132,7 @@ def test_a_plugin_whose_rows_are_malformed_is_left_out_with_one_warning(monkeypa
 
 
 def test_a_column_named_twice_keeps_the_first_and_warns_once_naming_both(monkeypatch):
-    from gpudask import hookresults
+    from gpudask.plugin import hookresults
 
     monkeypatch.setattr(hookresults, "_COLUMNS_WARNED", set())
     row = {"column": "pool", "summary": "mine", "planned": 1, "actual": None}

@@ -15,7 +15,7 @@ from conftest import host
 from gpudask import hookimpl
 from gpudask.config import CORE_OPTIONS, Option, Settings
 from gpudask.facts import load_facts
-from gpudask.manager import PluginManager
+from gpudask.plugin.manager import PluginManager
 from gpudask.plan import PlanInputs, build_plan
 
 

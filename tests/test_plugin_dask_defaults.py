@@ -15,7 +15,7 @@ from conftest import base_env, host
 from gpudask.config import Settings
 from gpudask.errors import GpudaskError
 from gpudask.facts import facts_from_dict, load_facts
-from gpudask.manager import PluginManager
+from gpudask.plugin.manager import PluginManager
 from gpudask.plan import PlanInputs, build_plan
 from gpudask.plugins.dask_defaults import plugin
 

@@ -24,7 +24,7 @@ from gpudask import hookimpl
 from gpudask.config import Option, Settings, parse_bool
 from gpudask.errors import ConfigError, GpudaskError
 from gpudask.facts import facts_from_dict, load_facts
-from gpudask.manager import PluginManager
+from gpudask.plugin.manager import PluginManager
 from gpudask.plan import ProcessPlan
 from gpudask.plan import PlanInputs, build_plan
 from gpudask.plugins import gpu_pinning

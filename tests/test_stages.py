@@ -24,16 +24,14 @@ FACADES = {"gpudask", "gpudask.pluginapi"}
 # the first name under gpudask. -> its stage
 STAGE_OF = {
     "_version": "base", "errors": "base", "config": "base", "config_files": "base", "findings": "base",
-    "hookcall": "base",  # one plugin call, isolated: used by the plugin manager
     "session": "base",  # what gpudask holds for this process, in one object
     "plaindata": "base", "printable": "base",  # what a plugin returns as plain data; outside text made printable
     "textwidth": "base",  # the terminal's width and prose wrapped to it: every command's output
     "facts": "facts",
-    # the hook contract, the plugins' registration and the manager that calls them are
-    # typed with the plan's types
-    "plan": "plan", "hookspecs": "plan", "registration": "plan", "manager": "plan",
-    # the checks of what a hook returned and the trace of each call: the manager's
-    "hookresults": "plan", "hooktrace": "plan",
+    # the plugin machinery (gpudask/plugin/): the hook contract, the plugins' registration, the
+    # manager that calls them (each call isolated, its result checked, traced), typed with the
+    # plan's types
+    "plan": "plan", "plugin": "plan",
     # config, plugins, settings, the user's view and facts, once per process
     "bootstrap": "bootstrap",
     # another project's API (dask-cuda's arguments and options) as gpudask settings: reads the

@@ -17,8 +17,8 @@ ROOT = pathlib.Path(__file__).parents[1]
 
 
 def builtin_entry_points() -> dict[str, str]:
-    """The built-in plugins: the tuple in code (gpudask.manager.BUILTIN_PLUGINS)."""
-    from gpudask.manager import BUILTIN_PLUGINS
+    """The built-in plugins: the tuple in code (gpudask.plugin.manager.BUILTIN_PLUGINS)."""
+    from gpudask.plugin.manager import BUILTIN_PLUGINS
 
     return dict(BUILTIN_PLUGINS)
 

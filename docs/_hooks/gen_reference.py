@@ -2,7 +2,7 @@
 
 * ``docs/reference/configuration.md`` from the options every loaded plugin declares
   (``PluginManager.from_environment().config_options()``);
-* ``reference/hookspecs.md`` from the docstrings of ``gpudask/hookspecs.py``, the one source
+* ``reference/hookspecs.md`` from the docstrings of ``gpudask/plugin/hookspecs.py``, the one source
   of the hook contract: it exists only in the built site (``on_files`` adds it), never in
   the repository, so nothing restates the docstrings.
 
@@ -53,7 +53,7 @@ def builtin_plugins() -> Iterator[None]:
 def option_rows() -> list[dict[str, Any]]:
     """Every option of the core and of the loaded plugins, with the plugin that declares it."""
     from gpudask.config import CORE_OPTIONS
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
     with builtin_plugins():
         manager = PluginManager.from_environment()
@@ -156,11 +156,11 @@ def _rst_to_md(text: str) -> str:
 
 
 def hookspecs_markdown() -> str:
-    from gpudask import hookspecs
-    from gpudask.manager import HOOKS
+    from gpudask.plugin import hookspecs
+    from gpudask.plugin.manager import HOOKS
 
     out = [GENERATED_NOTE, "", "# Hook specifications", "",
-           "Generated from the docstrings of `gpudask/hookspecs.py`, which are the reference.",
+           "Generated from the docstrings of `gpudask/plugin/hookspecs.py`, which are the reference.",
            "[Hooks](../hooks.md) explains the same hooks with examples.", "",
            _rst_to_md(inspect.getdoc(hookspecs) or "")]
     for name in _ordered(HOOKS):
@@ -172,7 +172,7 @@ def hookspecs_markdown() -> str:
 
 def _ordered(hooks: list[str]) -> list[str]:
     """Source order (the order they run in), not alphabetical."""
-    from gpudask import hookspecs
+    from gpudask.plugin import hookspecs
 
     source = inspect.getsource(hookspecs)
     return sorted(hooks, key=lambda h: source.find(f"def {h}("))

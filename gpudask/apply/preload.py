@@ -155,7 +155,7 @@ def _fail_here(step: Any, cli: runtime.CliArgs | None, report: bool = True) -> N
 def fatal(error: BaseException) -> None:
     """Stop this server process now, with one line.  A worker process also leaves the line
     for the ``dask worker`` process that started it, which prints it as its last word."""
-    from gpudask.hookcall import PluginStopped
+    from gpudask.plugin.hookcall import PluginStopped
 
     line = f"gpudask: {error}"
     if isinstance(error, PluginStopped):

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpudask.errors import GpudaskError
 from gpudask.findings import Finding
-from gpudask.hookcall import plugin_in_call
+from gpudask.plugin.hookcall import plugin_in_call
 
 TIMEOUT_KEY = "gpudask.scheduler-check.timeout"
 DEFAULT_TIMEOUT_S = 5.0

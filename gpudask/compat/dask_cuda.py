@@ -80,7 +80,7 @@ def _add(arguments: dict[str, Argument], refused: dict[str, str], options: Itera
 def _unloaded_builtins(loaded: set[str]) -> tuple[list[Any], list[Any]]:
     """The options and modules of the built-in plugins that are not loaded (disabled): read
     only to name what an argument would have set."""
-    from gpudask.registration import BUILTIN_PLUGINS
+    from gpudask.plugin.registration import BUILTIN_PLUGINS
 
     options: list[Any] = []
     modules: list[Any] = []

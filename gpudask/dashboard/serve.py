@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpudask.hookcall import plugin_in_call
+from gpudask.plugin.hookcall import plugin_in_call
 from gpudask.plaindata import exception_text
 
 ROWS_LIMIT_S = 2.0  # seconds the plugins' report rows of one build may take

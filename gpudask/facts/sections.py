@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask import session
 from gpudask.errors import FactsError, PluginError
-from gpudask.registration import BUILTIN_DISTRIBUTION
 
 if TYPE_CHECKING:
     from gpudask.facts.model import Facts
@@ -60,6 +59,10 @@ class FactsSection:
     decides: bool = True
 
 
+# gpudask.plugin.registration.BUILTIN_DISTRIBUTION: that module is of a later stage
+_BUILTIN_DISTRIBUTION = "gpudask"
+
+
 def check_declared(plugin: str, distribution: str | None, result: Any, taken: Mapping[str, str]) -> list[FactsSection]:
     """A plugin's ``gpudask_facts_sections`` result, checked: a list of FactsSection with
     names of their own (``taken``: name -> the plugin that has it) and schemas JSON Schema
@@ -79,7 +82,7 @@ def check_declared(plugin: str, distribution: str | None, result: Any, taken: Ma
                               f"{taken[section.name]!r}'s; accepted: a section name of its own")
         # the built-in plugins' schemas are checked by the test suite (tests/test_facts_sections.py),
         # not again at every start: the meta-schema check is a planning process's costliest step
-        problem = None if distribution == BUILTIN_DISTRIBUTION else _schema_problem(section.schema)
+        problem = None if distribution == _BUILTIN_DISTRIBUTION else _schema_problem(section.schema)
         if problem is not None:
             raise PluginError(plugin, distribution, hook, f"facts section {section.name!r}: its schema is not "
                               f"valid JSON Schema: {problem}")

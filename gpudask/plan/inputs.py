@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpudask.config import Settings
     from gpudask.facts import Facts
-    from gpudask.manager import PluginManager
+    from gpudask.plugin.manager import PluginManager
 
 
 @dataclass(frozen=True)

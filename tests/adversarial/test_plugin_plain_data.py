@@ -276,7 +276,7 @@ def test_keyboard_interrupt_in_a_thread_is_the_plugins_failure():
     import threading
 
     from gpudask.errors import PluginError
-    from gpudask.hookcall import call_isolated
+    from gpudask.plugin.hookcall import call_isolated
 
     def interrupts():
         raise KeyboardInterrupt

@@ -21,7 +21,7 @@ def _distribution(site, dist: str, entry: str, module: str) -> None:
 
 
 def test_two_distributions_declaring_one_plugin_name_are_refused_in_one_line(tmp_path, monkeypatch):
-    from gpudask.registration import select
+    from gpudask.plugin.registration import select
 
     _distribution(tmp_path / "a", "gpudask-fast-a", "fast", "fast_a")
     _distribution(tmp_path / "b", "gpudask-fast-b", "fast", "fast_b")
@@ -36,7 +36,7 @@ def test_two_distributions_declaring_one_plugin_name_are_refused_in_one_line(tmp
 
 
 def test_one_distribution_found_twice_on_the_path_is_not_a_clash(tmp_path, monkeypatch):
-    from gpudask.registration import select
+    from gpudask.plugin.registration import select
 
     _distribution(tmp_path / "a", "gpudask-fast", "fast", "fast_a")
     monkeypatch.syspath_prepend(str(tmp_path / "a"))

@@ -3,11 +3,11 @@
 Each ``*_problem`` function takes one plugin's result of one hook and returns what is wrong
 with it, in the words of the one-line :class:`~gpudask.errors.PluginError` the manager raises
 (or the problem line a report shows), or None when the result is what the hook's
-specification in :mod:`gpudask.hookspecs` asks for; :func:`findings_of` turns a check's result
+specification in :mod:`gpudask.plugin.hookspecs` asks for; :func:`findings_of` turns a check's result
 into findings, whatever it holds.
 
 :func:`take` is what the manager runs on every result *inside the call's isolation*
-(:func:`gpudask.hookcall.call_isolated`), right after the plugin returned: the check, then
+(:func:`gpudask.plugin.hookcall.call_isolated`), right after the plugin returned: the check, then
 the copy into plain data (:func:`gpudask.plaindata.plain`) -- exact types, bounded.  A
 result's ``__str__``, a Finding subclass's properties, a mapping's ``items`` therefore run
 where a ``SystemExit`` is the plugin's failure and the call is bounded in time (a check's

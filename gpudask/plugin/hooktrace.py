@@ -1,7 +1,7 @@
 """Tracing the plugins' hook calls: one line per plugin and call.
 
 Turned on by ``gpudask.plugins.trace`` or ``$GPUDASK_TRACE_PLUGINS=1``
-(:meth:`gpudask.manager.PluginManager.enable_tracing`), which hands :func:`before` and
+(:meth:`gpudask.plugin.manager.PluginManager.enable_tracing`), which hands :func:`before` and
 :func:`after` to pluggy's ``add_hookcall_monitoring``.  The manager calls each plugin through
 a hook caller of its own, so every monitored call is one plugin's, and its line reads
 ``gpudask trace: <hook> -> <plugin> role=<role> index=<n>: <result> (<ms> ms)``

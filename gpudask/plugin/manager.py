@@ -3,7 +3,7 @@
 In the manner of pytest's and tox's plugin managers, one object holds the plugins and
 calls them: the rest of gpudask calls ``manager.select_transport(ctx, plan)``, never
 ``pm.hook.x``.  Which plugins load and what a plugin must be to be registered are
-:mod:`gpudask.registration`'s rules (:func:`~gpudask.registration.select`,
+:mod:`gpudask.plugin.registration`'s rules (:func:`~gpudask.plugin.registration.select`,
 :data:`BUILTIN_PLUGINS`, :data:`ESSENTIAL_PLUGINS`, re-exported here); the manager imports
 and registers what they select, each entry point's module run isolated like a hook.
 
@@ -11,10 +11,10 @@ It calls the plugins one at a time in priority order, each through pluggy's hook
 for that plugin alone (``PluginManager.subset_hook_caller`` without every other plugin,
 cached per hook and plugin), so that a failure names the plugin, its distribution and the
 hook, reasons are attributed to the plugin that made them, and a hook that isolates
-failures lets the others run; and traces the calls (``enable_tracing``: :mod:`gpudask.hooktrace`
+failures lets the others run; and traces the calls (``enable_tracing``: :mod:`gpudask.plugin.hooktrace`
 through pluggy's ``add_hookcall_monitoring``, one line per plugin and call).  Each call goes
-through :func:`gpudask.hookcall.call_isolated`, which bounds it and turns whatever it raises
-into a one-line PluginError; what it returns is checked by :mod:`gpudask.hookresults` before
+through :func:`gpudask.plugin.hookcall.call_isolated`, which bounds it and turns whatever it raises
+into a one-line PluginError; what it returns is checked by :mod:`gpudask.plugin.hookresults` before
 gpudask uses it.
 
 Only pluggy's public API is used.  What pluggy would order or wrap differently -- hook
@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
-from gpudask import hookresults, hookspecs, hooktrace
+from gpudask.plugin import hookresults, hookspecs, hooktrace
 from gpudask.config import CORE_OPTIONS, Option, Settings
 from gpudask.errors import PluginError
 from gpudask.findings import Finding
-from gpudask.hookcall import PluginStopped, call_isolated
-from gpudask.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
+from gpudask.plugin.hookcall import PluginStopped, call_isolated
+from gpudask.plugin.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
                                   ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
                                   LoadedPlugin, declared, pluggy_target, refused_option, select,
                                   unknown_hook)
@@ -89,7 +89,7 @@ class PluginManager:
     def from_environment(cls: type[_M], extra: Iterable[Any] = (), broken: list[PluginError] | None = None,
                          core: Settings | None = None) -> _M:
         """Load built-ins and entry points, honouring enable/disable lists and autoload
-        (:func:`gpudask.registration.select`).
+        (:func:`gpudask.plugin.registration.select`).
 
         A plugin that cannot be loaded raises :class:`PluginError`; with ``broken`` (a
         list), it is recorded there instead and the others load (``gpudask plugins``).
@@ -147,7 +147,7 @@ class PluginManager:
     def register(self, obj: Any, name: str | None = None, source: str = "registered",
                  distribution: str | None = None) -> LoadedPlugin | None:
         """Register ``obj`` (a module or object with ``name``, ``priority`` and hooks), checked
-        by :mod:`gpudask.registration`'s rules.  None when the name is blocked (disabled)."""
+        by :mod:`gpudask.plugin.registration`'s rules.  None when the name is blocked (disabled)."""
         name = getattr(obj, "name", None) or name
         if not isinstance(name, str) or not name:
             raise PluginError(repr(obj), distribution, "registration", "a plugin needs a non-empty string 'name'")
@@ -219,7 +219,7 @@ class PluginManager:
         returned = self._caller(hook_name, plugin)(**kwargs)
         result = returned[0] if returned else None  # pluggy leaves None results out of its list
         # still inside the call's isolation: the result checked and made plain data here
-        # (gpudask.hookresults.take), so nothing of the plugin's runs once the call is left
+        # (gpudask.plugin.hookresults.take), so nothing of the plugin's runs once the call is left
         return hookresults.take(hook_name, plugin.name, result)
 
     def hook_functions(self, hook_name: str) -> dict[str, Callable[..., Any]]:
@@ -256,7 +256,7 @@ class PluginManager:
                 tracked.acting_plugin, tracked.acting_reads = plugin.name, plugin.reads
             start = time.perf_counter()
             try:
-                # through pluggy's hook caller for this plugin alone; gpudask.hookcall isolates the call
+                # through pluggy's hook caller for this plugin alone; gpudask.plugin.hookcall isolates the call
                 result: Any = call_isolated(plugin.name, plugin.distribution, hook_name, self._call_one,
                                             [hook_name, plugin, kwargs])
             except PluginError as error:

@@ -6,7 +6,7 @@ and also ``SystemExit``, ``GeneratorExit`` or any other ``BaseException`` (``Key
 too, but on the main thread, where it is the user's Ctrl-C) -- into a :class:`~gpudask.errors.PluginError` naming the plugin and
 the hook, so that ``sys.exit()`` in a plugin never ends a scheduler, a worker or a command.  What it
 raised travels as its text, read here (:func:`gpudask.plaindata.exception_text`); the manager's ``function`` also
-makes the plugin's result plain data here (:mod:`gpudask.hookresults`), so nothing a plugin
+makes the plugin's result plain data here (:mod:`gpudask.plugin.hookresults`), so nothing a plugin
 hands back runs its code later, outside the isolation.
 
 On the main thread (where ``dask scheduler`` / ``dask worker`` run their event loop and

@@ -1,6 +1,6 @@
 """Which plugins load, and what a plugin must be to be registered: the rules of registration.
 
-The plugin manager (:class:`gpudask.manager.PluginManager`) holds the plugins and calls
+The plugin manager (:class:`gpudask.plugin.manager.PluginManager`) holds the plugins and calls
 their hooks; it registers them by these rules, which hold no state:
 
 * which plugins load (:func:`select`): the built-ins registered from :data:`BUILTIN_PLUGINS`
@@ -31,7 +31,7 @@ from typing import Any
 
 import pluggy
 
-from gpudask import hookspecs
+from gpudask.plugin import hookspecs
 from gpudask.config import CORE_OPTIONS, Settings, parse_bool, parse_name_list
 from gpudask.errors import ConfigError, PluginError
 

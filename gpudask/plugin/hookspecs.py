@@ -3,7 +3,7 @@
 A plugin is a module or an object that carries a ``name`` (str) and a ``priority``
 (int, 0-1000, lower runs first; ties are broken by name) and implements any of the
 hooks below, each marked with :data:`gpudask.pluginapi.hookimpl`.  Built-in plugins
-are registered from :data:`gpudask.manager.BUILTIN_PLUGINS`, third-party ones through
+are registered from :data:`gpudask.plugin.manager.BUILTIN_PLUGINS`, third-party ones through
 the ``gpudask`` entry point group; both are called the same way.
 
 Every hook is called by gpudask's plugin manager one implementation at a time, in
