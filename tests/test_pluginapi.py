@@ -220,10 +220,10 @@ def test_the_import_rule_resolves_relative_imports(tmp_path):
     relative import is held to the same rule as the absolute one it stands for."""
     mod = tmp_path / "mod.py"
     mod.write_text("from .rules import mode\nfrom . import setup\nfrom .. import forkserver\n"
-                   "from ..rmm.options import shown\nfrom ... import manager\nfrom .... import x\n")
+                   "from ..rmm.options import shown\nfrom ... import config\nfrom .... import x\n")
     names = [n for _, n in _gpudask_imports(mod, "gpudask.plugins.ucx")]
     assert names == ["gpudask.plugins.ucx.rules", "gpudask.plugins.ucx.setup", "gpudask.plugins.forkserver",
-                     "gpudask.plugins.rmm.options", "gpudask.manager", "gpudask....."]
+                     "gpudask.plugins.rmm.options", "gpudask.config", "gpudask....."]
     assert [_allowed(n, "ucx") for n in names] == [True, True, False, False, False, False]
     assert _package(ROOT / "plugins" / "ucx" / "tcp.py") == "gpudask.plugins.ucx"
     assert _package(ROOT / "plugins" / "gpu_pinning.py") == "gpudask.plugins"
