@@ -21,27 +21,21 @@ _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - (?:(\d+) - )?
 
 def _nvml_processes() -> list[dict[str, Any]] | None:
     """Compute processes on every GPU: pid, GPU index, used MiB.  None without NVML."""
-    try:
-        import pynvml
+    from gpudask.pluginapi import nvml_session
 
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
+    with nvml_session() as nvml:
+        count = nvml.call("nvmlDeviceGetCount") if nvml else None
+        if count is None:
+            return None
         out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                used = p.usedGpuMemory
-                out.append({"pid": int(p.pid), "gpu": i, "MiB": None if used is None else used / MiB})
+        for i in range(count):
+            h = nvml.call("nvmlDeviceGetHandleByIndex", i)
+            listed = None if h is None else nvml.call("nvmlDeviceGetComputeRunningProcesses", h)
+            if listed is None:
+                return None
+            out += [{"pid": int(p.pid), "gpu": i, "MiB": None if p.usedGpuMemory is None else p.usedGpuMemory / MiB}
+                    for p in listed]
         return out
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def _proc_start_epoch(pid: int) -> float | None:
