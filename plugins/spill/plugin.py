@@ -299,4 +299,4 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     # Worker.data reads the memory manager's; the state machine keeps its own reference
     manager.data = store
     server.state.data = store
-    server.metrics[METRIC] = lambda worker=None: store.metrics()
+    server.metrics[METRIC] = store.metrics  # distributed calls a metric with the worker

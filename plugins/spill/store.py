@@ -305,7 +305,8 @@ class DeviceHostStore(MutableMapping[Any, Any]):
     def device_bytes(self) -> int:
         return int(self.device.total_weight)
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self, worker: Any = None) -> dict[str, Any]:
+        """The counters (``worker``: what distributed passes a worker metric, unused)."""
         with self.lock:
             return {"device_bytes": self.device_bytes, "device_count": len(self.device),
                     **asdict(self.counters), "limit": self.device_memory_limit}

@@ -146,15 +146,10 @@ def _build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir
         env = {"DASK_DISTRIBUTED_UCXX__TCP": "True"}
         if gpu:
             env.update({"DASK_DISTRIBUTED_UCXX__NVLINK": "True", "DASK_DISTRIBUTED_UCXX__CUDA_COPY": "True"})
-        workers = _hand_placement(host, n, stock)
-        notes = []
-        if gpu:
-            pool = {"DASK_DISTRIBUTED_UCXX__RMM__POOL_SIZE": opts.pool_size}
-            workers = [(argv, {**wenv, **env, **pool}) for argv, wenv in workers]
-        else:
-            workers = [(argv, {**wenv, **env}) for argv, wenv in workers]
-            notes.append("no GPU: tcp only, no RMM pool")
-        return Spec(name, "ucx", scheduler("ucx"), dict(env), workers, notes)
+        pool = {"DASK_DISTRIBUTED_UCXX__RMM__POOL_SIZE": opts.pool_size} if gpu else {}
+        workers = [(argv, {**wenv, **env, **pool}) for argv, wenv in _hand_placement(host, n, stock)]
+        return Spec(name, "ucx", scheduler("ucx"), dict(env), workers,
+                    [] if gpu else ["no GPU: tcp only, no RMM pool"])
     if name == "gpudask":
         protocol = "ucx" if host.has_ucxx else "tcp"
         notes = [] if host.has_ucxx else ["distributed-ucxx is not installed: protocol tcp"]
