@@ -62,7 +62,7 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
                 "note": "NVML process query failed"}
     roles = cluster.roles()
     me = os.getpid()
-    rows, outside, foreign = [], 0.0, []
+    rows, foreign = [], []
     by_role = {"scheduler": 0.0, "nanny": 0.0}  # the nanny row: the dask worker process(es) and their helpers
     for p in procs:
         role = roles.get(p["pid"]) or ("bench client" if p["pid"] == me else None)
@@ -70,7 +70,6 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
         if role is None:
             foreign.append(p)
         elif role not in ("worker", "bench client") and p["MiB"] is not None:
-            outside += p["MiB"]
             by_role["scheduler" if role == "scheduler" else "nanny"] += p["MiB"]
     note = None
     ours = [r for r in rows if r["role"] not in ("not ours", "bench client")]
@@ -82,7 +81,7 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
         note = "the bench client holds a CUDA context (not counted)"
     if foreign:
         note = (note + "; " if note else "") + f"{len(foreign)} other process(es) on the GPUs (not counted)"
-    return {"outside_workers_MiB": round(outside, 1), "scheduler_MiB": round(by_role["scheduler"], 1),
+    return {"outside_workers_MiB": round(sum(by_role.values()), 1), "scheduler_MiB": round(by_role["scheduler"], 1),
             "nanny_MiB": round(by_role["nanny"], 1), "processes": rows, "note": note}
 
 
@@ -106,9 +105,7 @@ def proto_info(logs: list[str], pids: dict[str, int]) -> dict[str, Any]:
                             by_pid.setdefault(int(m.group(1)), set()).add(f"{tl}/{dev}")
         except OSError:
             continue
-    out = {}
-    for addr, pid in pids.items():
-        out[addr] = sorted(by_pid.get(pid, set()))
+    out = {addr: sorted(by_pid.get(pid, set())) for addr, pid in pids.items()}
     if not any(out.values()):
         return {"note": "no UCX_PROTO_INFO lines found in the logs", "workers": out}
     return {"workers": out}
