@@ -57,9 +57,7 @@ def gpudask_config_options() -> list[Option]:
 def ucx_wants_context(env: dict[str, str], config_get: Any) -> bool:
     """distributed-ucxx's own rule (``init_once``): a context before UCX when create-cuda-context
     is true or UCX_TLS names a cuda transport."""
-    if any(config_get(key) is True for key in CREATE_KEYS):
-        return True
-    return ucxx_creates_cuda_context(env.get("UCX_TLS"))
+    return any(config_get(key) is True for key in CREATE_KEYS) or ucxx_creates_cuda_context(env.get("UCX_TLS"))
 
 
 @hookimpl
@@ -113,9 +111,7 @@ def planned_context_gpu(ctx: PlanContext, plan: ProcessPlan) -> str | None:
     context: distributed-ucxx's own rule (``init_once``), a context on device 0 of
     CUDA_VISIBLE_DEVICES when UCX needs one -- as the plan (the user's explicit values
     included) has it."""
-    if not ctx.uses_ucx or not ctx.gpus or not planned_context(ctx, plan):
-        return None
-    return str(ctx.gpus[0].uuid)
+    return str(ctx.gpus[0].uuid) if ctx.uses_ucx and ctx.gpus and planned_context(ctx, plan) else None
 
 
 def planned_context(ctx: PlanContext, plan: ProcessPlan) -> bool:

@@ -7,6 +7,7 @@ cupy, numba and torch are imported here only inside functions, in worker process
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -146,8 +147,7 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
     before = shares.predecessor(plan.index)
     known = shares.known_workers()
 
-    def read() -> tuple[int, int] | None:
-        return fit.device_memory(uuid)
+    read = functools.partial(fit.device_memory, uuid)
 
     def leaving() -> bool:
         # the predecessor is this process's sibling (same nanny host, same pid namespace): while it
