@@ -252,13 +252,9 @@ class RmmSettings:
 
 
 def read_settings(ctx: PlanContext) -> RmmSettings:
-    def value(option: str) -> Any:
-        return ctx.value(f"gpudask.rmm.{option}")
-
-    return RmmSettings(
-        value("pool-size"), value("maximum-pool-size"), value("allocator"), value("managed-memory"),
-        value("release-threshold"), value("log-directory"), value("track-allocations"), value("libraries"),
-        value("scheduler-pool-size"), value("workers-per-gpu"), value("release-wait"))
+    return RmmSettings(*(ctx.value(f"gpudask.rmm.{option}") for option in (
+        "pool-size", "maximum-pool-size", "allocator", "managed-memory", "release-threshold", "log-directory",
+        "track-allocations", "libraries", "scheduler-pool-size", "workers-per-gpu", "release-wait")))
 
 
 def shown(ctx: PlanContext, key: str) -> str:
