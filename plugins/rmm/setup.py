@@ -59,7 +59,7 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
         raise GpudaskError(f"gpudask.rmm: an RMM {memory['allocator']} allocator is planned for GPU "
                            f"{memory.get('gpu')} but rmm cannot be imported: {e}") from None
     existing = rmm.mr.get_current_device_resource()
-    if not _is_default_resource(rmm, existing):
+    if type(existing) is not rmm.mr.CudaMemoryResource:  # not RMM's default resource
         # someone (a user, another plugin, a previous preload) set a resource: leave it
         report.update(applied=False, existing=_chain(existing), pool_size=_pool_size(rmm, existing),
                       why="a memory resource was already set in this process; gpudask does not replace it "
@@ -175,10 +175,6 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
         logger.info("gpudask: %s: waited %.1f s for GPU %s memory being released (predecessor pid %s): %s free",
                     who, waited.seconds, uuid, before, target.gib(waited.free))
     return out
-
-
-def _is_default_resource(rmm: Any, mr: Any) -> bool:
-    return type(mr) is rmm.mr.CudaMemoryResource
 
 
 def _build(rmm: Any, memory: dict[str, Any]) -> Any:

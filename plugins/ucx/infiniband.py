@@ -87,13 +87,9 @@ def _pci_components(path: str | None) -> list[str]:
     return parts
 
 
-def _common(a: list[str], b: list[str]) -> int:
-    return len(os.path.commonprefix([a, b]))
-
-
 def nearness(gpu: GPU, port: Port) -> tuple[int, int]:
     """(shared PCI path components, same NUMA node): larger is nearer, compared in that order."""
-    shared = _common(_pci_components(gpu.pci_path), _pci_components(port.pci_path))
+    shared = len(os.path.commonprefix([_pci_components(gpu.pci_path), _pci_components(port.pci_path)]))
     same_numa = int(gpu.numa_node is not None and gpu.numa_node == port.numa_node)
     return shared, same_numa
 

@@ -70,10 +70,6 @@ class Spec:
     notes: list[str] = field(default_factory=list)
 
 
-def _rotate(tokens: list[str], i: int) -> str:
-    return ",".join(tokens[i:] + tokens[:i])
-
-
 def _hand_placement(host: Host, n: int, argv: Callable[[int], list[str]]) -> list[tuple[list[str], dict[str, str]]]:
     """What users write by hand without gpudask: one CLI for all workers when they share
     one GPU (or there is none), else one CLI per worker with its GPU first in
@@ -81,7 +77,8 @@ def _hand_placement(host: Host, n: int, argv: Callable[[int], list[str]]) -> lis
     g = len(host.tokens)
     if g <= 1:
         return [(argv(n), {})]
-    return [(argv(1), {"CUDA_VISIBLE_DEVICES": _rotate(host.tokens, i % g)}) for i in range(n)]
+    return [(argv(1), {"CUDA_VISIBLE_DEVICES": ",".join(host.tokens[i % g:] + host.tokens[:i % g])})
+            for i in range(n)]
 
 
 # configurations that spill GPU objects above a device memory limit, and how each is told
