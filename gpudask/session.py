@@ -19,7 +19,10 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -58,6 +61,8 @@ class ProcessState:
     # what gpudask_preimport named for this worker that its fork server had imported
     # (gpudask.apply.process.start_worker)
     preimported: list[str] = field(default_factory=list)
+    # what each plugin keeps for this process, by the plugin's name (:func:`plugin_state`)
+    plugin_states: dict[str, Any] = field(default_factory=dict)
 
     def count(self, what: str) -> None:
         with _LOCK:
@@ -99,3 +104,12 @@ def reset() -> ProcessState:
 def count(what: str) -> None:
     """Count one costly step of this process (module docstring)."""
     current().count(what)
+
+
+def plugin_state(name: str, make: Callable[[], _T]) -> _T:
+    """What plugin ``name`` keeps for this process: ``make()`` at first use, forgotten by :func:`reset`."""
+    state = current()
+    with _LOCK:
+        if name not in state.plugin_states:
+            state.plugin_states[name] = make()
+        return state.plugin_states[name]  # type: ignore[no-any-return]

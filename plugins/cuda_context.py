@@ -57,9 +57,7 @@ def gpudask_config_options() -> list[Option]:
 def ucx_wants_context(env: dict[str, str], config_get: Any) -> bool:
     """distributed-ucxx's own rule (``init_once``): a context before UCX when create-cuda-context
     is true or UCX_TLS names a cuda transport."""
-    if any(config_get(key) is True for key in CREATE_KEYS):
-        return True
-    return ucxx_creates_cuda_context(env.get("UCX_TLS"))
+    return any(config_get(key) is True for key in CREATE_KEYS) or ucxx_creates_cuda_context(env.get("UCX_TLS"))
 
 
 @hookimpl
@@ -113,9 +111,7 @@ def planned_context_gpu(ctx: PlanContext, plan: ProcessPlan) -> str | None:
     context: distributed-ucxx's own rule (``init_once``), a context on device 0 of
     CUDA_VISIBLE_DEVICES when UCX needs one -- as the plan (the user's explicit values
     included) has it."""
-    if not ctx.uses_ucx or not ctx.gpus or not planned_context(ctx, plan):
-        return None
-    return str(ctx.gpus[0].uuid)
+    return str(ctx.gpus[0].uuid) if ctx.uses_ucx and ctx.gpus and planned_context(ctx, plan) else None
 
 
 def planned_context(ctx: PlanContext, plan: ProcessPlan) -> bool:
@@ -153,32 +149,27 @@ def existing_context() -> Any:
 
 
 def _describe(info: Any) -> str:
-    uuid = info.uuid.decode() if isinstance(info.uuid, bytes) else str(info.uuid)
     mig = f" MIG instance {info.mig_index}" if info.mig_index is not None else ""
-    return f"GPU {info.device_index}{mig} ({uuid})"
+    return f"GPU {info.device_index}{mig} ({_uuid_of(info)})"
 
 
 def _uuid_of(info: Any) -> str:
     return info.uuid.decode() if isinstance(info.uuid, bytes) else str(info.uuid)
 
 
-def _same_device(uuid: str, plan: ProcessPlan, ctx: PlanContext) -> bool:
-    """Does ``uuid`` (GPU-, MIG- or bare) name the worker's GPU (or its MIG instance's parent)?"""
-    def norm(u: str) -> str:
-        u = u.lower()
-        for prefix in ("gpu-", "mig-"):
-            u = u.removeprefix(prefix)
-        return u.replace("-", "")
+def _norm(uuid: str) -> str:
+    return uuid.lower().removeprefix("gpu-").removeprefix("mig-").replace("-", "")
 
+
+def _uuids(gpu: Any) -> set[str]:
+    """A GPU's UUID and its MIG instances', normalised (GPU-, MIG- or bare compare equal)."""
+    return {_norm(gpu.uuid)} | {_norm(str(i["uuid"])) for i in (gpu.mig.get("instances") or []) if i.get("uuid")}
+
+
+def _same_device(uuid: str, plan: ProcessPlan, ctx: PlanContext) -> bool:
+    """Does ``uuid`` (GPU-, MIG- or bare) name the process's own GPU (or its MIG instance's parent)?"""
     own = own_gpu(ctx, plan)
-    if own is None:
-        return False
-    mine = {norm(own[0])}
-    if own[1] is not None:
-        gpu = ctx.facts.gpu_by_index(own[1])
-        mine.add(norm(gpu.uuid))
-        mine.update(norm(str(i.get("uuid"))) for i in (gpu.mig.get("instances") or []) if i.get("uuid"))
-    return norm(uuid) in mine
+    return own is not None and _norm(uuid) in {_norm(own[0])} | _uuids(ctx.facts.gpu_by_index(own[1]))
 
 
 def _where(plan: ProcessPlan) -> str:
@@ -305,13 +296,8 @@ def _quiet_ucxx_about(uuids: list[str]) -> None:
 
 def _same_gpu(planned: str, actual: str, ctx: PlanContext) -> bool:
     """``actual`` (NVML: GPU- or MIG- UUID) is the planned GPU or one of its MIG instances."""
-    def norm(u: str) -> str:
-        return u.lower().removeprefix("gpu-").removeprefix("mig-").replace("-", "")
-
-    gpu = next((g for g in ctx.gpus if norm(g.uuid) == norm(planned)), None)
-    mine = {norm(planned)} | {norm(str(i.get("uuid"))) for i in ((gpu.mig.get("instances") or []) if gpu else [])
-                              if i.get("uuid")}
-    return norm(actual) in mine
+    gpu = next((g for g in ctx.gpus if _norm(g.uuid) == _norm(planned)), None)
+    return _norm(actual) in {_norm(planned)} | (_uuids(gpu) if gpu else set())
 
 
 def compare_context(ctx: PlanContext, plan: ProcessPlan, actual: str | None) -> dict[str, dict[str, Any]] | None:

@@ -21,6 +21,7 @@ gpudask say which process forked and from where.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -134,10 +135,7 @@ def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
                 "failed, yet a fork() has been issued' from this process means it forked after UCX opened InfiniBand",
                 where, os.getpid())
 
-    def before_fork() -> None:
-        _before_fork(where)
-
-    os.register_at_fork(before=before_fork)
+    os.register_at_fork(before=functools.partial(_before_fork, where))
 
 
 def ucx_initialized() -> bool:
@@ -150,7 +148,7 @@ def _before_fork(where: str) -> None:
     if not ucx_initialized():
         return
     try:
-        stack = "".join(traceback.format_stack(limit=10)[:-2]).rstrip()  # without before_fork and us
+        stack = "".join(traceback.format_stack(limit=9)[:-1]).rstrip()  # without this frame
         logger.warning("gpudask: %s (pid %d) is forking after UCX initialised: if UCX opened an InfiniBand device "
                        "here, the child shares its registered memory copy-on-write and data may be corrupted (UCX "
                        "warns 'ibv_fork_init() was disabled or failed, yet a fork() has been issued'). Start "

@@ -82,15 +82,10 @@ def _entry_uuid(entry: str, gpu: GPU) -> str:
     instances = _mig_instances(gpu)
     if entry.startswith("MIG-GPU-"):  # old form MIG-GPU-<uuid>/<gi>/<ci>
         ids = entry.split("/")[1:]
-        for inst in instances:
-            if [str(inst.get("gpu_instance_id")), str(inst.get("compute_instance_id"))] == ids:
-                return str(inst["uuid"])
-        return entry
+        return next((str(i["uuid"]) for i in instances
+                     if [str(i.get("gpu_instance_id")), str(i.get("compute_instance_id"))] == ids), entry)
     if entry.startswith("MIG-"):
-        for inst in instances:
-            if str(inst["uuid"]).lower().startswith(entry.lower()):
-                return str(inst["uuid"])
-        return entry
+        return next((str(i["uuid"]) for i in instances if str(i["uuid"]).lower().startswith(entry.lower())), entry)
     # a MIG-enabled GPU named by index or GPU UUID: CUDA shows its first instance
     return str(instances[0]["uuid"]) if instances else gpu.uuid
 

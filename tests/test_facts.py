@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.metadata as md
 import json
@@ -493,7 +494,7 @@ def test_infiniband_from_fake_sysfs(tmp_path, monkeypatch):
     # the probed ports are the infiniband plugin's section of a probed host, valid as a whole
     f = with_sections(F.probe_facts())
     assert [d.name for d in IB.active_ports(f)] == ["mlx5_0"]
-    assert f.section("infiniband") == {"ports": [d.to_dict() for d in got.values()]}
+    assert f.section("infiniband") == {"ports": [dataclasses.asdict(d) for d in got.values()]}
     assert with_sections(F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed")) == f
 
 

@@ -192,6 +192,28 @@ def test_distributed_still_has_what_gpu_graph_data_wraps():
     assert {"set_metadata", "get_metadata"} <= set(dir(Scheduler))
 
 
+def test_the_plugin_keeps_its_settings_in_the_process_state_and_a_reset_forgets_them():
+    from dask._expr import LLGExpr
+    from dask._task_spec import Task
+
+    from gpudask import session
+
+    class Client:
+        id, asynchronous = "c", False
+
+        def scatter(self, found, **kw):
+            return {k: f"future-{k}" for k in found}
+
+    graph = LLGExpr({"k": Task("k", max, standin_gpu.DeviceArray(np.arange(1000)))})
+    assert plugin._rewrite(Client(), graph) == (graph, None)  # no client plan set up: the graph as it is
+    plugin._state().client = (0, ("standin_gpu",))
+    assert session.current().plugin_states[plugin.name].client == (0, ("standin_gpu",))
+    assert plugin._rewrite(Client(), graph)[1]  # set up: the GPU object is lifted
+    session.reset()
+    assert plugin._state().client is None and plugin._state().deferred == deferral.DEFAULT_DEFERRED_MODULES
+    assert plugin._rewrite(Client(), graph) == (graph, None)
+
+
 def test_the_plan_says_the_rule_and_the_threshold():
     h = plan_on(H200, "ucx", **{plugin.THRESHOLD: "4MiB"})
     client = [r for r in h.for_role("client").reasons if r.plugin == "gpu-graph-data"]

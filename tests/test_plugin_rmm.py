@@ -517,7 +517,7 @@ def test_setup_memory_on_a_described_host_allocates_nothing_and_says_so():
     assert report["applied"] is False and "no real GPU" in report["skipped"]
     assert report["initial_pool_size"] == H200 // 2 and report["allocator"] == "pool"
     json.dumps(report)  # JSON-compatible: published in the worker's startup information
-    assert rmm_setup._STATE is None  # nothing built in this process
+    assert rmm_setup._MR is None  # nothing built in this process
 
 
 def test_setup_memory_without_a_plan_reports_none():

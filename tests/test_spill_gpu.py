@@ -16,7 +16,8 @@ from conftest import BENCH_MISSING, base_env
 
 pytest.importorskip("gpudask_bench", reason=BENCH_MISSING)
 
-from gpudask_bench.spill import _detached, spill_figure  # noqa: E402
+from gpudask_bench.spill import spill_figure  # noqa: E402
+from gpudask_bench.workers import detached  # noqa: E402
 
 GB = 10**9
 LIMIT = 8 * GB
@@ -43,7 +44,7 @@ def _start(cluster, spilling: bool):
     cluster.worker("--preload", "gpudask", "--nworkers", "1", "--nthreads", "1", env=env)
     client = cluster.client()
     client.wait_for_workers(1, timeout=120)
-    assert set(client.run(_detached(_cap_device_memory), GPU_SIZE).values()) == {"LimitingResourceAdaptor"}
+    assert set(client.run(detached(_cap_device_memory), GPU_SIZE).values()) == {"LimitingResourceAdaptor"}
     return client
 
 

@@ -73,9 +73,21 @@ def _namespace() -> str:
     return f"{ns}_gpudask" if ns else "gpudask"
 
 
-def _labels(base: dict[str, str], **more: Any) -> tuple[list[str], list[str]]:
-    merged = {**base, **{k: "" if v is None else str(v) for k, v in more.items()}}
-    return list(merged), list(merged.values())
+# the families, one sample per worker: attribute -> (name after the prefix, help, labels after the base ones)
+_FAMILIES = {
+    "info": ("info", "gpudask on this worker (value 1): its GPU, CUDA_VISIBLE_DEVICES, protocol, UCX_TLS, interface, "
+                     "facts origin and gpudask version",
+             ["index", "gpu", "gpu_name", "cuda_visible_devices", "protocol", "ucx_tls", "interface", "facts",
+              "version"]),
+    "gpu_memory": ("gpu_memory_total_bytes", "Memory of the worker's GPU", ["gpu"]),
+    "visible": ("visible_gpus", "GPUs visible on the worker's host", []),
+    "pool": ("memory_pool_bytes", "The planned RMM pool sizes of the worker", ["allocator", "size"]),
+    "cpus": ("cpu_affinity_cpus", "CPUs the worker is bound to (planned)", []),
+    "plugin": ("plugin_info", "gpudask plugins loaded (value: priority)", ["plugin", "source"]),
+    "decisions": ("decisions", "Decisions in the worker's plan, per plugin", ["plugin", "skipped"]),
+    "restart": ("needs_restart", "Planned settings a running worker could not apply (gpudask registered late); 0 "
+                                 "when preloaded", []),
+}
 
 
 class _Families:
@@ -84,67 +96,44 @@ class _Families:
     def __init__(self, prefix: str, extra_labels: list[str]):
         from prometheus_client.core import GaugeMetricFamily
 
-        self.prefix = prefix
-        base = list(extra_labels)
-        self.info = GaugeMetricFamily(
-            f"{prefix}_info", "gpudask on this worker (value 1): its GPU, CUDA_VISIBLE_DEVICES, protocol, UCX_TLS, "
-                              "interface, facts origin and gpudask version",
-            labels=[*base, "index", "gpu", "gpu_name", "cuda_visible_devices", "protocol", "ucx_tls", "interface",
-                    "facts", "version"])
-        self.gpu_memory = GaugeMetricFamily(f"{prefix}_gpu_memory_total_bytes", "Memory of the worker's GPU",
-                                            labels=[*base, "gpu"])
-        self.visible = GaugeMetricFamily(f"{prefix}_visible_gpus", "GPUs visible on the worker's host",
-                                         labels=base)
-        self.pool = GaugeMetricFamily(f"{prefix}_memory_pool_bytes", "The planned RMM pool sizes of the worker",
-                                      labels=[*base, "allocator", "size"])
-        self.cpus = GaugeMetricFamily(f"{prefix}_cpu_affinity_cpus", "CPUs the worker is bound to (planned)",
-                                      labels=base)
-        self.plugin = GaugeMetricFamily(f"{prefix}_plugin_info", "gpudask plugins loaded (value: priority)",
-                                        labels=[*base, "plugin", "source"])
-        self.decisions = GaugeMetricFamily(f"{prefix}_decisions", "Decisions in the worker's plan, per plugin",
-                                           labels=[*base, "plugin", "skipped"])
-        self.restart = GaugeMetricFamily(f"{prefix}_needs_restart",
-                                         "Planned settings a running worker could not apply (gpudask registered "
-                                         "late); 0 when preloaded", labels=base)
+        self.by_name = {attr: GaugeMetricFamily(f"{prefix}_{suffix}", doc, labels=[*extra_labels, *labels])
+                        for attr, (suffix, doc, labels) in _FAMILIES.items()}
 
     def add(self, published: dict[str, Any], base: dict[str, str]) -> None:
-        values = list(base.values())
+        values, f = list(base.values()), self.by_name
         plan = published.get("plan") or {}
         facts = published.get("facts") or {}
         gpus = {g.get("uuid"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
         gpu = gpus.get(plan.get("gpu")) or {}
         env = plan.get("env") or {}
-        _, labels = _labels(base, index=plan.get("index"), gpu=plan.get("gpu"), gpu_name=gpu.get("name"),
-                               cuda_visible_devices=plan.get("cuda_visible_devices"),
-                               protocol=published.get("protocol"), ucx_tls=env.get("UCX_TLS"),
-                               interface=plan.get("interface"), facts=published.get("facts_origin"),
-                               version=published.get("version"))
-        self.info.add_metric(labels, 1)
+        info = (plan.get("index"), plan.get("gpu"), gpu.get("name"), plan.get("cuda_visible_devices"),
+                published.get("protocol"), env.get("UCX_TLS"), plan.get("interface"), published.get("facts_origin"),
+                published.get("version"))
+        f["info"].add_metric([*values, *("" if v is None else str(v) for v in info)], 1)
         if gpu.get("memory_total") is not None:
-            self.gpu_memory.add_metric([*values, str(plan.get("gpu"))], float(gpu["memory_total"]))
-        self.visible.add_metric(values, float(len(facts.get("gpus") or [])))
+            f["gpu_memory"].add_metric([*values, str(plan.get("gpu"))], float(gpu["memory_total"]))
+        f["visible"].add_metric(values, float(len(facts.get("gpus") or [])))
         sections = plan.get("sections")
         memory = sections.get("rmm") if isinstance(sections, dict) else None  # the rmm plugin's section
         for size in ("initial_pool_size", "maximum_pool_size"):
             if isinstance(memory, dict) and isinstance(memory.get(size), (int, float)):
-                self.pool.add_metric([*values, str(memory.get("allocator")), size.split("_")[0]],
+                f["pool"].add_metric([*values, str(memory.get("allocator")), size.split("_")[0]],
                                      float(memory[size]))
         if plan.get("cpu_affinity"):
-            self.cpus.add_metric(values, float(len(plan["cpu_affinity"])))
+            f["cpus"].add_metric(values, float(len(plan["cpu_affinity"])))
         for p in published.get("plugins") or []:
-            self.plugin.add_metric([*values, str(p.get("name")), str(p.get("source"))], float(p.get("priority", 0)))
+            f["plugin"].add_metric([*values, str(p.get("name")), str(p.get("source"))], float(p.get("priority", 0)))
         counts: dict[tuple[str, str], int] = {}
         for r in plan.get("reasons") or []:
             key = (str(r.get("plugin")), "true" if r.get("decision") == "skipped" else "false")
             counts[key] = counts.get(key, 0) + 1
         for (plugin, skipped), n in sorted(counts.items()):
-            self.decisions.add_metric([*values, plugin, skipped], float(n))
+            f["decisions"].add_metric([*values, plugin, skipped], float(n))
         late = published.get("late") or {}
-        self.restart.add_metric(values, float(len(late.get("needs_restart") or [])))
+        f["restart"].add_metric(values, float(len(late.get("needs_restart") or [])))
 
     def families(self) -> list[Any]:
-        return [self.info, self.gpu_memory, self.visible, self.pool, self.cpus, self.plugin, self.decisions,
-                self.restart]
+        return list(self.by_name.values())
 
 
 def worker_metrics(published: dict[str, Any], namespace: str | None = None) -> list[Any]:

@@ -47,11 +47,8 @@ def worker_has_gpus(extra: Any) -> bool:
 
 def p2p_rechunk(tasks: Any) -> bool:
     """Does a graph (its task keys) hold P2P rechunk transfers?"""
-    for key in tasks or ():
-        name = key[0] if isinstance(key, tuple) and key else key
-        if isinstance(name, str) and name.startswith(TRANSFER_PREFIX):
-            return True
-    return False
+    names = (key[0] if isinstance(key, tuple) and key else key for key in tasks or ())
+    return any(isinstance(name, str) and name.startswith(TRANSFER_PREFIX) for name in names)
 
 
 def message(gpu_workers: list[str]) -> str:
@@ -97,9 +94,7 @@ class P2PRechunkWarning(SchedulerPlugin):
         self.warned.discard(client)
 
     def update_graph(self, scheduler: Any, *, client: str, keys: Any, tasks: Any, **kwargs: Any) -> None:
-        if not self.gpu_workers or client in self.warned or client == "fire-and-forget":
-            return
-        if not p2p_rechunk(tasks):
+        if not self.gpu_workers or client in self.warned or client == "fire-and-forget" or not p2p_rechunk(tasks):
             return
         comm = scheduler.client_comms.get(client)
         if comm is None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .deferral import is_deferred
+
 Scatter = Callable[[dict[str, Any]], dict[str, Any]]  # {key: object} -> {key: Future}, worker-direct
 
 
@@ -32,10 +34,8 @@ def device_nbytes(obj: Any, deferred_modules: Iterable[str]) -> int | None:
     cls = type(obj)
     if cls in (int, float, str, bytes, bool, type(None), list, tuple, dict):
         return None
-    module = getattr(cls, "__module__", "") or ""
-    device = hasattr(obj, "__cuda_array_interface__") or any(
-        module == m or module.startswith(m + ".") for m in deferred_modules)
-    if not device:
+    if not (hasattr(obj, "__cuda_array_interface__") or is_deferred(getattr(cls, "__module__", "") or "",
+                                                                     deferred_modules)):
         return None
     try:
         nbytes = obj.nbytes
@@ -119,14 +119,8 @@ class Lifter:
 
     def mapping(self, graph: Mapping[Any, Any]) -> dict[Any, Any] | None:
         """A graph (key -> task or data) with its large GPU objects lifted, or None if it has none."""
-        changed = {}
-        for key, value in graph.items():
-            new = self.graph_value(key, value)
-            if new is not None:
-                changed[key] = new
-        if not changed:
-            return None
-        return {**graph, **changed}
+        changed = {k: new for k, v in graph.items() if (new := self.graph_value(k, v)) is not None}
+        return {**graph, **changed} if changed else None
 
     def hlg(self, hlg: Any) -> Any:
         from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
@@ -141,9 +135,7 @@ class Lifter:
                                               collection_annotations=layer.collection_annotations)
                     changed = True
             layers[name] = layer
-        if not changed:
-            return None
-        return HighLevelGraph(layers, hlg.dependencies)
+        return HighLevelGraph(layers, hlg.dependencies) if changed else None
 
     def expr(self, expr: Any) -> Any:
         """``expr`` (what the client sends: LLGExpr, HLGExpr, sequences of them) rewritten, or None."""
@@ -179,5 +171,4 @@ def lift(expr: Any, scatter: Scatter, threshold: int, deferred_modules: Iterable
     new = lifter.expr(expr)
     if new is None or not lifter.found:
         return expr, {}
-    futures = scatter(lifter.found)
-    return new, futures
+    return new, scatter(lifter.found)

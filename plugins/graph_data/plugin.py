@@ -22,17 +22,20 @@ scheduler-parity); it is told at connect what it misses.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import weakref
-from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import (Option, format_bytes, hookimpl, parse_bool, parse_bytes, parse_name_list,
+from gpudask.pluginapi import (Option, format_bytes, hookimpl, parse_bool, parse_bytes, parse_name_list, plugin_state,
                                wrap_direct_default, wrap_graph_submission, wrap_handler, wrap_pickle_family_loads)
 
 from . import deferral, lifting
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from distributed import Nanny, Scheduler, Worker
 
     from gpudask.pluginapi import PlanContext, ProcessPlan
@@ -76,6 +79,20 @@ def gpudask_config_options() -> list[Option]:
     ]
 
 
+@dataclass
+class State:
+    """What this plugin keeps for this process (``plugin_state``)."""
+
+    deferred: tuple[str, ...] = deferral.DEFAULT_DEFERRED_MODULES  # what this process's graph reads defer
+    client: tuple[int, tuple[str, ...]] | None = None  # (threshold, modules) once a client plan is set up
+    direct: weakref.WeakKeyDictionary[Any, bool] = field(default_factory=weakref.WeakKeyDictionary)  # by client
+    counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))  # lifted arguments' key suffix
+
+
+def _state() -> State:
+    return plugin_state(name, State)
+
+
 def deferred_modules(ctx: PlanContext) -> tuple[str, ...]:
     return deferral.DEFAULT_DEFERRED_MODULES + tuple(ctx.value(MODULES) or ())
 
@@ -101,9 +118,6 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 
 # -- the scheduler --------------------------------------------------------------------------
-_DEFERRED: list[tuple[str, ...]] = [deferral.DEFAULT_DEFERRED_MODULES]  # what this process's graph reads defer
-
-
 def _reading_graph(original: Any) -> Any:
     """The scheduler's ``update-graph`` handler, run with graphs read deferring GPU globals (it
     deserialises the graph before its first await, in this task's context)."""
@@ -126,29 +140,26 @@ def _reading_graph(original: Any) -> Any:
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     if plan.role != "scheduler" or not ctx.value(ENABLED):
         return
-    _DEFERRED[0] = deferred_modules(ctx)
-    wrap_pickle_family_loads(lambda original: deferral.deferring_pickle_loads(original, lambda: _DEFERRED[0]))
+    _state().deferred = deferred_modules(ctx)
+    wrap_pickle_family_loads(lambda original: deferral.deferring_pickle_loads(original, lambda: _state().deferred))
     wrap_handler(server, "update-graph", _reading_graph, name, stream=True)
     scheduler: Any = server  # the role says so; distributed is not annotated
     scheduler.set_metadata(keys=METADATA_KEYS, value={"direct": not ctx.gpus})
 
 
 # -- the client -----------------------------------------------------------------------------
-_CLIENT: dict[str, Any] = {}  # this process's client settings (one client plan per process)
-_DIRECT: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-
-
 def _rewrite(client: Any, expr: Any) -> tuple[Any, Any]:
     """A client's graph with its large GPU objects scattered worker-direct (and the futures)."""
-    if not _CLIENT or _on_event_loop() or getattr(client, "asynchronous", False):
+    state = _state()
+    if state.client is None or _on_event_loop() or getattr(client, "asynchronous", False):
         return expr, None
     try:
-        prefix = f"gpudask-arg-{client.id}-{next(_COUNTER)}"
+        prefix = f"gpudask-arg-{client.id}-{next(state.counter)}"
 
         def scatter(found: dict[str, Any]) -> dict[str, Any]:
             return client.scatter(found, direct=True, hash=False)  # type: ignore[no-any-return]
 
-        return lifting.lift(expr, scatter, _CLIENT["threshold"], _CLIENT["modules"], prefix)
+        return lifting.lift(expr, scatter, *state.client, prefix)
     except Exception as e:  # noqa: BLE001 - the graph goes as it is, the user's call is not broken
         logger.warning("gpudask: large GPU objects stay in this graph (%s: %s)", type(e).__name__, e)
         return expr, None
@@ -163,26 +174,17 @@ def _on_event_loop() -> bool:
     return True
 
 
-def _counter() -> Iterator[int]:
-    n = 0
-    while True:
-        n += 1
-        yield n
-
-
-_COUNTER = _counter()
-
-
 async def _direct(client: Any) -> bool:
     """Does ``client``'s scheduler ask for worker-direct gathers and scatters (it has no GPU)?"""
-    known = _DIRECT.get(client)
+    cache = _state().direct
+    known = cache.get(client)
     if known is None:
         try:
             meta = await client.scheduler.get_metadata(keys=METADATA_KEYS, default=None)
         except Exception:  # noqa: BLE001 - a scheduler without gpudask: distributed's default
             meta = None
         known = bool(isinstance(meta, dict) and meta.get("direct") is True)
-        _DIRECT[client] = known
+        cache[client] = known
     return known
 
 
@@ -190,6 +192,6 @@ async def _direct(client: Any) -> bool:
 def gpudask_client_setup(ctx: PlanContext, plan: ProcessPlan) -> None:
     if not ctx.value(ENABLED):
         return
-    _CLIENT.update(threshold=ctx.value(THRESHOLD), modules=deferred_modules(ctx))
+    _state().client = (ctx.value(THRESHOLD), deferred_modules(ctx))
     wrap_graph_submission(_rewrite)
     wrap_direct_default(_direct)

@@ -40,7 +40,7 @@ SCHEMA: dict[str, Any] = {
         "memory_free": {
             "type": "object",
             "x-accepts": 'an object {GPU index ("0"): bytes free when the facts were read}',
-            "propertyNames": {"pattern": "^(0|[1-9][0-9]*)$", "x-accepts": 'a GPU index ("0", "1", ...)'},
+            "propertyNames": _INDEX,
             "additionalProperties": {"type": "integer", "minimum": 0, "x-accepts": "an integer >= 0 (bytes)"},
         },
         "other_workers": {
@@ -109,9 +109,9 @@ def probe(facts: Facts) -> dict[str, Any]:
     """Free memory of each GPU, through NVML (by UUID: facts handed in for another host's GPUs
     find none here, and say unknown)."""
     free: dict[str, int] = {}
-    if not facts.gpus:
-        return {"memory_free": free}
     out: dict[str, Any] = {"memory_free": free}
+    if not facts.gpus:
+        return out
     others = shares.other_commands(str(facts.hostname))
     by_uuid = {g.uuid: g.index for g in facts.gpus}
     counted = {str(by_uuid[u]): {str(pid): n for pid, n in per.items()} for u, per in others.items() if u in by_uuid}

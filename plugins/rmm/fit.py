@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudask.pluginapi import GpudaskError
+from gpudask.pluginapi import GpudaskError, nvml_session
 
 from .options import ALIGNMENT, DEFAULT_FRACTION
 from .target import gib
@@ -30,22 +30,10 @@ MIN_POOL = 64 * 2**20
 
 def device_memory(uuid: str) -> tuple[int, int] | None:
     """(free, total) bytes of the GPU with this UUID, from NVML; None when NVML cannot tell."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid))
-        return int(info.free), int(info.total)
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+    with nvml_session() as nvml:
+        handle = nvml.call("nvmlDeviceGetHandleByUUID", uuid) if nvml else None
+        info = nvml.call("nvmlDeviceGetMemoryInfo", handle) if nvml and handle is not None else None
+        return None if info is None else (int(info.free), int(info.total))
 
 
 def reserve(total: int) -> int:

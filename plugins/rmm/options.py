@@ -165,16 +165,6 @@ def parse_log_directory(value: Any) -> str | None:
     raise ValueError("a directory path or null")
 
 
-def _async_allocator(value: Any) -> str | None:
-    """dask-cuda's ``rmm_async=True`` is the async allocator; False (its default) sets nothing."""
-    return "async" if value else None
-
-
-def _library_list(value: Any) -> Any:
-    """dask-cuda's ``rmm_allocator_external_lib_list="cupy,torch"`` (a string or a list)."""
-    return [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else value
-
-
 def options() -> list[Option]:
     """The gpudask.rmm.* settings (declared by the rmm plugin's gpudask_config_options)."""
     return [
@@ -193,7 +183,8 @@ def options() -> list[Option]:
                "pool (RMM pool), async (cudaMallocAsync), managed (CUDA managed memory), "
                "default (cudaMalloc through RMM, no pool); null: pool when a pool is wanted.",
                parse_allocator, " | ".join(ALLOCATORS) + " or null (auto)",
-               dask_cuda_kwarg="rmm_async", dask_cuda_convert=_async_allocator,
+               # dask-cuda's rmm_async=True is the async allocator; False (its default) sets nothing
+               dask_cuda_kwarg="rmm_async", dask_cuda_convert=lambda v: "async" if v else None,
                dask_cuda_option="--rmm-async/--no-rmm-async"),
         Option("gpudask.rmm.managed-memory", False,
                "Back the pool with CUDA managed memory (like dask-cuda's --rmm-managed-memory).",
@@ -215,7 +206,9 @@ def options() -> list[Option]:
         Option("gpudask.rmm.libraries", ["cupy"],
                "Libraries whose GPU allocations go through RMM in workers (cupy, numba, torch).",
                parse_libraries, "a list among cupy, numba, torch (or [])",
-               dask_cuda_kwarg="rmm_allocator_external_lib_list", dask_cuda_convert=_library_list,
+               # dask-cuda's rmm_allocator_external_lib_list: "cupy,torch" or a list
+               dask_cuda_kwarg="rmm_allocator_external_lib_list",
+               dask_cuda_convert=lambda v: [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v,
                dask_cuda_option="--set-rmm-allocator-for-libs"),
         Option("gpudask.rmm.workers-per-gpu", None,
                "How many workers share each GPU of this host, across all its gpudask commands; a default pool is "
@@ -252,13 +245,9 @@ class RmmSettings:
 
 
 def read_settings(ctx: PlanContext) -> RmmSettings:
-    def value(option: str) -> Any:
-        return ctx.value(f"gpudask.rmm.{option}")
-
-    return RmmSettings(
-        value("pool-size"), value("maximum-pool-size"), value("allocator"), value("managed-memory"),
-        value("release-threshold"), value("log-directory"), value("track-allocations"), value("libraries"),
-        value("scheduler-pool-size"), value("workers-per-gpu"), value("release-wait"))
+    return RmmSettings(*(ctx.value(f"gpudask.rmm.{option}") for option in (
+        "pool-size", "maximum-pool-size", "allocator", "managed-memory", "release-threshold", "log-directory",
+        "track-allocations", "libraries", "scheduler-pool-size", "workers-per-gpu", "release-wait")))
 
 
 def shown(ctx: PlanContext, key: str) -> str:

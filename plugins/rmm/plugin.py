@@ -362,10 +362,8 @@ def _refuse_what_fails_at_run_time(ctx: PlanContext, s: RmmSettings, target: Tar
 def _torch_through_rmm(s: RmmSettings, plan: ProcessPlan) -> bool:
     """Will PyTorch allocate from the pool: listed in gpudask.rmm.libraries, or another
     plugin asked (``allocates_through``: it points PyTorch at RMM, e.g. torch-rmm)?"""
-    if "torch" in s.libraries:
-        return True
-    return any("torch" in (asked.get(REQUEST_ALLOCATES_THROUGH) or ())
-               for asked in plan.requests_for(name).values())
+    return "torch" in s.libraries or any("torch" in (asked.get(REQUEST_ALLOCATES_THROUGH) or ())
+                                         for asked in plan.requests_for(name).values())
 
 
 @hookimpl

@@ -7,6 +7,7 @@ cupy, numba and torch are imported here only inside functions, in worker process
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -21,10 +22,9 @@ if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
 
 logger = logging.getLogger("distributed.gpudask")
-_STATE: dict[str, Any] | None = None  # what this process set up on a real GPU (JSON-compatible)
 SECTION = "rmm"  # the plugin's section of the plan: what to build (plugins/rmm/plugin.py)
-_MR: Any = None  # the memory resource in use (for the metric)
-_REPORT: dict[str, Any] | None = None  # the last report, whatever happened (for the metric)
+_MR: Any = None  # the memory resource in use (for the metric); None: nothing built in this process
+_REPORT: dict[str, Any] | None = None  # the last report, whatever happened (JSON-compatible)
 
 
 def setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
 
 
 def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
-    global _STATE, _MR
+    global _MR
     memory = plan.sections.get(SECTION)
     if memory is None or memory.get("allocator") is None:
         return {"allocator": None, "applied": False, "why": "no memory setup planned (see gpudask info)"}
@@ -59,12 +59,12 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
         raise GpudaskError(f"gpudask.rmm: an RMM {memory['allocator']} allocator is planned for GPU "
                            f"{memory.get('gpu')} but rmm cannot be imported: {e}") from None
     existing = rmm.mr.get_current_device_resource()
-    if not _is_default_resource(rmm, existing):
+    if type(existing) is not rmm.mr.CudaMemoryResource:  # not RMM's default resource
         # someone (a user, another plugin, a previous preload) set a resource: leave it
         report.update(applied=False, existing=_chain(existing), pool_size=_pool_size(rmm, existing),
                       why="a memory resource was already set in this process; gpudask does not replace it "
                           "(restart the worker to change it)")
-        _STATE, _MR = report, existing
+        _MR = existing
         return report
     who = f"worker {plan.index}"
     waited = _wait_for_release(memory, plan, who)
@@ -82,7 +82,7 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
     if memory.get("log_file"):
         report["log_file"] = _log_file(rmm, mr) or memory["log_file"]
     report["libraries"] = {lib: _point_library(lib) for lib in memory.get("libraries") or []}
-    _STATE, _MR = report, mr
+    _MR = mr
     return report
 
 
@@ -147,8 +147,7 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
     before = shares.predecessor(plan.index)
     known = shares.known_workers()
 
-    def read() -> tuple[int, int] | None:
-        return fit.device_memory(uuid)
+    read = functools.partial(fit.device_memory, uuid)
 
     def leaving() -> bool:
         # the predecessor is this process's sibling (same nanny host, same pid namespace): while it
@@ -156,7 +155,8 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
         if before is not None and not shares.going(before):
             return True
         listed = shares.gpu_processes(uuid) or []
-        return any(pid == before or (pid in known and shares.going(pid)) or _zombie(pid) for pid, _ in listed)
+        return any(pid == before or (pid in known and shares.going(pid)) or shares.state_of(pid) == b"Z"
+                   for pid, _ in listed)
 
     first = read()
     if first is None:
@@ -175,18 +175,6 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
         logger.info("gpudask: %s: waited %.1f s for GPU %s memory being released (predecessor pid %s): %s free",
                     who, waited.seconds, uuid, before, target.gib(waited.free))
     return out
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _is_default_resource(rmm: Any, mr: Any) -> bool:
-    return type(mr) is rmm.mr.CudaMemoryResource
 
 
 def _build(rmm: Any, memory: dict[str, Any]) -> Any:
@@ -321,7 +309,7 @@ def applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, An
     # a default pool fitted to what was free at start (fit.py) is in place at its fitted size; the
     # fit is said at start and is the check's pool-fitted finding, not a plan that did not take effect
     # a default pool's share counted again at start (another command's workers joined) likewise
-    initial = ((_STATE or {}).get("fitted_initial_pool_size") or (_STATE or {}).get("initial_pool_size")
+    initial = ((_REPORT or {}).get("fitted_initial_pool_size") or (_REPORT or {}).get("initial_pool_size")
                or memory.get("initial_pool_size"))
     if kind == "pool" and initial:
         size = _pool_size(rmm, mr)

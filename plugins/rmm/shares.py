@@ -15,7 +15,7 @@ process has not let go of its pool yet, a peer that grew, a client's context).  
   (or any process going away) still holds is released, instead of sizing against it;
 * :func:`holders` names who holds the memory when it really is short: NVML's process list.
 
-Standard library and NVML (pynvml, imported inside functions) only: this runs in the
+Standard library and NVML (the plugin API's ``nvml_session``) only: this runs in the
 ``dask worker`` CLI process (the facts probe) and at every worker's start.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudask.pluginapi import read_private, state_dir, write_atomic
+from gpudask.pluginapi import nvml_session, read_private, state_dir, write_atomic
 
 # the environment a planning process gives its worker processes (gpudask/apply/hostfile.py)
 PLAN_ENV = "GPUDASK_HOST_PLAN"
@@ -53,14 +53,18 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
-def going(pid: int) -> bool:
-    """Is ``pid`` gone, a zombie or being torn down (its GPU memory on the way back)?"""
+def state_of(pid: int) -> bytes | None:
+    """The state letter of process ``pid`` in /proc (``b"Z"``: a zombie); None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
+            return f.read().rsplit(b")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return True
-    return state in (b"Z", b"X", b"x")
+        return None
+
+
+def going(pid: int) -> bool:
+    """Is ``pid`` gone, a zombie or being torn down (its GPU memory on the way back)?"""
+    return state_of(pid) in (None, b"Z", b"X", b"x")
 
 
 def alive_since(pid: int, written: float) -> bool:
@@ -153,34 +157,22 @@ class Holder:
 def gpu_processes(uuid: str) -> list[tuple[int, int | None]] | None:
     """(pid, bytes used) of every process with a context on the GPU, from NVML; None when NVML
     cannot tell (no driver, a MIG instance, an old binding)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - NVML missing or failing: unknown
-        return None
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    with nvml_session() as nvml:
+        handle = nvml.call("nvmlDeviceGetHandleByUUID", uuid) if nvml else None
+        if nvml is None or handle is None:
+            return None
         found: dict[int, int | None] = {}
         answered = False
         for call in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            try:
-                listed = list(getattr(pynvml, call)(handle))[:4096]
-            except Exception:  # noqa: BLE001 - one list unsupported: the other still says
+            listed = nvml.call(call, handle)  # None: this list unsupported, the other still says
+            if listed is None:
                 continue
             answered = True
-            for p in listed:
+            for p in list(listed)[:4096]:
                 used = getattr(p, "usedGpuMemory", None)
                 pid = int(p.pid)
                 found[pid] = int(used) if isinstance(used, int) and not isinstance(used, bool) else found.get(pid)
         return sorted(found.items()) if answered else None
-    except Exception:  # noqa: BLE001
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _what(pid: int) -> str:

@@ -147,6 +147,11 @@ def _visible_indices(facts: Mapping[str, Any]) -> list[int]:
     return indices
 
 
+def _pair(ref: Mapping[str, Any], other: Mapping[str, Any], a: Any, b: Any, **what: Any) -> dict[str, Any]:
+    """A finding's details: what is compared, then each side's value under its role."""
+    return {**what, ref.get("role") or "reference": a, other.get("role") or "other": b}
+
+
 def _gpu_names(gpus: list[dict[str, Any]]) -> str:
     names = sorted({str(g.get("name") or "GPU") for g in gpus})
     return f"{len(gpus)} GPU(s) ({', '.join(names)})"
@@ -213,7 +218,7 @@ def _driver_and_cuda(ref: Mapping[str, Any], other: Mapping[str, Any], ref_gpus:
         out.append(F("warning", "driver-mismatch",
                      f"NVIDIA driver differs: {_label(ref)} has {a}, {_label(other)} has {b}; the older driver "
                      f"limits the CUDA version and features both sides can use",
-                     {"key": "driver_version", ref.get("role") or "reference": a, other.get("role") or "other": b}))
+                     _pair(ref, other, a, b, key="driver_version")))
     a, b = rf.get("cuda_driver_version"), of.get("cuda_driver_version")
     if a is not None and b is not None and a != b:
         major = isinstance(a, int) and isinstance(b, int) and a // 1000 != b // 1000
@@ -221,9 +226,7 @@ def _driver_and_cuda(ref: Mapping[str, Any], other: Mapping[str, Any], ref_gpus:
                        "other" if major else "code built for the newer CUDA may not run on the older driver")
         out.append(F("warning", "cuda-mismatch",
                      f"CUDA driver version differs: {_label(ref)} has CUDA {_cuda(a)}, {_label(other)} has CUDA "
-                     f"{_cuda(b)}; {consequence}",
-                     {"key": "cuda_driver_version", ref.get("role") or "reference": a,
-                      other.get("role") or "other": b}))
+                     f"{_cuda(b)}; {consequence}", _pair(ref, other, a, b, key="cuda_driver_version")))
     ca, cb = _min_cc(ref_gpus), _min_cc(other_gpus)
     if ca and cb:
         for side, cc in ((ref, ca), (other, cb)):
@@ -238,8 +241,7 @@ def _driver_and_cuda(ref: Mapping[str, Any], other: Mapping[str, Any], ref_gpus:
             out.append(F("info", "compute-capability",
                          f"compute capability differs: {_label(ref)} {ca[0]}.{ca[1]}, {_label(other)} {cb[0]}.{cb[1]} "
                          f"(fine for relaying and deserialising data; kernels built for one only may not run on the "
-                         f"other)", {"key": "compute_capability", ref.get("role") or "reference": list(ca),
-                                     other.get("role") or "other": list(cb)}))
+                         f"other)", _pair(ref, other, list(ca), list(cb), key="compute_capability")))
     return out
 
 
@@ -253,7 +255,7 @@ def _package_versions(ref: Mapping[str, Any], other: Mapping[str, Any], names: l
         a, b = ra[pkg], ob[pkg]
         if a == b:
             continue
-        details = {"package": pkg, ref.get("role") or "reference": a, other.get("role") or "other": b}
+        details = _pair(ref, other, a, b, package=pkg)
         if a is None or b is None:
             has, lacks, version = (other, ref, b) if a is None else (ref, other, a)
             if lacks.get("role") == "scheduler" and pkg in _GPU_ONLY_PACKAGES:
@@ -287,8 +289,7 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
         findings.append(F("warning", "protocol-mismatch",
                           f"protocol differs: {_label(ref)} uses {ref.get('protocol')}, {_label(other)} uses "
                           f"{other.get('protocol')}; transports and GPU frame handling differ between them",
-                          {"key": "protocol", ref.get("role") or "reference": ref.get("protocol"),
-                           other.get("role") or "other": other.get("protocol")}))
+                          _pair(ref, other, ref.get("protocol"), other.get("protocol"), key="protocol")))
     ref_gpus, other_gpus = _visible_gpus(ref), _visible_gpus(other)
     findings += _gpu_presence(ref, other, protocol, ref_gpus, other_gpus, F)
     findings += _driver_and_cuda(ref, other, ref_gpus, other_gpus, F)

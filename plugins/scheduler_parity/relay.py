@@ -274,7 +274,6 @@ class RelayGuard(SchedulerPlugin):
     # -- update-graph ------------------------------------------------------------------
     def _wrap_update_graph(self, original: Any) -> Any:
         """distributed's handler runs as it is; only what it reports while it runs is looked at."""
-        guard = self
 
         async def update_graph(**kwargs: Any) -> Any:
             token = _CALL.set(_Call(str(kwargs.get("client", "")), kwargs.get("keys") or ()))  # a str in distributed

@@ -22,7 +22,6 @@ user-facing description.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import ConfigError, Option, hookimpl, parse_bool, parse_bytes, workers_sharing_gpu
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
 
     from gpudask.pluginapi import PlanContext, ProcessPlan
-
-    from .store import DeviceHostStore
 
 name = "spill"
 priority = 110
@@ -302,11 +299,4 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     # Worker.data reads the memory manager's; the state machine keeps its own reference
     manager.data = store
     server.state.data = store
-    server.metrics[METRIC] = _metric(store)
-
-
-def _metric(store: DeviceHostStore) -> Callable[..., dict[str, Any]]:
-    def metric(worker: Any = None) -> dict[str, Any]:
-        return store.metrics()
-
-    return metric
+    server.metrics[METRIC] = store.metrics  # distributed calls a metric with the worker

@@ -63,10 +63,7 @@ def _items(value: Any) -> list[Any] | None:
 
 def is_device_object(value: Any) -> bool:
     """Does ``value`` hold device memory the device tier should account for?"""
-    if _is_device_leaf(value):
-        return True
-    items = _items(value)
-    return items is not None and any(_is_device_leaf(v) for v in items)
+    return _is_device_leaf(value) or any(_is_device_leaf(v) for v in _items(value) or ())
 
 
 def device_nbytes(value: Any) -> int:
@@ -305,7 +302,8 @@ class DeviceHostStore(MutableMapping[Any, Any]):
     def device_bytes(self) -> int:
         return int(self.device.total_weight)
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self, worker: Any = None) -> dict[str, Any]:
+        """The counters (``worker``: what distributed passes a worker metric, unused)."""
         with self.lock:
             return {"device_bytes": self.device_bytes, "device_count": len(self.device),
                     **asdict(self.counters), "limit": self.device_memory_limit}

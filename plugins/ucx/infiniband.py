@@ -19,17 +19,18 @@ GPUs while an equally near port serves none.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (FactsSection, Option, hookimpl, parse_optional_bool, parse_ucx_tls, process_gpu,
                                tls_enables)
 
 from . import infiniband_facts
-from .ucx_info import supports as ucx_supports
-from .infiniband_facts import Port, ports as all_ports
-
+from .infiniband_facts import Port, active_ports
+from .infiniband_facts import ports as all_ports
 from .rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, leave_out_on_described_host, mode, mode_why,
                     parse_name_or_list, pick, set_flag, user_tls)
+from .ucx_info import supports as ucx_supports
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import GPU, Facts, PlanContext, ProcessPlan
@@ -86,18 +87,9 @@ def _pci_components(path: str | None) -> list[str]:
     return parts
 
 
-def _common(a: list[str], b: list[str]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def nearness(gpu: GPU, port: Port) -> tuple[int, int]:
     """(shared PCI path components, same NUMA node): larger is nearer, compared in that order."""
-    shared = _common(_pci_components(gpu.pci_path), _pci_components(port.pci_path))
+    shared = len(os.path.commonprefix([_pci_components(gpu.pci_path), _pci_components(port.pci_path)]))
     same_numa = int(gpu.numa_node is not None and gpu.numa_node == port.numa_node)
     return shared, same_numa
 
@@ -118,10 +110,6 @@ def _describe(gpu: GPU, port: Port) -> str:
     if known:
         return f"{port.name} is under another PCI root complex than GPU {gpu.index} (no active port is nearer)"
     return f"{port.name}: no PCIe or NUMA locality with GPU {gpu.index} is known (no active port is nearer)"
-
-
-def active_ports(facts: Facts) -> list[Port]:
-    return infiniband_facts.active_ports(facts)
 
 
 def port_label(port: Port) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import FactsSection, read_sysfs, sysfs_numa_node, sysfs_realpath, sysfs_root
@@ -70,13 +70,9 @@ class Port:
         # DOWN ports and RoCE (link layer Ethernet) are not InfiniBand for UCX's rc.
         return self.state == "ACTIVE" and self.link_layer == "InfiniBand"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "port": self.port, "state": self.state, "link_layer": self.link_layer,
-                "pci_path": self.pci_path, "numa_node": self.numa_node, "netdev": self.netdev}
-
 
 def _port(data: Mapping[str, Any]) -> Port:
-    return Port(*(data[k] for k in ("name", "port", "state", "link_layer", "pci_path", "numa_node", "netdev")))
+    return Port(**{f.name: data[f.name] for f in fields(Port)})
 
 
 def ports(facts: Facts) -> list[Port]:
@@ -129,7 +125,7 @@ def probe_ports() -> list[Port]:
 
 
 def probe(facts: Facts) -> dict[str, Any]:
-    return {"ports": [p.to_dict() for p in probe_ports()]}
+    return {"ports": [asdict(p) for p in probe_ports()]}
 
 
 def summary(value: Any) -> str | None:

@@ -127,10 +127,10 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
                         "timeout for every comm, UCX included (ucxx 0.52 limits each attempt's endpoint creation "
                         "to a fixed 5 s and ignores UCXPY_CONNECT_TIMEOUT there)")
     interface = ctx.setting(INTERFACE)
-    if interface is not None and interface.value is not None and plan.role != "client":
-        if plan.role == "worker" or not isinstance(interface.value, list):
-            plan.set_interface(pick(interface.value, plan.index),
-                               f"{INTERFACE}={interface.value!r} (from {interface.source}): explicit settings win")
+    if interface is not None and interface.value is not None and (
+            plan.role == "worker" or (plan.role != "client" and not isinstance(interface.value, list))):
+        plan.set_interface(pick(interface.value, plan.index),
+                           f"{INTERFACE}={interface.value!r} (from {interface.source}): explicit settings win")
     if not ctx.uses_ucx:
         return
     _quiet_ucx(ctx, plan)

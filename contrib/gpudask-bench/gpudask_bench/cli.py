@@ -92,13 +92,12 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
         while todo:
             name, workdir, spec = todo.pop(0)
             if isinstance(spec, str):
-                results.append({"name": name, "status": "skipped", "notes": [spec], "figures": {}})
+                results.append(_skipped(name, spec))
                 echo(f"[{name}] skipped: {spec}")
                 continue
             left = end - time.perf_counter()
             if left < 20:
-                results.append({"name": name, "status": "skipped", "figures": {},
-                                "notes": ["time box: --max-seconds spent before this configuration"]})
+                results.append(_skipped(name, "time box: --max-seconds spent before this configuration"))
                 echo(f"[{name}] skipped: time box")
                 runnable -= 1
                 continue
@@ -118,8 +117,7 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
                 for fig in runner.figures.values():
                     finish(fig)
                 results.append(runner.result)
-                for rest, _, _ in todo:
-                    results.append({"name": rest, "status": "skipped", "figures": {}, "notes": ["interrupted"]})
+                results += [_skipped(rest, "interrupted") for rest, _, _ in todo]
                 report["notes"].append("interrupted by a signal: partial results")
                 break
     except Interrupted:
@@ -131,6 +129,10 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
     add_raw_shares(results, raw_ucxx.NAME)
     report["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     return report
+
+
+def _skipped(name: str, why: str) -> dict[str, Any]:
+    return {"name": name, "status": "skipped", "notes": [why], "figures": {}}
 
 
 def _on_signal(signum: int, frame: Any) -> None:

@@ -70,10 +70,6 @@ class Spec:
     notes: list[str] = field(default_factory=list)
 
 
-def _rotate(tokens: list[str], i: int) -> str:
-    return ",".join(tokens[i:] + tokens[:i])
-
-
 def _hand_placement(host: Host, n: int, argv: Callable[[int], list[str]]) -> list[tuple[list[str], dict[str, str]]]:
     """What users write by hand without gpudask: one CLI for all workers when they share
     one GPU (or there is none), else one CLI per worker with its GPU first in
@@ -81,7 +77,8 @@ def _hand_placement(host: Host, n: int, argv: Callable[[int], list[str]]) -> lis
     g = len(host.tokens)
     if g <= 1:
         return [(argv(n), {})]
-    return [(argv(1), {"CUDA_VISIBLE_DEVICES": _rotate(host.tokens, i % g)}) for i in range(n)]
+    return [(argv(1), {"CUDA_VISIBLE_DEVICES": ",".join(host.tokens[i % g:] + host.tokens[:i % g])})
+            for i in range(n)]
 
 
 # configurations that spill GPU objects above a device memory limit, and how each is told
@@ -146,15 +143,10 @@ def _build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir
         env = {"DASK_DISTRIBUTED_UCXX__TCP": "True"}
         if gpu:
             env.update({"DASK_DISTRIBUTED_UCXX__NVLINK": "True", "DASK_DISTRIBUTED_UCXX__CUDA_COPY": "True"})
-        workers = _hand_placement(host, n, stock)
-        notes = []
-        if gpu:
-            pool = {"DASK_DISTRIBUTED_UCXX__RMM__POOL_SIZE": opts.pool_size}
-            workers = [(argv, {**wenv, **env, **pool}) for argv, wenv in workers]
-        else:
-            workers = [(argv, {**wenv, **env}) for argv, wenv in workers]
-            notes.append("no GPU: tcp only, no RMM pool")
-        return Spec(name, "ucx", scheduler("ucx"), dict(env), workers, notes)
+        pool = {"DASK_DISTRIBUTED_UCXX__RMM__POOL_SIZE": opts.pool_size} if gpu else {}
+        workers = [(argv, {**wenv, **env, **pool}) for argv, wenv in _hand_placement(host, n, stock)]
+        return Spec(name, "ucx", scheduler("ucx"), dict(env), workers,
+                    [] if gpu else ["no GPU: tcp only, no RMM pool"])
     if name == "gpudask":
         protocol = "ucx" if host.has_ucxx else "tcp"
         notes = [] if host.has_ucxx else ["distributed-ucxx is not installed: protocol tcp"]

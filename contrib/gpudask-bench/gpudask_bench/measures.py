@@ -21,27 +21,21 @@ _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - (?:(\d+) - )?
 
 def _nvml_processes() -> list[dict[str, Any]] | None:
     """Compute processes on every GPU: pid, GPU index, used MiB.  None without NVML."""
-    try:
-        import pynvml
+    from gpudask.pluginapi import nvml_session
 
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
+    with nvml_session() as nvml:
+        count = nvml.call("nvmlDeviceGetCount") if nvml else None
+        if count is None:
+            return None
         out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                used = p.usedGpuMemory
-                out.append({"pid": int(p.pid), "gpu": i, "MiB": None if used is None else used / MiB})
+        for i in range(count):
+            h = nvml.call("nvmlDeviceGetHandleByIndex", i)
+            listed = None if h is None else nvml.call("nvmlDeviceGetComputeRunningProcesses", h)
+            if listed is None:
+                return None
+            out += [{"pid": int(p.pid), "gpu": i, "MiB": None if p.usedGpuMemory is None else p.usedGpuMemory / MiB}
+                    for p in listed]
         return out
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def _proc_start_epoch(pid: int) -> float | None:
@@ -68,7 +62,7 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
                 "note": "NVML process query failed"}
     roles = cluster.roles()
     me = os.getpid()
-    rows, outside, foreign = [], 0.0, []
+    rows, foreign = [], []
     by_role = {"scheduler": 0.0, "nanny": 0.0}  # the nanny row: the dask worker process(es) and their helpers
     for p in procs:
         role = roles.get(p["pid"]) or ("bench client" if p["pid"] == me else None)
@@ -76,7 +70,6 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
         if role is None:
             foreign.append(p)
         elif role not in ("worker", "bench client") and p["MiB"] is not None:
-            outside += p["MiB"]
             by_role["scheduler" if role == "scheduler" else "nanny"] += p["MiB"]
     note = None
     ours = [r for r in rows if r["role"] not in ("not ours", "bench client")]
@@ -88,7 +81,7 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
         note = "the bench client holds a CUDA context (not counted)"
     if foreign:
         note = (note + "; " if note else "") + f"{len(foreign)} other process(es) on the GPUs (not counted)"
-    return {"outside_workers_MiB": round(outside, 1), "scheduler_MiB": round(by_role["scheduler"], 1),
+    return {"outside_workers_MiB": round(sum(by_role.values()), 1), "scheduler_MiB": round(by_role["scheduler"], 1),
             "nanny_MiB": round(by_role["nanny"], 1), "processes": rows, "note": note}
 
 
@@ -112,9 +105,7 @@ def proto_info(logs: list[str], pids: dict[str, int]) -> dict[str, Any]:
                             by_pid.setdefault(int(m.group(1)), set()).add(f"{tl}/{dev}")
         except OSError:
             continue
-    out = {}
-    for addr, pid in pids.items():
-        out[addr] = sorted(by_pid.get(pid, set()))
+    out = {addr: sorted(by_pid.get(pid, set())) for addr, pid in pids.items()}
     if not any(out.values()):
         return {"note": "no UCX_PROTO_INFO lines found in the logs", "workers": out}
     return {"workers": out}

@@ -22,19 +22,20 @@ def figure(label: str, unit: str, better: str) -> dict[str, Any]:
             "median": None, "note": None}
 
 
-def finish(fig: dict[str, Any]) -> None:
+def _best_median(fig: dict[str, Any]) -> tuple[float, float] | None:
     runs = [r for r in fig["runs"] if r is not None]
-    if runs:
-        fig["best"] = min(runs) if fig["better"] == LOWER else max(runs)
-        fig["median"] = statistics.median(runs)
+    return ((min(runs) if fig["better"] == LOWER else max(runs)), statistics.median(runs)) if runs else None
+
+
+def finish(fig: dict[str, Any]) -> None:
+    found = _best_median(fig)
+    if found:
+        fig["best"], fig["median"] = found
 
 
 def brief(fig: dict[str, Any], unit: str) -> str:
-    runs = [r for r in fig["runs"] if r is not None]
-    if not runs:
-        return f"- {unit}"
-    best = min(runs) if fig["better"] == LOWER else max(runs)
-    return f"best {num(best)} {unit}, median {num(statistics.median(runs))} {unit}"
+    found = _best_median(fig)
+    return f"best {num(found[0])} {unit}, median {num(found[1])} {unit}" if found else f"- {unit}"
 
 
 def argv_text(argv: list[str]) -> str:

@@ -113,13 +113,11 @@ class Runner(Measuring):
             cluster.start(timeout)
             self.launches += 1
             return cluster
-        except Interrupted:
-            self.strays += cluster.stop()
-            self.keep_logs(cluster, i)
-            raise
         except Exception as e:
             self.strays += cluster.stop()
             self.keep_logs(cluster, i)
+            if isinstance(e, Interrupted):
+                raise
             self.result["status"] = "failed" if i == 0 else "partial"
             label = f"launch {i + 1}" if isinstance(i, int) else f"the {i} launch"
             self.notes.append(f"{label} failed: {type(e).__name__}: {e}")

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any
+
+from gpudask_bench.workers import detached
 
 MiB = 2**20
 FILL_VALUES = 7  # chunk i holds the value i % 7 + 1: the exact total is known in advance
@@ -98,17 +100,6 @@ def _w_spill_metric(dask_worker):
     return metric(dask_worker) if metric is not None else None
 
 
-def _detached(f: Callable) -> Callable:
-    """A copy of ``f`` in no importable module, so cloudpickle sends its code by value."""
-    import builtins
-    import types
-
-    g = types.FunctionType(f.__code__, {"__name__": "__main__", "__builtins__": builtins}, f.__name__,
-                           f.__defaults__, f.__closure__)
-    g.__qualname__ = f"_spill_bench{f.__name__}"
-    return g
-
-
 # -- the figure -------------------------------------------------------------------------------
 def plan_chunks(limit_bytes: int, nworkers: int, factor: float = 2.5,
                 chunk_bytes: int | None = None) -> tuple[int, int]:
@@ -140,19 +131,19 @@ def spill_figure(client: Any, limit_bytes: int, *, factor: float = 2.5, chunk_by
     if not workers:
         raise RuntimeError("spill_figure: the cluster has no workers")
     elems, chunks = plan_chunks(limit_bytes, len(workers), factor, chunk_bytes)
-    pids = client.run(_detached(_w_start_sampler), interval=sample_interval)
+    pids = client.run(detached(_w_start_sampler), interval=sample_interval)
     futures: list[Any] = []
     try:
         start = time.perf_counter()
-        futures = client.map(_detached(_w_make_chunk), range(chunks), elems=elems, pure=False)
+        futures = client.map(detached(_w_make_chunk), range(chunks), elems=elems, pure=False)
         wait(futures)
         filled = time.perf_counter()
-        sums = client.map(_detached(_w_chunk_sum), futures, pure=False)
-        total = client.submit(_detached(_w_add), *sums, pure=False).result()
+        sums = client.map(detached(_w_chunk_sum), futures, pure=False)
+        total = client.submit(detached(_w_add), *sums, pure=False).result()
         elapsed = time.perf_counter() - start
     finally:
-        peaks = client.run(_detached(_w_stop_sampler))
-    metrics = client.run(_detached(_w_spill_metric))
+        peaks = client.run(detached(_w_stop_sampler))
+    metrics = client.run(detached(_w_spill_metric))
     placed = client.who_has(futures)
     per_worker = {w: sum(1 for holders in placed.values() if w in holders) for w in workers}
     del futures

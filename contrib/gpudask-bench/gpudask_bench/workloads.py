@@ -128,8 +128,6 @@ class Measuring:
         """The in-worker pull: worker B fetches a key of worker A with distributed's own
         ``get_data_from_worker`` (what ``gather_dep`` calls), timed inside B -- no scheduling,
         no task; 3 warm-ups (1 with --quick), then ``--pulls`` pulls of one array (5 with --quick)."""
-        from distributed import wait
-
         client = cluster.client
         a, b = cluster.workers[0], cluster.workers[1]
         label = size_label(nbytes)
@@ -138,15 +136,11 @@ class Measuring:
         if self.left() < 5 + nbytes / 1e9:
             raise TimeBox(t_fig["label"])
         timeout = self.timeout(max(30.0, nbytes / 1e8))
-        make, pull = remote.detached(remote.make_array), remote.detached(remote.pull_times)
-        src = client.submit(make, nbytes, self.host.backend, 0, key=f"bench-pull-{label}-{uuid.uuid4().hex[:8]}",
-                            workers=[a], allow_other_workers=False, pure=False)
+        src = self._source(cluster, nbytes, 0, f"bench-pull-{label}-{uuid.uuid4().hex[:8]}", timeout)
         try:
-            wait(src, timeout=timeout)
-            if src.status != "finished":
-                src.result()  # raises the worker's error
             warm, n = (1, min(5, self.opts.pulls)) if self.opts.quick else (3, self.opts.pulls)
-            times = client.run(pull, a, src.key, warm + n, self.host.backend, workers=[b])[b]
+            times = client.run(remote.detached(remote.pull_times), a, src.key, warm + n, self.host.backend,
+                               workers=[b])[b]
         finally:
             del src
         t_fig["warmup"], t_fig["runs"] = times[:warm], times[warm:]
@@ -154,27 +148,32 @@ class Measuring:
         bw_fig["runs"] = [nbytes / t / 1e9 for t in t_fig["runs"]]
         self.echo(f"[{self.spec.name}] pull {label}: {brief(t_fig, 's')}, {brief(bw_fig, 'GB/s')}")
 
-    def _transfer(self, cluster: Cluster, nbytes: int) -> None:
+    def _source(self, cluster: Cluster, nbytes: int, seed: int, key: str, timeout: float) -> Any:
+        """An array of ``nbytes`` made on the first worker, once it is there."""
         from distributed import wait
 
+        src = cluster.client.submit(remote.detached(remote.make_array), nbytes, self.host.backend, seed, key=key,
+                                    workers=[cluster.workers[0]], allow_other_workers=False, pure=False)
+        wait(src, timeout=timeout)
+        if src.status != "finished":
+            src.result()  # raises the worker's error
+        return src
+
+    def _transfer(self, cluster: Cluster, nbytes: int) -> None:
         client = cluster.client
-        a, b = cluster.workers[0], cluster.workers[1]
+        b = cluster.workers[1]
         label = size_label(nbytes)
         t_fig = self.figures[f"transfer_{label}_s"] = figure(f"transfer {label} (end to end)", "s", LOWER)
         bw_fig = self.figures[f"transfer_{label}_GBps"] = figure(f"transfer {label} (distributed's log)", "GB/s",
                                                                  HIGHER)
-        make, consume, incoming = (remote.detached(f) for f in (remote.make_array, remote.consume, remote.incoming))
+        consume, incoming = remote.detached(remote.consume), remote.detached(remote.incoming)
         timeout = self.timeout(max(30.0, nbytes / 1e8))  # 10 s per GB at worst
         seq = iter(range(1_000_000))
 
         def once() -> float:
             i = next(seq)
             tag = uuid.uuid4().hex[:8]
-            src = client.submit(make, nbytes, self.host.backend, i, key=f"bench-src-{label}-{tag}",
-                                workers=[a], allow_other_workers=False, pure=False)
-            wait(src, timeout=timeout)
-            if src.status != "finished":
-                src.result()  # raises the worker's error
+            src = self._source(cluster, nbytes, i, f"bench-src-{label}-{tag}", timeout)
             t0 = time.perf_counter()
             dst = client.submit(consume, src, key=f"bench-dst-{label}-{tag}", workers=[b],
                                 allow_other_workers=False, pure=False)
