@@ -331,9 +331,27 @@ def client_security(target: str) -> Any:
     return security
 
 
-def unreachable(target: str, timeout: float, error: BaseException) -> str:
+def unreachable(target: str, error: BaseException) -> GpudaskError:
     """The line ``gpudask check`` and ``gpudask status`` print when the scheduler cannot be reached."""
-    return f"cannot reach the scheduler at {target}: {error}"
+    return GpudaskError(f"cannot reach the scheduler at {target}: {error}")
+
+
+def open_client(target: str, timeout: float) -> Any:
+    """A client of the scheduler at ``target`` (:func:`scheduler_address`), or one line
+    (GpudaskError) when it cannot be reached within ``timeout``."""
+    from distributed import Client
+
+    security = client_security(target)
+    ucx_output_to_stderr()
+    try:
+        with deadline(timeout, target):  # a peer that accepts and never answers: one line
+            # plain TCP only: UCX is set up once per process and TLS needs the security
+            # context, both of which Client() does itself
+            if scheme(target) in (None, "tcp"):
+                _probe(target, timeout)  # fails within the timeout, not inside Client()
+            return Client(target, timeout=timeout, set_as_default=False, security=security)
+    except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
+        raise unreachable(target, e) from None
 
 
 def _probe(address: str, timeout: float) -> None:
@@ -411,29 +429,16 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
     """``gpudask check``: 0 when no error-level finding, 1 when there is one, 2 when the
     scheduler cannot be reached.  With ``probe``: data through every path instead
     (:mod:`gpudask.checks.probe`), 0 when every path works (slow ones are warnings), 1 when one does not."""
-    from distributed import Client
-
     try:
         check_timeout(timeout)
         target = scheduler_address(address, scheduler_file, timeout)
-        security = client_security(target)
         chosen = _probe_workers(workers) if probe else None
         if probe:
             check_timeout(path_timeout, "--path-timeout")
             nbytes = _payload(payload)
+        client = open_client(target, timeout)
     except GpudaskError as e:
         echo(f"gpudask: error: {printable(e)}", err=True)
-        return 2
-    try:
-        # plain TCP only: UCX is set up once per process and TLS needs the security
-        # context, both of which Client() does itself
-        ucx_output_to_stderr()
-        with deadline(timeout, target):
-            if scheme(target) in (None, "tcp"):
-                _probe(target, timeout)
-            client = Client(target, timeout=timeout, set_as_default=False, security=security)
-    except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
-        echo(f"gpudask: error: {printable(unreachable(target, timeout, e))}", err=True)
         return 2
     if probe:
         from gpudask.checks.probe import format_probe, run_probe

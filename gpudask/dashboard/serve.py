@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from gpudask.plugin.hookcall import plugin_in_call
+from gpudask.checks.jobs import plugin_in_thread
 from gpudask.plaindata import exception_text
 
 ROWS_LIMIT_S = 2.0  # seconds the plugins' report rows of one build may take
@@ -48,15 +47,7 @@ class _Rows:
         thread = self.thread
         if thread is None or not thread.is_alive():
             return None
-        frame = sys._current_frames().get(thread.ident or -1)
-        codes = {fn.__code__: name for name, fn in self.functions.items() if hasattr(fn, "__code__")}
-        top = frame
-        while frame is not None:
-            if frame.f_code in codes:
-                return codes[frame.f_code]
-            frame = frame.f_back
-        # past the hook's own function: the copy of its result, still in the plugin's isolated call
-        return plugin_in_call(top) or "?"
+        return plugin_in_thread(thread.ident, self.functions) or "?"
 
     def run(self, manager: Any, work: list[tuple[str, dict[str, Any], dict[str, Any]]]
             ) -> tuple[dict[str, Any] | None, str | None]:
