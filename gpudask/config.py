@@ -193,12 +193,7 @@ def register_defaults(options: Iterable[Option]) -> None:
     import dask.config
 
     tree: dict[str, Any] = {}
-    for opt in options:
-        node = tree
-        *parents, leaf = opt.key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = opt.default
+    dask.config.set({opt.key: opt.default for opt in options}, config=tree)  # nested into ``tree`` only
     dask.config.update_defaults(tree)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import html
 import json
+import math
+import re
 import time
 from typing import Any
 
@@ -26,14 +28,7 @@ def _el(tag: str, cls: str | None, inner: str, **attrs: str) -> str:
 
 def _breakable(text: str) -> str:
     """A name that may wrap after its dots, dashes and underscores (never inside a word)."""
-    out, part = [], ""
-    for c in str(text):
-        part += c
-        if c in "._-":
-            out.append(_e(part))
-            part = ""
-    out.append(_e(part))
-    return "<wbr>".join(p for p in out if p)
+    return "<wbr>".join(_e(part) for part in re.split(r"(?<=[._-])", str(text)) if part)
 
 
 def _bytes(n: float) -> str:
@@ -46,8 +41,6 @@ def _bytes(n: float) -> str:
 
 
 def _show(key: str, value: Any) -> str:
-    import re
-
     if isinstance(value, (int, float)) and not isinstance(value, bool) \
             and re.search(r"(size|bytes|used|limit|memory|total)", key, re.I):
         return _bytes(value)
@@ -154,7 +147,7 @@ def _duration(seconds: Any) -> str:
         s = float(seconds)
     except (TypeError, ValueError):
         return _dash(seconds)
-    if s != s or s in (float("inf"), float("-inf")):
+    if not math.isfinite(s):
         return _dash(seconds)
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
 

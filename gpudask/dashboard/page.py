@@ -32,22 +32,15 @@ from typing import Any
 from distributed.http.utils import RequestHandler
 
 from gpudask import bootstrap
-from gpudask.checks import PUBLISHED_KEY
+from gpudask.checks import EXTRA_KEY, PLUGIN_NAME, PUBLISHED_KEY, scheme
 from gpudask.checks.published import bound, bound_published
 from gpudask.dashboard.html import render
 from gpudask.plan import applied
 
 MODULE = "gpudask.dashboard.page"  # the entry for distributed.scheduler.http.routes
-ROUTES_KEY = "distributed.scheduler.http.routes"
 PAGE = "gpudask"
 METRIC_PREFIX = "gpudask-"  # worker metrics (Worker.metrics) shown on the page
 REFRESH_SECONDS = 3
-
-
-def routes_with_dashboard(current: list[str] | None) -> list[str]:
-    """``distributed.scheduler.http.routes`` with this module added (once, at the end)."""
-    routes = list(current or [])
-    return routes if MODULE in routes else [*routes, MODULE]
 
 
 # ------------------------------------------------------------------------------ data
@@ -60,8 +53,6 @@ def cluster_state(scheduler: Any) -> dict[str, Any]:
 
 def snapshot(scheduler: Any) -> dict[str, Any]:
     """What :func:`build` needs, copied on the event loop (the scheduler's dicts change there)."""
-    from gpudask.checks import EXTRA_KEY, PLUGIN_NAME
-
     workers = [(address, types.SimpleNamespace(name=ws.name, host=ws.host, extra=dict(ws.extra),
                                                metrics=dict(ws.metrics)))
                for address, ws in sorted(scheduler.workers.items())]
@@ -105,7 +96,7 @@ def build(snap: dict[str, Any]) -> bytes:
                     for f in (ws.extra.get(snap["extra_key"]) or {}).get("findings", [])][:1000]
     head = {
         "time": time.time(),
-        "scheduler": {"address": snap["address"], "protocol": _scheme(snap["address"])},
+        "scheduler": {"address": snap["address"], "protocol": scheme(snap["address"])},
         "check": bound({"installed": bool(report), "action": report.get("action"), "status": report.get("status"),
                         "problem": report.get("problem"), "refused": sorted(report.get("refused") or {})}),
         "bokeh": snap["bokeh"],
@@ -246,7 +237,7 @@ def _gpu(plan: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
 def _active_transports(address: str, applied: Any) -> dict[str, Any]:
     """The protocol the worker is connected through, and UCX_TLS as the live worker
     reports it (its applied state), when it reports one."""
-    out: dict[str, Any] = {"protocol": _scheme(address), "UCX_TLS": None}
+    out: dict[str, Any] = {"protocol": scheme(address), "UCX_TLS": None}
     if isinstance(applied, dict):
         for section in ("ucx", "env", "environment"):
             value = _dict(applied.get(section))
@@ -269,12 +260,6 @@ def _check_report(check: Any) -> dict[str, Any]:
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _scheme(address: str | None) -> str | None:
-    from gpudask.checks import scheme
-
-    return scheme(address)
 
 
 # -------------------------------------------------------------------------- handlers

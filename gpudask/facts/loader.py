@@ -17,6 +17,7 @@ saying to rewrite it as schema 2.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -177,17 +178,11 @@ def _pair(value: list[int] | None) -> tuple[int, int] | None:
 
 
 def _build(data: dict[str, Any], origin: str) -> Facts:
-    gpus = [
-        GPU(
-            index=g["index"], uuid=g["uuid"], name=g["name"], memory_total=g["memory_total"],
-            compute_capability=_pair(g["compute_capability"]),
-            pci_bus_id=g["pci_bus_id"], pci_path=g["pci_path"], numa_node=g["numa_node"],
-            cpu_affinity=list(g["cpu_affinity"]),
-            # extra instance keys (gpu_instance_id, ...) are kept; extra GPU keys are not
-            mig={"enabled": g["mig"]["enabled"], "instances": copy.deepcopy(g["mig"]["instances"])},
-        )
-        for g in data["gpus"]
-    ]
+    # extra instance keys (gpu_instance_id, ...) are kept; extra GPU keys are not
+    gpus = [GPU(**{f.name: g[f.name] for f in dataclasses.fields(GPU)}
+                | {"compute_capability": _pair(g["compute_capability"]), "cpu_affinity": list(g["cpu_affinity"]),
+                   "mig": {"enabled": g["mig"]["enabled"], "instances": copy.deepcopy(g["mig"]["instances"])}})
+            for g in data["gpus"]]
     return Facts(
         hostname=data["hostname"],
         cpu_count=data["cpu_count"],
@@ -312,13 +307,7 @@ def _check_writers(where: str, st: os.stat_result) -> None:
     """A facts file decides which GPU each worker uses and what its environment is: one that
     another user may write is refused, as the state directory is (docs/security.md); one
     that its group may write is a warning (a group of one user is common)."""
-    import pwd
-
-    def owner(uid: int) -> str:
-        try:
-            return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-        except KeyError:
-            return f"uid {uid}"
+    from gpudask.facts.statedir import owner
 
     mode = stat.S_IMODE(st.st_mode)
     fix = f"accepted: a facts file only you (or root) can write (chown, chmod go-w {where})"

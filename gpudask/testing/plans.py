@@ -15,12 +15,11 @@ Imports nothing heavy at import time; only the standard library until :func:`pla
 
 from __future__ import annotations
 
-import contextlib
 import importlib.resources
 import json
 import os
 import pathlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -78,6 +77,8 @@ def plan_for(facts: str | os.PathLike[str], protocol: str = "ucx", nworkers: int
     off, an installed copy of the plugin under test is not loaded beside ``plugins``, and
     another installed plugin changes nothing.  The result is what ``gpudask info --facts
     FILE --protocol P --json`` prints (``plan.to_dict()``)."""
+    from unittest import mock
+
     import dask.config
 
     from gpudask.bootstrap import plan_host
@@ -85,18 +86,6 @@ def plan_for(facts: str | os.PathLike[str], protocol: str = "ucx", nworkers: int
     path = os.fspath(facts)
     if not os.path.exists(path) and os.sep not in path:
         path = os.fspath(example_host(path))
-    with dask.config.set(dict(config or {})), _autoload(autoload):
+    # the variable as it was afterwards (unset again when it was)
+    with dask.config.set(dict(config or {})), mock.patch.dict(os.environ, {_AUTOLOAD: "0" if autoload else "1"}):
         return plan_host(protocol, nworkers, facts_path=path, extra_plugins=tuple(plugins))
-
-
-@contextlib.contextmanager
-def _autoload(on: bool) -> Iterator[None]:
-    before = os.environ.get(_AUTOLOAD)
-    os.environ[_AUTOLOAD] = "0" if on else "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(_AUTOLOAD, None)
-        else:
-            os.environ[_AUTOLOAD] = before
