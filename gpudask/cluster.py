@@ -83,12 +83,7 @@ def _check_tls(name: str, kwargs: dict[str, Any]) -> None:
 
 
 def _merged_preload(value: Any) -> list[str]:
-    if value is None:
-        items: list[str] = []
-    elif isinstance(value, str):
-        items = [value]
-    else:
-        items = list(value)
+    items: list[str] = [] if value is None else [value] if isinstance(value, str) else list(value)
     # gpudask first: RAPIDS_NO_INITIALIZE and the GPU pinning must be in place before a
     # user's preload imports cudf or touches CUDA
     return [PRELOAD, *(i for i in items if i != PRELOAD)]
@@ -136,9 +131,7 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
     _check_tls(name, kwargs)
     s = _client_session(name, n_workers)
     gpus = s.host.facts.visible_gpus()
-    n = n_workers if n_workers is not None else max(1, len(gpus))
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise ConfigError(f"n_workers={n_workers!r} is not valid; accepted: an integer >= 0")
+    n = n_workers if n_workers is not None else max(1, len(gpus))  # n_workers checked above
     if threads_per_worker is None and gpus:
         threads_per_worker = 1
     if kwargs.get("processes") is False:

@@ -57,7 +57,7 @@ def test_install_on_a_running_scheduler_serves_page_and_state():
                 w.metrics["not-gpudask"] = lambda worker: {"x": 1}
                 await until(lambda: "gpudask-spill" in s.workers[w.address].metrics)
                 code, page = await fetch(port, "/gpudask")
-                assert code == 200 and "<title>gpudask</title>" in page and "/json" in page
+                assert code == 200 and "<title>gpudask</title>" in page and f'data-worker="{w.address}"' in page
                 code, body = await fetch(port, "/gpudask/json")
                 assert code == 200
                 state = json.loads(body)

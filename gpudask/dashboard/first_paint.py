@@ -1,6 +1,6 @@
-"""The first paint of ``/gpudask``: the page's parts drawn from the state (what
-``/gpudask/json`` returns) in Python, as the page's script draws them, so the page reads
-without JavaScript.  Every value goes in through ``html.escape``."""
+"""The drawing of ``/gpudask``: the page's parts drawn from the state (what ``/gpudask/json``
+returns), so the page reads without JavaScript; its script redraws it by fetching it again.
+Every value goes in through ``html.escape``."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _show(key: str, value: Any) -> str:
 
 
 def _js_string(value: Any) -> str:
-    """A value as the script's ``String(value)`` shows it (true, not True)."""
+    """A value as JavaScript's ``String(value)`` shows it (true, not True), as the page always has."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (dict, list)):
@@ -166,7 +166,7 @@ def _empty(text: str, span: int) -> str:
 
 
 def first_paint(state: dict[str, Any]) -> dict[str, str]:
-    """The page's parts drawn from ``state`` as the script draws them."""
+    """The page's parts drawn from ``state``."""
     check = state.get("check") or {}
     workers = state.get("workers") or []
     summary = (f"scheduler {(state.get('scheduler') or {}).get('address')} \u00b7 {len(workers)} worker(s) \u00b7 check: "

@@ -1,8 +1,9 @@
 """gpudask's page on the scheduler's dashboard: ``/gpudask`` (HTML) and ``/gpudask/json``.
 
 The page is a plain tornado handler: it works whether or not bokeh is installed.  It is a
-small HTML document whose inline script fetches ``/gpudask/json`` every few seconds and
-redraws one row per worker and the scheduler check's findings.
+small HTML document, one row per worker and the scheduler check's findings, whose inline
+script fetches it again every few seconds and redraws itself; ``/gpudask/json`` is the
+same state for programs.
 
 Two ways onto a scheduler's HTTP server:
 
@@ -107,6 +108,12 @@ def build(snap: dict[str, Any]) -> bytes:
     }
     text = json.dumps(head, default=str, allow_nan=False)
     return (text[:-1] + ', "workers": [' + ",".join(pieces) + "]}").encode()
+
+
+def build_page(snap: dict[str, Any]) -> bytes:
+    """The page drawn from a :func:`snapshot`, off the event loop as :func:`build` is (its
+    script fetches it again every few seconds)."""
+    return render(REFRESH_SECONDS, json.loads(build(snap))).encode()
 
 
 def _present(probe: dict[str, Any] | None, connected: set[str]) -> dict[str, Any] | None:
@@ -278,17 +285,15 @@ class StateHandler(RequestHandler):
 
 class PageHandler(RequestHandler):
     """``/gpudask``: the page, drawn here from the state (it reads without JavaScript); its
-    script redraws it from ``/gpudask/json`` every few seconds."""
+    script fetches it again every few seconds."""
 
     async def get(self) -> None:
-        from gpudask.dashboard.serve import BUILDER
+        from gpudask.dashboard.serve import PAGES
 
-        try:
-            state = json.loads(await BUILDER.get(self.server, snapshot, build))
-        except Exception:  # noqa: BLE001 - the page still comes, drawn by its script
-            state = None
+        body = await PAGES.get(self.server, snapshot, build_page)
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.write(render(REFRESH_SECONDS, state))
+        # a build that failed or ran too long is its problem line (JSON, from the builder): drawn
+        self.write(render(REFRESH_SECONDS, json.loads(body)) if body.startswith(b"{") else body)
 
 
 routes: list[tuple] = [(PAGE, PageHandler, {}), (f"{PAGE}/json", StateHandler, {})]

@@ -12,7 +12,8 @@ What the page shows (:func:`gpudask.dashboard.page.cluster_state`) is built in t
 3. the JSON, cut at :data:`MAX_JSON_BYTES` (whole worker rows left out, and counted).
 
 Concurrent readers share one build, and a built page is served again for :data:`CACHE_S`
-seconds: twenty readers cost one build, not twenty.
+seconds: twenty readers cost one build, not twenty.  The HTML page (``/gpudask``, which its
+script fetches again every few seconds) is drawn from such a build in the same thread.
 """
 
 from __future__ import annotations
@@ -135,4 +136,5 @@ def _problem(text: str) -> bytes:
     return json.dumps({"problem": text, "workers": [], "problems": [text]}).encode()
 
 
-BUILDER = Builder()
+BUILDER = Builder()  # /gpudask/json
+PAGES = Builder()  # /gpudask: the page drawn from the same build
