@@ -264,7 +264,6 @@ class LocalGPUCluster(LocalCluster):
                       kwargs: dict[str, Any]) -> None:
         kw = cluster_kwargs(n_workers, protocol, threads_per_worker, **kwargs)
         n = kw.pop("n_workers")
-        self._gpudask_nworkers = n
         _warn_if_sharing_gpus(n)
         if kw.get("threads_per_worker") is None:
             kw["threads_per_worker"] = max(1, math.ceil(CPU_COUNT / max(n, 1)))

@@ -132,11 +132,8 @@ def config_cmd(as_json: bool, extra: tuple[str, ...]) -> None:
                            f"{extra[0]}")
 
     settings = bootstrap.inputs().settings
-    rows = []
-    for opt in settings.options.values():
-        s = settings.get(opt.key)
-        rows.append({"key": opt.key, "value": s.value, "given": s.given, "source": s.source, "default": opt.default,
-                     "doc": opt.doc})
+    rows = [{"key": opt.key, "value": s.value, "given": s.given, "source": s.source, "default": opt.default,
+             "doc": opt.doc} for opt in settings.options.values() for s in [settings.get(opt.key)]]
     if as_json:
         click.echo(json.dumps(rows, indent=1, default=str))
         return

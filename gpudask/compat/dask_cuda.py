@@ -76,12 +76,17 @@ def _add(arguments: dict[str, Argument], refused: dict[str, str], options: Itera
         name = getattr(option, "dask_cuda_kwarg", None)
         if isinstance(name, str) and name not in arguments:
             arguments[name] = Argument(name, option.key, option.dask_cuda_convert, loaded)
+    _refusals(plugins, "dask_cuda_refused", "", refused)
+
+
+def _refusals(plugins: Iterable[Any], attribute: str, prefix: str, refused: dict[str, str]) -> None:
+    """The refusals the plugins declare (their module attribute ``attribute``: ``{name: what
+    to use instead}``, names starting with ``prefix``) into ``refused``, the first one standing."""
     for plugin in plugins:
-        declared = getattr(plugin, "dask_cuda_refused", None)
-        if isinstance(declared, dict):
-            for name, instead in declared.items():
-                if isinstance(name, str) and isinstance(instead, str):
-                    refused.setdefault(name, instead)
+        declared = getattr(plugin, attribute, None)
+        for name, instead in declared.items() if isinstance(declared, dict) else ():
+            if isinstance(name, str) and name.startswith(prefix) and isinstance(instead, str):
+                refused.setdefault(name, instead)
 
 
 def _unloaded_builtins(inputs: Any) -> tuple[list[Any], list[Any]]:
@@ -152,12 +157,7 @@ def refused_options() -> dict[str, str]:
     inputs = bootstrap.inputs()
     refused = dict(REFUSED_OPTIONS_BY_CORE)
     _options, unloaded = _unloaded_builtins(inputs)
-    for plugin in [p.obj for p in inputs.manager.plugins] + unloaded:
-        declared = getattr(plugin, "dask_cuda_refused_options", None)
-        if isinstance(declared, dict):
-            for name, instead in declared.items():
-                if isinstance(name, str) and name.startswith("--") and isinstance(instead, str):
-                    refused.setdefault(name, instead)
+    _refusals([p.obj for p in inputs.manager.plugins] + unloaded, "dask_cuda_refused_options", "--", refused)
     return refused
 
 

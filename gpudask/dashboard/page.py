@@ -346,11 +346,7 @@ def _bokeh_app(scheduler: Any) -> Any:
 
 
 def _rules(router: Any) -> list[Any]:
-    out = []
-    for rule in getattr(router, "rules", None) or []:
-        out.append(rule)
-        out += _rules(rule.target)
-    return out
+    return [r for rule in getattr(router, "rules", None) or [] for r in (rule, *_rules(rule.target))]
 
 
 def _has_handler(router: Any, cls: type) -> bool:

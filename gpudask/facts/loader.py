@@ -131,23 +131,11 @@ def first_error(validator: Any, data: Any, where: str, prefix: Iterable[Any] = (
         return FactsError(f"{where}: must hold {error.schema.get('x-accepts', 'a JSON object')}, got "
                           f"{_show(error.instance)}")
     # the innermost schema with an x-accepts text along the failing keyword's path
-    accepts = error.schema.get("x-accepts")
-    if accepts is None:
-        accepts = f"{error.validator} {error.validator_value!r}"
-        for parent in _parents(error):
-            if "x-accepts" in parent:
-                accepts = parent["x-accepts"]
-                break
+    inner = error
+    while inner is not None and not (isinstance(inner.schema, dict) and "x-accepts" in inner.schema):
+        inner = inner.parent
+    accepts = inner.schema["x-accepts"] if inner is not None else f"{error.validator} {error.validator_value!r}"
     return FactsError(f"{where}: key {_key(path)!r} must be {accepts}, got {_show(error.instance)}")
-
-
-def _parents(error: Any) -> list[dict[str, Any]]:
-    out = []
-    while error is not None:
-        if isinstance(error.schema, dict):
-            out.append(error.schema)
-        error = error.parent
-    return out
 
 
 def _fail(where: str, key: str, expected: str, value: Any) -> FactsError:

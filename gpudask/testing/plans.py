@@ -77,8 +77,6 @@ def plan_for(facts: str | os.PathLike[str], protocol: str = "ucx", nworkers: int
     off, an installed copy of the plugin under test is not loaded beside ``plugins``, and
     another installed plugin changes nothing.  The result is what ``gpudask info --facts
     FILE --protocol P --json`` prints (``plan.to_dict()``)."""
-    from unittest import mock
-
     import dask.config
 
     from gpudask.bootstrap import plan_host
@@ -86,6 +84,13 @@ def plan_for(facts: str | os.PathLike[str], protocol: str = "ucx", nworkers: int
     path = os.fspath(facts)
     if not os.path.exists(path) and os.sep not in path:
         path = os.fspath(example_host(path))
-    # the variable as it was afterwards (unset again when it was)
-    with dask.config.set(dict(config or {})), mock.patch.dict(os.environ, {_AUTOLOAD: "0" if autoload else "1"}):
-        return plan_host(protocol, nworkers, facts_path=path, extra_plugins=tuple(plugins))
+    before = os.environ.get(_AUTOLOAD)
+    os.environ[_AUTOLOAD] = "0" if autoload else "1"
+    try:
+        with dask.config.set(dict(config or {})):
+            return plan_host(protocol, nworkers, facts_path=path, extra_plugins=tuple(plugins))
+    finally:  # only this variable as it was (planning may set others: they stay)
+        if before is None:
+            os.environ.pop(_AUTOLOAD, None)
+        else:
+            os.environ[_AUTOLOAD] = before
