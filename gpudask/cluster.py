@@ -26,12 +26,14 @@ of the apply stage uses it.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 from typing import Any
 
-from distributed import LocalCluster
+import dask.config
 from dask.system import CPU_COUNT
+from distributed import LocalCluster, Nanny, Worker
 
 from gpudask.compat import dask_cuda
 from gpudask.config import shown
@@ -43,8 +45,6 @@ PRELOAD = "gpudask"
 def _nested(settings: dict[str, Any]) -> dict[str, Any]:
     """{"a.b.c": v} -> {"a": {"b": {"c": v}}} (the form of a Nanny's ``config``), by dask's own
     dotted-key setter writing into a fresh dict (the global config is not touched)."""
-    import dask.config
-
     out: dict[str, Any] = {}
     dask.config.set(settings, config=out)
     return out
@@ -161,10 +161,6 @@ def _check_arguments(kwargs: dict[str, Any]) -> None:
     """Refuse, before anything starts, an argument that neither ``LocalCluster`` nor the
     ``Nanny`` and ``Worker`` it hands its other arguments to accept (distributed would fail
     inside the worker process, with two tracebacks)."""
-    import inspect
-
-    from distributed import Nanny, Worker
-
     accepted = {name for f in (LocalCluster.__init__, Nanny.__init__, Worker.__init__)
                 for name, p in inspect.signature(f).parameters.items()
                 if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
@@ -196,8 +192,6 @@ def _one_line(error: GpudaskError, given_as: dict[str, str]) -> GpudaskError:
 
 
 def _is_nanny(cls: Any) -> bool:
-    from distributed import Nanny
-
     if isinstance(cls, str):
         from dask.utils import import_term
 
@@ -229,8 +223,6 @@ class LocalGPUCluster(LocalCluster):
 
     def __init__(self, n_workers: int | None = None, protocol: str | None = None,
                  threads_per_worker: int | None = None, **kwargs: Any):
-        import dask.config
-
         settings, given_as = dask_cuda.take_arguments(kwargs)
         pre_import = kwargs.pop("pre_import", None)
         if pre_import:

@@ -9,8 +9,10 @@ typed :class:`~gpudask.config.Settings`, which names a value's file through
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
+import stat
 import sys
 from typing import Any
 
@@ -43,9 +45,6 @@ def toml_path() -> pathlib.Path | None:
 def check_config_file(path: pathlib.Path, where: str) -> None:
     """Refuse, in one line, a config file that is missing, not a regular file (a directory,
     a FIFO, a symlink loop) or larger than :data:`MAX_CONFIG_BYTES`."""
-    import errno
-    import stat
-
     accepted = "accepted: a regular TOML or YAML file"
     try:
         st = os.stat(path)

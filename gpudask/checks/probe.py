@@ -22,7 +22,9 @@ which the ``/gpudask`` page shows.  Nothing here imports CuPy unless the workers
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
+import textwrap
 import time
 import warnings
 from collections.abc import Callable
@@ -53,14 +55,10 @@ def _worker_array_module() -> str:
 
 
 def _make(n: int, module: str) -> Any:
-    import importlib
-
     return importlib.import_module(module).arange(n, dtype="int64")
 
 
 def _receive(x: Any, module: str) -> tuple[int, str]:
-    import importlib
-
     x = importlib.import_module(module).asarray(x)
     return int(x.sum()), type(x).__module__.partition(".")[0]
 
@@ -180,8 +178,6 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
 
     # client -> worker: a submit argument, in the graph through the scheduler
     try:
-        import importlib
-
         client_module = module
         try:
             data = importlib.import_module(module).arange(n, dtype="int64")
@@ -345,8 +341,6 @@ def _wrap_keeping_columns(line: str, width: int | None, indent: str, fixed: int)
     they are), between words."""
     if width is None or len(line) <= width:
         return line
-    import textwrap
-
     wrapped = textwrap.wrap(line[fixed:], width - fixed, break_on_hyphens=False, break_long_words=False)
     first, rest = (wrapped[0], wrapped[1:]) if wrapped else ("", [])
     if len(first) > width - fixed:  # its first word (an address) does not fit there: all of it below

@@ -8,6 +8,7 @@ value from the cluster goes into the page escaped (``html.escape``), never as HT
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 _PAGE = """<!DOCTYPE html>
@@ -100,8 +101,6 @@ def render(refresh_seconds: float, state: dict[str, Any] | None = None) -> str:
     parts = first_paint(state) if state is not None else {
         "SUMMARY": "loading&hellip;", "LINKS": "", "PROBLEM": "", "WORKERS": "", "FINDINGS": "",
         "PROBE_SUMMARY": "", "PROBE": "", "UPDATED": "", "DRAWN": ""}
-    import re
-
     # one pass: a value drawn in (a worker's name) is never taken for a placeholder
     return re.sub(r"__(SUMMARY|LINKS|PROBLEM|WORKERS|FINDINGS|PROBE_SUMMARY|PROBE|UPDATED|DRAWN)__",
                   lambda m: parts[m.group(1)], page)

@@ -23,6 +23,7 @@ the plan through their ``gpudask_report_rows``, so plugins add to the page witho
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
@@ -108,12 +109,6 @@ def build(snap: dict[str, Any]) -> bytes:
     }
     text = json.dumps(head, default=str, allow_nan=False)
     return (text[:-1] + ', "workers": [' + ",".join(pieces) + "]}").encode()
-
-
-def build_page(snap: dict[str, Any]) -> bytes:
-    """The page drawn from a :func:`snapshot`, off the event loop as :func:`build` is (its
-    script fetches it again every few seconds)."""
-    return render(REFRESH_SECONDS, json.loads(build(snap))).encode()
 
 
 def _present(probe: dict[str, Any] | None, connected: set[str]) -> dict[str, Any] | None:
@@ -288,12 +283,16 @@ class PageHandler(RequestHandler):
     script fetches it again every few seconds."""
 
     async def get(self) -> None:
-        from gpudask.dashboard.serve import PAGES
+        from gpudask.dashboard.serve import BUILDER
 
-        body = await PAGES.get(self.server, snapshot, build_page)
+        body = await BUILDER.get(self.server, snapshot, build)  # shared with /gpudask/json's readers
+        if _DRAWN[0] is not body:  # drawn once per build, off the event loop as the build is
+            _DRAWN[:] = [body, await asyncio.to_thread(lambda: render(REFRESH_SECONDS, json.loads(body)))]
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        # a build that failed or ran too long is its problem line (JSON, from the builder): drawn
-        self.write(render(REFRESH_SECONDS, json.loads(body)) if body.startswith(b"{") else body)
+        self.write(_DRAWN[1])
+
+
+_DRAWN: list[Any] = [None, ""]  # the build last drawn, and its page
 
 
 routes: list[tuple] = [(PAGE, PageHandler, {}), (f"{PAGE}/json", StateHandler, {})]

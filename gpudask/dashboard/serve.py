@@ -13,7 +13,7 @@ What the page shows (:func:`gpudask.dashboard.page.cluster_state`) is built in t
 
 Concurrent readers share one build, and a built page is served again for :data:`CACHE_S`
 seconds: twenty readers cost one build, not twenty.  The HTML page (``/gpudask``, which its
-script fetches again every few seconds) is drawn from such a build in the same thread.
+script fetches again every few seconds) is drawn from the same build, once, in a thread.
 """
 
 from __future__ import annotations
@@ -136,5 +136,4 @@ def _problem(text: str) -> bytes:
     return json.dumps({"problem": text, "workers": [], "problems": [text]}).encode()
 
 
-BUILDER = Builder()  # /gpudask/json
-PAGES = Builder()  # /gpudask: the page drawn from the same build
+BUILDER = Builder()

@@ -23,6 +23,7 @@ import os
 import pathlib
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 
 from gpudask.errors import ConfigError
@@ -188,7 +189,6 @@ def host_lock(name: str, timeout: float = 120.0) -> Iterator[bool]:
     unusable or the lock stays taken for ``timeout`` seconds: the caller goes on unlocked
     rather than not at all."""
     import fcntl
-    import time
 
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
     fd = -1
