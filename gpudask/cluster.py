@@ -26,12 +26,14 @@ of the apply stage uses it.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 from typing import Any
 
-from distributed import LocalCluster
+import dask.config
 from dask.system import CPU_COUNT
+from distributed import LocalCluster, Nanny, Worker
 
 from gpudask.compat import dask_cuda
 from gpudask.config import shown
@@ -43,8 +45,6 @@ PRELOAD = "gpudask"
 def _nested(settings: dict[str, Any]) -> dict[str, Any]:
     """{"a.b.c": v} -> {"a": {"b": {"c": v}}} (the form of a Nanny's ``config``), by dask's own
     dotted-key setter writing into a fresh dict (the global config is not touched)."""
-    import dask.config
-
     out: dict[str, Any] = {}
     dask.config.set(settings, config=out)
     return out
@@ -83,12 +83,7 @@ def _check_tls(name: str, kwargs: dict[str, Any]) -> None:
 
 
 def _merged_preload(value: Any) -> list[str]:
-    if value is None:
-        items: list[str] = []
-    elif isinstance(value, str):
-        items = [value]
-    else:
-        items = list(value)
+    items: list[str] = [] if value is None else [value] if isinstance(value, str) else list(value)
     # gpudask first: RAPIDS_NO_INITIALIZE and the GPU pinning must be in place before a
     # user's preload imports cudf or touches CUDA
     return [PRELOAD, *(i for i in items if i != PRELOAD)]
@@ -136,9 +131,7 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
     _check_tls(name, kwargs)
     s = _client_session(name, n_workers)
     gpus = s.host.facts.visible_gpus()
-    n = n_workers if n_workers is not None else max(1, len(gpus))
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise ConfigError(f"n_workers={n_workers!r} is not valid; accepted: an integer >= 0")
+    n = n_workers if n_workers is not None else max(1, len(gpus))  # n_workers checked above
     if threads_per_worker is None and gpus:
         threads_per_worker = 1
     if kwargs.get("processes") is False:
@@ -168,10 +161,6 @@ def _check_arguments(kwargs: dict[str, Any]) -> None:
     """Refuse, before anything starts, an argument that neither ``LocalCluster`` nor the
     ``Nanny`` and ``Worker`` it hands its other arguments to accept (distributed would fail
     inside the worker process, with two tracebacks)."""
-    import inspect
-
-    from distributed import Nanny, Worker
-
     accepted = {name for f in (LocalCluster.__init__, Nanny.__init__, Worker.__init__)
                 for name, p in inspect.signature(f).parameters.items()
                 if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
@@ -203,8 +192,6 @@ def _one_line(error: GpudaskError, given_as: dict[str, str]) -> GpudaskError:
 
 
 def _is_nanny(cls: Any) -> bool:
-    from distributed import Nanny
-
     if isinstance(cls, str):
         from dask.utils import import_term
 
@@ -236,8 +223,6 @@ class LocalGPUCluster(LocalCluster):
 
     def __init__(self, n_workers: int | None = None, protocol: str | None = None,
                  threads_per_worker: int | None = None, **kwargs: Any):
-        import dask.config
-
         settings, given_as = dask_cuda.take_arguments(kwargs)
         pre_import = kwargs.pop("pre_import", None)
         if pre_import:
@@ -271,7 +256,6 @@ class LocalGPUCluster(LocalCluster):
                       kwargs: dict[str, Any]) -> None:
         kw = cluster_kwargs(n_workers, protocol, threads_per_worker, **kwargs)
         n = kw.pop("n_workers")
-        self._gpudask_nworkers = n
         _warn_if_sharing_gpus(n)
         if kw.get("threads_per_worker") is None:
             kw["threads_per_worker"] = max(1, math.ceil(CPU_COUNT / max(n, 1)))

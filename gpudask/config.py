@@ -30,15 +30,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpudask.config_files import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
-from gpudask.config_files import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
-from gpudask.config_files import MAX_CONFIG_NODES as MAX_CONFIG_NODES
-from gpudask.config_files import check_config_file as check_config_file
+from gpudask.config_files import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
+from gpudask.config_files import MAX_CONFIG_NODES as MAX_CONFIG_NODES, load_dask_config as load_dask_config
 from gpudask.config_files import file_value, flatten
-from gpudask.config_files import load_dask_config as load_dask_config
-from gpudask.config_files import read_toml as read_toml
-from gpudask.config_files import read_yaml as read_yaml
-from gpudask.config_files import toml_path as toml_path
 from gpudask import session
 from gpudask.errors import ConfigError
 
@@ -199,12 +193,7 @@ def register_defaults(options: Iterable[Option]) -> None:
     import dask.config
 
     tree: dict[str, Any] = {}
-    for opt in options:
-        node = tree
-        *parents, leaf = opt.key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = opt.default
+    dask.config.set({opt.key: opt.default for opt in options}, config=tree)  # nested into ``tree`` only
     dask.config.update_defaults(tree)
 
 

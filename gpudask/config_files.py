@@ -9,8 +9,10 @@ typed :class:`~gpudask.config.Settings`, which names a value's file through
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
+import stat
 import sys
 from typing import Any
 
@@ -43,9 +45,6 @@ def toml_path() -> pathlib.Path | None:
 def check_config_file(path: pathlib.Path, where: str) -> None:
     """Refuse, in one line, a config file that is missing, not a regular file (a directory,
     a FIFO, a symlink loop) or larger than :data:`MAX_CONFIG_BYTES`."""
-    import errno
-    import stat
-
     accepted = "accepted: a regular TOML or YAML file"
     try:
         st = os.stat(path)
@@ -237,11 +236,11 @@ def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
     _check_gpudask_section(from_env)
     with open(_HERE / "gpudask.yaml") as f:
         dask.config.update_defaults(yaml.safe_load(f))
-    for key in _flatten(from_env):
+    for key in flatten(from_env):
         name = key.replace("_", "-")
         if _not_chosen(name):
             dask.config.set({name: dask.config.get(key, config=from_env)})
-    env_keys = {k.replace("_", "-") for k in _flatten(from_env)}
+    env_keys = {k.replace("_", "-") for k in flatten(from_env)}
     named = os.environ.get("GPUDASK_CONFIG")
     files = [(p, f"GPUDASK_CONFIG={named}" if named else str(p)) for p in [toml_path()] if p]
     if extra_file:
@@ -251,7 +250,7 @@ def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
             doc = read_yaml(path, where)
         else:
             doc = read_toml(path, where)
-        for key in _flatten(doc):
+        for key in flatten(doc):
             name = key.replace("_", "-")
             value = dask.config.get(key, config=doc)
             previous = session.current().file_values.get(name)
@@ -282,21 +281,13 @@ def _default_of(key: str) -> Any:
     return dask.config.get(key, default=None, config=merged)
 
 
-
-def _flatten(tree: Any, prefix: str = "") -> list[str]:
+def flatten(tree: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of the leaves of a nested config mapping."""
     if not isinstance(tree, dict) or not tree:
         return [prefix] if prefix else []
-    keys: list[str] = []
-    for k, v in tree.items():
-        keys += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
-    return keys
+    return [key for k, v in tree.items() for key in flatten(v, f"{prefix}.{k}" if prefix else str(k))]
 
 
 def file_value(key: str) -> tuple[str | None, Any]:
     """``(path, value)`` of ``key`` as a config file last set it, or ``(None, None)``."""
     return session.current().file_values.get(key.replace("_", "-"), (None, None))
-
-
-def flatten(tree: Any, prefix: str = "") -> list[str]:
-    """The dotted keys of the leaves of a nested config mapping."""
-    return _flatten(tree, prefix)

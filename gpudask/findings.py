@@ -77,10 +77,6 @@ class Finding:
         if self.severity not in SEVERITIES:
             raise ValueError(f"Finding severity must be one of {', '.join(SEVERITIES)}, got {self.severity!r}")
 
-    @property
-    def rank(self) -> int:
-        return SEVERITIES.index(self.severity)
-
     def to_dict(self) -> dict[str, Any]:
         return {"severity": self.severity, "code": str(self.code), "message": str(self.message),
                 "plugin": self.plugin, "subject": self.subject, "reference": self.reference,

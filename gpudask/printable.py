@@ -18,14 +18,12 @@ from typing import Any
 
 # C0 and C1 controls, DEL, line/paragraph separators, bidirectional controls, lone surrogates
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    code = ord(char)
-    if char in "\n\r\t":
-        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[char]
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    code = ord(match.group())
+    return _NAMED.get(match.group()) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
 def printable(value: Any) -> str:
@@ -35,9 +33,4 @@ def printable(value: Any) -> str:
     return _UNSAFE.sub(_escape, text)
 
 
-def is_printable(text: str) -> bool:
-    """Whether ``text`` is printed as it is (nothing in it to escape)."""
-    return _UNSAFE.search(text) is None
-
-
-__all__ = ["is_printable", "printable"]
+__all__ = ["printable"]

@@ -57,7 +57,7 @@ def test_install_on_a_running_scheduler_serves_page_and_state():
                 w.metrics["not-gpudask"] = lambda worker: {"x": 1}
                 await until(lambda: "gpudask-spill" in s.workers[w.address].metrics)
                 code, page = await fetch(port, "/gpudask")
-                assert code == 200 and "<title>gpudask</title>" in page and "/json" in page
+                assert code == 200 and "<title>gpudask</title>" in page and f'data-worker="{w.address}"' in page
                 code, body = await fetch(port, "/gpudask/json")
                 assert code == 200
                 state = json.loads(body)
@@ -143,12 +143,6 @@ def test_junk_in_worker_data_never_breaks_the_state():
                                                                                       "findings": []}
 
 
-def test_routes_with_dashboard_adds_the_module_once():
-    stock = ["distributed.http.scheduler.prometheus", "distributed.http.health"]
-    assert dashboard.routes_with_dashboard(stock) == [*stock, "gpudask.dashboard.page"]
-    assert dashboard.routes_with_dashboard([*stock, "gpudask.dashboard.page"]) == [*stock, "gpudask.dashboard.page"]
-
-
 @pytest.mark.process
 def test_page_from_the_routes_config_without_bokeh(tmp_path):
     """No bokeh importable; the page comes from distributed.scheduler.http.routes, the
@@ -159,10 +153,11 @@ def test_page_from_the_routes_config_without_bokeh(tmp_path):
         import dask.config
         from distributed import Scheduler
         from tornado.httpclient import AsyncHTTPClient
-        from gpudask.dashboard.page import ROUTES_KEY, install, routes_with_dashboard
+        from gpudask.dashboard.page import MODULE, install
 
         async def main():
-            with dask.config.set({ROUTES_KEY: routes_with_dashboard(dask.config.get(ROUTES_KEY))}):
+            routes = "distributed.scheduler.http.routes"
+            with dask.config.set({routes: [*dask.config.get(routes), MODULE]}):
                 async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
                     out = {}
                     for path in ("/gpudask", "/gpudask/json", "/status"):

@@ -3,7 +3,7 @@
 ``dask scheduler --preload gpudask`` on a GPU-less described host and ``dask worker
 --preload gpudask --nworkers 2`` on a described 2-GPU workstation: the page must show
 both workers with their GPUs, and the scheduler check's finding about the GPU-less
-scheduler, drawn by the page's own script from ``/gpudask/json``.
+scheduler, drawn again by the page's own script (it fetches the page as the scheduler draws it).
 
 Set ``UPDATE_SCREENSHOTS=1`` to write the screenshot into docs/img/dashboard.png.
 """
@@ -111,7 +111,7 @@ def test_a_person_sees_the_workers_gpus_and_the_check_finding(cluster, tmp_path)
         # the finding both workers share is one row naming both (it was one row per worker)
         assert len(driver) == 1 and all(a in driver[0] for a in workers), findings
         assert "the scheduler has 550.54.15, the worker has 570.86.15" in driver[0], driver
-        # it refreshes by itself: the script fetched the state more than once
+        # it refreshes by itself: the script fetched the page more than once
         assert int(page.body.get("data-refreshes", "0")) >= 2, page.body
 
         shot = tmp_path / "dashboard.png"

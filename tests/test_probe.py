@@ -64,7 +64,7 @@ def test_probe_passes_every_path_and_the_page_shows_it(cluster, protocol):
         assert [p["path"] for p in state["probe"]["paths"]] == list(PATHS)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/gpudask", timeout=10) as r:
             page = r.read().decode()
-        assert 'id="probe"' in page and "probeRow" in page
+        assert 'id="probe"' in page and page.count('class="probe-path"') == len(PATHS)  # the paths, drawn
 
 
 @pytest.mark.process

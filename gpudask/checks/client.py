@@ -7,19 +7,30 @@ deserialises what it gathers, so it should match them too.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import socket
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from dask.utils import parse_bytes
+from distributed import Client, get_client
+from distributed.comm.addressing import parse_address, parse_host_port
+from distributed.comm.core import connect
+from distributed.security import Security
+
 from gpudask.checks.runner import plan_here, report_on_scheduler
 from gpudask.checks.sides import SEVERITIES, dedupe, local_side, run_hooks, scheme, side_from_published, summary
 from gpudask.errors import GpudaskError
 from gpudask.findings import Finding, worst
+from gpudask.plan import cpu_ranges
 from gpudask.printable import printable
+from gpudask.textwidth import terminal_width, wrap_text
 
 ADDRESS_FORMS = "tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT, or --scheduler-file FILE"
 
@@ -49,8 +60,6 @@ def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
     :return: the report; ``report["status"]`` is ``"ok"``, ``"info"``, ``"warning"`` or ``"error"``.
     """
     if client is None:
-        from distributed import get_client
-
         client = get_client()
     try:
         remote = _fetch_scheduler_report(client)
@@ -124,8 +133,6 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
     is about (``every worker (3) against the scheduler``), at the width of the terminal; a
     finding the client shares with the scheduler (the same check, the same values: a
     package both lack) is said for the scheduler, naming the client too."""
-    from gpudask.textwidth import terminal_width, wrap_text
-
     if width == -1:
         width = terminal_width()
     sched = report.get("scheduler") or {}
@@ -219,8 +226,6 @@ def _grouped_findings(findings: list[dict[str, Any]], numbers: dict[str, int]) -
 def _processes(names: list[str], numbers: dict[str, int]) -> str:
     """Processes named in a finding's heading: workers by their number in the table,
     ``every worker (3)`` for all of several, ``workers 0,2``; the others by role."""
-    from gpudask.plan import cpu_ranges
-
     known = sorted(numbers[n] for n in names if n in numbers)
     named = [f"the {n}" if n in _SIDES else n for n in names if n not in numbers]
     if known:
@@ -244,8 +249,6 @@ def read_scheduler_file(path: str, timeout: float = 30.0) -> str:
 
     :raises GpudaskError: one line naming the file, what is wrong and what is accepted.
     """
-    import stat
-
     accepted = "accepted: the JSON file `dask scheduler --scheduler-file` writes"
     result: list[Any] = []
 
@@ -295,8 +298,6 @@ def scheduler_address(address: str | None, scheduler_file: str | None, timeout: 
 
     :raises GpudaskError: one line naming what is wrong and the accepted forms.
     """
-    from distributed.comm.addressing import parse_address, parse_host_port
-
     if scheduler_file:
         address = read_scheduler_file(scheduler_file, timeout)
     if not address:
@@ -316,8 +317,6 @@ def client_security(target: str) -> Any:
     would end in a TypeError traceback and hang at exit); None for every other scheme."""
     if scheme(target) != "tls":
         return None
-    from distributed.security import Security
-
     try:
         security = Security()
         context = security.get_connection_args("client").get("ssl_context")
@@ -331,20 +330,30 @@ def client_security(target: str) -> Any:
     return security
 
 
-def unreachable(target: str, timeout: float, error: BaseException) -> str:
+def unreachable(target: str, error: BaseException) -> GpudaskError:
     """The line ``gpudask check`` and ``gpudask status`` print when the scheduler cannot be reached."""
-    return f"cannot reach the scheduler at {target}: {error}"
+    return GpudaskError(f"cannot reach the scheduler at {target}: {error}")
+
+
+def open_client(target: str, timeout: float) -> Any:
+    """A client of the scheduler at ``target`` (:func:`scheduler_address`), or one line
+    (GpudaskError) when it cannot be reached within ``timeout``."""
+    security = client_security(target)
+    ucx_output_to_stderr()
+    try:
+        with deadline(timeout, target):  # a peer that accepts and never answers: one line
+            # plain TCP only: UCX is set up once per process and TLS needs the security
+            # context, both of which Client() does itself
+            if scheme(target) in (None, "tcp"):
+                _probe(target, timeout)  # fails within the timeout, not inside Client()
+            return Client(target, timeout=timeout, set_as_default=False, security=security)
+    except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
+        raise unreachable(target, e) from None
 
 
 def _probe(address: str, timeout: float) -> None:
     """Connect once and hang up, so that an unreachable TCP scheduler fails here, within
     ``timeout``, and not inside ``Client()`` (whose half-made object hangs at exit)."""
-    import asyncio
-    import socket
-
-    from distributed.comm.addressing import parse_address, parse_host_port
-    from distributed.comm.core import connect
-
     host, port = parse_host_port(parse_address(address)[1])
     try:  # nothing listening: say so now (distributed's connect retries until the timeout)
         socket.create_connection((host, port), timeout=min(timeout, 5.0)).close()
@@ -411,29 +420,16 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
     """``gpudask check``: 0 when no error-level finding, 1 when there is one, 2 when the
     scheduler cannot be reached.  With ``probe``: data through every path instead
     (:mod:`gpudask.checks.probe`), 0 when every path works (slow ones are warnings), 1 when one does not."""
-    from distributed import Client
-
     try:
         check_timeout(timeout)
         target = scheduler_address(address, scheduler_file, timeout)
-        security = client_security(target)
         chosen = _probe_workers(workers) if probe else None
         if probe:
             check_timeout(path_timeout, "--path-timeout")
             nbytes = _payload(payload)
+        client = open_client(target, timeout)
     except GpudaskError as e:
         echo(f"gpudask: error: {printable(e)}", err=True)
-        return 2
-    try:
-        # plain TCP only: UCX is set up once per process and TLS needs the security
-        # context, both of which Client() does itself
-        ucx_output_to_stderr()
-        with deadline(timeout, target):
-            if scheme(target) in (None, "tcp"):
-                _probe(target, timeout)
-            client = Client(target, timeout=timeout, set_as_default=False, security=security)
-    except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
-        echo(f"gpudask: error: {printable(unreachable(target, timeout, e))}", err=True)
         return 2
     if probe:
         from gpudask.checks.probe import format_probe, run_probe
@@ -455,8 +451,6 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
 
 def _payload(value: str) -> int:
     """``--payload``: a size from 8 bytes to 4 GiB (dask's parse_bytes)."""
-    from dask.utils import parse_bytes
-
     try:
         nbytes = int(parse_bytes(value))
     except (ValueError, TypeError, OverflowError):

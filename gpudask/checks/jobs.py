@@ -17,6 +17,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from gpudask.errors import GpudaskError
@@ -103,15 +104,11 @@ def read_timeout(ctx: Any) -> float:
         return DEFAULT_TIMEOUT_S
 
 
-def running_plugin(job: Job, manager: Any) -> str | None:
-    """The plugin whose ``gpudask_scheduler_check`` the job's thread is in (from its stack)."""
-    frame = sys._current_frames().get(job.thread) if job.thread is not None else None
-    codes = {}
-    functions = manager.hook_functions(HOOK) if manager is not None else {}
-    for name, function in functions.items():
-        code = getattr(getattr(function, "__func__", function), "__code__", None)
-        if code is not None:
-            codes[code] = name
+def plugin_in_thread(thread: int | None, functions: Mapping[str, Any]) -> str | None:
+    """The plugin one of whose hook ``functions`` (plugin name -> function) the thread
+    ``thread`` is in, from its stack."""
+    frame = sys._current_frames().get(thread) if thread is not None else None
+    codes = {getattr(getattr(f, "__func__", f), "__code__", None): name for name, f in functions.items()}
     top = frame
     while frame is not None:
         if frame.f_code in codes:
@@ -123,7 +120,7 @@ def running_plugin(job: Job, manager: Any) -> str | None:
 
 def timeout_finding(job: Job, timeout: float, manager: Any) -> Finding:
     """The ``check-timeout`` warning of a job still running after ``timeout`` seconds."""
-    plugin = running_plugin(job, manager)
+    plugin = plugin_in_thread(job.thread, manager.hook_functions(HOOK) if manager is not None else {})
     if plugin is not None:
         what = f"plugin {plugin!r}'s {HOOK}"
     elif job.thread is None:

@@ -22,7 +22,9 @@ which the ``/gpudask`` page shows.  Nothing here imports CuPy unless the workers
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
+import textwrap
 import time
 import warnings
 from collections.abc import Callable
@@ -53,14 +55,10 @@ def _worker_array_module() -> str:
 
 
 def _make(n: int, module: str) -> Any:
-    import importlib
-
     return importlib.import_module(module).arange(n, dtype="int64")
 
 
 def _receive(x: Any, module: str) -> tuple[int, str]:
-    import importlib
-
     x = importlib.import_module(module).asarray(x)
     return int(x.sum()), type(x).__module__.partition(".")[0]
 
@@ -101,24 +99,6 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:300] if text else type(e).__name__
 
 
-class _Prober:
-    def __init__(self, client: Any, timeout: float):
-        self.client = client
-        self.timeout = timeout
-
-    def within(self, make: Callable[[], Any], timeout: float | None = None) -> Any:
-        """Await ``make()`` on the client's loop, for at most ``timeout`` seconds."""
-        limit = self.timeout if timeout is None else timeout
-
-        async def run() -> Any:
-            return await asyncio.wait_for(make(), limit)
-
-        return self.client.sync(run)
-
-    def result(self, future: Any) -> Any:
-        return future.result(timeout=self.timeout)
-
-
 def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = None,
               nbytes: int = SIZE * 8) -> dict[str, Any]:
     """Probe every path; the report (``report["status"]``: ``ok``, ``slow`` or ``failed``).
@@ -130,7 +110,13 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
     n = max(1, int(nbytes) // 8)
     from distributed.comm.addressing import parse_address
 
-    p = _Prober(client, timeout)
+    def within(make: Callable[[], Any]) -> Any:
+        """Await ``make()`` on the client's loop, for at most ``timeout`` seconds."""
+        async def run() -> Any:
+            return await asyncio.wait_for(make(), timeout)
+
+        return client.sync(run)
+
     info = client.scheduler_info()
     address = client.scheduler.address
     protocol = parse_address(address)[0]
@@ -160,8 +146,8 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
     b = chosen[1] if len(chosen) > 1 else None
     try:
         # the scheduler calls each worker at its address: one it cannot reach answers an error
-        modules = p.within(lambda: client_run(client, _worker_array_module, workers=chosen, on_error="return"))
-        scheduler_gpus = p.within(lambda: client_run_on_scheduler(client, _scheduler_gpus))
+        modules = within(lambda: client_run(client, _worker_array_module, workers=chosen, on_error="return"))
+        scheduler_gpus = within(lambda: client_run_on_scheduler(client, _scheduler_gpus))
     except Exception as e:  # noqa: BLE001
         report["problem"] = f"the workers (or the scheduler) did not run a function: {_one_line(e)}"
         return report
@@ -182,7 +168,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
         source = client.submit(_make, n, module, workers=[a], allow_other_workers=False, pure=False)
         from distributed.client import _wait
 
-        p.within(lambda: _wait([source]))  # waits for the task only: the data stays on the worker
+        within(lambda: _wait([source]))  # waits for the task only: the data stays on the worker
         if source.status != "finished":
             raise RuntimeError(f"the task on {a} ended {source.status}: {source.exception(timeout=timeout)!r}")
     except Exception as e:  # noqa: BLE001
@@ -192,8 +178,6 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
 
     # client -> worker: a submit argument, in the graph through the scheduler
     try:
-        import importlib
-
         client_module = module
         try:
             data = importlib.import_module(module).arange(n, dtype="int64")
@@ -205,7 +189,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
         with warnings.catch_warnings():  # "Sending large graph": 64 MiB in the graph is the point here
             warnings.filterwarnings("ignore", "Sending large graph", UserWarning)
             future = client.submit(_receive, data, module, workers=[a], allow_other_workers=False, pure=False)
-        got = p.result(future)
+        got = future.result(timeout=timeout)
         seconds = time.perf_counter() - start
         if got[0] != expected:
             path(PATHS[0], "failed", seconds, f"wrong value {got[0]}, expected {expected}",
@@ -227,7 +211,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
     else:
         try:
             start = time.perf_counter()
-            got = p.result(client.submit(_sum_plus_one, source, workers=[b], allow_other_workers=False, pure=False))
+            got = client.submit(_sum_plus_one, source, workers=[b], allow_other_workers=False, pure=False).result(timeout=timeout)
             seconds = time.perf_counter() - start
             want = expected + n
             if got[0] != want:
@@ -235,7 +219,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
                      "see the workers' logs; the data was corrupted on the way")
             else:
                 try:
-                    best = p.within(lambda: client_run(client, _pull, a, source.key, RATE_REPEATS, workers=[b]))[b]
+                    best = within(lambda: client_run(client, _pull, a, source.key, RATE_REPEATS, workers=[b]))[b]
                 except Exception:  # noqa: BLE001 - a busy sender: the task's own fetch still times the path
                     best = seconds
                 path(PATHS[1], "ok", min(seconds, best), detail=f"{b} fetched from {a}")
@@ -250,7 +234,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
             seconds = float("inf")
             for _ in range(RATE_REPEATS):  # each gather moves the data again (the client keeps no copy)
                 start = time.perf_counter()
-                (got,) = p.within(lambda d=direct: client_gather(client, [source], direct=d))
+                (got,) = within(lambda d=direct: client_gather(client, [source], direct=d))
                 seconds = min(seconds, time.perf_counter() - start)
             total = int(_host(got).sum())
             if total != expected:
@@ -357,8 +341,6 @@ def _wrap_keeping_columns(line: str, width: int | None, indent: str, fixed: int)
     they are), between words."""
     if width is None or len(line) <= width:
         return line
-    import textwrap
-
     wrapped = textwrap.wrap(line[fixed:], width - fixed, break_on_hyphens=False, break_long_words=False)
     first, rest = (wrapped[0], wrapped[1:]) if wrapped else ("", [])
     if len(first) > width - fixed:  # its first word (an address) does not fit there: all of it below

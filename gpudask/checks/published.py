@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 from gpudask.findings import _MAX_DEPTH, _MAX_ITEMS, _MAX_STR
+from gpudask.plaindata import cut as truncate  # a cut string passes through again unchanged
 
 MAX_STR = _MAX_STR  # characters of one string (the limit facts have)
 MAX_DEPTH = _MAX_DEPTH  # nesting (the limit facts have)
@@ -76,15 +77,6 @@ def _bound(value: Any, depth: int, budget: list[int]) -> Any:
     except Exception as e:  # noqa: BLE001 - a repr that fails is shown as such
         text = f"<{type(value).__name__}: repr failed: {type(e).__name__}>"
     return truncate(text, MAX_STR)
-
-
-def truncate(text: str, limit: int) -> str:
-    """``text``, or its start and a marker naming how many characters were cut: at most
-    ``limit`` characters in all, so a truncated string passes through unchanged."""
-    if len(text) <= limit:
-        return text
-    keep = max(limit - 40, 0)
-    return f"{text[:keep]}... [{len(text) - keep} more characters]"
 
 
 def shown(value: Any) -> str:

@@ -9,9 +9,11 @@ is up to the plugins' ``gpudask_scheduler_check`` hooks; the core knows no plugi
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from gpudask._version import __version__
+from gpudask.checks import published as bounds
 from gpudask.errors import FactsError, GpudaskError
 from gpudask.findings import SEVERITIES, Finding, MalformedData, fingerprint, json_safe
 from gpudask.plan.published import PUBLISHED_KEY  # what a worker's gpudask puts in its startup information
@@ -39,8 +41,6 @@ def scheme(address: object) -> str | None:
 
 def local_side(facts: Any, role: str, address: str | None, protocol: str | None) -> dict[str, Any]:
     """This process as a side of the comparison, from its own facts."""
-    import os
-
     return {"role": role, "address": address, "facts": facts.to_dict(), "protocol": protocol,
             "gpudask": __version__, "facts_origin": facts.origin, "ucx_tls": os.environ.get("UCX_TLS"),
             "memory": None}
@@ -75,8 +75,6 @@ def side_from_published(published: Any, role: str, address: str | None) -> dict[
 def _planned_ucx_tls(published: dict[str, Any]) -> str | None:
     """UCX_TLS of the publishing process's plan (applied before listen(); a value that did not
     take effect is its own not-applied finding); None when not a bounded string."""
-    from gpudask.checks import published as bounds
-
     plan = published.get("plan")
     env = plan.get("env") if isinstance(plan, dict) else None
     value = env.get("UCX_TLS") if isinstance(env, dict) else None
@@ -85,8 +83,6 @@ def _planned_ucx_tls(published: dict[str, Any]) -> str | None:
 
 def _memory(published: dict[str, Any]) -> dict[str, Any] | None:
     """The memory setup report, by plugin, bounded like every published field."""
-    from gpudask.checks import published as bounds
-
     memory = published.get("memory")
     if not isinstance(memory, dict):
         return None
@@ -188,8 +184,6 @@ def version_differs(scheduler_side: dict[str, Any], side: dict[str, Any]) -> lis
     """A warning when the worker runs another gpudask version than the scheduler: the plan
     and the published shape are each version's own, so the comparison may miss or invent
     differences (and a worker of an old version misses what the new one fixed)."""
-    from gpudask.checks import published as bounds
-
     mine, theirs = scheduler_side.get("gpudask"), side.get("gpudask")
     if not isinstance(mine, str) or not isinstance(theirs, str) or mine == theirs:
         return []
@@ -204,8 +198,6 @@ def not_applied(published: Any) -> list[Finding]:
     """An error finding for every planned value the worker's live process does not have
     (its applied state, read after setup: gpudask.apply.state); at most
     ``published.MAX_MISMATCHES`` of them, the rest counted in one more finding."""
-    from gpudask.checks import published as bounds
-
     first, more, malformed = bounds.mismatches(published)
     out = []
     for m in first:

@@ -132,11 +132,8 @@ def config_cmd(as_json: bool, extra: tuple[str, ...]) -> None:
                            f"{extra[0]}")
 
     settings = bootstrap.inputs().settings
-    rows = []
-    for opt in settings.options.values():
-        s = settings.get(opt.key)
-        rows.append({"key": opt.key, "value": s.value, "given": s.given, "source": s.source, "default": opt.default,
-                     "doc": opt.doc})
+    rows = [{"key": opt.key, "value": s.value, "given": s.given, "source": s.source, "default": opt.default,
+             "doc": opt.doc} for opt in settings.options.values() for s in [settings.get(opt.key)]]
     if as_json:
         click.echo(json.dumps(rows, indent=1, default=str))
         return
@@ -235,27 +232,17 @@ def status(address: str | None, address_option: str | None, scheduler_file: str 
     """The running cluster, one row per worker: GPU, transports, pool, CPUs, start method, planned
     against actual (exit 1 when a plan did not take effect or a worker published a malformed
     field).  The scheduler: ADDRESS, --address ADDRESS or --scheduler-file FILE."""
-    from distributed import Client
-
-    from gpudask.checks.client import (_probe, check_timeout, client_security, deadline, scheduler_address,
-                                       ucx_output_to_stderr, unreachable)
-    from gpudask.checks.sides import scheme
+    from gpudask.checks.client import check_timeout, deadline, open_client, scheduler_address, unreachable
     from gpudask.cli.report import table
     from gpudask.cli.status import cluster_status, format_status
 
     check_timeout(timeout)
     target = scheduler_address(_one_scheduler(address, address_option, scheduler_file), scheduler_file, timeout)
-    security = client_security(target)
-    ucx_output_to_stderr()
     try:
-        with deadline(timeout, target):  # a peer that accepts and never answers: one line
-            if scheme(target) in (None, "tcp"):
-                _probe(target, timeout)  # fails within the timeout, not inside Client()
-            client = Client(target, timeout=timeout, set_as_default=False, security=security)
-        with deadline(timeout, target), client:
+        with open_client(target, timeout) as client, deadline(timeout, target):
             result = cluster_status(client)
     except OSError as e:
-        raise GpudaskError(unreachable(target, timeout, e)) from None
+        raise unreachable(target, e) from None
     click.echo(json.dumps(result, indent=1, default=str) if as_json else format_status(result, table))
     sys.exit(1 if result["mismatches"] or result["problems"] else 0)
 

@@ -28,24 +28,21 @@ def _unbreakable(word: str) -> bool:
     return "://" in word or word.startswith("$")
 
 
-def _pieces(text: str, header: bool = False) -> list[str]:
+def _pieces(text: str) -> list[str]:
     """``text`` cut where a cell may wrap: between words; a word is cut (after a colon,
     slash, dash ...) only when it is long (a path, a list without spaces), never an address
     (``tcp://10.0.0.1:8786``) nor a name (``scheduler-parity``)."""
-    out: list[str] = []
-    for word in re.split(r"(?<=[ ,])", text):
-        # a column's header is a label, never cut either (CUDA_VISIBLE_DEVICES stays one word)
-        whole = _unbreakable(word) or len(word.rstrip(" ,")) <= _WHOLE_WORD
-        out += [word] if whole else _BREAK.split(word)
-    return [piece for piece in out if piece]
+    return [piece for word in re.split(r"(?<=[ ,])", text)
+            for piece in ([word] if _unbreakable(word) or len(word.rstrip(" ,")) <= _WHOLE_WORD
+                          else _BREAK.split(word)) if piece]
 
 
-def _wrap_cell(text: str, width: int, header: bool = False) -> list[str]:
+def _wrap_cell(text: str, width: int) -> list[str]:
     if len(text) <= width:
         return [text]
     lines: list[str] = []
     line = ""
-    for piece in _pieces(text, header):
+    for piece in _pieces(text):
         if len(line) + len(piece.rstrip()) > width and line:
             lines.append(line.rstrip())
             line = ""
@@ -70,7 +67,7 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
     # a column narrower than _MIN_COLUMN by nature (a "unit" column) keeps its width: count it too
     # no column narrower than its longest word (a word is cut only when the longest words
     # of all columns together are wider than the terminal: then the longest ones first)
-    floors = [min(n, max(_MIN_COLUMN, max([len(piece.rstrip()) for k, r in enumerate(cells) for piece in _pieces(r[i], k == 0)] or [0])))
+    floors = [min(n, max(_MIN_COLUMN, max([len(piece.rstrip()) for r in cells for piece in _pieces(r[i])] or [0])))
               for i, n in enumerate(natural)]
     # an address or a variable's name is never cut: its column keeps its width, the table overflows
     keep = [max([len(piece.rstrip()) for r in cells for piece in _pieces(r[i]) if _unbreakable(piece)] or [0])
@@ -78,7 +75,7 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
     while sum(floors) > budget and any(f > max(_MIN_COLUMN, k) for f, k in zip(floors, keep)):
         cuttable = [f if f > max(_MIN_COLUMN, k) else 0 for f, k in zip(floors, keep)]
         floors[cuttable.index(max(cuttable))] -= 1
-    lines = [{w: [len(_wrap_cell(row[i], w, k == 0)) for k, row in enumerate(cells)] for w in range(min(floors[i], n), n + 1)}
+    lines = [{w: [len(_wrap_cell(row[i], w)) for row in cells] for w in range(min(floors[i], n), n + 1)}
              for i, n in enumerate(natural)]
 
     def height(widths: list[int]) -> int:
@@ -108,7 +105,7 @@ def table(headers: list[str], rows: list[list[Any]], width: int | None = -1) -> 
     widths = _fit(cells, width)
     lines = []
     for n, row in enumerate(cells):
-        wrapped = [_wrap_cell(c, w, n == 0) for c, w in zip(row, widths)]
+        wrapped = [_wrap_cell(c, w) for c, w in zip(row, widths)]
         for k in range(max(len(parts) for parts in wrapped)):
             lines.append(_GAP.join((parts[k] if k < len(parts) else "").ljust(w)
                                    for parts, w in zip(wrapped, widths)).rstrip())
@@ -164,24 +161,21 @@ _WORKER_COLUMNS: list[tuple[str, Any, tuple[str, ...]]] = [
 ]
 
 
-def _table_columns(host: HostPlan) -> list[tuple[str, list[str], tuple[str, ...]]]:
+_Column = tuple[str, list[str], tuple[str, ...]]
+
+
+def _table_columns(host: HostPlan) -> tuple[list[_Column], list[_Column]]:
     """The worker-table columns worth a column: the GPU, and what differs between workers (all
-    that is set, for a single worker).  A value every worker shares goes to the list of changes."""
+    that is set, for a single worker); and the others, which every worker has the same value
+    in (said once, not per row: in the list of changes)."""
     columns = [(name, [str(value(w, host)) for w in host.workers], prefixes) for name, value, prefixes in _WORKER_COLUMNS]
     single = len(host.workers) == 1
-    return [(n, v, p) for n, v, p in columns
-            if n == "gpu" or len(set(v)) > 1 or (single and v[0] != "-")]
-
-
-def _shared_columns(host: HostPlan) -> list[tuple[str, list[str], tuple[str, ...]]]:
-    """The worker-table columns every worker has the same value in (said once, not per row)."""
-    shown = {n for n, _, _ in _table_columns(host)}
-    return [(n, [str(value(w, host)) for w in host.workers], p) for n, value, p in _WORKER_COLUMNS
-            if n not in shown and host.workers]
+    shown = [c for c in columns if c[0] == "gpu" or len(set(c[1])) > 1 or (single and c[1][0] != "-")]
+    return shown, [c for c in columns if c not in shown and host.workers]
 
 
 def _worker_table(host: HostPlan, width: int | None) -> str:
-    columns = _table_columns(host)
+    columns, _ = _table_columns(host)
     rows = [[w.index, *(v[k] for _, v, _ in columns)] for k, w in enumerate(host.workers)]
     return table(["worker", *(n for n, _, _ in columns)], rows, width)
 
@@ -227,7 +221,7 @@ def _changes_table(host: HostPlan, width: int | None) -> str:
     ctx = host.ctx
     user_env = getattr(ctx, "user_env", {}) or {}
     user_config = getattr(ctx, "user_config", {}) or {}
-    shown_in_table = tuple(p for _, _, prefixes in _table_columns(host) for p in prefixes)
+    shown_in_table = tuple(p for _, _, prefixes in _table_columns(host)[0] for p in prefixes)
     found: dict[str, tuple[list[str], list[str]]] = {}  # decision -> (processes, plugins)
     for plan in [host.scheduler, host.nanny, host.client, *host.workers]:
         title = plan.role + (f" {plan.index}" if plan.index is not None else "")
@@ -309,7 +303,7 @@ def plan_table(host: HostPlan, interface: str | None = None, width: int | None =
     if width == -1:
         width = terminal_width()
     out = [wrap_text("\n".join(_header(host)), width), "", _worker_table(host, width)]
-    shared = _shared_columns(host)
+    shared = _table_columns(host)[1]
     if shared and len(host.workers) > 1:
         out += ["", wrap_text("Every worker: " + ", ".join(f"{name} {values[0]}" for name, values, _ in shared),
                               width, indent="    ")]

@@ -6,6 +6,7 @@ for naming themselves."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 
@@ -16,10 +17,10 @@ def shape(text: str) -> str:
     return re.sub(r"[0-9a-f]*\d[0-9a-f]*", "#", _UUID.sub("#", text))
 
 
-def template(texts: list[str], numbers: list[str]) -> str:
-    """One text for several of the same shape (:func:`shape`): a word where they differ is
-    ``N`` when each has its own worker number there, else ``…`` inside what they share of it
-    (``GPU-…),``); a run of such words (a list of peers) is one ``…``."""
+def _by_word(texts: list[str], merged: Callable[[list[str], str, list[str], str], None]) -> str:
+    """``texts`` word by word: a word they share as it is; where they differ,
+    ``merged(out, head, middles, tail)`` adds what stands for them (``head`` and ``tail``:
+    what they share of that word, :func:`common_edge`)."""
     split = [t.split(" ") for t in texts]
     out: list[str] = []
     for k, word in enumerate(split[0]):
@@ -29,13 +30,22 @@ def template(texts: list[str], numbers: list[str]) -> str:
             continue
         head = common_edge(words, front=True)
         tail = common_edge([w[len(head):] for w in words], front=False)
-        middles = [w[len(head):len(w) - len(tail)] for w in words]
+        merged(out, head, [w[len(head):len(w) - len(tail)] for w in words], tail)
+    return " ".join(out)
+
+
+def template(texts: list[str], numbers: list[str]) -> str:
+    """One text for several of the same shape (:func:`shape`): a word where they differ is
+    ``N`` when each has its own worker number there, else ``…`` inside what they share of it
+    (``GPU-…),``); a run of such words (a list of peers) is one ``…``."""
+    def merged(out: list[str], head: str, middles: list[str], tail: str) -> None:
         placeholder = head + ("N" if middles == numbers else "…") + tail
         if placeholder.strip(",;") == "…" and out and out[-1].strip(",;") == "…":
             out[-1] = placeholder  # "peers 1, 2, 3" -> "peers …"
         else:
             out.append(placeholder)
-    return " ".join(out)
+
+    return _by_word(texts, merged)
 
 
 def common_edge(texts: list[str], front: bool) -> str:
@@ -54,14 +64,4 @@ def common_edge(texts: list[str], front: bool) -> str:
 def template_roles(texts: list[str], roles: list[str]) -> str:
     """One text for the same reason in several processes that differ only by naming their own
     role (``the scheduler mapped`` / ``the client mapped``): ``the scheduler/client mapped``."""
-    split = [t.split(" ") for t in texts]
-    out = []
-    for k, word in enumerate(split[0]):
-        words = [s[k] for s in split]
-        if len(set(words)) == 1:
-            out.append(word)
-        else:
-            head = common_edge(words, front=True)
-            tail = common_edge([w[len(head):] for w in words], front=False)
-            out.append(head + "/".join(w[len(head):len(w) - len(tail)] for w in words) + tail)
-    return " ".join(out)
+    return _by_word(texts, lambda out, head, middles, tail: out.append(head + "/".join(middles) + tail))

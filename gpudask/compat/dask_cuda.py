@@ -38,8 +38,17 @@ class Argument:
     convert: Callable[[Any], Any] | None  # the value as the setting's (None: as given)
     loaded: bool  # the plugin declaring the setting is loaded
 
-    def value(self, given: Any) -> Any:
-        return given if self.convert is None or given is None else self.convert(given)
+    def take(self, given: Any, shown: str, spelled: str, settings: dict[str, Any], names: dict[str, str]) -> None:
+        """The setting ``given`` (``shown``: as given) stands for into ``settings`` and
+        ``names``; refused in one line when no loaded plugin provides it (``spelled``: the
+        argument or option to leave out)."""
+        if not self.loaded:
+            raise ConfigError(f"{shown} sets {self.key}, which no loaded gpudask plugin provides (is its plugin "
+                              f"disabled? `gpudask plugins` lists them); accepted: enable the plugin or leave "
+                              f"{spelled} out")
+        value = given if self.convert is None else self.convert(given)
+        if value is not None:
+            settings[self.key], names[self.key] = value, shown
 
 
 @dataclass(frozen=True)
@@ -57,9 +66,7 @@ def table() -> Table:
     arguments: dict[str, Argument] = {}
     refused = dict(REFUSED_BY_CORE)
     _add(arguments, refused, inputs.settings.options.values(), (p.obj for p in inputs.manager.plugins), True)
-    loaded = {p.name for p in inputs.manager.plugins}
-    options, modules = _unloaded_builtins(loaded)
-    _add(arguments, refused, options, modules, False)
+    _add(arguments, refused, *_unloaded_builtins(inputs), False)
     return Table(arguments, refused)
 
 
@@ -69,19 +76,25 @@ def _add(arguments: dict[str, Argument], refused: dict[str, str], options: Itera
         name = getattr(option, "dask_cuda_kwarg", None)
         if isinstance(name, str) and name not in arguments:
             arguments[name] = Argument(name, option.key, option.dask_cuda_convert, loaded)
+    _refusals(plugins, "dask_cuda_refused", "", refused)
+
+
+def _refusals(plugins: Iterable[Any], attribute: str, prefix: str, refused: dict[str, str]) -> None:
+    """The refusals the plugins declare (their module attribute ``attribute``: ``{name: what
+    to use instead}``, names starting with ``prefix``) into ``refused``, the first one standing."""
     for plugin in plugins:
-        declared = getattr(plugin, "dask_cuda_refused", None)
-        if isinstance(declared, dict):
-            for name, instead in declared.items():
-                if isinstance(name, str) and isinstance(instead, str):
-                    refused.setdefault(name, instead)
+        declared = getattr(plugin, attribute, None)
+        for name, instead in declared.items() if isinstance(declared, dict) else ():
+            if isinstance(name, str) and name.startswith(prefix) and isinstance(instead, str):
+                refused.setdefault(name, instead)
 
 
-def _unloaded_builtins(loaded: set[str]) -> tuple[list[Any], list[Any]]:
-    """The options and modules of the built-in plugins that are not loaded (disabled): read
-    only to name what an argument would have set."""
+def _unloaded_builtins(inputs: Any) -> tuple[list[Any], list[Any]]:
+    """The options and modules of the built-in plugins that are not loaded (disabled) in the
+    bootstrap's ``inputs``: read only to name what an argument would have set."""
     from gpudask.plugin.registration import BUILTIN_PLUGINS
 
+    loaded = {p.name for p in inputs.manager.plugins}
     options: list[Any] = []
     modules: list[Any] = []
     for name, module_name in BUILTIN_PLUGINS:
@@ -118,16 +131,8 @@ def take_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
         if arg.name not in kwargs:
             continue
         given = kwargs.pop(arg.name)
-        if given is None:
-            continue  # dask-cuda's "not given"
-        if not arg.loaded:
-            raise ConfigError(f"{arg.name}={given!r} sets {arg.key}, which no loaded gpudask plugin provides (is its "
-                              f"plugin disabled? `gpudask plugins` lists them); accepted: enable the plugin or leave "
-                              f"{arg.name} out")
-        value = arg.value(given)
-        if value is not None:
-            settings[arg.key] = value
-            names[arg.key] = f"{arg.name}={given!r}"
+        if given is not None:  # None: dask-cuda's "not given"
+            arg.take(given, f"{arg.name}={given!r}", arg.name, settings, names)
     return settings, names
 
 
@@ -151,13 +156,8 @@ def refused_options() -> dict[str, str]:
 
     inputs = bootstrap.inputs()
     refused = dict(REFUSED_OPTIONS_BY_CORE)
-    _options, unloaded = _unloaded_builtins({p.name for p in inputs.manager.plugins})
-    for plugin in [p.obj for p in inputs.manager.plugins] + unloaded:
-        declared = getattr(plugin, "dask_cuda_refused_options", None)
-        if isinstance(declared, dict):
-            for name, instead in declared.items():
-                if isinstance(name, str) and name.startswith("--") and isinstance(instead, str):
-                    refused.setdefault(name, instead)
+    _options, unloaded = _unloaded_builtins(inputs)
+    _refusals([p.obj for p in inputs.manager.plugins] + unloaded, "dask_cuda_refused_options", "--", refused)
     return refused
 
 
@@ -189,7 +189,7 @@ def cli_options() -> list[CliOption]:
     inputs = bootstrap.inputs()
     found: dict[str, CliOption] = {}
     loaded_options = list(inputs.settings.options.values())
-    options, _modules = _unloaded_builtins({p.name for p in inputs.manager.plugins})
+    options, _modules = _unloaded_builtins(inputs)
     for group, loaded in ((loaded_options, True), (options, False)):
         for option in group:
             spelling = getattr(option, "dask_cuda_option", None)
@@ -254,14 +254,7 @@ def take_cli_argv(argv: list[str] | tuple[str, ...], command: str) -> tuple[dict
         if given is None:
             continue
         shown = (option.names[0] if given else option.names[1]) if option.flag else f"{option.names[0]} {given}"
-        if not option.argument.loaded:
-            raise ConfigError(f"{shown} sets {option.argument.key}, which no loaded gpudask plugin provides (is its "
-                              f"plugin disabled? `gpudask plugins` lists them); accepted: enable the plugin or leave "
-                              f"{option.names[0]} out")
-        value = option.argument.value(given)
-        if value is not None:
-            settings[option.argument.key] = value
-            names[option.argument.key] = shown
+        option.argument.take(given, shown, option.names[0], settings, names)
     return settings, names
 
 

@@ -1,11 +1,13 @@
-"""The first paint of ``/gpudask``: the page's parts drawn from the state (what
-``/gpudask/json`` returns) in Python, as the page's script draws them, so the page reads
-without JavaScript.  Every value goes in through ``html.escape``."""
+"""The drawing of ``/gpudask``: the page's parts drawn from the state (what ``/gpudask/json``
+returns), so the page reads without JavaScript; its script redraws it by fetching it again.
+Every value goes in through ``html.escape``."""
 
 from __future__ import annotations
 
 import html
 import json
+import math
+import re
 import time
 from typing import Any
 
@@ -26,14 +28,7 @@ def _el(tag: str, cls: str | None, inner: str, **attrs: str) -> str:
 
 def _breakable(text: str) -> str:
     """A name that may wrap after its dots, dashes and underscores (never inside a word)."""
-    out, part = [], ""
-    for c in str(text):
-        part += c
-        if c in "._-":
-            out.append(_e(part))
-            part = ""
-    out.append(_e(part))
-    return "<wbr>".join(p for p in out if p)
+    return "<wbr>".join(_e(part) for part in re.split(r"(?<=[._-])", str(text)) if part)
 
 
 def _bytes(n: float) -> str:
@@ -46,8 +41,6 @@ def _bytes(n: float) -> str:
 
 
 def _show(key: str, value: Any) -> str:
-    import re
-
     if isinstance(value, (int, float)) and not isinstance(value, bool) \
             and re.search(r"(size|bytes|used|limit|memory|total)", key, re.I):
         return _bytes(value)
@@ -59,7 +52,7 @@ def _show(key: str, value: Any) -> str:
 
 
 def _js_string(value: Any) -> str:
-    """A value as the script's ``String(value)`` shows it (true, not True)."""
+    """A value as JavaScript's ``String(value)`` shows it (true, not True), as the page always has."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (dict, list)):
@@ -154,7 +147,7 @@ def _duration(seconds: Any) -> str:
         s = float(seconds)
     except (TypeError, ValueError):
         return _dash(seconds)
-    if s != s or s in (float("inf"), float("-inf")):
+    if not math.isfinite(s):
         return _dash(seconds)
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
 
@@ -173,7 +166,7 @@ def _empty(text: str, span: int) -> str:
 
 
 def first_paint(state: dict[str, Any]) -> dict[str, str]:
-    """The page's parts drawn from ``state`` as the script draws them."""
+    """The page's parts drawn from ``state``."""
     check = state.get("check") or {}
     workers = state.get("workers") or []
     summary = (f"scheduler {(state.get('scheduler') or {}).get('address')} \u00b7 {len(workers)} worker(s) \u00b7 check: "

@@ -1,8 +1,9 @@
 """gpudask's page on the scheduler's dashboard: ``/gpudask`` (HTML) and ``/gpudask/json``.
 
 The page is a plain tornado handler: it works whether or not bokeh is installed.  It is a
-small HTML document whose inline script fetches ``/gpudask/json`` every few seconds and
-redraws one row per worker and the scheduler check's findings.
+small HTML document, one row per worker and the scheduler check's findings, whose inline
+script fetches it again every few seconds and redraws itself; ``/gpudask/json`` is the
+same state for programs.
 
 Two ways onto a scheduler's HTTP server:
 
@@ -22,6 +23,7 @@ the plan through their ``gpudask_report_rows``, so plugins add to the page witho
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
@@ -32,22 +34,15 @@ from typing import Any
 from distributed.http.utils import RequestHandler
 
 from gpudask import bootstrap
-from gpudask.checks import PUBLISHED_KEY
+from gpudask.checks import EXTRA_KEY, PLUGIN_NAME, PUBLISHED_KEY, scheme
 from gpudask.checks.published import bound, bound_published
 from gpudask.dashboard.html import render
 from gpudask.plan import applied
 
 MODULE = "gpudask.dashboard.page"  # the entry for distributed.scheduler.http.routes
-ROUTES_KEY = "distributed.scheduler.http.routes"
 PAGE = "gpudask"
 METRIC_PREFIX = "gpudask-"  # worker metrics (Worker.metrics) shown on the page
 REFRESH_SECONDS = 3
-
-
-def routes_with_dashboard(current: list[str] | None) -> list[str]:
-    """``distributed.scheduler.http.routes`` with this module added (once, at the end)."""
-    routes = list(current or [])
-    return routes if MODULE in routes else [*routes, MODULE]
 
 
 # ------------------------------------------------------------------------------ data
@@ -60,8 +55,6 @@ def cluster_state(scheduler: Any) -> dict[str, Any]:
 
 def snapshot(scheduler: Any) -> dict[str, Any]:
     """What :func:`build` needs, copied on the event loop (the scheduler's dicts change there)."""
-    from gpudask.checks import EXTRA_KEY, PLUGIN_NAME
-
     workers = [(address, types.SimpleNamespace(name=ws.name, host=ws.host, extra=dict(ws.extra),
                                                metrics=dict(ws.metrics)))
                for address, ws in sorted(scheduler.workers.items())]
@@ -105,7 +98,7 @@ def build(snap: dict[str, Any]) -> bytes:
                     for f in (ws.extra.get(snap["extra_key"]) or {}).get("findings", [])][:1000]
     head = {
         "time": time.time(),
-        "scheduler": {"address": snap["address"], "protocol": _scheme(snap["address"])},
+        "scheduler": {"address": snap["address"], "protocol": scheme(snap["address"])},
         "check": bound({"installed": bool(report), "action": report.get("action"), "status": report.get("status"),
                         "problem": report.get("problem"), "refused": sorted(report.get("refused") or {})}),
         "bokeh": snap["bokeh"],
@@ -246,7 +239,7 @@ def _gpu(plan: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
 def _active_transports(address: str, applied: Any) -> dict[str, Any]:
     """The protocol the worker is connected through, and UCX_TLS as the live worker
     reports it (its applied state), when it reports one."""
-    out: dict[str, Any] = {"protocol": _scheme(address), "UCX_TLS": None}
+    out: dict[str, Any] = {"protocol": scheme(address), "UCX_TLS": None}
     if isinstance(applied, dict):
         for section in ("ucx", "env", "environment"):
             value = _dict(applied.get(section))
@@ -271,12 +264,6 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _scheme(address: str | None) -> str | None:
-    from gpudask.checks import scheme
-
-    return scheme(address)
-
-
 # -------------------------------------------------------------------------- handlers
 class StateHandler(RequestHandler):
     """``/gpudask/json``: :func:`cluster_state`, built off the event loop, shared by concurrent
@@ -293,17 +280,19 @@ class StateHandler(RequestHandler):
 
 class PageHandler(RequestHandler):
     """``/gpudask``: the page, drawn here from the state (it reads without JavaScript); its
-    script redraws it from ``/gpudask/json`` every few seconds."""
+    script fetches it again every few seconds."""
 
     async def get(self) -> None:
         from gpudask.dashboard.serve import BUILDER
 
-        try:
-            state = json.loads(await BUILDER.get(self.server, snapshot, build))
-        except Exception:  # noqa: BLE001 - the page still comes, drawn by its script
-            state = None
+        body = await BUILDER.get(self.server, snapshot, build)  # shared with /gpudask/json's readers
+        if _DRAWN[0] is not body:  # drawn once per build, off the event loop as the build is
+            _DRAWN[:] = [body, await asyncio.to_thread(lambda: render(REFRESH_SECONDS, json.loads(body)))]
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.write(render(REFRESH_SECONDS, state))
+        self.write(_DRAWN[1])
+
+
+_DRAWN: list[Any] = [None, ""]  # the build last drawn, and its page
 
 
 routes: list[tuple] = [(PAGE, PageHandler, {}), (f"{PAGE}/json", StateHandler, {})]
@@ -356,11 +345,7 @@ def _bokeh_app(scheduler: Any) -> Any:
 
 
 def _rules(router: Any) -> list[Any]:
-    out = []
-    for rule in getattr(router, "rules", None) or []:
-        out.append(rule)
-        out += _rules(rule.target)
-    return out
+    return [r for rule in getattr(router, "rules", None) or [] for r in (rule, *_rules(rule.target))]
 
 
 def _has_handler(router: Any, cls: type) -> bool:

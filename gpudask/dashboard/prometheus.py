@@ -56,14 +56,16 @@ def register_worker_collector(worker: Any) -> bool:
     return _point(WorkerMetricsCollector, worker)
 
 
-class WorkerMetricsCollector:
-    """A prometheus_client collector of one worker's ``gpudask-*`` metrics."""
-
+class _Collector:
     def __init__(self) -> None:
-        self.server: Any = None  # weakref to the Worker
+        self.server: Any = None  # weakref to the Worker (or the Scheduler)
 
     def describe(self) -> list[Any]:
         return []  # names depend on what plugins report: nothing to declare up front
+
+
+class WorkerMetricsCollector(_Collector):
+    """A prometheus_client collector of one worker's ``gpudask-*`` metrics."""
 
     def collect(self) -> Iterator[Any]:
         worker = self.server() if self.server is not None else None
@@ -85,14 +87,8 @@ def register_scheduler_collector(scheduler: Any) -> bool:
     return _point(ClusterMetricsCollector, scheduler)
 
 
-class ClusterMetricsCollector:
+class ClusterMetricsCollector(_Collector):
     """A prometheus_client collector of every worker's ``gpudask-*`` metrics, on the scheduler."""
-
-    def __init__(self) -> None:
-        self.server: Any = None  # weakref to the Scheduler
-
-    def describe(self) -> list[Any]:
-        return []
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily

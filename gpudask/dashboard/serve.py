@@ -12,20 +12,20 @@ What the page shows (:func:`gpudask.dashboard.page.cluster_state`) is built in t
 3. the JSON, cut at :data:`MAX_JSON_BYTES` (whole worker rows left out, and counted).
 
 Concurrent readers share one build, and a built page is served again for :data:`CACHE_S`
-seconds: twenty readers cost one build, not twenty.
+seconds: twenty readers cost one build, not twenty.  The HTML page (``/gpudask``, which its
+script fetches again every few seconds) is drawn from the same build, once, in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from gpudask.plugin.hookcall import plugin_in_call
+from gpudask.checks.jobs import plugin_in_thread
 from gpudask.plaindata import exception_text
 
 ROWS_LIMIT_S = 2.0  # seconds the plugins' report rows of one build may take
@@ -48,15 +48,7 @@ class _Rows:
         thread = self.thread
         if thread is None or not thread.is_alive():
             return None
-        frame = sys._current_frames().get(thread.ident or -1)
-        codes = {fn.__code__: name for name, fn in self.functions.items() if hasattr(fn, "__code__")}
-        top = frame
-        while frame is not None:
-            if frame.f_code in codes:
-                return codes[frame.f_code]
-            frame = frame.f_back
-        # past the hook's own function: the copy of its result, still in the plugin's isolated call
-        return plugin_in_call(top) or "?"
+        return plugin_in_thread(thread.ident, self.functions) or "?"
 
     def run(self, manager: Any, work: list[tuple[str, dict[str, Any], dict[str, Any]]]
             ) -> tuple[dict[str, Any] | None, str | None]:

@@ -17,6 +17,7 @@ saying to rewrite it as schema 2.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -130,23 +131,11 @@ def first_error(validator: Any, data: Any, where: str, prefix: Iterable[Any] = (
         return FactsError(f"{where}: must hold {error.schema.get('x-accepts', 'a JSON object')}, got "
                           f"{_show(error.instance)}")
     # the innermost schema with an x-accepts text along the failing keyword's path
-    accepts = error.schema.get("x-accepts")
-    if accepts is None:
-        accepts = f"{error.validator} {error.validator_value!r}"
-        for parent in _parents(error):
-            if "x-accepts" in parent:
-                accepts = parent["x-accepts"]
-                break
+    inner = error
+    while inner is not None and not (isinstance(inner.schema, dict) and "x-accepts" in inner.schema):
+        inner = inner.parent
+    accepts = inner.schema["x-accepts"] if inner is not None else f"{error.validator} {error.validator_value!r}"
     return FactsError(f"{where}: key {_key(path)!r} must be {accepts}, got {_show(error.instance)}")
-
-
-def _parents(error: Any) -> list[dict[str, Any]]:
-    out = []
-    while error is not None:
-        if isinstance(error.schema, dict):
-            out.append(error.schema)
-        error = error.parent
-    return out
 
 
 def _fail(where: str, key: str, expected: str, value: Any) -> FactsError:
@@ -177,17 +166,11 @@ def _pair(value: list[int] | None) -> tuple[int, int] | None:
 
 
 def _build(data: dict[str, Any], origin: str) -> Facts:
-    gpus = [
-        GPU(
-            index=g["index"], uuid=g["uuid"], name=g["name"], memory_total=g["memory_total"],
-            compute_capability=_pair(g["compute_capability"]),
-            pci_bus_id=g["pci_bus_id"], pci_path=g["pci_path"], numa_node=g["numa_node"],
-            cpu_affinity=list(g["cpu_affinity"]),
-            # extra instance keys (gpu_instance_id, ...) are kept; extra GPU keys are not
-            mig={"enabled": g["mig"]["enabled"], "instances": copy.deepcopy(g["mig"]["instances"])},
-        )
-        for g in data["gpus"]
-    ]
+    # extra instance keys (gpu_instance_id, ...) are kept; extra GPU keys are not
+    gpus = [GPU(**{f.name: g[f.name] for f in dataclasses.fields(GPU)}
+                | {"compute_capability": _pair(g["compute_capability"]), "cpu_affinity": list(g["cpu_affinity"]),
+                   "mig": {"enabled": g["mig"]["enabled"], "instances": copy.deepcopy(g["mig"]["instances"])}})
+            for g in data["gpus"]]
     return Facts(
         hostname=data["hostname"],
         cpu_count=data["cpu_count"],
@@ -312,13 +295,7 @@ def _check_writers(where: str, st: os.stat_result) -> None:
     """A facts file decides which GPU each worker uses and what its environment is: one that
     another user may write is refused, as the state directory is (docs/security.md); one
     that its group may write is a warning (a group of one user is common)."""
-    import pwd
-
-    def owner(uid: int) -> str:
-        try:
-            return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-        except KeyError:
-            return f"uid {uid}"
+    from gpudask.facts.statedir import owner
 
     mode = stat.S_IMODE(st.st_mode)
     fix = f"accepted: a facts file only you (or root) can write (chown, chmod go-w {where})"

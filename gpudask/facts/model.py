@@ -8,6 +8,7 @@ every ``dask worker --preload gpudask`` CLI process before UCX is set up.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,18 +33,8 @@ class GPU:
     mig: dict[str, Any]  # {"enabled": bool, "instances": [{"uuid": "MIG-...", "memory_total": int, ...}]}
 
     def to_dict(self) -> dict[str, Any]:
-        out = {
-            "index": self.index,
-            "uuid": self.uuid,
-            "name": self.name,
-            "memory_total": self.memory_total,
-            "compute_capability": list(self.compute_capability) if self.compute_capability else None,
-            "pci_bus_id": self.pci_bus_id,
-            "pci_path": self.pci_path,
-            "numa_node": self.numa_node,
-            "cpu_affinity": list(self.cpu_affinity),
-            "mig": copy.deepcopy(self.mig),
-        }
+        out = dataclasses.asdict(self)  # a deep copy, in the fields' order
+        out["compute_capability"] = list(self.compute_capability) if self.compute_capability else None
         return out
 
 

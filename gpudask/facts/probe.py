@@ -122,12 +122,8 @@ def _probe_packages(declared: Mapping[str, Sequence[str]] | None = None) -> dict
                 pass
         return None
 
-    packages: dict[str, str | None] = {"python": platform.python_version()}
-    wanted = dict(CORE_PACKAGES)
-    for key, dists in (declared or {}).items():
-        wanted.setdefault(key, tuple(dists))
-    packages.update({key: version(dists) for key, dists in wanted.items()})
-    return packages
+    wanted = {**CORE_PACKAGES, **{k: tuple(d) for k, d in (declared or {}).items() if k not in CORE_PACKAGES}}
+    return {"python": platform.python_version(), **{key: version(dists) for key, dists in wanted.items()}}
 
 
 

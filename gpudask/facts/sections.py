@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask import session
 from gpudask.errors import FactsError, PluginError
+from gpudask.facts.loader import _fail, _key, first_error, strict_validator
 
 if TYPE_CHECKING:
     from gpudask.facts.model import Facts
@@ -154,8 +155,6 @@ def _check_error(facts: Facts, section: FactsSection, value: Any, plugin: str) -
         raise PluginError(plugin, None, f"the check of facts section {section.name!r}", e) from e
     if found is None:
         return None
-    from gpudask.facts.loader import _fail, _key
-
     path, accepted, got = found
     return FactsError(f"{_fail(facts.where(), _key(['sections', section.name, *path]), accepted, got)} "
                       f"(facts section of plugin {plugin!r})")
@@ -177,16 +176,12 @@ def summaries(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> lis
 
 def section_error(where: str, section: FactsSection, value: Any, plugin: str) -> FactsError | None:
     """The first place ``value`` leaves the section's schema, as one line, or None."""
-    from gpudask.facts.loader import first_error
-
     session.count("facts schema")
     error = first_error(_validator(section.schema), value, where, ["sections", section.name])
     return None if error is None else FactsError(f"{error} (facts section of plugin {plugin!r})")
 
 
 def _validator(schema: Mapping[str, Any]) -> Any:
-    from gpudask.facts.loader import strict_validator
-
     return strict_validator()(dict(schema))
 
 

@@ -23,6 +23,7 @@ import os
 import pathlib
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 
 from gpudask.errors import ConfigError
@@ -37,7 +38,7 @@ class StateDirError(ConfigError):
     """The state directory (or a folder in it) is not safe to use."""
 
 
-def _owner(uid: int) -> str:
+def owner(uid: int) -> str:
     try:
         import pwd
 
@@ -54,7 +55,7 @@ def unsafe_reason(st: os.stat_result, uid: int | None = None) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return "it is not a directory"
     if st.st_uid != uid:
-        return f"it is owned by {_owner(st.st_uid)}, not by you ({_owner(uid)})"
+        return f"it is owned by {owner(st.st_uid)}, not by you ({owner(uid)})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return "other users can write it"
     return None
@@ -77,7 +78,7 @@ def ensure_private(path: pathlib.Path) -> pathlib.Path:
     if reason is not None:
         kind = "symlink" if stat.S_ISLNK(st.st_mode) else ("directory" if stat.S_ISDIR(st.st_mode) else "file")
         raise StateDirError(
-            f"gpudask state directory {path} is refused: {reason} (a {kind} owned by {_owner(st.st_uid)}, mode "
+            f"gpudask state directory {path} is refused: {reason} (a {kind} owned by {owner(st.st_uid)}, mode "
             f"{stat.S_IMODE(st.st_mode):04o}); it must be a directory only you can write: remove it "
             f"(rm -rf {path}) and let gpudask create it (mode 0700), or set TMPDIR to a directory of yours")
     return path
@@ -145,7 +146,7 @@ def read_private(path: str | os.PathLike[str], what: str = "gpudask state file")
         if not stat.S_ISREG(st.st_mode):
             problem = "not a regular file"
         elif st.st_uid != os.getuid():
-            problem = f"owned by {_owner(st.st_uid)}, not by you"
+            problem = f"owned by {owner(st.st_uid)}, not by you"
         elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             problem = f"other users can write it (mode {stat.S_IMODE(st.st_mode):04o})"
         elif st.st_size > MAX_STATE_FILE:
@@ -188,7 +189,6 @@ def host_lock(name: str, timeout: float = 120.0) -> Iterator[bool]:
     unusable or the lock stays taken for ``timeout`` seconds: the caller goes on unlocked
     rather than not at all."""
     import fcntl
-    import time
 
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
     fd = -1

@@ -15,12 +15,11 @@ Imports nothing heavy at import time; only the standard library until :func:`pla
 
 from __future__ import annotations
 
-import contextlib
 import importlib.resources
 import json
 import os
 import pathlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -85,17 +84,12 @@ def plan_for(facts: str | os.PathLike[str], protocol: str = "ucx", nworkers: int
     path = os.fspath(facts)
     if not os.path.exists(path) and os.sep not in path:
         path = os.fspath(example_host(path))
-    with dask.config.set(dict(config or {})), _autoload(autoload):
-        return plan_host(protocol, nworkers, facts_path=path, extra_plugins=tuple(plugins))
-
-
-@contextlib.contextmanager
-def _autoload(on: bool) -> Iterator[None]:
     before = os.environ.get(_AUTOLOAD)
-    os.environ[_AUTOLOAD] = "0" if on else "1"
+    os.environ[_AUTOLOAD] = "0" if autoload else "1"
     try:
-        yield
-    finally:
+        with dask.config.set(dict(config or {})):
+            return plan_host(protocol, nworkers, facts_path=path, extra_plugins=tuple(plugins))
+    finally:  # only this variable as it was (planning may set others: they stay)
         if before is None:
             os.environ.pop(_AUTOLOAD, None)
         else:
