@@ -17,8 +17,7 @@ from typing import Any
 
 from gpudask.pluginapi import GpudaskError, nvml_session
 
-from .options import ALIGNMENT, DEFAULT_FRACTION
-from .target import gib
+from .options import ALIGNMENT, DEFAULT_FRACTION, gib
 
 # left free beside a pool: the worker's own CUDA context grows (cuBLAS / cuFFT handles, UCX's
 # bounce buffers), and so do its neighbours'

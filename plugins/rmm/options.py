@@ -28,6 +28,10 @@ MAX_RELEASE_WAIT = 600.0
 # (``init_once``); gpudask keeps them unset and builds worker pools itself.
 UCXX_POOL_KEYS = ("distributed-ucxx.rmm.pool-size", "distributed.rmm.pool-size")
 
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
 SIZE_FORM = ("a size (4GB = 4*10**9 bytes, 4GiB = 2**32, 4000000000) or a fraction of the GPU's memory "
              "(0.5, '0.5', '50%')")
 _OFF_WORDS = ("off", "false", "no", "disabled")

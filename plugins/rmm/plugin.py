@@ -22,9 +22,9 @@ from gpudask.pluginapi import ConfigError, FactsSection, hookimpl, tls_enables
 from . import facts as rmm_facts
 from . import report as rmm_report
 from . import setup as rmm_setup
-from .options import (SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings, allocator_kind, explicit, options,
+from .options import (SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings, allocator_kind, explicit, gib, options,
                       parse_pool_size, read_settings, shown)
-from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, gib, reset_ucxx_keys, resolve,
+from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, reset_ucxx_keys, resolve,
                      default_initial, share_maximum, share_record, target_of)
 
 if TYPE_CHECKING:

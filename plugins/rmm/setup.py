@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import GpudaskError, host_lock
 
-from . import fit, shares, target
+from . import fit, options, shares, target
 from .options import DEFAULT_FRACTION
 
 if TYPE_CHECKING:
@@ -129,8 +129,8 @@ def _recount(ctx: PlanContext, plan: ProcessPlan, memory: dict[str, Any]) -> tup
         maximum = None if cap is None else max(initial, cap)
     where = " + ".join([f"{command} of this command"] + [f"{k} of pid {pid}" for pid, k in sorted(others.items())])
     line = (f"worker {plan.index}: {n} workers share GPU {gpu} now ({where}), {share.get('workers')} when this "
-            f"command planned: its default RMM pool is {target.gib(initial)}, {DEFAULT_FRACTION:g} of the GPU / {n} "
-            f"(planned {target.gib(int(memory['initial_pool_size']))}; gpudask.rmm.workers-per-gpu declares the count)")
+            f"command planned: its default RMM pool is {options.gib(initial)}, {DEFAULT_FRACTION:g} of the GPU / {n} "
+            f"(planned {options.gib(int(memory['initial_pool_size']))}; gpudask.rmm.workers-per-gpu declares the count)")
     return dict(memory, initial_pool_size=initial, maximum_pool_size=maximum,
                 share=dict(share, workers=n, other_workers={str(p): k for p, k in sorted(others.items())})), line
 
@@ -173,7 +173,7 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
            "needed": needed, "predecessor": before}
     if waited.free >= needed:
         logger.info("gpudask: %s: waited %.1f s for GPU %s memory being released (predecessor pid %s): %s free",
-                    who, waited.seconds, uuid, before, target.gib(waited.free))
+                    who, waited.seconds, uuid, before, options.gib(waited.free))
     return out
 
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from gpudask.pluginapi import ConfigError, process_gpu, tls_enables, workers_sharing_gpu
 
 from .facts import memory_free, other_workers, processes
-from .options import ALIGNMENT, DEFAULT_FRACTION, SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, shown
+from .fit import reserve
+from .options import ALIGNMENT, DEFAULT_FRACTION, SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, gib, shown
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
@@ -36,10 +37,6 @@ class Target:
     def host_workers(self) -> int:
         """Workers on this GPU across this user's gpudask commands of the host."""
         return self.shared_by + sum((self.others or {}).values())
-
-
-def gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
 
 
 def target_of(ctx: PlanContext, plan: ProcessPlan) -> Target | None:
@@ -181,7 +178,6 @@ def default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons
                  f"RMM pool is {gib(initial)} ({DEFAULT_FRACTION:g} of the "
                  f"GPU / {n}); workers started earlier keep their larger pool until they restart "
                  "(gpudask.rmm.workers-per-gpu declares the count for every command from the start)")
-    from .fit import reserve  # fit imports this module
     from .shares import holders, holders_text
 
     if target.free is not None and target.free - reserve(target.memory) < initial:
