@@ -157,8 +157,9 @@ def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str
     by the ``dask worker`` process that waits for the scheduler's file (the protocol follows the
     scheduler, not known yet: name what a likely protocol needs), and with ``role="worker"``
     and the plan's protocol by a process that starts a fork server for its worker processes
-    (the server imports them before it forks any).  **Called in:** the nanny host and a client
-    starting a ``LocalGPUCluster``, on a host planned for forkserver.
+    (the server imports them before it forks any); again in each forked worker, to say which
+    it found imported.  **Called in:** the nanny host, a client starting a ``LocalGPUCluster``
+    and their forked workers, on a host planned for forkserver.
 
     :param facts: the host's facts (GPUs, installed packages, the plugins' sections).
     :param role: ``"nanny"`` or ``"worker"``.
