@@ -41,9 +41,14 @@ def local_side(facts: Any, role: str, address: str | None, protocol: str | None)
     """This process as a side of the comparison, from its own facts."""
     import os
 
+    from gpudask.apply import process
+
+    session = process.current()  # what it left out of UCX here, as its plan says (see _left_out_here)
+    left = _left_out_here({"plan": session.plan.to_dict()}) if session is not None else []
+
     return {"role": role, "address": address, "facts": facts.to_dict(), "protocol": protocol,
             "gpudask": __version__, "facts_origin": facts.origin, "ucx_tls": os.environ.get("UCX_TLS"),
-            "memory": None}
+            "memory": None, "left_out_here": left}
 
 
 def side_from_published(published: Any, role: str, address: str | None) -> dict[str, Any]:
@@ -69,7 +74,20 @@ def side_from_published(published: Any, role: str, address: str | None) -> dict[
             raise ValueError(f"{key!r} must be a string, got {type(data[key]).__name__}")
     return {"role": role, "address": address, "facts": facts, "protocol": data.get("protocol"),
             "gpudask": data.get("version"), "facts_origin": data.get("facts_origin"),
-            "ucx_tls": _planned_ucx_tls(published), "memory": _memory(published)}
+            "ucx_tls": _planned_ucx_tls(published), "memory": _memory(published),
+            "left_out_here": _left_out_here(published)}
+
+
+def _left_out_here(published: dict[str, Any]) -> list[str]:
+    """What the process left out of UCX because its host is described and this machine lacks
+    it (``no GPU in UCX here``, ``no InfiniBand in UCX here``: plugins.ucx.rules): its UCX_TLS
+    is then gpudask's own reduction for the CPU it runs on, not a user's choice to check."""
+    plan = published.get("plan")
+    reasons = plan.get("reasons") if isinstance(plan, dict) else None
+    if not isinstance(reasons, list):
+        return []
+    return sorted({r["decision"] for r in reasons if isinstance(r, dict) and isinstance(r.get("decision"), str)
+                   and r["decision"].startswith("no ") and r["decision"].endswith(" in UCX here")})
 
 
 def _planned_ucx_tls(published: dict[str, Any]) -> str | None:
