@@ -41,10 +41,13 @@ def local_side(facts: Any, role: str, address: str | None, protocol: str | None)
     """This process as a side of the comparison, from its own facts."""
     import os
 
-    from gpudask.apply import process
+    from gpudask import session as process_state
 
-    session = process.current()  # what it left out of UCX here, as its plan says (see _left_out_here)
-    left = _left_out_here({"plan": session.plan.to_dict()}) if session is not None else []
+    # what it left out of UCX here, as the plan it applied says (see _left_out_here); the session
+    # is the apply stage's, read through gpudask.session (checks does not import apply)
+    applied = process_state.current().applied
+    plan = getattr(applied, "plan", None)
+    left = _left_out_here({"plan": plan.to_dict()}) if plan is not None else []
 
     return {"role": role, "address": address, "facts": facts.to_dict(), "protocol": protocol,
             "gpudask": __version__, "facts_origin": facts.origin, "ucx_tls": os.environ.get("UCX_TLS"),
