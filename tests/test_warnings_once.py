@@ -45,6 +45,7 @@ needs_ucx = pytest.mark.skipif(importlib.util.find_spec("distributed_ucxx") is N
 
 
 @pytest.mark.process
+@pytest.mark.ucx_client  # its Client opens UCX in the test process
 @needs_ucx
 def test_dask_worker_with_three_workers_on_a_described_host_says_each_host_warning_once(cluster):
     env = base_env(GPUDASK_FACTS=TWO_GPUS, DASK_GPUDASK__TRANSPORT__INFINIBAND="true")
