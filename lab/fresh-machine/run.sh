@@ -80,7 +80,7 @@ step "gpudask status --scheduler-file sched.json" 120 "$P/gpudask status --sched
 step "gpudask status --scheduler-file sched.json --json (parses)" 120 "$P/gpudask status --scheduler-file $S --json | $P/python -c 'import json, sys; json.load(sys.stdin)'"
 step "gpudask status ADDRESS / --address ADDRESS" 120 "$P/gpudask status tcp://127.0.0.1:$SP && $P/gpudask status --address tcp://127.0.0.1:$SP"
 step "gpudask check --json (parses)" 120 "$P/gpudask check --scheduler-file $S --json | $P/python -c 'import json, sys; json.load(sys.stdin)'"
-step "curl /gpudask/json | python -m json.tool (dashboard)" 60 "curl -sf http://127.0.0.1:$DP/gpudask/json | $P/python -m json.tool > /dev/null && curl -sf http://127.0.0.1:$DP/gpudask | grep -q -i worker"
+step "curl /gpudask/json | python -m json.tool (dashboard)" 60 "curl -sf http://127.0.0.1:$DP/gpudask/json | $P/python -m json.tool > /dev/null && curl -sf -o $WORK/page.html http://127.0.0.1:$DP/gpudask && grep -q -i worker $WORK/page.html"
 # a described 4-GPU host joining the same scheduler (facts.md, plugin-authoring.md)
 serve worker_described "env GPUDASK_FACTS=$ROOT/gpudask/testing/hosts/hgx-4gpu-2ib.json $P/dask worker --scheduler-file $S --nworkers 4 --nthreads 1 --preload gpudask"
 step "GPUDASK_FACTS=hgx-4gpu-2ib.json dask worker --nworkers 4 --preload gpudask (described host)" 180 "$(waitw plain $S 6)"
