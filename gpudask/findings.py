@@ -46,6 +46,9 @@ class ProcessSide(TypedDict):
     # what its memory setup reported, by plugin (gpudask_setup_memory results, bounded); None
     # for a process that sets up no memory (scheduler, client) or published none
     memory: dict[str, Any] | None
+    # what it left out of UCX because its host is described and this machine lacks it ("no GPU
+    # in UCX here", "no InfiniBand in UCX here"); empty for a probed host
+    left_out_here: list[str]
 
 
 @dataclass

@@ -475,9 +475,10 @@ def test_tcp_protocol_plans_no_ucx_and_says_why():
     assert "--protocol ucx uses cuda_copy/cuda_ipc" in why(h.workers[0], "nvlink", "no UCX")
 
 
-@pytest.mark.parametrize("cuda, package", [(12080, "pip install distributed-ucxx-cu12$"),
-                                           (13000, "pip install distributed-ucxx-cu13$"),
-                                           (None, "distributed-ucxx-cu12 or distributed-ucxx-cu13")])
+# the version the ucx extras pin (pyproject.toml), read from the installed metadata
+@pytest.mark.parametrize("cuda, package", [(12080, r"pip install 'distributed-ucxx-cu12==0\.52\.\*'$"),
+                                           (13000, r"pip install 'distributed-ucxx-cu13==0\.52\.\*'$"),
+                                           (None, r"'distributed-ucxx-cu12==0\.52\.\*' or 'distributed-ucxx-cu13==0\.52\.\*'")])
 def test_ucx_without_distributed_ucxx_is_one_clear_error(tmp_path, cuda, package):
     facts = described(tmp_path, "ucx-missing.json", cuda_driver_version=cuda)
     for protocol in ("ucx", "ucxx"):
@@ -494,7 +495,7 @@ def test_missing_distributed_ucxx_through_the_cli():
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "gpudask: error: gpudask plugin 'tcp' (from gpudask) failed in gpudask_validate: protocol 'ucx' needs "
-        "distributed-ucxx, which is not installed on no-ucx (CUDA 12 driver): pip install distributed-ucxx-cu12"]
+        "distributed-ucxx, which is not installed on no-ucx (CUDA 12 driver): pip install 'distributed-ucxx-cu12==0.52.*'"]
 
 
 # -- distributed-ucxx's own view agrees -------------------------------------------------

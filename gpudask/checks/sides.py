@@ -15,6 +15,7 @@ from typing import Any
 from gpudask._version import __version__
 from gpudask.checks import published as bounds
 from gpudask.errors import FactsError, GpudaskError
+from gpudask import session as process_state
 from gpudask.findings import SEVERITIES, Finding, MalformedData, fingerprint, json_safe
 from gpudask.plan.published import PUBLISHED_KEY  # what a worker's gpudask puts in its startup information
 
@@ -41,9 +42,15 @@ def scheme(address: object) -> str | None:
 
 def local_side(facts: Any, role: str, address: str | None, protocol: str | None) -> dict[str, Any]:
     """This process as a side of the comparison, from its own facts."""
+    # what it left out of UCX here, as the plan it applied says (see _left_out_here); the session
+    # is the apply stage's, read through gpudask.session (checks does not import apply)
+    applied = process_state.current().applied
+    plan = getattr(applied, "plan", None)
+    left = _left_out_here({"plan": plan.to_dict()}) if plan is not None else []
+
     return {"role": role, "address": address, "facts": facts.to_dict(), "protocol": protocol,
             "gpudask": __version__, "facts_origin": facts.origin, "ucx_tls": os.environ.get("UCX_TLS"),
-            "memory": None}
+            "memory": None, "left_out_here": left}
 
 
 def side_from_published(published: Any, role: str, address: str | None) -> dict[str, Any]:
@@ -69,7 +76,20 @@ def side_from_published(published: Any, role: str, address: str | None) -> dict[
             raise ValueError(f"{key!r} must be a string, got {type(data[key]).__name__}")
     return {"role": role, "address": address, "facts": facts, "protocol": data.get("protocol"),
             "gpudask": data.get("version"), "facts_origin": data.get("facts_origin"),
-            "ucx_tls": _planned_ucx_tls(published), "memory": _memory(published)}
+            "ucx_tls": _planned_ucx_tls(published), "memory": _memory(published),
+            "left_out_here": _left_out_here(published)}
+
+
+def _left_out_here(published: dict[str, Any]) -> list[str]:
+    """What the process left out of UCX because its host is described and this machine lacks
+    it (``no GPU in UCX here``, ``no InfiniBand in UCX here``: plugins.ucx.rules): its UCX_TLS
+    is then gpudask's own reduction for the CPU it runs on, not a user's choice to check."""
+    plan = published.get("plan")
+    reasons = plan.get("reasons") if isinstance(plan, dict) else None
+    if not isinstance(reasons, list):
+        return []
+    return sorted({r["decision"] for r in reasons if isinstance(r, dict) and isinstance(r.get("decision"), str)
+                   and r["decision"].startswith("no ") and r["decision"].endswith(" in UCX here")})
 
 
 def _planned_ucx_tls(published: dict[str, Any]) -> str | None:

@@ -219,6 +219,8 @@ def staged_why(side: ProcessSide | None) -> str | None:
     (its UCX_TLS leaves cuda_ipc out while its host could use it), or None."""
     if not isinstance(side, dict) or side.get("protocol") not in UCX_PROTOCOLS:
         return None
+    if "no GPU in UCX here" in (side.get("left_out_here") or ()):
+        return None  # a described GPU host run on a CPU: gpudask itself left the CUDA transports out
     tls = side.get("ucx_tls")
     if not isinstance(tls, str) or tls_enables(tls, "cuda_ipc"):
         return None  # unset: UCX may use every transport

@@ -96,9 +96,28 @@ def gpudask_config_options() -> list[Option]:
 
 # -- hooks -----------------------------------------------------------------------------
 def ucxx_package(cuda_major: int | None) -> str:
+    """What to install for UCX, with the version gpudask's ucx extras pin: unpinned, pip may
+    backtrack distributed-ucxx-cu12 to 0.44.0, a placeholder that installs nothing (issue 42)."""
     if cuda_major in (12, 13):
-        return f"distributed-ucxx-cu{cuda_major}"
-    return "distributed-ucxx-cu12 or distributed-ucxx-cu13 (the one matching the CUDA major version)"
+        return _pinned(f"distributed-ucxx-cu{cuda_major}")
+    return f"{_pinned('distributed-ucxx-cu12')} or {_pinned('distributed-ucxx-cu13')} (the one matching the CUDA " \
+           "major version)"
+
+
+def _pinned(name: str) -> str:
+    """``name`` as gpudask's installed metadata pins it in an extra (``'distributed-ucxx-cu12==0.52.*'``,
+    quoted for a shell), or ``name`` alone when the metadata does not say."""
+    from importlib import metadata
+
+    try:
+        requirements = metadata.requires("gpudask") or []
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return name
+    for requirement in requirements:
+        spec = requirement.split(";", 1)[0].replace(" ", "")
+        if spec.startswith(name + "=="):
+            return f"'{spec}'"
+    return name
 
 
 @hookimpl
