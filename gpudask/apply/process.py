@@ -269,6 +269,8 @@ def _start_forkserver(preimport_modules: list[str]) -> None:
 
     import dask.config
 
+    import gpudask_forkserver  # here its preload finds no list: it imports nothing
+
     # gpudask_forkserver imports them, every error caught (a failing import must not end the server)
     multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed", "gpudask_forkserver"])
     # Workers forked from the server inherit its interpreter: give it what a nanny gives a
@@ -278,7 +280,7 @@ def _start_forkserver(preimport_modules: list[str]) -> None:
                                         or {}).items()}
     if pre_spawn.get("PYTHONHASHSEED") in (None, "0"):
         pre_spawn["PYTHONHASHSEED"] = "6640"
-    pre_spawn["GPUDASK_PREIMPORT"] = ",".join(preimport_modules)
+    pre_spawn[gpudask_forkserver.VARIABLE] = ",".join(preimport_modules)
     _short_multiprocessing_tempdir()
     saved = {k: os.environ.get(k) for k in pre_spawn}
     os.environ.update(pre_spawn)
