@@ -20,7 +20,8 @@ stage (the apply stage answers :func:`applied_role` through :mod:`gpudask.plan.a
   ``ctx.facts.section(name)``; :func:`sysfs_root` (where a probe reads sysfs: /sys, or the
   tests' fake tree); the user's private state directory, where a slow probe keeps its answer
   (:func:`state_dir`, :class:`StateDirError`, :func:`read_private`, :func:`write_atomic`);
-* this process's state a plugin keeps (:func:`plugin_state`: forgotten with gpudask's own);
+* this process's state a plugin keeps (:func:`plugin_state`: forgotten with gpudask's own),
+  and the results of pure computations it keeps, bounded (:func:`remembered`);
 * facts of another process: :func:`facts_from_dict` (validates published facts),
   :func:`fingerprint` (an exact key for plain data, to read the same facts once);
 * what a process publishes (typed: :class:`Published`, :class:`PublishedPlan`,
@@ -50,7 +51,7 @@ from gpudask.plan.gpus import process_gpu, workers_sharing_gpu
 from gpudask.plan.published import (PUBLISHED_KEY, AppliedState, CudaContextState, Mismatch, PlannedActual, PluginInfo,
                                     Published, PublishedPlan, PublishedReason)
 from gpudask.plan.ucx_tls import parse_ucx_tls, tls_enables, ucxx_creates_cuda_context
-from gpudask.session import plugin_state
+from gpudask.session import plugin_state, remembered
 
 __all__ = [
     # hooks
@@ -68,7 +69,7 @@ __all__ = [
     # what ctx.facts holds (for annotations), and a plugin's own facts
     "Facts", "GPU", "FactsSection", "sysfs_root", "read_sysfs", "sysfs_realpath", "sysfs_numa_node", "norm_bus_id", "nvml_session", "state_dir", "StateDirError", "read_private", "write_atomic",
     # this process
-    "applied_role", "host_lock", "plugin_state",
+    "applied_role", "host_lock", "plugin_state", "remembered",
     # shared rules
     "parse_ucx_tls", "tls_enables", "ucxx_creates_cuda_context", "process_gpu",
     "workers_sharing_gpu", "cpu_ranges", "format_bytes", "parse_bytes",

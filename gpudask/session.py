@@ -63,6 +63,8 @@ class ProcessState:
     preimported: list[str] = field(default_factory=list)
     # what each plugin keeps for this process, by the plugin's name (:func:`plugin_state`)
     plugin_states: dict[str, Any] = field(default_factory=dict)
+    # results of pure computations kept by name, each bounded (:func:`remembered`)
+    memos: dict[str, collections.OrderedDict[Any, Any]] = field(default_factory=dict)
 
     def count(self, what: str) -> None:
         with _LOCK:
@@ -113,3 +115,24 @@ def plugin_state(name: str, make: Callable[[], _T]) -> _T:
         if name not in state.plugin_states:
             state.plugin_states[name] = make()
         return state.plugin_states[name]  # type: ignore[no-any-return]
+
+
+def remembered(name: str, key: Any, make: Callable[[], _T], limit: int = 64) -> _T:
+    """``make()``, kept in this process under ``name`` and ``key`` (hashable; None: not kept):
+    at most ``limit`` results per name, the oldest forgotten first, all forgotten by
+    :func:`reset`.  For results that depend on the key alone (validated published facts, a
+    probe's answer): a process that meets the same data again does not redo the work.  An
+    exception from ``make`` is raised and nothing is kept."""
+    if key is None:
+        return make()
+    state = current()
+    with _LOCK:
+        memo = state.memos.setdefault(name, collections.OrderedDict())
+        if key in memo:
+            return memo[key]  # type: ignore[no-any-return]
+    value = make()  # outside the lock: a check plans in threads and make() may be slow
+    with _LOCK:
+        memo[key] = value
+        while len(memo) > limit:
+            memo.popitem(last=False)
+    return value

@@ -30,7 +30,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import GpudaskError, Option, applied_role, choice, hookimpl, ucxx_creates_cuda_context
+from gpudask.pluginapi import (GpudaskError, Option, applied_role, choice, hookimpl, plugin_state,
+                               ucxx_creates_cuda_context)
 
 if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
@@ -330,17 +331,14 @@ def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict
     return compare_context(ctx, plan, _uuid_of(info) if info is not None else None)
 
 
-_CHECKED_AFTER_LISTEN = False
-
-
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """After ``listen()``: UCX has initialised.  A nanny host or scheduler must still hold no context."""
-    global _CHECKED_AFTER_LISTEN
-    if plan.role not in ("nanny", "scheduler") or _CHECKED_AFTER_LISTEN or not ctx.gpus or ctx.facts.described:
+    done = plugin_state("cuda-context", set)  # what this process checked already
+    if plan.role not in ("nanny", "scheduler") or "after listen" in done or not ctx.gpus or ctx.facts.described:
         return
     if applied_role() != plan.role:
         return  # e.g. a LocalCluster's scheduler in a client's process: the client's context is its own
-    _CHECKED_AFTER_LISTEN = True  # the N nannies of `--nworkers N` share one process
+    done.add("after listen")  # the N nannies of `--nworkers N` share one process
     check_existing(ctx, plan, "after it started listening (UCX_TLS here: "
                               f"{os.environ.get('UCX_TLS', 'unset')})")

@@ -110,34 +110,26 @@ def _memory(published: dict[str, Any]) -> dict[str, Any] | None:
     return out if isinstance(out, dict) else None
 
 
-# Facts already validated, by fingerprint: the workers of a host (of a cluster, often)
-# publish the same facts, and validating them (JSON check, schema, cross checks, a
-# normalising round trip) was most of the scheduler's cost per joining worker.  The dict
-# is shared by the sides that published those facts (ProcessSide.facts is read-only).
-_VALID_FACTS: dict[bytes, dict[str, Any]] = {}
-_VALID_FACTS_MAX = 64  # distinct hosts' facts kept; the oldest is forgotten first
-
-
 def _valid_facts(published: Any, role: str) -> dict[str, Any]:
+    """Published facts, validated once per distinct data in this process: the workers of a
+    host (of a cluster, often) publish the same facts, and validating them (JSON check,
+    schema, cross checks, a normalising round trip) was most of the scheduler's cost per
+    joining worker.  The dict is shared by the sides that published those facts
+    (ProcessSide.facts is read-only); 64 distinct hosts' facts are kept."""
+    return process_state.remembered("valid published facts", fingerprint(published), lambda: _validated_facts(published, role))
+
+
+def _validated_facts(published: Any, role: str) -> dict[str, Any]:
     from gpudask.facts import facts_from_dict
 
-    key = fingerprint(published)
-    known = _VALID_FACTS.get(key) if key is not None else None
-    if known is not None:
-        return known
     try:
         data = json_safe(published)
     except MalformedData as e:
         raise ValueError(f"not JSON-compatible data ({e})") from None
     try:
-        facts = facts_from_dict(data, f"facts of the {role}").to_dict()
+        return facts_from_dict(data, f"facts of the {role}").to_dict()
     except FactsError as e:
         raise ValueError(str(e)) from None
-    if key is not None:
-        if len(_VALID_FACTS) >= _VALID_FACTS_MAX:
-            del _VALID_FACTS[next(iter(_VALID_FACTS))]
-        _VALID_FACTS[key] = facts
-    return facts
 
 
 def run_hooks(manager: Any, ctx: Any, reference: dict[str, Any], other: dict[str, Any] | None,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (Finding, Option, applied_role, facts_from_dict, fingerprint, hookimpl, parse_name_list,
-                               tls_enables)
+                               remembered, tls_enables)
 
 if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
@@ -109,42 +109,22 @@ def _facts(side: Any) -> dict[str, Any]:
 def _visible_gpus(side: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The GPUs CUDA shows the process (``cuda_visible_devices`` applied); the list is shared
     by the checks of the same facts: read it, do not change it."""
+    # read once per facts: the check hands this hook the scheduler's same side with every
+    # joining worker, and the workers that published the same facts the same dict
+    # (ProcessSide.facts is read-only).  By object first (the memo holds a reference, so the
+    # id is not reused while it is kept), else the indices by fingerprint (equal data).
     facts = _facts(side)
-    held = _BY_OBJECT.get(id(facts))
-    if held is not None and held[0] is facts:
-        return held[1]
+    return remembered("scheduler-parity visible GPUs", id(facts), lambda: (facts, _visible_gpus_of(facts)))[1]
+
+
+def _visible_gpus_of(facts: dict[str, Any]) -> list[dict[str, Any]]:
     try:
-        indices = _visible_indices(facts)
+        indices = remembered("scheduler-parity visible indices", fingerprint(facts),
+                             lambda: [g.index for g in facts_from_dict(facts, "probed").visible_gpus()])
     except Exception:  # noqa: BLE001 - malformed facts: fall back to the list as it is
         return [g for g in facts.get("gpus") or [] if isinstance(g, dict)]
     by_index = {g.get("index"): g for g in facts.get("gpus") or [] if isinstance(g, dict)}
-    gpus = [by_index.get(i, {"index": i}) for i in indices]
-    _remember(_BY_OBJECT, id(facts), (facts, gpus))
-    return gpus
-
-
-# Visible GPUs, read once per facts: the check hands this hook the scheduler's same side with
-# every joining worker, and the workers that published the same facts the same dict
-# (ProcessSide.facts is read-only).  By object first (a reference is held, so an id is not
-# reused), else the indices by fingerprint (equal data); at most 64 of each, oldest forgotten.
-_BY_OBJECT: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
-_BY_KEY: dict[bytes, list[int]] = {}
-
-
-def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
-    if len(cache) >= 64:
-        del cache[next(iter(cache))]
-    cache[key] = value
-
-
-def _visible_indices(facts: Mapping[str, Any]) -> list[int]:
-    key = fingerprint(facts)
-    indices = _BY_KEY.get(key) if key is not None else None
-    if indices is None:
-        indices = [g.index for g in facts_from_dict(facts, "probed").visible_gpus()]
-        if key is not None:
-            _remember(_BY_KEY, key, indices)
-    return indices
+    return [by_index.get(i, {"index": i}) for i in indices]
 
 
 def _pair(ref: Mapping[str, Any], other: Mapping[str, Any], a: Any, b: Any, **what: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import pathlib
 import re
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import FactsSection, StateDirError, read_private, state_dir, write_atomic
+from gpudask.pluginapi import FactsSection, StateDirError, plugin_state, read_private, state_dir, write_atomic
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import Facts
@@ -222,8 +222,6 @@ def _run_ucx_info() -> list[str] | None:
 
 
 # -- UCX's own view of a set of UCX_* variables ---------------------------------------------------
-_UNUSED_CACHE: dict[str, list[tuple[str, str | None]]] = {}
-
 
 def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | None]] | None:
     """The names among ``variables`` (UCX_* the user exported) that UCX would report as
@@ -238,18 +236,19 @@ def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | Non
     if not names:
         return []
     key = json.dumps(sorted(names.items()))
-    if key in _UNUSED_CACHE:
-        return _UNUSED_CACHE[key]
+    known: dict[str, list[tuple[str, str | None]]] = plugin_state("ucx unused variables", dict)  # by variables
+    if key in known:
+        return known[key]
     found, cached = _cache_read("unused", key)
     if found:
         result = None if cached is None else [(str(n), str(m) if m else None) for n, m in cached]
         if result is not None:
-            _UNUSED_CACHE[key] = result
+            known[key] = result
         return result
     result = _run_ucx_unused(names)
     _cache_write("unused", None if result is None else [list(r) for r in result], key)
     if result is not None:
-        _UNUSED_CACHE[key] = result
+        known[key] = result
     return result
 
 
