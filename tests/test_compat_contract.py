@@ -15,6 +15,7 @@ import os
 import pathlib
 import re
 import sys
+import time
 
 import pytest
 
@@ -97,10 +98,14 @@ def test_the_client_coroutines_run_and_gather_on_a_real_cluster():
             pids = await compat.client_run(client, os.getpid, workers=[worker], on_error="return")
             on_scheduler = await compat.client_run_on_scheduler(client, os.getpid)
             future = client.submit(sum, [1, 2, 3])
+            slow = client.submit(time.sleep, 0.2, pure=False)
+            await compat.futures_done([slow])
+            done = slow.status
             gathered = [await compat.client_gather(client, [future], direct=direct) for direct in (False, True)]
-            return pids, on_scheduler, gathered
+            return pids, on_scheduler, gathered, done
 
-    pids, on_scheduler, gathered = asyncio.run(main())
+    pids, on_scheduler, gathered, done = asyncio.run(main())
+    assert done == "finished"
     assert list(pids.values()) == [os.getpid()] and on_scheduler == os.getpid()  # in-process cluster
     assert gathered == [[6], [6]]
 
@@ -184,6 +189,7 @@ def test_the_tested_distributed_is_within_pyprojects_bounds():
 def test_no_private_name_of_distributed_is_used_outside_compat(folder):
     """Every reach into distributed's, distributed-ucxx's or click's private names is here."""
     private = re.compile(r"\b(?:distributed|distributed_ucxx|click)(?:\.\w+)*\._[a-z]\w*|"
+                         r"\bfrom (?:distributed|distributed_ucxx|click)(?:\.\w+)* import \(?(?:\w+(?: as \w+)?, )*_[a-z]\w*|"
                          r"\b(?:client|worker|scheduler|module\.Worker|Client)\._(?:run|run_on_scheduler|gather|interface|"
                          r"instances|graph_to_futures|scatter)\b|_getframe|inspect\.currentframe|\bfamilies\[")
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from gpudask.compat.distributed import client_gather, client_run, client_run_on_scheduler
+from gpudask.compat.distributed import client_gather, client_run, client_run_on_scheduler, futures_done
 
 TOPIC = "gpudask-probe"  # the scheduler's event topic holding the probes' reports
 PATHS = ("client -> worker", "worker -> worker", "worker -> client via scheduler", "worker -> client direct")
@@ -166,9 +166,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
     # the data of the paths from the workers, made on the source worker: no client data involved
     try:
         source = client.submit(_make, n, module, workers=[a], allow_other_workers=False, pure=False)
-        from distributed.client import _wait
-
-        within(lambda: _wait([source]))  # waits for the task only: the data stays on the worker
+        within(lambda: futures_done([source]))  # waits for the task only: the data stays on the worker
         if source.status != "finished":
             raise RuntimeError(f"the task on {a} ended {source.status}: {source.exception(timeout=timeout)!r}")
     except Exception as e:  # noqa: BLE001

@@ -83,6 +83,15 @@ def client_run_on_scheduler(client: Any, function: Callable[..., Any], *args: An
     return result
 
 
+def futures_done(futures: list[Any]) -> Coroutine[Any, Any, Any]:
+    """``distributed.client._wait``: the coroutine behind ``distributed.wait``, which waits for
+    the tasks only (their data stays on the workers)."""
+    from distributed.client import _wait
+
+    result: Coroutine[Any, Any, Any] = _wait(futures)
+    return result
+
+
 def client_gather(client: Any, futures: list[Any], direct: bool) -> Coroutine[Any, Any, Any]:
     """``Client._gather``: the coroutine behind ``client.gather``."""
     result: Coroutine[Any, Any, Any] = client._gather(futures, direct=direct)
