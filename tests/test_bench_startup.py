@@ -24,3 +24,12 @@ def test_the_report_says_whether_gpudask_loads_from_bytecode(monkeypatch):
     assert set(found) == {"gpudask", "gpudask.plugins", "PYTHONDONTWRITEBYTECODE"}
     assert found["PYTHONDONTWRITEBYTECODE"] == "1" and all(isinstance(found[k], bool) for k in ("gpudask",
                                                                                                   "gpudask.plugins"))
+
+
+def test_the_launch_ends_at_the_schedulers_own_line_for_the_last_worker():
+    log = ("2026-12-02 21:56:21,100 - distributed.scheduler - INFO -   Scheduler at: tcp://127.0.0.1:1\n"
+           "2026-12-02 21:56:21,877 - distributed.scheduler - INFO - Register worker addr: tcp://127.0.0.1:2 name: 0\n"
+           "2026-12-02 21:56:21,883 - distributed.scheduler - INFO - Register worker addr: tcp://127.0.0.1:3 name: 1\n")
+    first, second = startup.last_registration(log, 1), startup.last_registration(log, 2)
+    assert second - first == pytest.approx(0.006, abs=1e-6)
+    assert startup.last_registration(log, 3) is None  # fewer lines: the client's figure is used
