@@ -36,6 +36,9 @@ class ProcessState:
     labels: dict[str, tuple[Any, str]] = field(default_factory=dict)
     # facts that passed the facts schema in this process, by fingerprint (gpudask.facts.loader)
     valid_facts: set[bytes] = field(default_factory=set)
+    # digests of data that passed a schema in any process of this user on this host, read once
+    # from the state directory (gpudask.facts.validated)
+    validated: list[str] | None = None
     # the plugins' facts sections probed in this process (gpudask.facts.sections)
     probed_sections: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     # the plan inputs built in this process, and their facts-free part (gpudask.bootstrap)

@@ -237,6 +237,20 @@ def _clean_gpudask_env(monkeypatch, tmp_path):
     dask.config.defaults[:] = saved_defaults
 
 
+@pytest.fixture
+def own_state_dir(tmp_path, monkeypatch) -> pathlib.Path:
+    """A gpudask state directory of this test alone (what it remembers, e.g. validated data,
+    is not another test's): the path it will have."""
+    import tempfile
+
+    from gpudask.facts import statedir
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    return statedir.location()
+
+
 def host(name: str) -> str:
     return str(HOSTS / name)
 

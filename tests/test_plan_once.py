@@ -73,7 +73,7 @@ def test_a_worker_reading_its_host_plan_bootstraps_validates_and_parses_nothing(
     assert session.current().counts == {}, "nothing else was counted either"
 
 
-def test_facts_changed_since_the_plan_was_written_are_validated_in_full(tmp_path, monkeypatch):
+def test_facts_changed_since_the_plan_was_written_are_validated_in_full(tmp_path, monkeypatch, own_state_dir):
     doc = json.loads(bootstrap.plan_host("ucx", 2, facts_path=H200).to_json())
     doc["facts"]["hostname"] = "edited-by-hand"  # still valid facts, but not the ones validated
     path = _write(tmp_path, json.dumps(doc))

@@ -39,7 +39,7 @@ def test_a_failing_computation_is_raised_and_not_kept():
     assert calls == ["x", "x"] and remembered("failing", "k", lambda: 7) == 7
 
 
-def test_the_scheduler_check_validates_the_same_published_facts_once():
+def test_the_scheduler_check_validates_the_same_published_facts_once(own_state_dir):
     from gpudask.checks.sides import _valid_facts
     from gpudask.facts import probe_facts
 

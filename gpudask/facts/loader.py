@@ -108,8 +108,16 @@ def _first_schema_error(where: str, data: Any) -> FactsError | None:
         # the pre-release format (plugins' facts as GPU and top-level keys): not read any more
         return FactsError(f"{where}: key 'schema' is 1, a format gpudask no longer reads; rewrite the file as "
                           f"schema {SCHEMA_VERSION} (the plugins' facts move into 'sections': docs/facts.md)")
+    from gpudask.facts import validated
+
+    key = validated.digest(schema(), data)
+    if validated.passed_before(key):
+        return None
     session.count("facts schema")
-    return first_error(_validator(), data, where)
+    error = first_error(_validator(), data, where)
+    if error is None:
+        validated.remember(key)
+    return error
 
 
 def first_error(validator: Any, data: Any, where: str, prefix: Iterable[Any] = ()) -> FactsError | None:

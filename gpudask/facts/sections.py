@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask import session
 from gpudask.errors import FactsError, PluginError
+from gpudask.facts import validated
 from gpudask.facts.loader import _fail, _key, first_error, strict_validator
 
 if TYPE_CHECKING:
@@ -175,9 +176,15 @@ def summaries(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> lis
 
 
 def section_error(where: str, section: FactsSection, value: Any, plugin: str) -> FactsError | None:
-    """The first place ``value`` leaves the section's schema, as one line, or None."""
+    """The first place ``value`` leaves the section's schema, as one line, or None (at once
+    when the same value passed the same schema before on this host: gpudask.facts.validated)."""
+    key = validated.digest(dict(section.schema), value)
+    if validated.passed_before(key):
+        return None
     session.count("facts schema")
     error = first_error(_validator(section.schema), value, where, ["sections", section.name])
+    if error is None:
+        validated.remember(key)
     return None if error is None else FactsError(f"{error} (facts section of plugin {plugin!r})")
 
 
