@@ -116,7 +116,8 @@ def _valid_facts(published: Any, role: str) -> dict[str, Any]:
     schema, cross checks, a normalising round trip) was most of the scheduler's cost per
     joining worker.  The dict is shared by the sides that published those facts
     (ProcessSide.facts is read-only); 64 distinct hosts' facts are kept."""
-    return process_state.remembered("valid published facts", fingerprint(published), lambda: _validated_facts(published, role))
+    return process_state.remembered("valid published facts", fingerprint(published),
+                                    lambda: _validated_facts(published, role))
 
 
 def _validated_facts(published: Any, role: str) -> dict[str, Any]:

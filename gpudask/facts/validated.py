@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from typing import Any
 
 from gpudask import session
@@ -28,6 +29,7 @@ logger = logging.getLogger("distributed.gpudask")
 RULES = 1  # bumped when what "valid" means changes without a schema change (the strict integer)
 MAX_REMEMBERED = 256  # digests kept; the oldest are forgotten first
 FILE = "validated.json"
+_WRITING = threading.Lock()  # the scheduler's check validates in threads
 
 
 def digest(schema: Any, data: Any) -> str | None:
@@ -54,17 +56,18 @@ def remember(key: str | None) -> None:
     """Remember that the data of ``key`` passed (call only after it did)."""
     if key is None:
         return
-    known = _remembered()
-    if key in known:
-        return
-    known.append(key)
-    del known[:-MAX_REMEMBERED]
     from gpudask.facts.statedir import StateDirError, state_dir, write_atomic
 
-    try:
-        write_atomic(state_dir() / FILE, json.dumps({"rules": RULES, "valid": known}))
-    except (OSError, StateDirError) as e:  # an unusable state directory: validate every time
-        logger.debug("gpudask: validated data not remembered: %s", e)
+    with _WRITING:
+        known = _remembered()
+        if key in known:
+            return
+        known.append(key)
+        del known[:-MAX_REMEMBERED]
+        try:
+            write_atomic(state_dir() / FILE, json.dumps({"rules": RULES, "valid": known}))
+        except (OSError, StateDirError) as e:  # an unusable state directory: validate every time
+            logger.debug("gpudask: validated data not remembered: %s", e)
 
 
 def _remembered() -> list[str]:
