@@ -24,6 +24,7 @@ callers) can change; this stays the function every call goes through.
 
 from __future__ import annotations
 
+import gc
 import math
 import signal
 import threading
@@ -79,7 +80,10 @@ def call_isolated(plugin: str, distribution: str | None, hook: str, function: Ca
     try:
         if bound is not None:
             bound.arm()
-        return function(*args)
+        result = function(*args)
+        if bound is not None and bound.pending is not None:
+            raise _Interrupted(bound.pending)  # it arrived where it could not be raised
+        return result
     except KeyboardInterrupt:
         if main:
             raise
@@ -124,6 +128,9 @@ class _Bound:
         self.hook = hook
         self.saved: dict[int, Any] = {}
         self.alarm = False
+        # a stop or the time limit that came while the interpreter ran a garbage-collection
+        # callback or a finaliser, where an exception is printed and dropped: raised later
+        self.pending: str | None = None
 
     def arm(self) -> None:
         depth = getattr(_ACTIVE, "depth", 0)
@@ -135,12 +142,12 @@ class _Bound:
             if previous in (signal.SIG_IGN, None):
                 continue
             self.saved[sig] = previous
-            signal.signal(sig, _stop_handler(sig, previous))
+            signal.signal(sig, self._stop_handler(sig, previous))
         if hasattr(signal, "setitimer") and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL \
                 and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
             limit = hook_timeout()
             self.saved[signal.SIGALRM] = signal.SIG_DFL
-            signal.signal(signal.SIGALRM, _alarm_handler(limit))
+            signal.signal(signal.SIGALRM, self._alarm_handler(limit))
             signal.setitimer(signal.ITIMER_REAL, limit)
             self.alarm = True
 
@@ -151,20 +158,48 @@ class _Bound:
         for sig, previous in self.saved.items():
             signal.signal(sig, previous)
 
+    def interrupt(self, why: str, frame: Any) -> None:
+        """Raise ``why`` into the hook, unless ``frame`` is where the interpreter would print
+        and drop it: then keep it, and (when the alarm is ours) come back in a few
+        milliseconds; the call's end raises it otherwise."""
+        if not _drops_exceptions(frame):
+            self.pending = None
+            raise _Interrupted(why)
+        self.pending = why
+        if self.alarm:
+            signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
 
-def _alarm_handler(limit: float) -> Callable[[int, Any], None]:
-    def handler(signum: int, frame: Any) -> None:
-        raise _Interrupted(f"did not finish within {limit:g} s ({TIMEOUT_KEY})")
+    def _alarm_handler(self, limit: float) -> Callable[[int, Any], None]:
+        def handler(signum: int, frame: Any) -> None:
+            self.interrupt(self.pending or f"did not finish within {limit:g} s ({TIMEOUT_KEY})", frame)
 
-    return handler
+        return handler
+
+    def _stop_handler(self, sig: int, previous: Any) -> Callable[[int, Any], None]:
+        name = signal.Signals(sig).name
+
+        def handler(signum: int, frame: Any) -> None:
+            if callable(previous) and previous is not signal.default_int_handler:
+                previous(signum, frame)  # e.g. distributed's: the process closes once the hook is left
+            self.interrupt(f"stopped by {name}", frame)
+
+        return handler
 
 
-def _stop_handler(sig: int, previous: Any) -> Callable[[int, Any], None]:
-    name = signal.Signals(sig).name
+_RETRY_S = 0.005
+_FRAMES_LOOKED_AT = 256
 
-    def handler(signum: int, frame: Any) -> None:
-        if callable(previous) and previous is not signal.default_int_handler:
-            previous(signum, frame)  # e.g. distributed's: the process closes once the hook is left
-        raise _Interrupted(f"stopped by {name}")
 
-    return handler
+def _drops_exceptions(frame: Any) -> bool:
+    """Whether ``frame`` runs inside a garbage-collection callback (distributed installs one)
+    or a ``__del__``, between the hook and here: an exception raised there never reaches
+    :func:`call_isolated`, the interpreter prints it as "Exception ignored in" and goes on."""
+    callbacks = {getattr(getattr(c, "__func__", c), "__code__", None) for c in list(gc.callbacks)}
+    stop = call_isolated.__code__
+    for _ in range(_FRAMES_LOOKED_AT):
+        if frame is None or frame.f_code is stop:
+            return False
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
