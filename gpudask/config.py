@@ -154,6 +154,10 @@ CORE_OPTIONS = [
            "and every command plans) may take: past this the call is interrupted and fails with one line naming "
            "the plugin and the hook.", lambda v: _positive_seconds(v),
            "a positive number of seconds or a duration such as \"60s\""),
+    Option("gpudask.start.plan-ahead", True,
+           "A dask worker started before its scheduler's file is written plans and applies for the protocol the "
+           "plugins call likely (UCX on a GPU host) while it waits, and plans again if the scheduler's differs.",
+           parse_bool, "true or false"),
     Option("gpudask.scheduler-check.action", "warn",
            "What the scheduler does with scheduler-check findings: warn (log and 'gpudask' event), error (also "
            "warn every client), refuse (also close the offending worker).", choice("warn", "error", "refuse"),

@@ -50,6 +50,7 @@ from gpudask.plan.applied import applied_role
 from gpudask.plan.gpus import process_gpu, workers_sharing_gpu
 from gpudask.plan.published import (PUBLISHED_KEY, AppliedState, CudaContextState, Mismatch, PlannedActual, PluginInfo,
                                     Published, PublishedPlan, PublishedReason)
+from gpudask.compat.distributed_ucxx import start_ucx
 from gpudask.plan.ucx_tls import parse_ucx_tls, tls_enables, ucxx_creates_cuda_context
 from gpudask.session import plugin_state, remembered
 
@@ -74,6 +75,6 @@ __all__ = [
     "parse_ucx_tls", "tls_enables", "ucxx_creates_cuda_context", "process_gpu",
     "workers_sharing_gpu", "cpu_ranges", "format_bytes", "parse_bytes",
     # distributed's internals a plugin relies on (gpudask.compat.distributed, contract-tested)
-    "wrap_handler", "unwrap_handler", "wrap_report", "unwrap_report", "offload_threshold", "set_offload_threshold",
+    "start_ucx", "wrap_handler", "unwrap_handler", "wrap_report", "unwrap_report", "offload_threshold", "set_offload_threshold",
     "P2P_RECHUNK_TRANSFER_PREFIX", "wrap_graph_submission", "wrap_direct_default", "wrap_pickle_family_loads",
 ]

@@ -197,3 +197,35 @@ def test_no_private_name_of_distributed_is_used_outside_compat(folder):
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if private.search(line) and not line.lstrip().startswith("#")]
     assert found == []
+
+
+# -- distributed-ucxx (gpudask/compat/distributed_ucxx.py) and multiprocessing (compat/forkserver.py) --
+def test_distributed_ucxx_starts_ucx_in_init_once_and_marks_it_in_its_ucxx_global():
+    """start_ucx resets the ``ucxx`` global after a failure: init_once must still set it before
+    ``ucxx.init`` (or the reset is unneeded) and return at once while it is set."""
+    comm = pytest.importorskip("distributed_ucxx.ucxx")
+    from gpudask.compat.distributed_ucxx import ucx_started
+
+    source = inspect.getsource(comm.init_once)
+    assert "global ucxx" in source and "if ucxx is not None" in source
+    assert source.index("ucxx = _ucxx") < source.index("ucxx.init(")
+    assert hasattr(comm, "ucxx") and ucx_started() is (comm.ucxx is not None)
+
+
+def test_the_fork_server_can_be_stopped_and_a_new_one_starts_with_the_new_environment(monkeypatch):
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    from gpudask.compat.forkserver import stop_forkserver
+
+    monkeypatch.setenv("GPUDASK_CONTRACT_PROBE", "first")
+    multiprocessing.forkserver.ensure_running()
+    first = multiprocessing.forkserver._forkserver._forkserver_pid
+    stop_forkserver()
+    assert multiprocessing.forkserver._forkserver._forkserver_pid is None
+    monkeypatch.setenv("GPUDASK_CONTRACT_PROBE", "second")
+    context = multiprocessing.get_context("forkserver")
+    with context.Pool(1) as pool:
+        assert pool.apply(os.getenv, ("GPUDASK_CONTRACT_PROBE",)) == "second"
+    assert multiprocessing.forkserver._forkserver._forkserver_pid not in (None, first)
+    stop_forkserver()

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -99,6 +100,32 @@ def test_without_the_alarm_a_stop_kept_from_a_gc_callback_fails_the_call_when_it
         call_isolated("slow", None, "gpudask_server_setup", hook, ())
     assert dropped == []
     assert previous_sigterm == [signal.SIGTERM]
+
+
+class _Referent:
+    pass
+
+
+def test_a_sigterm_inside_a_weakref_callback_is_kept_from_the_interpreter_and_still_stops_the_hook(
+        dropped, previous_sigterm, alarm_free):
+    """Nothing in the frames tells a weakref callback (or any other place where the interpreter
+    drops exceptions) from a plain call: the exception it drops reaches sys.unraisablehook, where
+    the call keeps it and raises it again."""
+    finished = []
+
+    def hook():
+        referent = _Referent()
+        ref = weakref.ref(referent, lambda r: signal.raise_signal(signal.SIGTERM))
+        del referent  # the callback runs here, and the stop raised in it is dropped by the interpreter
+        for _ in range(200):
+            time.sleep(0.01)
+        finished.append(ref)
+
+    with pytest.raises(PluginStopped, match="stopped by SIGTERM"):
+        call_isolated("slow", None, "gpudask_server_setup", hook, ())
+    assert finished == [] and dropped == []
+    assert previous_sigterm == [signal.SIGTERM]
+    assert sys.unraisablehook is not None and signal.getitimer(signal.ITIMER_REAL)[0] == 0
 
 
 def test_a_sigterm_outside_any_callback_stops_the_hook_at_once(dropped, previous_sigterm):

@@ -70,6 +70,8 @@ STAGE_OF_MODULE = {
     # distributed's internals, in one place: imports nothing of gpudask, so the core, the
     # checks and the plugin API (which re-exports what plugins need) all may use it
     "gpudask.compat.distributed": "base",
+    "gpudask.compat.distributed_ucxx": "base",
+    "gpudask.compat.forkserver": "base",
 }
 
 

@@ -48,6 +48,8 @@ class Session:
     # a worker process whose host plan a planning parent made (the `dask worker` process,
     # gpudask.initialize()): the parent said the host's warnings, this process does not again
     planned_by_parent: bool = False
+    # the nanny host planned and applied for the likely protocol before its scheduler was up
+    planned_ahead: bool = False
 
     @property
     def manager(self) -> Any:
@@ -94,13 +96,12 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
     """Plan for this host and apply this process's part (``role``: scheduler, nanny, client)."""
     if cli is not None:
         if protocol is None:
-            _prepare_while_the_scheduler_starts(cli)
+            ahead = _start_ahead(role, cli, nworkers, apply)
+            if ahead is not None:
+                return ahead
         protocol = protocol or cli.scheduler_protocol()
         nworkers = nworkers or cli.nworkers or None  # 0: distributed refuses it and starts nothing
-    protocol = (protocol or "tcp").split("://", 1)[0]  # LocalCluster passes protocol="tcp://"
-    # `dask scheduler --protocol tcp,ws` listens on both: plan for UCX when one of them is UCX
-    listeners = [p.strip() for p in protocol.split(",") if p.strip()]
-    protocol = next((p for p in listeners if p in ("ucx", "ucxx")), listeners[0] if listeners else "tcp")
+    protocol = _listening_protocol(protocol or "tcp")
     host = plan_host(protocol, nworkers, user_interface=cli.interface if cli is not None else None,
                      planner=role)
     session = Session(role, host, host.for_role(role))
@@ -119,18 +120,52 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
     return session
 
 
-def _prepare_while_the_scheduler_starts(cli: runtime.CliArgs) -> None:
+def _start_ahead(role: str, cli: runtime.CliArgs, nworkers: int | None, apply: bool) -> Session | None:
     """``dask worker --scheduler-file F`` started beside the scheduler waits for F, which says
     the protocol.  The plan inputs do not depend on it (settings, plugins, facts): build them
-    now, and import in a background thread what the plugins say this process will import, so
-    that once F appears only the decisions are left (issue 41: the wait was idle, then the
-    planning and UCX's imports came one after the other)."""
+    now and import, in a background thread, what the plugins say this process will import.
+    Where a plugin names the likely protocol (``gpudask_likely_protocol``: UCX on a GPU host),
+    plan and apply for it now -- the fork server starts importing, the host plan is published
+    and the transport opened (``gpudask_listen_ahead``) while the scheduler starts (issue 41:
+    the wait was idle, then planning, UCX's start and the fork server's imports came one after
+    the other).  The session, when the scheduler's protocol is the one planned for; None when
+    there was nothing to do ahead, or it planned for another protocol (then everything the
+    plan applied to this process's environment and dask config is put back, with one info line,
+    and the caller plans for the scheduler's protocol)."""
     if cli.command != "worker" or cli.protocol or cli.scheduler_address or not cli.scheduler_file:
-        return
+        return None
     if os.path.isfile(cli.scheduler_file):
-        return  # the scheduler is up: nothing to overlap
+        return None  # the scheduler is up: nothing to overlap
     inputs = bootstrap.inputs()
     preimport.in_background(inputs.manager.preimport(inputs.facts, "nanny", None))
+    likely = (inputs.manager.likely_protocol(inputs.facts) if inputs.settings.get("gpudask.start.plan-ahead").value
+              else None)
+    if likely is None or role != "nanny" or not apply:
+        return None
+    session = start(role, cli, protocol=likely, nworkers=nworkers)
+    session.manager.listen_ahead(session.ctx, session.plan)
+    actual = _listening_protocol(cli.scheduler_protocol() or "tcp")
+    if actual == session.host.protocol:
+        session.planned_ahead = True
+        return session
+    logger.info("gpudask: planned ahead for %s while the scheduler started; it listens on %s: planning for %s "
+                "(gpudask.start.plan-ahead: false plans only once the scheduler is up)", session.host.protocol,
+                actual, actual)
+    hostfile.restore_user_values(session.host)
+    bootstrap.keep_user_values(None)
+    if session.plan.multiprocessing_method == "forkserver":
+        from gpudask.compat.forkserver import stop_forkserver
+
+        stop_forkserver()  # it was started with the other plan's environment: the workers inherit it
+    session.applied = False
+    return None
+
+
+def _listening_protocol(protocol: str) -> str:
+    """The protocol gpudask plans for: ``dask scheduler --protocol tcp,ws`` listens on both,
+    so UCX when one of them is UCX; LocalCluster passes ``protocol="tcp://"``."""
+    listeners = [p.strip() for p in protocol.split("://", 1)[0].split(",") if p.strip()]
+    return next((p for p in listeners if p in ("ucx", "ucxx")), listeners[0] if listeners else "tcp")
 
 
 def start_worker(locals_: dict[str, Any] | None = None) -> Session:
@@ -363,4 +398,5 @@ def startup_line(session: Session) -> str:
 
     plugins = ", ".join(f"{p['name']}({p['priority']})" for p in session.host.plugins)
     where = session.role + (f" {session.plan.index}" if session.plan.index is not None else "")
-    return f"gpudask {__version__} ({where}, protocol {session.host.protocol}): plugins {plugins or 'none'}"
+    ahead = ", planned while the scheduler started" if session.planned_ahead else ""
+    return f"gpudask {__version__} ({where}, protocol {session.host.protocol}{ahead}): plugins {plugins or 'none'}"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import math
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -131,6 +132,7 @@ class _Bound:
         # a stop or the time limit that came while the interpreter ran a garbage-collection
         # callback or a finaliser, where an exception is printed and dropped: raised later
         self.pending: str | None = None
+        self.saved_unraisablehook: Callable[[Any], Any] | None = None
 
     def arm(self) -> None:
         depth = getattr(_ACTIVE, "depth", 0)
@@ -143,6 +145,11 @@ class _Bound:
                 continue
             self.saved[sig] = previous
             signal.signal(sig, self._stop_handler(sig, previous))
+        # where the interpreter drops an exception (a gc callback, a finaliser, a weakref
+        # callback, during a collection or not) it hands it to sys.unraisablehook: a stop or
+        # the time limit dropped there is kept and raised again, not printed
+        self.saved_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
         if hasattr(signal, "setitimer") and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL \
                 and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
             limit = hook_timeout()
@@ -155,6 +162,8 @@ class _Bound:
         _ACTIVE.depth = getattr(_ACTIVE, "depth", 1) - 1
         if self.alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        if self.saved_unraisablehook is not None:
+            sys.unraisablehook = self.saved_unraisablehook
         for sig, previous in self.saved.items():
             signal.signal(sig, previous)
 
@@ -165,6 +174,17 @@ class _Bound:
         if not _drops_exceptions(frame):
             self.pending = None
             raise _Interrupted(why)
+        self.keep(why)
+
+    def _unraisable(self, unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, _Interrupted):
+            self.keep(unraisable.exc_value.why)
+        elif self.saved_unraisablehook is not None:
+            self.saved_unraisablehook(unraisable)
+
+    def keep(self, why: str) -> None:
+        """Raise ``why`` later: when the alarm is ours, in a few milliseconds; else when the
+        call returns."""
         self.pending = why
         if self.alarm:
             signal.setitimer(signal.ITIMER_REAL, _RETRY_S)

@@ -206,6 +206,16 @@ def preimport_problem(result: Any) -> str | None:
     return None
 
 
+_PROTOCOL_NAME = re.compile(r"[a-z][a-z0-9+.-]{0,15}")
+
+
+def likely_protocol_problem(result: Any) -> str | None:
+    """``gpudask_likely_protocol``: None or a protocol name such as 'ucx' or 'tcp'."""
+    if result is None or (isinstance(result, str) and _PROTOCOL_NAME.fullmatch(result)):
+        return None
+    return f"returned {result!r:.80}; expected None or a protocol name such as 'ucx' or 'tcp'"
+
+
 def _checked(problem: Any, strict: bool = True) -> Any:
     def take_result(result: Any) -> Any:
         found = problem(result)
@@ -240,6 +250,7 @@ _TAKE = {
     "gpudask_facts_packages": _checked(facts_packages_problem),
     "gpudask_ucx_offered": _checked(ucx_offered_problem),
     "gpudask_preimport": _checked(preimport_problem),
+    "gpudask_likely_protocol": _checked(likely_protocol_problem),
     "gpudask_setup_memory": _checked(setup_memory_problem),
     "gpudask_applied_state": _checked(applied_state_problem),
     "gpudask_report_rows": _rows,

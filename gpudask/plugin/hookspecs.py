@@ -178,6 +178,29 @@ def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str
 
 
 @hookspec
+def gpudask_likely_protocol(facts: Facts) -> str | None:
+    """Name the protocol this host's scheduler most likely listens on, so that a ``dask worker``
+    started before its scheduler can plan and apply for it while it waits.
+
+    **When:** called once the plan inputs are built, by the ``dask worker`` process (nanny
+    host) that finds its ``--scheduler-file`` not written yet and was given no
+    ``--protocol``; a process that knows its scheduler's protocol never calls it.  gpudask
+    then plans and applies for the protocol named (its fork server started, the host plan
+    published, ``gpudask_listen_ahead`` called), and waits for the file.  If the scheduler
+    listens on another protocol, the process's environment and dask config are put back as
+    the user had them and it plans again, with one info line.  ``gpudask.start.plan-ahead:
+    false`` turns it off.  **Called in:** the nanny host only.
+
+    :param facts: the host's facts (GPUs, installed packages, the plugins' sections).
+    :return: a protocol name of distributed's (``"ucx"``, ``"tcp"``), or None: no guess.
+
+    **Combined:** the first answer in priority order that is not None.  **Failure:**
+    raising or returning something else than None or a short protocol name stops the
+    process (one line naming the plugin).
+    """
+
+
+@hookspec
 def gpudask_ucx_offered(facts: Facts) -> list[str] | None:
     """Say which transports this host's UCX offers: the names a user's ``UCX_TLS`` may use
     beside UCX's own aliases and transport names.
@@ -310,6 +333,30 @@ def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
 
     **Combined:** every plugin runs, in priority order.  **Failure:** raise
     :class:`gpudask.pluginapi.GpudaskError`: the process stops with the one line.
+    """
+
+
+@hookspec
+def gpudask_listen_ahead(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """Do now what this process's first ``listen()`` will do (open the transport), while it
+    waits for its scheduler.
+
+    **When:** an apply hook, called once, right after the process applied a plan made ahead
+    for the protocol ``gpudask_likely_protocol`` named (``ctx.protocol``), before it waits
+    for the scheduler's file; the process listens on that protocol later only if the
+    scheduler does.  **Called in:** the nanny host only, and never on a described host's
+    hardware it does not have (``ctx.facts.described``: a real process still starts there,
+    so what runs must work on the machine at hand).
+
+    Work done here must leave the process as its own ``listen()`` would: the same settings
+    read (the plan's environment and config are applied), nothing that the real listen does
+    twice.
+
+    :return: None (ignored).
+
+    **Combined:** every plugin runs, in priority order.  **Failure:** one debug line and the
+    process goes on: its own ``listen()`` meets the cause again and reports it where it
+    would have (an implementation must leave nothing half-open behind it).
     """
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,6 +42,8 @@ from gpudask.plugin.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, 
                                   ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
                                   LoadedPlugin, declared, pluggy_target, refused_option, select,
                                   unknown_hook)
+
+logger = logging.getLogger("distributed.gpudask")
 
 if TYPE_CHECKING:
     from gpudask.facts.model import Facts
@@ -305,6 +308,14 @@ class PluginManager:
             found += [m for m in result or () if m not in found]
         return found
 
+    def likely_protocol(self, facts: Facts) -> str | None:
+        """The protocol this host's scheduler most likely listens on, as the first plugin that
+        knows says (``gpudask_likely_protocol``), or None."""
+        for _plugin, result in self._call("gpudask_likely_protocol", facts=facts):
+            if result is not None:
+                return str(result)
+        return None
+
     def ucx_offered(self, facts: Facts) -> list[str] | None:
         """The transports this host's UCX offers, as the plugins say (``gpudask_ucx_offered``):
         every answer's names together, in priority order, or None when no plugin knows."""
@@ -356,6 +367,13 @@ class PluginManager:
 
     def context_init(self, ctx: PlanContext, plan: ProcessPlan) -> None:
         self._call("gpudask_context_init", plan, ctx=ctx)
+
+    def listen_ahead(self, ctx: PlanContext, plan: ProcessPlan) -> None:
+        """``gpudask_listen_ahead`` of every plugin; a failure is one debug line (the process's
+        own listen meets its cause again and reports it there)."""
+        for plugin, result in self._call("gpudask_listen_ahead", plan, isolate=True, ctx=ctx):
+            if isinstance(result, PluginError):
+                logger.debug("gpudask: %s", result)
 
     def client_setup(self, ctx: PlanContext, plan: ProcessPlan) -> None:
         self._call("gpudask_client_setup", plan, ctx=ctx)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import ConfigError, FactsSection, Option, choice, hookimpl, parse_optional_bool, process_gpu
+from gpudask.pluginapi import (ConfigError, FactsSection, Option, choice, hookimpl, parse_optional_bool, process_gpu,
+                               start_ucx)
 
 from . import ucx_info
 from .rules import AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick, set_flag
@@ -51,16 +52,38 @@ def gpudask_facts_packages() -> dict[str, list[str]]:
             "distributed-ucxx": ["distributed-ucxx", "distributed-ucxx-cu12", "distributed-ucxx-cu13"]}
 
 
+def _likely_ucx(facts: Facts) -> bool:
+    # GPU clusters mostly run UCX: a GPU host with distributed-ucxx installed
+    return bool(facts.visible_gpus()) and facts.packages.get("distributed-ucxx") is not None
+
+
+@hookimpl
+def gpudask_likely_protocol(facts: Facts) -> str | None:
+    """UCX on a GPU host with distributed-ucxx: the ``dask worker`` started beside its
+    scheduler plans for it while the scheduler starts."""
+    return "ucx" if _likely_ucx(facts) else None
+
+
+@hookimpl
+def gpudask_listen_ahead(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """UCX started now (distributed-ucxx's own ``init_once``, with the plan applied), not at the
+    nanny's first ``listen()``: about 1 s of an H200 host's start, overlapped with the
+    scheduler's."""
+    if ctx.uses_ucx and ctx.facts.packages.get("distributed-ucxx") is not None:
+        start_ucx()
+
+
 @hookimpl
 def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str] | None:
     """distributed-ucxx's comm, ucxx, and rmm (distributed-ucxx's first connection imports it):
     about 0.9 s of imports on an H200 host.  For a worker over UCX, and for the ``dask worker``
-    process of a GPU host while the scheduler's protocol is not known (GPU clusters mostly run
-    UCX; over tcp the imports were a background thread's work, not the start's)."""
-    likely_ucx = protocol in ("ucx", "ucxx") or (protocol is None and bool(facts.visible_gpus()))
+    process of a GPU host while the scheduler's protocol is not known (over tcp the imports
+    were a background thread's work, not the start's)."""
+    likely_ucx = protocol in ("ucx", "ucxx") or (protocol is None and _likely_ucx(facts))
     if not likely_ucx or facts.packages.get("distributed-ucxx") is None:
         return None
     return ["distributed_ucxx.ucxx", "ucxx"] + (["rmm"] if facts.packages.get("rmm") else [])
+
 
 @hookimpl
 def gpudask_facts_sections() -> list[FactsSection]:
