@@ -326,4 +326,4 @@ def test_a_worker_started_before_the_scheduler_file_exists_plans_for_the_schedul
     assert all(address.startswith("ucx://") for address in workers)
     assert all(w["gpudask"]["plan"]["ucx_transports"] for w in workers.values())  # planned for UCX
     assert set(live.values()) == {"n"}  # and applied: gpudask's UCX-only setting is in each worker
-    assert "(nanny, protocol ucx)" in cluster.log("worker")
+    assert "(nanny, protocol ucx, planned while the scheduler started)" in cluster.log("worker")
