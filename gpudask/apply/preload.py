@@ -1,10 +1,8 @@
 """The preload entry points: import time, ``dask_setup``, and ``initialize``.
 
-A failure in a server process stops that process with one line naming the plugin, the
-hook and the cause (:func:`fatal`).  distributed would not stop it: it logs a failing
-``dask_setup`` as "Failed to start preload" and starts the server anyway, and an
-exception leaving ``Worker.__init__`` becomes several tracebacks in worker and nanny.
-In the ``dask worker`` / ``dask scheduler`` option parsing, click prints the one line.
+A failure in a server process stops it with one line naming the plugin, the hook and the
+cause (:func:`fatal`): distributed would log "Failed to start preload" and start the server
+anyway.  In ``dask worker`` / ``dask scheduler`` option parsing, click prints the one line.
 """
 
 from __future__ import annotations
@@ -69,12 +67,10 @@ def _takes_argv(preload: Any, argv: Any) -> bool:
 
 
 def _take_preload_argv(preload: Any, argv: Any, command: str, cli: runtime.CliArgs | None) -> None:
-    """dask-cuda's worker options given after ``--preload gpudask`` (``dask worker ADDR
-    --preload gpudask --rmm-pool-size 1GB``): each becomes the gpudask setting the migration
-    guide maps it to, in this process's dask config, before it plans.  A nanny passes its
-    config to its worker processes (their ``dask_setup``, a plain function, ignores the
-    arguments distributed passes on).  Here ``dask_setup`` becomes the click command
-    distributed hands the arguments to (they were checked here, one line for a wrong one)."""
+    """dask-cuda's worker options given after ``--preload gpudask`` (``--rmm-pool-size 1GB``):
+    each becomes its gpudask setting in this process's dask config before it plans (a nanny
+    passes it on to its workers), and ``dask_setup`` becomes the click command distributed
+    hands the arguments to."""
     global dask_setup
     if not _takes_argv(preload, argv):
         return
@@ -110,9 +106,8 @@ def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> l
 
 
 def _other_commands_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
-    """Several ``dask worker`` commands on one host each number their workers from 0, so
-    their workers share the GPUs from the first one on: say so once, naming the GPUs
-    shared and the other commands (their host plans in the state directory)."""
+    """Several ``dask worker`` commands on one host each number their workers from 0, so their
+    workers share GPUs: say so once, naming the GPUs and the other commands."""
     if cli is None or cli.command != "worker" or not cli.nanny or not s.ctx.gpus:
         return []
     found = hostfile.sharing_gpus(s.host)
@@ -126,8 +121,7 @@ def _other_commands_warnings(s: process.Session, cli: runtime.CliArgs | None) ->
 
 
 def _worker_running() -> bool:
-    """Is a Worker already running in this process (gpudask imported late, e.g. by a
-    plugin a client registered)?  Then gpudask.apply.server_plugins applies what it can."""
+    """Is a Worker already running in this process (gpudask imported late)?"""
     from gpudask.compat.distributed import worker_instances
 
     workers = worker_instances()
@@ -153,8 +147,8 @@ def _fail_here(step: Any, cli: runtime.CliArgs | None, report: bool = True) -> N
 
 
 def fatal(error: BaseException) -> None:
-    """Stop this server process now, with one line.  A worker process also leaves the line
-    for the ``dask worker`` process that started it, which prints it as its last word."""
+    """Stop this server process now, with one line (also left for the ``dask worker`` process
+    that started it, which prints it as its last word)."""
     from gpudask.plugin.hookcall import PluginStopped
 
     line = f"gpudask: {error}"
@@ -180,9 +174,8 @@ def _imported_by_distributed_preload() -> bool:
 
 
 def initialize(protocol: str | None = None, nworkers: int | None = None) -> process.Session:
-    """Apply the client's part of the plan in this process (call before creating a Client
-    or a cluster, like dask-cuda's ``initialize``): UCX environment and config, the
-    CUDA-context check.  Returns the session; calling it again returns the same one."""
+    """Apply the client's part of the plan in this process (before creating a Client or a
+    cluster, like dask-cuda's ``initialize``); calling it again returns the same session."""
     existing = process.current()
     if existing is not None and existing.role == "client" and (protocol is None or existing.host.protocol == protocol):
         return existing
@@ -193,20 +186,13 @@ def initialize(protocol: str | None = None, nworkers: int | None = None) -> proc
     return session
 
 
-# plan-only sessions are held by the process state (plan_only), with the dask config keys
-# (beyond gpudask.*) the plans made in this process depend on (plan_keys): the plugins'
-# legacy keys and every key a plan set (the user's value wins, so the plan reads it) --
-# learnt from the plans themselves, so the core names no plugin's keys
-# distributed's own key the plan's start method reads (a core field of the plan)
+# the dask config keys every plan depends on; the plugins' are learnt from the plans (plan_keys)
 _CORE_KEYS = ("gpudask", "distributed.worker.multiprocessing-method")
 
 
 def _session_for(role: str) -> process.Session:
-    """The session of this process, or a plan-only one when gpudask was imported too late
-    to act at import time (e.g. a scheduler inside a LocalCluster in a client process).
-
-    Plan-only sessions are kept per role and inputs: a process that starts many servers in
-    turn (a test suite, an adaptive cluster) plans once for each, not once per server."""
+    """The session of this process, or a plan-only one when gpudask was imported too late to
+    act at import time, kept per role and inputs (a test suite plans once, not per server)."""
     s = process.current()
     if s is not None and s.role == role:
         return s
@@ -235,9 +221,8 @@ def plan_keys(s: process.Session) -> set[str]:
 
 
 def _inputs() -> str:
-    """What a plan depends on in this process: gpudask's, UCX's and CUDA's variables and the
-    config keys gpudask and its plugins read (:func:`plan_keys`; not the rest of dask's
-    config, which test suites and adaptive clusters change all the time)."""
+    """What a plan depends on: gpudask's, UCX's and CUDA's variables and the config keys of
+    :func:`plan_keys` (not the rest of dask's config, which changes all the time)."""
     import json
 
     import dask.config
@@ -310,9 +295,8 @@ def _make_command() -> Any:
     import click
 
     class DaskSetup(click.Command):
-        """gpudask's ``dask_setup`` when ``dask worker`` / ``dask scheduler`` pass it
-        dask-cuda's worker options: they were taken at import time (the plan is made
-        then); its parameters are built from the plugins when distributed parses them."""
+        """gpudask's ``dask_setup`` taking dask-cuda's worker options (taken at import time);
+        its parameters are built from the plugins when distributed parses them."""
 
         def get_params(self, ctx: click.Context) -> list[click.Parameter]:
             if len(self.params) == 1:
