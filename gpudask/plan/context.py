@@ -1,11 +1,7 @@
-"""What a plan hook can read: the one frozen snapshot of a plan's inputs.
-
-A :class:`PlanContext` is captured once per plan (by :func:`gpudask.plan.build_plan`)
-from the facts, the typed settings, the protocol, the number of workers and the user's
-own environment and dask config.  It is frozen: every hook of the plan reads the same
-inputs, and nothing a hook or the apply stage does to ``os.environ`` or
-``dask.config`` afterwards changes what the plan was built from.  Only the warnings
-list grows while the plan is built.
+"""What a plan hook can read: :class:`PlanContext`, the one frozen snapshot of a plan's inputs
+(facts, typed settings, protocol, number of workers, the user's own environment and dask
+config), captured once per plan: nothing done to ``os.environ`` or ``dask.config`` afterwards
+changes what the plan was built from.  Only the warnings list grows.
 """
 
 from __future__ import annotations
@@ -67,18 +63,16 @@ class PlanContext:
 
     def setting(self, key: str) -> Setting | None:
         """The typed value of option ``key`` with its source (``.value``, ``.source``,
-        ``.explicit``), or None when no loaded plugin declares ``key``.  The one way plugins
-        read settings: values are parsed once, from the user's config."""
+        ``.explicit``), or None when no loaded plugin declares ``key``."""
         try:
             return self.settings.get(key)
         except KeyError:
             return None
 
     def require(self, key: str) -> Setting:
-        """The typed value of option ``key`` with its source, like :meth:`setting`, for an
-        option the calling plugin declares (or one of a plugin it cannot run without): raises
+        """Like :meth:`setting`, for an option the calling plugin needs: raises
         :class:`~gpudask.errors.GpudaskError`, in one line naming ``key``, when no loaded
-        plugin declares it -- a typo in the key, or the declaring plugin disabled."""
+        plugin declares it (a typo, or the declaring plugin disabled)."""
         try:
             return self.settings.get(key)
         except KeyError:
