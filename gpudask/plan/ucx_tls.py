@@ -1,10 +1,9 @@
 """What a ``UCX_TLS`` value means: UCX's syntax and aliases, and distributed-ucxx's reading of it.
 
-The one ``UCX_TLS`` parser (:func:`parse_ucx_tls`) and what a value lets UCX use
-(:func:`tls_enables`), so every plugin reads a user's value the same way; the core checks a
-user's value with :func:`check_user_tls` before planning, and composes ``UCX_TLS`` from the
-transports plugins contribute.  UCX's names only: which transports to choose is the transport
-plugins' business (``gpudask.plugins.ucx``).  Re-exported by :mod:`gpudask.pluginapi`.
+The one parser (:func:`parse_ucx_tls`) and what a value lets UCX use (:func:`tls_enables`), so
+every plugin reads a user's value the same way; the core checks a user's value with
+:func:`check_user_tls`.  Which transports to choose is the plugins'.  Re-exported by
+:mod:`gpudask.pluginapi`.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ _MEANS: dict[str, frozenset[str]] = {
 }
 
 
-# -- UCX_TLS -------------------------------------------------------------------------
 def parse_ucx_tls(value: str | None) -> list[str]:
     """``" TCP, cuda_copy"`` -> ``["tcp", "cuda_copy"]``: names lower-cased, order kept.
 
