@@ -26,18 +26,12 @@ PLAN_ENV = "GPUDASK_HOST_PLAN"
 GROUP_ENV = "GPUDASK_GROUP"
 
 
-def state_dir() -> pathlib.Path:
-    """This user's private state directory; raises :class:`~gpudask.facts.statedir.StateDirError`
-    (one line: the path, its owner and mode, the fix) when it is not private."""
-    return statedir.state_dir()
-
-
 def publish(host: HostPlan, always: bool = False) -> None:
     """Write ``host`` for this process's worker processes; a no-op where nothing was decided
     unless ``always`` (the ``dask worker`` process: its workers then never plan)."""
     if not always and not decided_anything(host):
         return
-    base = state_dir()
+    base = statedir.state_dir()
     reclaim_stale(base)
     path = base / f"plan-{os.getpid()}.json"
     statedir.write_atomic(path, host.to_json())
@@ -96,7 +90,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # alive, another user's
     return True
 
 
@@ -165,7 +159,7 @@ def sharing_gpus(host: HostPlan) -> tuple[str, str] | None:
         return None
     others: dict[int, set[str]] = {}
     try:
-        entries = list(state_dir().glob("plan-*.json"))
+        entries = list(statedir.state_dir().glob("plan-*.json"))
     except (OSError, GpudaskError):
         return None
     for path in entries:

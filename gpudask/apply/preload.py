@@ -23,14 +23,16 @@ logger = logging.getLogger("distributed.gpudask")
 
 def on_import() -> None:
     """Run at the first ``import gpudask`` in a dask server process."""
+    from gpudask.compat.distributed import imported_by_distributed_preload, worker_init_locals
+
     role, cli = runtime.detect_role()
     if role == "client":
         return
     if role == "worker" and cli is None and not _worker_running():
         # a nanny's worker process: whoever imports gpudask first (the preload in
         # Worker.__init__, or the user's script re-run as __mp_main__) applies its plan
-        _fail_here(lambda: process.start_worker(runtime.worker_init_locals()), cli)
-    elif _imported_by_distributed_preload():
+        _fail_here(lambda: process.start_worker(worker_init_locals()), cli)
+    elif imported_by_distributed_preload():  # --preload, --preload-nanny: before listen()
         if cli is not None:
             _take_preload_argv(cli.preload, cli.preload_argv, cli.command, cli)
         _fail_here(lambda: process.start(role, cli), cli)
@@ -153,9 +155,8 @@ def fatal(error: BaseException) -> None:
 
     line = f"gpudask: {error}"
     if isinstance(error, PluginStopped):
-        # asked to stop (SIGTERM / SIGINT) while a hook ran -- e.g. the nanny closing this worker
-        # because its sibling failed: not this process's failure (no ERROR, not left as the
-        # command's last word), but where a stuck hook was cut short is worth one line
+        # asked to stop while a hook ran (e.g. the nanny closing this worker because a sibling
+        # failed): not this process's failure, but where a stuck hook was cut short is worth a line
         logger.info(line)
     else:
         logger.error(line)
@@ -163,14 +164,6 @@ def fatal(error: BaseException) -> None:
     for handler in logging.getLogger().handlers + logging.getLogger("distributed").handlers:
         handler.flush()
     os._exit(1)
-
-
-def _imported_by_distributed_preload() -> bool:
-    """Is this import run by distributed's preload machinery (``--preload``,
-    ``--preload-nanny``, ``distributed.*.preload``), i.e. before ``listen()``?"""
-    from gpudask.compat.distributed import imported_by_distributed_preload
-
-    return imported_by_distributed_preload()
 
 
 def initialize(protocol: str | None = None, nworkers: int | None = None) -> process.Session:
@@ -305,14 +298,12 @@ def _make_command() -> Any:
                 self.params = dask_cuda.click_params() + self.params
             return super().get_params(ctx)
 
-    # the arguments were taken (and checked) at import; the rest: what click took from
-    # them for dask worker's optional scheduler address before they reached the preload
+    # the arguments were taken at import; "rest": what click took for dask worker's scheduler address
     rest = click.Argument(["rest"], nargs=-1, type=click.UNPROCESSED)
     return DaskSetup("dask_setup", params=[rest], callback=lambda server, **_options: setup(server),
                      add_help_option=False)
 
 
-# a plain function: distributed then passes no arguments (and a user's own click preload may
-# take them); the click command once gpudask has taken dask-cuda's options (on_import)
+# a plain function (distributed passes no arguments) until on_import takes dask-cuda's options
 dask_setup: Any = setup
 DASK_SETUP_COMMAND: Any = _make_command()

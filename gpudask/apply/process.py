@@ -39,8 +39,7 @@ class Session:
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     # the user's values of what apply changed (later plans of this process start from them)
     user_values: UserValues = field(default_factory=UserValues)
-    # a worker process whose host plan a planning parent made (the `dask worker` process,
-    # gpudask.initialize()): the parent said the host's warnings, this process does not again
+    # a worker process whose host plan a planning parent made: the parent said its warnings
     planned_by_parent: bool = False
 
     @property
@@ -247,9 +246,8 @@ def _start_forkserver(preimport_modules: list[str]) -> None:
 
     # gpudask_forkserver imports them, every error caught (a failing import must not end the server)
     multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed", "gpudask_forkserver"])
-    # Workers forked from the server inherit its interpreter: give it what a nanny gives a
-    # spawned worker at interpreter start (MALLOC_TRIM_THRESHOLD_, PYTHONHASHSEED=6640 as in
-    # distributed's Nanny), in the server's environment only.
+    # forked workers inherit the server's interpreter: give it what a nanny gives a spawned
+    # worker at start (MALLOC_TRIM_THRESHOLD_, PYTHONHASHSEED=6640), in its environment only
     pre_spawn = {k: str(v) for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ", default=None)
                                         or {}).items()}
     if pre_spawn.get("PYTHONHASHSEED") in (None, "0"):

@@ -63,7 +63,11 @@ def cli_args(command: str, ctx: Any) -> CliArgs:
     except Exception:  # noqa: BLE001 - an unparsable command line: distributed reports it itself
         params = dict(ctx.params)
     nworkers = resolve_nworkers(params.get("n_workers") or params.get("nworkers") or params.get("nprocs"))
-    preload_argv = tuple(str(a) for a in _preload_argv_validated() or params.get("preload_argv") or ())
+    from gpudask.compat.distributed import preload_argv_being_validated
+
+    # what validate_preload_argv is validating: the re-parse cannot give them (that callback
+    # refuses them while gpudask has no click command yet)
+    preload_argv = tuple(str(a) for a in preload_argv_being_validated() or params.get("preload_argv") or ())
     address = params.get("scheduler") or None
     if isinstance(address, str) and address.startswith("-"):
         # `dask worker --scheduler-file F --preload gpudask --rmm-pool-size 1GB`: click took the
@@ -77,14 +81,6 @@ def cli_args(command: str, ctx: Any) -> CliArgs:
                    death_timeout=_seconds(params.get("death_timeout")),
                    preload=tuple(str(p) for p in params.get("preload") or ()),
                    preload_argv=preload_argv)
-
-
-def _preload_argv_validated() -> Any:
-    """The preload arguments distributed's ``validate_preload_argv`` is validating (the re-parse
-    cannot give them: that callback refuses them while gpudask has no click command yet)."""
-    from gpudask.compat.distributed import preload_argv_being_validated
-
-    return preload_argv_being_validated()
 
 
 def resolve_nworkers(value: Any) -> int | None:
@@ -144,17 +140,11 @@ def detect_role() -> tuple[str, CliArgs | None]:
     return "client", None
 
 
-def worker_init_locals() -> dict[str, Any]:
-    """Arguments of the ``Worker.__init__`` importing us, if any: which scheduler (hence
-    protocol) and nanny this worker belongs to, before the worker parsed them itself."""
-    from gpudask.compat.distributed import worker_init_locals as locals_of_worker_init
-
-    return locals_of_worker_init()
-
-
 def set_listen_interface(interface: str) -> str:
     """Make the Worker being constructed listen on ``interface`` (it reads it before its
     preloads, uses it at ``listen()``).  A user's ``--host``/``--interface`` wins."""
+    from gpudask.compat.distributed import worker_init_locals
+
     locals_ = worker_init_locals()
     worker = locals_.get("self")
     if worker is None:

@@ -46,8 +46,17 @@ def _scheme(address: Any) -> str | None:
     return scheme(address)
 
 
-# ----------------------------------------------------------------------- worker
-class WorkerPlugin(_dp.WorkerPlugin):
+class _SentEmpty:
+    """Pickled without what it found where it ran: a fresh one on the other side."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
     """gpudask for a running worker: apply what can be applied late, report the rest.
 
     After ``setup``, ``self.report`` (also ``status(client)``) is::
@@ -60,12 +69,6 @@ class WorkerPlugin(_dp.WorkerPlugin):
 
     def __init__(self) -> None:
         self.report: dict[str, Any] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.report = None
 
     async def setup(self, worker: Any) -> None:
         current = session.current()
@@ -169,7 +172,6 @@ def _plan_worker(worker: Any) -> Any:
     return Session("worker", host, host.for_role("worker", index))
 
 
-# ----------------------------------------------------------------------- nanny
 class NannyPlugin(_dp.NannyPlugin):
     """Give each nanny's next worker process its gpudask plan (``--preload-nanny`` late).
 
@@ -219,8 +221,7 @@ def add_worker_preload(nanny: Any) -> None:
         process.worker_kwargs["preload"] = preload  # the WorkerProcess is reused on restart
 
 
-# ----------------------------------------------------------------------- scheduler
-class SchedulerPlugin(_dp.SchedulerPlugin):
+class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
     """gpudask for a running scheduler: the ``gpudask_server_setup`` hooks (which install the
     scheduler check, see :mod:`gpudask.checks`), late config, and a report of what needs a
     restart (``client.get_metadata(["gpudask", "scheduler"])``)."""
@@ -230,13 +231,6 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
     def __init__(self) -> None:
         self.report: dict[str, Any] | None = None
         self.scheduler: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.report = None
-        self.scheduler = None
 
     async def start(self, scheduler: Any) -> None:
         current = session.current()
@@ -316,7 +310,6 @@ def _plan_scheduler(protocol: str | None) -> Any:
     return Session("scheduler", host, host.for_role("scheduler"))
 
 
-# ----------------------------------------------------------------------- client side
 def _worker_report(address: str, index: int | None, preloaded: bool) -> dict[str, Any]:
     return {"worker": address, "index": index, "preloaded": preloaded,
             "applied": [WHOLE_PLAN] if preloaded else [], "needs_restart": [], "notes": []}

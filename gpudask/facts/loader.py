@@ -184,10 +184,8 @@ def _build(data: dict[str, Any], origin: str) -> Facts:
         cuda_driver_version=data["cuda_driver_version"],
         gpus=gpus,
         net_interfaces={k: list(v) for k, v in data["net_interfaces"].items()},
-        # The one key that may be left out: unset is its natural state.
         cuda_visible_devices=data.get("cuda_visible_devices"),
         packages=dict(data["packages"]),
-        # the plugins' own facts, by section (validated by each plugin's schema fragment)
         sections=copy.deepcopy(dict(data.get("sections") or {})),
         origin=origin,
         schema=SCHEMA_VERSION,

@@ -15,9 +15,7 @@ from gpudask.facts.model import GPU, Facts
 # Where sysfs lives; tests point $GPUDASK_SYSFS_ROOT at a fake tree instead.
 SYSFS_ROOT = "/sys"
 
-# packages[key] = version of the first of these distributions that is installed: the core's
-# own (what gpudask itself runs on); each plugin adds the packages it reads
-# (gpudask_facts_packages), so the list is the plugins', not the core's
+# packages[key] = version of the first of these distributions installed; the plugins add theirs
 CORE_PACKAGES: dict[str, tuple[str, ...]] = {name: (name,) for name in ("dask", "distributed", "nvidia-ml-py",
                                                                           "gpudask")}
 

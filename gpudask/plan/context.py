@@ -35,12 +35,10 @@ class PlanContext:
     user_interface: str | None = None  # `dask worker --interface` given by the user
     # the plugin manager the plan was built with (apply hooks of the same process use it)
     manager: Any = field(default=None, repr=False, compare=False)
-    # the role of the process making this plan ("scheduler", "nanny", "client", "worker"), or
-    # None (gpudask info, a check): a worker process planning for itself applies only its own
-    # part, so host-wide work (UCX's view of the user's UCX_* variables) is left to the others
+    # the role of the process planning, or None (gpudask info, a check): a worker planning for
+    # itself leaves host-wide work (UCX's view of the user's UCX_* variables) to the others
     planner: str | None = None
-    # every process's plan, in the planner's order (scheduler, nanny, client, workers): filled
-    # by build_plan, so a hook can read the other processes' decisions of an earlier step
+    # every process's plan, in the planner's order, for reading their earlier steps' decisions
     # (ProcessPlan; typed Any: gpudask.plan.model refers to this module)
     plans: list[Any] = field(default_factory=list, repr=False, compare=False)
 

@@ -13,9 +13,8 @@ if TYPE_CHECKING:
     from gpudask.plan.context import PlanContext
     from gpudask.plan.model import ProcessPlan
 
-# processes that move GPU data: workers, a client, and the scheduler, which relays every
-# result a client gathers through it and every GPU argument of submit (distributed's default
-# distributed.client.direct-to-workers: null); the nanny host never does
+# processes that move GPU data: the scheduler relays results and submit's GPU arguments
+# (distributed.client.direct-to-workers: null by default); the nanny host never does
 GPU_ROLES = ("worker", "client", "scheduler")
 
 

@@ -50,8 +50,7 @@ class ProcessPlan:
     reasons: list[Reason] = field(default_factory=list)
     # set by the plugin manager around each hook call, so reasons name the plugin
     acting_plugin: str = field(default="gpudask", repr=False, compare=False)
-    # the sections as the previous plan steps left them: what section() reads (set by the
-    # plugin manager at the start of each step, so a reader never depends on priority)
+    # the sections as the previous plan steps left them: what section() reads
     _settled: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     # the sections the acting plugin declared it reads (its ``reads_sections``)
     acting_reads: tuple[str, ...] = field(default=(), repr=False, compare=False)
@@ -59,7 +58,6 @@ class ProcessPlan:
     def __str__(self) -> str:  # short, for traces and messages
         return self.role + (f" {self.index}" if self.index is not None else "") + " plan"
 
-    # -- recording decisions -------------------------------------------------------
     def note(self, decision: str, why: str) -> None:
         """Record a decision (or a skip: ``note("skipped", "no GPU")``) with its reason."""
         # a plugin's words, as exact strings (gpudask.plaindata): published and printed as they are
@@ -160,7 +158,6 @@ class ProcessPlan:
             self.ucx_transports.remove(name)
             self.note(f"no UCX transport {name}", why)
 
-    # -- reading -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
             "role": self.role,

@@ -53,9 +53,8 @@ def ucxx_creates_cuda_context(tls: str | None) -> bool:
     return any("cuda" in n for n in names) and not any(n.startswith("^cuda") for n in names)
 
 
-# Every name UCX_TLS accepts whatever the host (UCX's aliases and transport names, UCX
-# 1.12-1.18 docs and ``ucx_info -c``): a name not here must be one this host's UCX lists
-# (what the plugins say it offers: gpudask_ucx_offered) to be accepted.
+# Every name UCX_TLS accepts whatever the host (UCX 1.12-1.18 docs, ``ucx_info -c``); any other
+# must be one this host's UCX offers (gpudask_ucx_offered)
 UCX_TLS_NAMES = frozenset({
     "all", "sm", "shm", "mm", "posix", "sysv", "xpmem", "cma", "knem", "self", "tcp",
     "ib", "rc", "rc_v", "rc_verbs", "rc_x", "rc_mlx5", "ud", "ud_v", "ud_verbs", "ud_x", "ud_mlx5",

@@ -47,11 +47,9 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("scheduler-parity", "gpudask.plugins.scheduler_parity.plugin"),
 )
 
-# The built-ins that cannot be disabled (pytest's ``essential_plugins``): an enable list
-# keeps them and a disable list naming them is refused.  ``tcp`` declares the settings the
-# other transport plugins read (``gpudask.transport.mode``, ``.interface``) and UCX's base
-# transport, without which a ucx:// connection has nothing to connect over.  Every other
-# built-in is a *default* plugin: disabling it removes its behaviour and nothing else.
+# The built-ins that cannot be disabled (pytest's ``essential_plugins``): ``tcp`` declares the
+# settings the other transport plugins read and UCX's base transport, without which a ucx://
+# connection has nothing to connect over.  Disabling any other removes its behaviour only.
 ESSENTIAL_PLUGINS: tuple[str, ...] = ("tcp",)
 
 # pluggy hookimpl options gpudask does not run: they would order or wrap calls around priority
@@ -67,8 +65,7 @@ class LoadedPlugin:
     obj: Any
     hooks: list[str] = field(default_factory=list)
     reads: tuple[str, ...] = ()  # the plan sections of other plugins it reads (its reads_sections)
-    # prefixes of the dask config keys it sets that are read once, when the process starts or
-    # first connects (its config_read_at_start): set late in a running process, they need a new one
+    # its config_read_at_start: prefixes of the dask config keys it sets that are read only at start
     read_at_start: tuple[str, ...] = ()
     # what pluggy holds: ``obj``, or a hashable view of it (pluggy's subset hook callers keep
     # the plugins they leave out in a set; a SimpleNamespace cannot be hashed)
