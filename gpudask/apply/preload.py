@@ -99,12 +99,10 @@ def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> l
         return []  # 0: distributed refuses the --nworkers given and says so itself
     gpus = len(s.ctx.gpus)
     started = cli.nworkers or 1
-    if not gpus or started == gpus:
-        return []
-    if started < gpus:
-        return [f"dask worker starts {started} worker(s) on a host with {gpus} visible GPU(s): "
-                f"{gpus - started} GPU(s) stay idle; pass --nworkers {gpus} for one worker per GPU"]
-    return []  # more workers than GPUs: the plan already warns (GPUs shared round-robin)
+    if not gpus or started >= gpus:
+        return []  # more workers than GPUs: the plan already warns (GPUs shared round-robin)
+    return [f"dask worker starts {started} worker(s) on a host with {gpus} visible GPU(s): "
+            f"{gpus - started} GPU(s) stay idle; pass --nworkers {gpus} for one worker per GPU"]
 
 
 def _other_commands_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:

@@ -40,6 +40,11 @@ PUBLISH_HANDLER = "gpudask_publish"  # scheduler handler added by SchedulerPlugi
 WHOLE_PLAN = "the whole plan, at import time (--preload gpudask)"
 
 
+def _failed(notes: list[str], what: str, error: GpudaskError) -> None:
+    logger.error("gpudask: %s", printable(error))  # a plugin's text: one line
+    notes.append(f"{what} failed: {error}")
+
+
 def _scheme(address: Any) -> str | None:
     from gpudask.checks import scheme
 
@@ -133,8 +138,7 @@ class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
             try:
                 s.memory = session.setup_memory(s.manager, ctx, plan)
             except GpudaskError as e:  # a running worker is not stopped for it: say so
-                logger.error("gpudask: %s", printable(e))  # a plugin's text: one line
-                notes.append(f"memory setup failed: {e}")
+                _failed(notes, "memory setup", e)
             else:
                 if s.memory:
                     applied.append("memory setup (" + ", ".join(sorted(s.memory)) + ")")
@@ -142,8 +146,7 @@ class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
             s.manager.server_setup(ctx, plan, worker)
             applied.append("gpudask_server_setup hooks")
         except GpudaskError as e:
-            logger.error("gpudask: %s", printable(e))  # a plugin's text: one line
-            notes.append(f"gpudask_server_setup hooks failed: {e}")
+            _failed(notes, "gpudask_server_setup hooks", e)
         notes.append("gpudask_context_init runs at import time only (before UCX): not run on a running worker")
 
     def teardown(self, worker: Any) -> None:
@@ -253,8 +256,7 @@ class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
                 s.manager.server_setup(s.ctx, s.plan, scheduler)
                 report["applied"].append("gpudask_server_setup hooks")
             except GpudaskError as e:  # a running scheduler is not stopped for it: say so
-                logger.error("gpudask: %s", printable(e))  # a plugin's text: one line
-                report["notes"].append(f"gpudask_server_setup hooks failed: {e}")
+                _failed(report["notes"], "gpudask_server_setup hooks", e)
             # plugins added by the hooks (the scheduler check) start now, as they would
             # have at scheduler start; the check then also checks the connected workers
             for name in [n for n in scheduler.plugins if n not in before]:
