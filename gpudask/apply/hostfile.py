@@ -1,19 +1,11 @@
 """The host plan, handed from the process that planned it to the worker processes it starts.
 
-A planning process (the ``dask worker`` process hosting the nannies, or a client that
-starts a ``LocalCluster``) writes its :class:`~gpudask.plan.HostPlan` to a file and names
-it in ``$GPUDASK_HOST_PLAN``; its worker processes inherit the variable at spawn, before
-any of their code runs, and take their own plan from the file instead of planning again.
-Each worker claims its number in ``$GPUDASK_GROUP`` (:func:`gpudask.apply.slots.worker_index`).
-
-A ``dask worker`` process writes its plan on every host, so that its workers never plan; a
-client (the user's own process) writes nothing and exports nothing where gpudask decides
-nothing (a CPU host over tcp).  Files and slot folders of processes that died are removed by the
-next planning process of the same user.
-
-Everything lives in the user's private state directory (:mod:`gpudask.facts.statedir`):
-created 0700, refused when another user owns it or can write it, files written
-atomically (0600) and read only when they are this user's and nobody else can write them.
+A planning process (the ``dask worker`` process, or a client starting a ``LocalCluster``)
+writes its :class:`~gpudask.plan.HostPlan` to a file of the private state directory
+(:mod:`gpudask.facts.statedir`) named in ``$GPUDASK_HOST_PLAN``; its worker processes inherit
+the variable and take their plan from the file instead of planning again, each claiming its
+number in ``$GPUDASK_GROUP``.  A client writes nothing where gpudask decides nothing; files of
+processes that died are removed by the next planning process of the same user.
 """
 
 from __future__ import annotations
@@ -34,19 +26,12 @@ PLAN_ENV = "GPUDASK_HOST_PLAN"
 GROUP_ENV = "GPUDASK_GROUP"
 
 
-def state_dir() -> pathlib.Path:
-    """This user's private state directory; raises :class:`~gpudask.facts.statedir.StateDirError`
-    (one line: the path, its owner and mode, the fix) when it is not private."""
-    return statedir.state_dir()
-
-
 def publish(host: HostPlan, always: bool = False) -> None:
-    """Write ``host`` for this process's worker processes.  ``always``: even where nothing
-    was decided (the ``dask worker`` process: its workers then read the plan and never plan
-    for themselves); otherwise (a client, the user's own process) a no-op there."""
+    """Write ``host`` for this process's worker processes; a no-op where nothing was decided
+    unless ``always`` (the ``dask worker`` process: its workers then never plan)."""
     if not always and not decided_anything(host):
         return
-    base = state_dir()
+    base = statedir.state_dir()
     reclaim_stale(base)
     path = base / f"plan-{os.getpid()}.json"
     statedir.write_atomic(path, host.to_json())
@@ -63,10 +48,8 @@ def decided_anything(host: HostPlan) -> bool:
 
 
 def load() -> HostPlan | None:
-    """The host plan this worker process's parent wrote, or None (no parent plan, or a file
-    that is not safe to read).  Changes nothing in this process, and bootstraps nothing:
-    its context holds the parent's facts and resolved settings as the file has them, and
-    this process's plugin manager (:func:`gpudask.bootstrap.from_plan`).
+    """The host plan this worker process's parent wrote, or None (none, or not safe to read),
+    with the parent's facts and settings (:func:`gpudask.bootstrap.from_plan`).
 
     :raises PlanFileError: the file is not a host plan this gpudask reads (one line)."""
     path = os.environ.get(PLAN_ENV)
@@ -82,9 +65,8 @@ def load() -> HostPlan | None:
 
 
 def restore_user_values(host: HostPlan) -> None:
-    """Put back, in this worker process, the user's values of everything any process of the
-    plan sets: the planning parent applied its own part (inherited environment, the nanny's
-    dask config) before this process's own plan is applied."""
+    """Put back the user's values of everything the plan sets, which the planning parent
+    applied for itself (inherited environment, the nanny's dask config)."""
     import dask.config
 
     for name, value in host.user_values.env.items():
@@ -108,7 +90,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # alive, another user's
     return True
 
 
@@ -148,8 +130,8 @@ def leave_fatal(line: str) -> None:
 
 
 def report_worker_failures() -> None:
-    """In the ``dask worker`` process: when it ends on an exception because a worker process
-    stopped for gpudask, print that worker's one line instead of distributed's traceback."""
+    """When the ``dask worker`` process ends on an exception because a worker process stopped
+    for gpudask, print that worker's one line instead of distributed's traceback."""
     import sys
 
     previous = sys.excepthook
@@ -168,10 +150,8 @@ def report_worker_failures() -> None:
 
 
 def sharing_gpus(host: HostPlan) -> tuple[str, str] | None:
-    """Other live gpudask processes of this user on this host whose workers were planned on
-    GPUs ``host``'s workers use (each planning process numbers its workers from 0):
-    ``("pid, pid", "GPU indices")``, or None.  Read from their host plans in the state
-    directory."""
+    """Other live planning processes of this user on this host whose workers were planned on
+    GPUs ``host``'s workers use: ``("pid, pid", "GPU indices")``, or None."""
     import json
 
     mine = {w.gpu for w in host.workers if w.gpu}
@@ -179,7 +159,7 @@ def sharing_gpus(host: HostPlan) -> tuple[str, str] | None:
         return None
     others: dict[int, set[str]] = {}
     try:
-        entries = list(state_dir().glob("plan-*.json"))
+        entries = list(statedir.state_dir().glob("plan-*.json"))
     except (OSError, GpudaskError):
         return None
     for path in entries:

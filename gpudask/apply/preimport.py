@@ -1,17 +1,9 @@
 """Importing, ahead of time, what a process is about to import (``gpudask_preimport``).
 
-A GPU worker's start is mostly imports -- distributed-ucxx and ucxx, rmm, cupy, cuda.core:
-about 1.8 s on an H200 host before UCX and CUDA do any work (docs/process-start.md).  Two
-places can take them off the critical path:
-
-* the ``dask worker`` process started beside the scheduler waits for the scheduler's file
-  (it says the protocol): meanwhile a background thread imports what the plugins say such
-  a process will need, so the wait is not idle;
-* a fork server imports, once, what every worker it forks would import (its preload), so
-  each forked worker finds them imported.
-
-Only imports: the plugins name modules whose import opens no CUDA or UCX context (the
-hookspec's contract), so a fork server's children are as clean as before.
+A GPU worker's start is mostly imports (about 1.8 s on an H200 host: docs/process-start.md).
+The ``dask worker`` process waiting for the scheduler's file imports them in a background
+thread, and a fork server imports them once for every worker it forks.  The plugins name only
+modules whose import opens no CUDA or UCX context (the hookspec's contract).
 """
 
 from __future__ import annotations

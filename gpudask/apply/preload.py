@@ -1,10 +1,8 @@
 """The preload entry points: import time, ``dask_setup``, and ``initialize``.
 
-A failure in a server process stops that process with one line naming the plugin, the
-hook and the cause (:func:`fatal`).  distributed would not stop it: it logs a failing
-``dask_setup`` as "Failed to start preload" and starts the server anyway, and an
-exception leaving ``Worker.__init__`` becomes several tracebacks in worker and nanny.
-In the ``dask worker`` / ``dask scheduler`` option parsing, click prints the one line.
+A failure in a server process stops it with one line naming the plugin, the hook and the
+cause (:func:`fatal`): distributed would log "Failed to start preload" and start the server
+anyway.  In ``dask worker`` / ``dask scheduler`` option parsing, click prints the one line.
 """
 
 from __future__ import annotations
@@ -25,14 +23,16 @@ logger = logging.getLogger("distributed.gpudask")
 
 def on_import() -> None:
     """Run at the first ``import gpudask`` in a dask server process."""
+    from gpudask.compat.distributed import imported_by_distributed_preload, worker_init_locals
+
     role, cli = runtime.detect_role()
     if role == "client":
         return
     if role == "worker" and cli is None and not _worker_running():
         # a nanny's worker process: whoever imports gpudask first (the preload in
         # Worker.__init__, or the user's script re-run as __mp_main__) applies its plan
-        _fail_here(lambda: process.start_worker(runtime.worker_init_locals()), cli)
-    elif _imported_by_distributed_preload():
+        _fail_here(lambda: process.start_worker(worker_init_locals()), cli)
+    elif imported_by_distributed_preload():  # --preload, --preload-nanny: before listen()
         if cli is not None:
             _take_preload_argv(cli.preload, cli.preload_argv, cli.command, cli)
         _fail_here(lambda: process.start(role, cli), cli)
@@ -69,12 +69,10 @@ def _takes_argv(preload: Any, argv: Any) -> bool:
 
 
 def _take_preload_argv(preload: Any, argv: Any, command: str, cli: runtime.CliArgs | None) -> None:
-    """dask-cuda's worker options given after ``--preload gpudask`` (``dask worker ADDR
-    --preload gpudask --rmm-pool-size 1GB``): each becomes the gpudask setting the migration
-    guide maps it to, in this process's dask config, before it plans.  A nanny passes its
-    config to its worker processes (their ``dask_setup``, a plain function, ignores the
-    arguments distributed passes on).  Here ``dask_setup`` becomes the click command
-    distributed hands the arguments to (they were checked here, one line for a wrong one)."""
+    """dask-cuda's worker options given after ``--preload gpudask`` (``--rmm-pool-size 1GB``):
+    each becomes its gpudask setting in this process's dask config before it plans (a nanny
+    passes it on to its workers), and ``dask_setup`` becomes the click command distributed
+    hands the arguments to."""
     global dask_setup
     if not _takes_argv(preload, argv):
         return
@@ -101,18 +99,15 @@ def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> l
         return []  # 0: distributed refuses the --nworkers given and says so itself
     gpus = len(s.ctx.gpus)
     started = cli.nworkers or 1
-    if not gpus or started == gpus:
-        return []
-    if started < gpus:
-        return [f"dask worker starts {started} worker(s) on a host with {gpus} visible GPU(s): "
-                f"{gpus - started} GPU(s) stay idle; pass --nworkers {gpus} for one worker per GPU"]
-    return []  # more workers than GPUs: the plan already warns (GPUs shared round-robin)
+    if not gpus or started >= gpus:
+        return []  # more workers than GPUs: the plan already warns (GPUs shared round-robin)
+    return [f"dask worker starts {started} worker(s) on a host with {gpus} visible GPU(s): "
+            f"{gpus - started} GPU(s) stay idle; pass --nworkers {gpus} for one worker per GPU"]
 
 
 def _other_commands_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
-    """Several ``dask worker`` commands on one host each number their workers from 0, so
-    their workers share the GPUs from the first one on: say so once, naming the GPUs
-    shared and the other commands (their host plans in the state directory)."""
+    """Several ``dask worker`` commands on one host each number their workers from 0, so their
+    workers share GPUs: say so once, naming the GPUs and the other commands."""
     if cli is None or cli.command != "worker" or not cli.nanny or not s.ctx.gpus:
         return []
     found = hostfile.sharing_gpus(s.host)
@@ -126,8 +121,7 @@ def _other_commands_warnings(s: process.Session, cli: runtime.CliArgs | None) ->
 
 
 def _worker_running() -> bool:
-    """Is a Worker already running in this process (gpudask imported late, e.g. by a
-    plugin a client registered)?  Then gpudask.apply.server_plugins applies what it can."""
+    """Is a Worker already running in this process (gpudask imported late)?"""
     from gpudask.compat.distributed import worker_instances
 
     workers = worker_instances()
@@ -153,15 +147,14 @@ def _fail_here(step: Any, cli: runtime.CliArgs | None, report: bool = True) -> N
 
 
 def fatal(error: BaseException) -> None:
-    """Stop this server process now, with one line.  A worker process also leaves the line
-    for the ``dask worker`` process that started it, which prints it as its last word."""
+    """Stop this server process now, with one line (also left for the ``dask worker`` process
+    that started it, which prints it as its last word)."""
     from gpudask.plugin.hookcall import PluginStopped
 
     line = f"gpudask: {error}"
     if isinstance(error, PluginStopped):
-        # asked to stop (SIGTERM / SIGINT) while a hook ran -- e.g. the nanny closing this worker
-        # because its sibling failed: not this process's failure (no ERROR, not left as the
-        # command's last word), but where a stuck hook was cut short is worth one line
+        # asked to stop while a hook ran (e.g. the nanny closing this worker because a sibling
+        # failed): not this process's failure, but where a stuck hook was cut short is worth a line
         logger.info(line)
     else:
         logger.error(line)
@@ -171,18 +164,9 @@ def fatal(error: BaseException) -> None:
     os._exit(1)
 
 
-def _imported_by_distributed_preload() -> bool:
-    """Is this import run by distributed's preload machinery (``--preload``,
-    ``--preload-nanny``, ``distributed.*.preload``), i.e. before ``listen()``?"""
-    from gpudask.compat.distributed import imported_by_distributed_preload
-
-    return imported_by_distributed_preload()
-
-
 def initialize(protocol: str | None = None, nworkers: int | None = None) -> process.Session:
-    """Apply the client's part of the plan in this process (call before creating a Client
-    or a cluster, like dask-cuda's ``initialize``): UCX environment and config, the
-    CUDA-context check.  Returns the session; calling it again returns the same one."""
+    """Apply the client's part of the plan in this process (before creating a Client or a
+    cluster, like dask-cuda's ``initialize``); calling it again returns the same session."""
     existing = process.current()
     if existing is not None and existing.role == "client" and (protocol is None or existing.host.protocol == protocol):
         return existing
@@ -193,20 +177,13 @@ def initialize(protocol: str | None = None, nworkers: int | None = None) -> proc
     return session
 
 
-# plan-only sessions are held by the process state (plan_only), with the dask config keys
-# (beyond gpudask.*) the plans made in this process depend on (plan_keys): the plugins'
-# legacy keys and every key a plan set (the user's value wins, so the plan reads it) --
-# learnt from the plans themselves, so the core names no plugin's keys
-# distributed's own key the plan's start method reads (a core field of the plan)
+# the dask config keys every plan depends on; the plugins' are learnt from the plans (plan_keys)
 _CORE_KEYS = ("gpudask", "distributed.worker.multiprocessing-method")
 
 
 def _session_for(role: str) -> process.Session:
-    """The session of this process, or a plan-only one when gpudask was imported too late
-    to act at import time (e.g. a scheduler inside a LocalCluster in a client process).
-
-    Plan-only sessions are kept per role and inputs: a process that starts many servers in
-    turn (a test suite, an adaptive cluster) plans once for each, not once per server."""
+    """The session of this process, or a plan-only one when gpudask was imported too late to
+    act at import time, kept per role and inputs (a test suite plans once, not per server)."""
     s = process.current()
     if s is not None and s.role == role:
         return s
@@ -235,9 +212,8 @@ def plan_keys(s: process.Session) -> set[str]:
 
 
 def _inputs() -> str:
-    """What a plan depends on in this process: gpudask's, UCX's and CUDA's variables and the
-    config keys gpudask and its plugins read (:func:`plan_keys`; not the rest of dask's
-    config, which test suites and adaptive clusters change all the time)."""
+    """What a plan depends on: gpudask's, UCX's and CUDA's variables and the config keys of
+    :func:`plan_keys` (not the rest of dask's config, which changes all the time)."""
     import json
 
     import dask.config
@@ -310,9 +286,8 @@ def _make_command() -> Any:
     import click
 
     class DaskSetup(click.Command):
-        """gpudask's ``dask_setup`` when ``dask worker`` / ``dask scheduler`` pass it
-        dask-cuda's worker options: they were taken at import time (the plan is made
-        then); its parameters are built from the plugins when distributed parses them."""
+        """gpudask's ``dask_setup`` taking dask-cuda's worker options (taken at import time);
+        its parameters are built from the plugins when distributed parses them."""
 
         def get_params(self, ctx: click.Context) -> list[click.Parameter]:
             if len(self.params) == 1:
@@ -321,14 +296,12 @@ def _make_command() -> Any:
                 self.params = dask_cuda.click_params() + self.params
             return super().get_params(ctx)
 
-    # the arguments were taken (and checked) at import; the rest: what click took from
-    # them for dask worker's optional scheduler address before they reached the preload
+    # the arguments were taken at import; "rest": what click took for dask worker's scheduler address
     rest = click.Argument(["rest"], nargs=-1, type=click.UNPROCESSED)
     return DaskSetup("dask_setup", params=[rest], callback=lambda server, **_options: setup(server),
                      add_help_option=False)
 
 
-# a plain function: distributed then passes no arguments (and a user's own click preload may
-# take them); the click command once gpudask has taken dask-cuda's options (on_import)
+# a plain function (distributed passes no arguments) until on_import takes dask-cuda's options
 dask_setup: Any = setup
 DASK_SETUP_COMMAND: Any = _make_command()

@@ -1,15 +1,9 @@
 """This process's part of the plan, applied once (the apply stage).
 
-``plan_host`` (:func:`gpudask.bootstrap.plan_host`) is what ``gpudask info`` prints: the
-plan from this process's plan inputs, built once per process by the bootstrap, which sees
-the user's values of what gpudask applied here.  ``start`` plans for a *planning* process
-(``dask scheduler``, the ``dask worker`` process that hosts the nannies, a client) and
-applies its part; :func:`start_worker` applies a nanny's worker process's part, taken
-from the host plan its parent wrote (:mod:`gpudask.apply.hostfile`) -- a worker process
-never plans again, and nothing gpudask changed in a parent has to be undone.
-
-Each process keeps one :class:`Session`: the plan it applied and the state it found
-afterwards (:mod:`gpudask.apply.state`).
+:func:`start` plans for a *planning* process (``dask scheduler``, the ``dask worker`` process
+that hosts the nannies, a client) and applies its part; :func:`start_worker` applies a nanny's
+worker process's part, taken from the host plan its parent wrote (:mod:`gpudask.apply.hostfile`):
+a worker process never plans again.  Each process keeps one :class:`Session`.
 """
 
 from __future__ import annotations
@@ -45,8 +39,7 @@ class Session:
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     # the user's values of what apply changed (later plans of this process start from them)
     user_values: UserValues = field(default_factory=UserValues)
-    # a worker process whose host plan a planning parent made (the `dask worker` process,
-    # gpudask.initialize()): the parent said the host's warnings, this process does not again
+    # a worker process whose host plan a planning parent made: the parent said its warnings
     planned_by_parent: bool = False
     # the nanny host planned and applied for the likely protocol before its scheduler was up
     planned_ahead: bool = False
@@ -169,11 +162,8 @@ def _listening_protocol(protocol: str) -> str:
 
 
 def start_worker(locals_: dict[str, Any] | None = None) -> Session:
-    """A nanny's worker process: take this worker's plan from the host plan and apply it.
-
-    Runs at the first ``import gpudask`` of the process, whoever imports it: the preload
-    in ``Worker.__init__``, or a user's script re-imported as ``__mp_main__`` when the
-    worker process was spawned (earlier still: before any task can touch CUDA)."""
+    """A nanny's worker process: take this worker's plan from the host plan and apply it (at
+    the first ``import gpudask`` of the process, whoever imports it)."""
     locals_ = locals_ or {}
     index = runtime.worker_index(str(locals_["nanny"]) if locals_.get("nanny") else None)
     host = hostfile.load()
@@ -207,20 +197,11 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
 
 
 def _end_without_collecting_everything() -> None:
-    """At the exit of a nanny's worker process (its Worker closed): keep CPython's finalization
-    from collecting every object of the process.
-
-    distributed gives a closing worker process 0.8 x the nanny's close timeout to exit
-    (4 s from ``LocalCluster``'s close, 8 s from ``dask worker`` on a signal), then logs
-    "Worker process still alive after 4.0 seconds, killing" and kills it.  A spawned worker
-    process with distributed, UCX, RMM and gpudask imported holds ~94,000 objects in ~990
-    modules, and once ``sys.modules`` is emptied CPython's last collections take them all
-    apart through the garbage collector: 1.2-1.9 s after the Worker has closed on an idle
-    2-core host, 2.5-3.9 s with the host busy, tcp or UCX alike (``lab/fresh-machine/``).
-    Frozen, they are left to the operating system, as they are in a forkserver's or fork's
-    child, which leaves through ``os._exit`` without any of this; what is allocated from
-    here on (the atexit handlers registered before this one) is still collected.  Module
-    globals are still cleared (by reference count: files and handlers close as before)."""
+    """At the exit of a nanny's worker process: keep CPython's finalization from collecting
+    every object of the process.  distributed kills a worker process still alive 4 s (8 s)
+    after its close, and collecting the ~94,000 objects of a worker with UCX and RMM took
+    1.2-3.9 s (``lab/fresh-machine/``); frozen, they are left to the operating system, as in a
+    forked child that leaves through ``os._exit``.  Module globals are still cleared."""
     import gc
 
     gc.freeze()
@@ -255,10 +236,8 @@ def _apply(session: Session, cli: runtime.CliArgs | None = None) -> None:
 
 
 def setup_memory(manager: Any, ctx: Any, plan: ProcessPlan) -> dict[str, Any]:
-    """``gpudask_setup_memory`` once per process: the first call runs the hooks, every
-    later one (a WorkerPlugin registered on a running worker, a second preload, another
-    manager of a re-plan) gets what the first returned.  A pool is never built twice in
-    one process."""
+    """``gpudask_setup_memory`` once per process: every later call (a late WorkerPlugin, a
+    second preload, a re-plan) gets what the first returned, so a pool is never built twice."""
     done = process_state.current().memory_setup
     kept = done.get(os.getpid())
     if kept is None:
@@ -273,10 +252,8 @@ def forget_memory_setup() -> None:
 
 
 def apply_config(plan: ProcessPlan) -> dict[str, Any]:
-    """Put the plan's dask config in place; returns the keys that had another value.
-
-    Called at apply and again in ``dask_setup``: a nanny's worker process loads its
-    nanny's config after a top-level ``import gpudask`` already ran."""
+    """Put the plan's dask config in place; returns the keys that had another value (called
+    again in ``dask_setup``: a nanny's worker process loads its nanny's config after import)."""
     import dask.config
 
     config = planned_config(plan)
@@ -295,10 +272,8 @@ def planned_config(plan: ProcessPlan) -> dict[str, Any]:
 
 
 def _start_forkserver(preimport_modules: list[str]) -> None:
-    """Start the fork server now, before this process opens UCX or CUDA, so worker
-    processes are forked from a clean parent (with the environment exported above).  It
-    imports distributed and what the plugins say a worker imports (``gpudask_preimport``)
-    before it forks: each worker finds them imported."""
+    """Start the fork server now, before this process opens UCX or CUDA, so worker processes
+    are forked from a clean parent that imported what they import (``gpudask_preimport``)."""
     import multiprocessing
     import multiprocessing.forkserver
 
@@ -308,9 +283,8 @@ def _start_forkserver(preimport_modules: list[str]) -> None:
 
     # gpudask_forkserver imports them, every error caught (a failing import must not end the server)
     multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed", "gpudask_forkserver"])
-    # Workers forked from the server inherit its interpreter: give it what a nanny gives a
-    # spawned worker at interpreter start (MALLOC_TRIM_THRESHOLD_, PYTHONHASHSEED=6640 as in
-    # distributed's Nanny), in the server's environment only.
+    # forked workers inherit the server's interpreter: give it what a nanny gives a spawned
+    # worker at start (MALLOC_TRIM_THRESHOLD_, PYTHONHASHSEED=6640), in its environment only
     pre_spawn = {k: str(v) for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ", default=None)
                                         or {}).items()}
     if pre_spawn.get("PYTHONHASHSEED") in (None, "0"):
@@ -336,11 +310,9 @@ _LISTENER_NAME = len("/listener-") + 8
 
 
 def _short_multiprocessing_tempdir() -> None:
-    """A TMPDIR too long for the fork server's socket (a deep scratch directory, a job's
-    per-task TMPDIR) made ``multiprocessing`` fail with ``OSError: AF_UNIX path too long``
-    and ``dask worker`` end on a traceback.  Python 3.11 and 3.12 do not fall back
-    themselves: make multiprocessing's temp dir (its ``pymp-*`` folder, 0700, removed at
-    exit) in ``/tmp`` instead; where that is impossible too, one line naming TMPDIR."""
+    """A TMPDIR too long for the fork server's socket fails with ``AF_UNIX path too long``
+    (Python 3.11 and 3.12 do not fall back): make multiprocessing's ``pymp-*`` temp dir in
+    ``/tmp`` instead; where that is impossible too, one line naming TMPDIR."""
     import tempfile
     from multiprocessing import util
 

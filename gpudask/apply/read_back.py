@@ -1,10 +1,6 @@
-"""What a worker publishes, read by the scheduler from the worker itself.
-
-A worker whose gpudask came in through :class:`~gpudask.apply.server_plugins.WorkerPlugin`
-answers :data:`HANDLER` with what it publishes.  The scheduler's ``gpudask_publish`` handler
-(which any client can call) and a SchedulerPlugin registered after the workers' read it
-from the worker's registered address: a caller can make the scheduler read a worker's own
-state again, never put words into it.
+"""What a worker publishes, read by the scheduler from the worker itself (:data:`HANDLER`, added
+by :class:`~gpudask.apply.server_plugins.WorkerPlugin`): a caller of ``gpudask_publish`` can make
+the scheduler read a worker's own state again, never put words into it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """What of its plan a running process lacks, when gpudask is registered on it late.
 
-A running worker process has already chosen its GPU (``CUDA_VISIBLE_DEVICES`` is read
-when CUDA initialises) and its transport (UCX initialises at the first connection):
-:func:`missing_in_running_process` sorts a plan into what can still be applied (dask
-config read later) and what *needs a restart*, each item naming the plugin that decided
-it.  Which dask config keys are read only when the process starts or first connects is
-distributed's and distributed-ucxx's own (:data:`CORE_READ_AT_START`) plus what each
-loaded plugin declares of the keys it sets (its module attribute ``config_read_at_start``,
-:func:`read_at_start`).  Used by :mod:`gpudask.apply.server_plugins`.
+:func:`missing_in_running_process` sorts a plan into what can still be applied (dask config
+read later) and what *needs a restart* (the GPU, the transport, config read at start: the
+core's :data:`CORE_READ_AT_START` and each plugin's ``config_read_at_start``), each item
+naming the plugin that decided it.  Used by :mod:`gpudask.apply.server_plugins`.
 """
 
 from __future__ import annotations
@@ -18,15 +14,13 @@ from typing import Any
 
 import dask.config
 
-from gpudask.apply.state import plugin_of
+from gpudask.apply.state import cuda_context, plugin_of
 from gpudask.plan.planner import INTERNAL_ENV_PREFIX
 
 logger = logging.getLogger("distributed.gpudask")
 
-# dask config read once, when the process starts or first connects: changing it in a
-# running process has no effect.  distributed's own and distributed-ucxx's (read by its
-# init_once at the first listen/connect); a plugin adds the keys it sets that are read so
-# (its config_read_at_start)
+# dask config read once, when the process starts or first connects (distributed-ucxx's at
+# its init_once): changing it in a running process has no effect
 CORE_READ_AT_START = ("distributed-ucxx.", "distributed.comm.ucx.", "distributed.worker.multiprocessing-method",
                       "distributed.nanny.")
 
@@ -57,9 +51,7 @@ def item(what: str, planned: Any, actual: Any, why: str, plugin: str | None) -> 
 def missing_in_running_process(plan: Any, ctx: Any, address: str | None = None,
                                read_late: tuple[str, ...] = CORE_READ_AT_START
                                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """What of ``plan`` this running process (one gpudask was registered on late) does not have.
-
-    ``read_late``: the prefixes of the config keys read only at start (:func:`read_at_start`).
+    """What of ``plan`` this running process does not have (``read_late``: :func:`read_at_start`).
 
     :return: ``(needs_restart, late_config)``: the items only a new process can apply,
         and the dask config keys that can still be set now (key -> planned value).
@@ -118,19 +110,9 @@ def context_check(plan: Any, ctx: Any) -> dict[str, Any] | None:
     """A CUDA context on another GPU than planned (NVML: creates no context)."""
     if ctx.facts.described or not plan.gpu:
         return None
-    try:
-        from distributed.diagnostics.nvml import has_cuda_context
-
-        found = has_cuda_context()
-    except Exception:  # noqa: BLE001 - NVML missing or failing: nothing to say
-        return None
-    if not getattr(found, "has_context", False):
-        return None
-    info = getattr(found, "device_info", None)
-    uuid = getattr(info, "uuid", None)
-    if isinstance(uuid, bytes):
-        uuid = uuid.decode()
-    if uuid and uuid != plan.gpu:
+    found = cuda_context()
+    uuid = found.get("uuid")
+    if found["exists"] and uuid and uuid != plan.gpu:
         return item("cuda_context", plan.gpu, uuid, "this process already has a CUDA context on another GPU: "
                      "needs a new worker process", plugin_of(plan, "CUDA_VISIBLE_DEVICES="))
     return None

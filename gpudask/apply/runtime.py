@@ -1,14 +1,10 @@
-"""This process: which role it plays, its plan, and the state gpudask keeps in it.
+"""This process: which role it plays and its command line.
 
-Role detection must be cheap and must never touch CUDA: it runs when ``dask worker``'s
-CLI imports the preload.  It looks at
-
-* the multiprocessing process name distributed gives worker processes spawned by a
-  nanny (``"Dask Worker process (from Nanny)"``) -> ``worker``;
-* the click command being run (``dask scheduler`` -> ``scheduler``; ``dask worker``
-  -> ``nanny``, or ``worker`` with ``--no-nanny``);
-* otherwise the process is a user's (``client``): importing gpudask there does nothing
-  until :func:`gpudask.initialize` is called.
+Role detection is cheap and never touches CUDA (it runs while ``dask worker``'s CLI imports the
+preload): a nanny's spawned worker process (``"Dask Worker process (from Nanny)"``) is a
+``worker``; ``dask scheduler`` a ``scheduler``; ``dask worker`` a ``nanny``, or a ``worker``
+with ``--no-nanny``; anything else a ``client``, where importing gpudask does nothing until
+:func:`gpudask.initialize`.
 """
 
 from __future__ import annotations
@@ -45,13 +41,9 @@ class CliArgs:
     preload_argv: tuple[str, ...] = ()  # what distributed passes a click-configurable preload
 
     def scheduler_protocol(self) -> str | None:
-        """The protocol of the scheduler this command serves or joins, if it can be known.
-
-        ``dask worker --scheduler-file F`` started beside the scheduler (the usual job
-        script) may find F not written yet: distributed waits for it (up to
-        ``--death-timeout``) and then takes the scheduler's protocol, so gpudask waits the
-        same way rather than plan for tcp.  ``dask scheduler --scheduler-file F`` writes F:
-        an old F says nothing about the new scheduler."""
+        """The protocol of the scheduler this command serves or joins, if it can be known:
+        ``dask worker --scheduler-file F`` waits for F as distributed does (up to
+        ``--death-timeout``); ``dask scheduler`` writes F, so an old F says nothing."""
         if self.protocol:
             return self.protocol
         if self.command != "worker":
@@ -60,12 +52,9 @@ class CliArgs:
 
 
 def cli_args(command: str, ctx: Any) -> CliArgs:
-    """The ``dask worker`` / ``dask scheduler`` options the plan depends on, parsed by the
-    command's own click parameters.
-
-    The preload is imported from a click callback while the command line is still being
-    parsed, so ``ctx.params`` may be incomplete: parse ``sys.argv`` again with the same
-    command, without callbacks (``resilient_parsing``), which never imports the preload."""
+    """The ``dask worker`` / ``dask scheduler`` options the plan depends on.  The preload is
+    imported while click still parses, so ``ctx.params`` may be incomplete: ``sys.argv`` is
+    parsed again by the same command without callbacks (``resilient_parsing``)."""
     argv = sys.argv[1:]
     if command in argv:
         argv = argv[argv.index(command) + 1:]
@@ -74,7 +63,11 @@ def cli_args(command: str, ctx: Any) -> CliArgs:
     except Exception:  # noqa: BLE001 - an unparsable command line: distributed reports it itself
         params = dict(ctx.params)
     nworkers = resolve_nworkers(params.get("n_workers") or params.get("nworkers") or params.get("nprocs"))
-    preload_argv = tuple(str(a) for a in _preload_argv_validated() or params.get("preload_argv") or ())
+    from gpudask.compat.distributed import preload_argv_being_validated
+
+    # what validate_preload_argv is validating: the re-parse cannot give them (that callback
+    # refuses them while gpudask has no click command yet)
+    preload_argv = tuple(str(a) for a in preload_argv_being_validated() or params.get("preload_argv") or ())
     address = params.get("scheduler") or None
     if isinstance(address, str) and address.startswith("-"):
         # `dask worker --scheduler-file F --preload gpudask --rmm-pool-size 1GB`: click took the
@@ -90,22 +83,10 @@ def cli_args(command: str, ctx: Any) -> CliArgs:
                    preload_argv=preload_argv)
 
 
-def _preload_argv_validated() -> Any:
-    """The preload arguments distributed's ``validate_preload_argv`` is validating: it imports
-    the preloads (gpudask among them) before it hands the arguments to their click command.
-    (The re-parse above cannot give them: that callback refuses them while gpudask, half
-    imported, has no click command yet.)"""
-    from gpudask.compat.distributed import preload_argv_being_validated
-
-    return preload_argv_being_validated()
-
-
 def resolve_nworkers(value: Any) -> int | None:
-    """``dask worker --nworkers`` as distributed resolves it (``distributed.cli.dask_worker``):
-    ``auto`` -> ``nprocesses_nthreads()``'s process count, a negative n -> CPU_COUNT + 1 + n
-    (this machine's CPU count, as distributed uses, even on a described host).  None when
-    not given (or not a number: click refuses it); 0 when distributed refuses the value
-    itself (fewer than one worker: it then starts nothing)."""
+    """``dask worker --nworkers`` as distributed resolves it: ``auto`` -> ``nprocesses_nthreads()``'s
+    count, a negative n -> CPU_COUNT + 1 + n.  None when not given (or not a number: click
+    refuses it); 0 when distributed refuses it (fewer than one worker: it starts nothing)."""
     if value in (None, ""):
         return None
     if value == "auto":
@@ -159,25 +140,11 @@ def detect_role() -> tuple[str, CliArgs | None]:
     return "client", None
 
 
-def worker_init_locals() -> dict[str, Any]:
-    """Arguments of the ``Worker.__init__`` that is importing us, if any.
-
-    The preload is imported from inside ``Worker.__init__``; its arguments say which
-    scheduler (hence protocol) and which nanny this worker belongs to, before the
-    worker has parsed them itself.
-    """
-    from gpudask.compat.distributed import worker_init_locals as locals_of_worker_init
-
-    return locals_of_worker_init()
-
-
 def set_listen_interface(interface: str) -> str:
-    """Make the Worker being constructed listen on ``interface`` (before its listen()).
+    """Make the Worker being constructed listen on ``interface`` (it reads it before its
+    preloads, uses it at ``listen()``).  A user's ``--host``/``--interface`` wins."""
+    from gpudask.compat.distributed import worker_init_locals
 
-    The worker reads ``host``/``interface`` in ``Worker.__init__`` before importing its
-    preloads and only uses them at ``listen()``; the nanny passes them through from the
-    ``dask worker`` flags.  A user's ``--host``/``--interface`` wins.
-    """
     locals_ = worker_init_locals()
     worker = locals_.get("self")
     if worker is None:
@@ -191,12 +158,9 @@ def set_listen_interface(interface: str) -> str:
 
 
 def set_cli_interface(interface: str) -> str:
-    """Make ``dask scheduler`` / ``dask worker`` (its nannies) listen on ``interface``.
-
-    The preload is imported while click parses the command line: options given on the
-    command line are parsed already (a user's ``--host``/``--interface`` wins), the others
-    not yet -- the value becomes the default click gives ``--interface`` (its
-    ``default_map``), or the parameter itself when click has already filled in the default."""
+    """Make ``dask scheduler`` / ``dask worker`` (its nannies) listen on ``interface``: the
+    default click gives ``--interface`` (its ``default_map``), or the parameter itself when
+    click already filled it in.  A user's ``--host``/``--interface`` wins."""
     found = _click_command()
     if found is None:
         return "not applied: not inside dask scheduler / dask worker"
@@ -215,9 +179,8 @@ def set_cli_interface(interface: str) -> str:
 
 def protocol_from(address: str | None, scheduler_file: str | None, wait: bool = False,
                   timeout: float | None = None) -> str | None:
-    """The scheme of ``address``, or of the address in ``scheduler_file``.  With ``wait``, a
-    file not written yet is waited for as distributed's own ``json_load_robust`` does
-    (``timeout`` seconds; None: no end, distributed's default)."""
+    """The scheme of ``address``, or of the address in ``scheduler_file``; with ``wait``, a file
+    not written yet is waited for as distributed's ``json_load_robust`` does (None: no end)."""
     if scheduler_file and not address:
         try:
             if os.path.exists(scheduler_file) and not os.path.isfile(scheduler_file):

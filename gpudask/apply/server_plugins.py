@@ -1,33 +1,18 @@
-"""gpudask on a cluster that is already running: ``client.register_plugin(...)``.
+"""gpudask on a cluster that is already running: ``client.register_plugin(...)``, for
+clusters started without ``--preload gpudask`` (or all at once: :func:`register`).
 
-Three distributed plugins, for clusters whose scheduler and workers were started
-without ``--preload gpudask``::
+* :class:`WorkerPlugin` applies what still takes effect in a running worker (dask config
+  read later, the ``GPU`` resource, CPU affinity, the memory setup, ``gpudask_server_setup``),
+  publishes the plan and reports the rest (the GPU, the transport) as *needs restart*: in the
+  worker log, in :func:`status` / :func:`needs_restart` and in the scheduler's metadata
+  (``client.get_metadata(["gpudask", "workers"])``);
+* :class:`NannyPlugin` gives each nanny's next worker process its plan (as
+  ``--preload-nanny gpudask``); ``NannyPlugin(restart=True)`` restarts every worker now;
+* :class:`SchedulerPlugin` runs the ``gpudask_server_setup`` hooks (the scheduler check),
+  late config, and reports what needs a restart.
 
-    import gpudask
-    client.register_plugin(gpudask.SchedulerPlugin())   # scheduler: preload hook, check, plan
-    client.register_plugin(gpudask.WorkerPlugin())      # workers: what can still be applied
-    client.register_plugin(gpudask.NannyPlugin())       # nannies: the rest, at the next restart
-    client.restart()                                    # ... now
-
-or all at once: ``gpudask.apply.server_plugins.register(client)``.
-
-A running worker process has already chosen its GPU (``CUDA_VISIBLE_DEVICES`` is read
-when CUDA initialises) and its transport (UCX initialises at the first connection), so
-the :class:`WorkerPlugin` applies only what still takes effect -- dask config that is
-read later, the ``GPU`` resource, CPU affinity, the memory setup (``gpudask_setup_memory``),
-the ``gpudask_server_setup`` hook -- publishes the plan, and reports everything else as
-*needs restart*: in the worker log, in :func:`status` / :func:`needs_restart` on the
-client and in the scheduler's metadata (``client.get_metadata(["gpudask", "workers"])``).
-
-The :class:`NannyPlugin` puts each worker's planned environment into its nanny's
-``env`` and adds ``gpudask`` to the worker's preloads (the same code as
-``--preload-nanny gpudask``), so the worker process the nanny starts next is a fully
-planned one.  ``NannyPlugin(restart=True)`` restarts every worker at registration;
-by default the plan applies at the next ``client.restart()``; ``register(client,
-restart=True)`` restarts only the workers that do not run their plan yet.
-
-On workers and schedulers started with ``--preload gpudask`` the plugins change
-nothing: they publish and confirm that nothing needs a restart.
+On servers started with ``--preload gpudask`` they change nothing: they publish and confirm
+that nothing needs a restart.
 """
 
 from __future__ import annotations
@@ -52,6 +37,12 @@ PLUGIN_NAME = "gpudask"
 PRELOAD = "gpudask"
 METADATA_KEY = "gpudask"  # client.get_metadata(["gpudask", "workers"]) / ["gpudask", "scheduler"]
 PUBLISH_HANDLER = "gpudask_publish"  # scheduler handler added by SchedulerPlugin
+WHOLE_PLAN = "the whole plan, at import time (--preload gpudask)"
+
+
+def _failed(notes: list[str], what: str, error: GpudaskError) -> None:
+    logger.error("gpudask: %s", printable(error))  # a plugin's text: one line
+    notes.append(f"{what} failed: {error}")
 
 
 def _scheme(address: Any) -> str | None:
@@ -60,8 +51,17 @@ def _scheme(address: Any) -> str | None:
     return scheme(address)
 
 
-# ----------------------------------------------------------------------- worker
-class WorkerPlugin(_dp.WorkerPlugin):
+class _SentEmpty:
+    """Pickled without what it found where it ran: a fresh one on the other side."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
     """gpudask for a running worker: apply what can be applied late, report the rest.
 
     After ``setup``, ``self.report`` (also ``status(client)``) is::
@@ -75,12 +75,6 @@ class WorkerPlugin(_dp.WorkerPlugin):
     def __init__(self) -> None:
         self.report: dict[str, Any] | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.report = None
-
     async def setup(self, worker: Any) -> None:
         current = session.current()
         preloaded = current is not None and current.role == "worker" and current.applied
@@ -89,13 +83,10 @@ class WorkerPlugin(_dp.WorkerPlugin):
         else:
             # planning probes the host (NVML, ucx_info): keep the event loop free
             s = await asyncio.to_thread(_plan_worker, worker)
-        report: dict[str, Any] = {"worker": worker.address, "index": s.plan.index, "preloaded": preloaded,
-                                  "applied": [], "needs_restart": [], "notes": []}
+        report = _worker_report(worker.address, s.plan.index, preloaded)
         needs, late = running.missing_in_running_process(s.plan, s.ctx, worker.address,
                                                        running.read_at_start(s.manager))
-        if preloaded:
-            report["applied"].append("the whole plan, at import time (--preload gpudask)")
-        else:
+        if not preloaded:
             await self._apply_late(s, worker, report, needs, late)
             found = running.context_check(s.plan, s.ctx)
             if found:
@@ -147,8 +138,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
             try:
                 s.memory = session.setup_memory(s.manager, ctx, plan)
             except GpudaskError as e:  # a running worker is not stopped for it: say so
-                logger.error("gpudask: %s", printable(e))  # a plugin's text: one line
-                notes.append(f"memory setup failed: {e}")
+                _failed(notes, "memory setup", e)
             else:
                 if s.memory:
                     applied.append("memory setup (" + ", ".join(sorted(s.memory)) + ")")
@@ -156,8 +146,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
             s.manager.server_setup(ctx, plan, worker)
             applied.append("gpudask_server_setup hooks")
         except GpudaskError as e:
-            logger.error("gpudask: %s", printable(e))  # a plugin's text: one line
-            notes.append(f"gpudask_server_setup hooks failed: {e}")
+            _failed(notes, "gpudask_server_setup hooks", e)
         notes.append("gpudask_context_init runs at import time only (before UCX): not run on a running worker")
 
     def teardown(self, worker: Any) -> None:
@@ -166,11 +155,7 @@ class WorkerPlugin(_dp.WorkerPlugin):
 
 
 def _plan_worker(worker: Any) -> Any:
-    """A plan-only session for this running worker process.
-
-    Unlike ``session.start`` this changes nothing in the process: a worker whose nanny
-    already gave it planned environment variables (``--preload-nanny gpudask``) keeps
-    them, and the plan is made from the user's view of the environment all the same."""
+    """A plan-only session for this running worker process (it changes nothing in it)."""
     from gpudask.apply.process import Session, plan_host
 
     from gpudask import session as process_state
@@ -190,7 +175,6 @@ def _plan_worker(worker: Any) -> Any:
     return Session("worker", host, host.for_role("worker", index))
 
 
-# ----------------------------------------------------------------------- nanny
 class NannyPlugin(_dp.NannyPlugin):
     """Give each nanny's next worker process its gpudask plan (``--preload-nanny`` late).
 
@@ -240,8 +224,7 @@ def add_worker_preload(nanny: Any) -> None:
         process.worker_kwargs["preload"] = preload  # the WorkerProcess is reused on restart
 
 
-# ----------------------------------------------------------------------- scheduler
-class SchedulerPlugin(_dp.SchedulerPlugin):
+class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
     """gpudask for a running scheduler: the ``gpudask_server_setup`` hooks (which install the
     scheduler check, see :mod:`gpudask.checks`), late config, and a report of what needs a
     restart (``client.get_metadata(["gpudask", "scheduler"])``)."""
@@ -252,24 +235,15 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
         self.report: dict[str, Any] | None = None
         self.scheduler: Any = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.report = None
-        self.scheduler = None
-
     async def start(self, scheduler: Any) -> None:
         current = session.current()
         preloaded = current is not None and current.role == "scheduler" and current.applied
         s = current if preloaded else await asyncio.to_thread(_plan_scheduler, _scheme(scheduler.address))
-        report: dict[str, Any] = {"scheduler": scheduler.address, "preloaded": preloaded, "applied": [],
-                                  "needs_restart": [], "notes": []}
+        report: dict[str, Any] = {"scheduler": scheduler.address, "preloaded": preloaded,
+                                  "applied": [WHOLE_PLAN] if preloaded else [], "needs_restart": [], "notes": []}
         needs, late = running.missing_in_running_process(s.plan, s.ctx, scheduler.address,
                                                        running.read_at_start(s.manager))
-        if preloaded:
-            report["applied"].append("the whole plan, at import time (--preload gpudask)")
-        else:
+        if not preloaded:
             if late:
                 dask.config.set(late)
                 report["applied"] += [f"{k}={v!r}" for k, v in late.items()]
@@ -282,8 +256,7 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
                 s.manager.server_setup(s.ctx, s.plan, scheduler)
                 report["applied"].append("gpudask_server_setup hooks")
             except GpudaskError as e:  # a running scheduler is not stopped for it: say so
-                logger.error("gpudask: %s", printable(e))  # a plugin's text: one line
-                report["notes"].append(f"gpudask_server_setup hooks failed: {e}")
+                _failed(report["notes"], "gpudask_server_setup hooks", e)
             # plugins added by the hooks (the scheduler check) start now, as they would
             # have at scheduler start; the check then also checks the connected workers
             for name in [n for n in scheduler.plugins if n not in before]:
@@ -313,13 +286,9 @@ class SchedulerPlugin(_dp.SchedulerPlugin):
             scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
 
     async def publish(self, worker: str, published: Any = None) -> str:
-        """Handler ``gpudask_publish``: a worker's gpudask registered late publishes its plan
-        as ``WorkerState.extra["gpudask"]`` (what ``--preload gpudask`` publishes at
-        registration) and the scheduler check compares it again.
-
-        Whoever calls it (any client can), what is published is read back from the worker
-        at ``worker``, the registered address: a caller can make the scheduler read a
-        worker's own state again, never put words into it (``published`` is ignored)."""
+        """Handler ``gpudask_publish``: read what the worker at ``worker`` publishes into its
+        ``WorkerState.extra["gpudask"]`` and check it again.  Any client can call it: what is
+        published is read back from the worker itself (``published`` is ignored)."""
         problem = await read_back.one_worker(self.scheduler, worker)
         if problem is not None:
             return problem
@@ -343,7 +312,11 @@ def _plan_scheduler(protocol: str | None) -> Any:
     return Session("scheduler", host, host.for_role("scheduler"))
 
 
-# ----------------------------------------------------------------------- client side
+def _worker_report(address: str, index: int | None, preloaded: bool) -> dict[str, Any]:
+    return {"worker": address, "index": index, "preloaded": preloaded,
+            "applied": [WHOLE_PLAN] if preloaded else [], "needs_restart": [], "notes": []}
+
+
 def _worker_status(dask_worker: Any = None) -> dict[str, Any]:
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
     report = getattr(plugin, "report", None)
@@ -351,11 +324,11 @@ def _worker_status(dask_worker: Any = None) -> dict[str, Any]:
         return report
     s = session.current()
     if s is not None and s.role == "worker" and s.applied:
-        return {"worker": dask_worker.address, "index": s.plan.index, "preloaded": True,
-                "applied": ["the whole plan, at import time (--preload gpudask)"], "needs_restart": [], "notes": []}
-    return {"worker": dask_worker.address, "index": None, "preloaded": False, "applied": [],
-            "needs_restart": [], "notes": ["gpudask is not running in this worker: no --preload gpudask, "
-                                           "no gpudask.WorkerPlugin registered"]}
+        return _worker_report(dask_worker.address, s.plan.index, True)
+    report = _worker_report(dask_worker.address, None, False)
+    report["notes"].append("gpudask is not running in this worker: no --preload gpudask, no gpudask.WorkerPlugin "
+                           "registered")
+    return report
 
 
 def status(client: Any) -> dict[str, dict[str, Any]]:
@@ -370,11 +343,9 @@ def needs_restart(client: Any) -> dict[str, list[dict[str, Any]]]:
 
 
 def register(client: Any, *, nanny: bool = True, restart: bool = False) -> dict[str, dict[str, Any]]:
-    """Register gpudask's scheduler, worker and (``nanny=True``) nanny plugins on the
-    running cluster of ``client``; ``restart=True`` then restarts the workers that need it
-    -- those not already running their whole plan (no ``--preload gpudask``, or a planned
-    setting only a new process takes) -- and only those: a worker already preloaded keeps its
-    process, and the data it holds.  Returns :func:`status`.
+    """Register gpudask's scheduler, worker and (``nanny=True``) nanny plugins on the running
+    cluster of ``client``; ``restart=True`` then restarts only the workers that do not run
+    their whole plan (:func:`workers_needing_restart`).  Returns :func:`status`.
 
     The scheduler's plugin comes last: it reads back what the workers publish, so that under
     ``scheduler-check.action: refuse`` no worker is refused for running no gpudask yet."""
@@ -401,8 +372,7 @@ def workers_needing_restart(report: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def install_check(scheduler: Any, s: Any) -> None:
-    """The scheduler check runs in every scheduler gpudask configures (the core installs
-    it, whichever plugins implement ``gpudask_scheduler_check``)."""
+    """The scheduler check, in every scheduler gpudask configures."""
     from gpudask.checks import install, local_side, scheme
 
     install(scheduler, s.manager, s.ctx,

@@ -1,12 +1,8 @@
-"""Which worker of the host this process is: the lowest free worker number of its group,
-held for the life of the process (a lock file per number in the private state directory
-and, on Linux, an abstract Unix socket name per number), so that a restarted worker gets
-its number -- and with it its GPU -- back, and two workers never share one.
-
-Abstract socket names have no owner and are listed in ``/proc/net/unix``: another local user
-can bind a freed one first.  A holder therefore listens and answers, and a name found taken
-is asked who holds it (``SO_PEERCRED``): another user's process holds no slot of ours
-(docs/security.md, "Long-lived hosts").
+"""Which worker of the host this process is: the lowest free worker number of its group, held
+for the life of the process (a lock file per number in the private state directory and, on
+Linux, an abstract Unix socket name), so a restarted worker gets its number -- and its GPU --
+back, and two workers never share one.  Abstract names have no owner: a holder listens, and a
+name found taken is asked who holds it (``SO_PEERCRED``; docs/security.md, "Long-lived hosts").
 """
 
 from __future__ import annotations
@@ -93,11 +89,9 @@ def _bind_slot(name: str) -> Any:
 
 
 def _slot_socket(group: str, i: int) -> Any:
-    """A second hold on slot ``i`` that no file operation can take away (Linux): a Unix
-    socket bound to an abstract name (no file; freed when the process dies).  Another
-    worker of this user holding it: None.  Elsewhere, or no socket: True (the file lock
-    alone).  A process of another user that bound the name (docs/security.md): the same
-    name with ``-alt`` holds it instead; both taken by others: :data:`_SQUATTED`."""
+    """A second hold on slot ``i`` (Linux): an abstract socket name, freed when the process
+    dies.  None: a worker of this user holds it; True: no socket (the file lock alone); a name
+    bound by another user: the ``-alt`` name instead; both taken: :data:`_SQUATTED`."""
     if not sys.platform.startswith("linux"):
         return True
     primary = _bind_slot(_slot_name(group, i))
@@ -133,15 +127,9 @@ def _holder_text(uid: int | None) -> str:
 
 
 def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -> int:
-    """The lowest free worker number of ``group`` on this host, held until exit.
-
-    A file lock per number: the OS frees it when the process dies, so a worker that
-    exits (scale down, restart, crash) frees its number and its GPU, and the next worker
-    process takes the lowest free one -- the number its nanny (``owner``) held before
-    first, so a restarted worker keeps its GPU.  On Linux each number is also held by an
-    abstract socket name: a state directory removed under a running cluster (tmpfiles
-    cleaning ``/tmp``), full or read-only does not hand a live worker's number, and its GPU,
-    to a second worker."""
+    """The lowest free worker number of ``group`` on this host, held until exit, preferring the
+    one its nanny (``owner``) held before.  The socket name also holds it where the state
+    directory was removed, is full or read-only."""
     from gpudask.facts import statedir
 
     # a private folder of the private state directory: nobody else can take or fake a slot

@@ -1,13 +1,9 @@
 """Proof of effect: what a process actually runs with, read from the live process.
 
-After setup, each server process records its *applied state* -- the environment
-variables its plan sets, the CUDA context that exists (NVML, which creates none) and its
-GPU, the dask config keys of its plan, the CPU affinity, the start method, ucxx's
-configuration once UCX is up, and what plugins read back through
-``gpudask_applied_state`` (a scheduler's planned CUDA context is the cuda-context plugin's:
-its section and its read-back) -- and compares it with its plan.  Each difference is a
-*mismatch* naming process, key, planned and actual value; the scheduler check reports
-mismatches as error findings, and ``gpudask status`` shows them per worker.
+After setup each server process records its *applied state* (the keys its plan decides, the
+CUDA context NVML sees, ucxx's configuration, each plugin's ``gpudask_applied_state``) and
+compares it with its plan: each difference is a *mismatch* naming process, key, planned and
+actual value, reported by the scheduler check and ``gpudask status``.
 """
 
 from __future__ import annotations
@@ -44,7 +40,7 @@ def read(session: Any) -> dict[str, Any]:
     if hasattr(os, "sched_getaffinity"):
         out["cpu_affinity"] = sorted(os.sched_getaffinity(0))
     if not ctx.facts.described and ctx.gpus:
-        out["cuda_context"] = _cuda_context()
+        out["cuda_context"] = cuda_context()
     ucx = _ucx_config()
     if ucx is not None:
         out["ucx"] = ucx
@@ -56,7 +52,7 @@ def read(session: Any) -> dict[str, Any]:
     return out
 
 
-def _cuda_context() -> dict[str, Any]:
+def cuda_context() -> dict[str, Any]:
     """Does this process hold a CUDA context, and on which GPU (NVML: creates none)."""
     try:
         from distributed.diagnostics.nvml import has_cuda_context

@@ -1,18 +1,10 @@
-"""Facts: what this host is (see docs/architecture.md, "Facts").
+"""Facts: what this host is (docs/architecture.md, "Facts"), from one of three places
+(:func:`get_facts`): a facts file (``--facts`` / ``$GPUDASK_FACTS``, a *described* host,
+:mod:`gpudask.facts.loader`); ``$GPUDASK_PROBED_FACTS``, facts as JSON taken as this host's probe
+(gpudask sets it nowhere: it lets a test hand in what a probe finds); or a probe
+(:mod:`gpudask.facts.probe`, the plugins' own sections: :mod:`gpudask.facts.sections`).
 
-Facts come from one of three places, chosen by :func:`get_facts`:
-
-* a facts file (``--facts`` / ``$GPUDASK_FACTS``): a *described* host, schema 2,
-  validated against ``facts.schema.json`` (:mod:`gpudask.facts.loader`);
-* ``$GPUDASK_PROBED_FACTS``: facts as JSON, taken as this host's probe (not a
-  described host).  gpudask sets it nowhere -- a nanny's workers get their facts from the
-  host plan (:mod:`gpudask.apply.hostfile`) -- it lets a test hand in what a probe of some
-  host finds;
-* :func:`probe_facts`: NVML, sysfs and ``importlib.metadata`` (:mod:`gpudask.facts.probe`);
-  the plugins probe their own sections (:mod:`gpudask.facts.sections`).
-
-Importing this package stays cheap and never touches CUDA: it runs in every
-``dask worker --preload gpudask`` CLI process before UCX is set up.
+Importing this package stays cheap and never touches CUDA.
 """
 
 from __future__ import annotations
@@ -53,14 +45,9 @@ def _cached_probe(packages: tuple[tuple[str, tuple[str, ...]], ...]) -> Facts:
 
 def get_facts(path: str | os.PathLike[str] | None = None,
               packages: Mapping[str, Sequence[str]] | None = None) -> Facts:
-    """Facts for this process: ``path`` > $GPUDASK_FACTS > $GPUDASK_PROBED_FACTS > a probe
-    (``packages``: the packages the plugins read, probed beside the core's).
-
-    Cached per process.  A described file is taken as it is, its
-    ``cuda_visible_devices`` included.  Probed facts (fresh or handed in through
-    $GPUDASK_PROBED_FACTS) take ``cuda_visible_devices`` from this process's
-    environment, since a nanny gives each worker its own.
-    """
+    """Facts for this process, cached: ``path`` > $GPUDASK_FACTS > $GPUDASK_PROBED_FACTS > a
+    probe (``packages``: the plugins', probed beside the core's).  Probed facts take
+    ``cuda_visible_devices`` from this process's environment (a nanny gives each worker its own)."""
     path = path or os.environ.get("GPUDASK_FACTS") or None
     if path:
         return _cached_file(os.fspath(path))

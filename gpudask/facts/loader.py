@@ -1,16 +1,10 @@
 """Reading a facts file (a described host) against the shipped JSON Schema.
 
-``facts.schema.json`` (next to this module, shipped in the wheel) is the one
-definition of the format: the loader validates with it, the tests check every file in
-``tests/hosts/`` with it, and docs/facts.md describes it.  The schema holds, for every
-key, an ``x-accepts`` text; an error is one line naming the file, the key path and that
-text.  What JSON Schema cannot say (unique GPU indices, CPUs below ``cpu_count``,
-``cuda_visible_devices`` entries) is checked here after it.
-
-Schema 2 holds the core's facts; the plugins' own facts are its ``sections``
-(:mod:`gpudask.facts.sections`).  A file of the pre-release schema 1 is refused with one line
-saying to rewrite it as schema 2.
-
+``facts.schema.json`` is the one definition of the format (docs/facts.md); every key has an
+``x-accepts`` text, and an error is one line naming the file, the key path and that text.
+What JSON Schema cannot say (unique GPU indices, CPUs below ``cpu_count``,
+``cuda_visible_devices`` entries) and the bounds are checked here.  Schema 2 keeps the
+plugins' facts in ``sections``; the pre-release schema 1 is refused with one line.
 ``jsonschema`` is imported when a file is first read, never at ``import gpudask``.
 """
 
@@ -25,7 +19,7 @@ import re
 import os
 import pathlib
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpudask import session
@@ -85,11 +79,8 @@ def _key(path: Iterable[Any]) -> str:
 
 
 def _schema_error(where: str, data: Any) -> FactsError | None:
-    """The first schema violation in ``data`` as a one-line FactsError, or None.
-
-    The same facts are read again and again (every worker's published facts, at every
-    check): data that passed the schema once in this process passes again (the memo is the
-    process state's ``valid_facts``)."""
+    """The first schema violation in ``data`` as a one-line FactsError, or None (data that
+    passed once in this process passes again: the process state's ``valid_facts``)."""
     from gpudask.findings import fingerprint
 
     valid = session.current().valid_facts
@@ -108,13 +99,20 @@ def _first_schema_error(where: str, data: Any) -> FactsError | None:
         # the pre-release format (plugins' facts as GPU and top-level keys): not read any more
         return FactsError(f"{where}: key 'schema' is 1, a format gpudask no longer reads; rewrite the file as "
                           f"schema {SCHEMA_VERSION} (the plugins' facts move into 'sections': docs/facts.md)")
+    return remembered_error(schema(), _validator, data, where)
+
+
+def remembered_error(schema: Any, validator: Callable[[], Any], data: Any, where: str,
+                     prefix: Iterable[Any] = ()) -> FactsError | None:
+    """:func:`first_error`, at once None when the same data passed the same schema before on
+    this host (:mod:`gpudask.facts.validated`; ``validator`` is made only when needed)."""
     from gpudask.facts import validated
 
-    key = validated.digest(schema(), data)
+    key = validated.digest(schema, data)
     if validated.passed_before(key):
         return None
     session.count("facts schema")
-    error = first_error(_validator(), data, where)
+    error = first_error(validator(), data, where, prefix)
     if error is None:
         validated.remember(key)
     return error
@@ -186,10 +184,8 @@ def _build(data: dict[str, Any], origin: str) -> Facts:
         cuda_driver_version=data["cuda_driver_version"],
         gpus=gpus,
         net_interfaces={k: list(v) for k, v in data["net_interfaces"].items()},
-        # The one key that may be left out: unset is its natural state.
         cuda_visible_devices=data.get("cuda_visible_devices"),
         packages=dict(data["packages"]),
-        # the plugins' own facts, by section (validated by each plugin's schema fragment)
         sections=copy.deepcopy(dict(data.get("sections") or {})),
         origin=origin,
         schema=SCHEMA_VERSION,
@@ -234,8 +230,7 @@ def _bounds_error(where: str, value: Any, path: tuple[Any, ...] = ()) -> FactsEr
 
 
 def _shape_error(where: str, data: Any) -> FactsError | None:
-    """Nesting and sizes, before anything walks ``data`` recursively (the schema's validator,
-    :func:`_bounds_error`): iterative, so no depth reaches Python's recursion limit."""
+    """Nesting and sizes, checked iteratively before anything walks ``data`` recursively."""
     if isinstance(data, dict) and isinstance(data.get("gpus"), list) and len(data["gpus"]) > MAX_FACT_GPUS:
         return _fail(where, "gpus", f"a list of at most {MAX_FACT_GPUS} GPUs", f"{len(data['gpus'])} GPUs")
     stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
@@ -256,11 +251,8 @@ def _shape_error(where: str, data: Any) -> FactsError | None:
 def from_dict(data: Any, origin: str, where: str, described: bool, schema_checked: bool = False) -> Facts:
     """Validate parsed JSON and build Facts; errors name ``where`` and the key.  A
     ``described`` host is also checked for CPU numbers and its ``cuda_visible_devices``.
-
-    ``schema_checked``: the planning process that wrote these facts into a host plan
-    validated them, and the plan's digest says they are what it validated
-    (:func:`gpudask.plan.host_plan.parse_document`): the JSON Schema is not run again
-    (the bounds and the checks between keys are, and cost little)."""
+    ``schema_checked``: a host plan's digest says its writer validated these facts: the JSON
+    Schema is not run again (the bounds and the checks between keys are)."""
     error = _shape_error(where, data) or (None if schema_checked else _schema_error(where, data))
     if error is None:
         error = _bounds_error(where, data)
@@ -300,9 +292,8 @@ _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFB
 
 
 def _check_writers(where: str, st: os.stat_result) -> None:
-    """A facts file decides which GPU each worker uses and what its environment is: one that
-    another user may write is refused, as the state directory is (docs/security.md); one
-    that its group may write is a warning (a group of one user is common)."""
+    """A facts file another user may write is refused, as the state directory is
+    (docs/security.md); one its group may write is a warning (a group of one user is common)."""
     from gpudask.facts.statedir import owner
 
     mode = stat.S_IMODE(st.st_mode)
@@ -319,10 +310,8 @@ def _check_writers(where: str, st: os.stat_result) -> None:
 
 
 def _read_regular(where: str) -> str:
-    """The text of a regular file of at most MAX_FACTS_BYTES; anything else is one FactsError.
-
-    Opened non-blocking (a FIFO would wait for a writer forever) and checked with fstat
-    before a byte is read (``/dev/zero`` never ends)."""
+    """The text of a regular file of at most MAX_FACTS_BYTES, else one FactsError (opened
+    non-blocking and checked with fstat first: a FIFO or ``/dev/zero`` never ends)."""
     try:
         fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:

@@ -104,7 +104,6 @@ class Facts:
         """A probed host where NVML sees no GPU: CUDA shows nothing whatever CUDA_VISIBLE_DEVICES says."""
         return not self.described and not self.gpus and bool((self.cuda_visible_devices or "").strip())
 
-    # Error messages name the file, or say the host was probed.
     def where(self) -> str:
         return self.origin if self.described else "probed host"
 

@@ -1,10 +1,6 @@
-"""Probing this host: NVML, sysfs and ``importlib.metadata`` -- the core's facts.  The
-plugins probe their own (``gpudask_facts_sections``).
-
-Never through a CUDA context, so probing is safe in the ``dask worker`` CLI process.
-Only the standard library is imported at module level; pynvml and psutil are imported
-inside the probe functions, and nothing that can create a CUDA context (cupy, numba,
-rmm, ucxx, torch) is imported at all.
+"""Probing this host -- the core's facts -- through NVML, sysfs and ``importlib.metadata``, never
+a CUDA context (safe in the ``dask worker`` CLI process); pynvml and psutil are imported
+inside the probes.  The plugins probe their own (``gpudask_facts_sections``).
 """
 
 from __future__ import annotations
@@ -19,16 +15,9 @@ from gpudask.facts.model import GPU, Facts
 # Where sysfs lives; tests point $GPUDASK_SYSFS_ROOT at a fake tree instead.
 SYSFS_ROOT = "/sys"
 
-# packages[key] = version of the first of these distributions that is installed: the core's
-# own (what gpudask itself runs on); each plugin adds the packages it reads
-# (gpudask_facts_packages), so the list is the plugins', not the core's
-CORE_PACKAGES: dict[str, tuple[str, ...]] = {
-    "dask": ("dask",),
-    "distributed": ("distributed",),
-    "nvidia-ml-py": ("nvidia-ml-py",),
-    "gpudask": ("gpudask",),
-}
-
+# packages[key] = version of the first of these distributions installed; the plugins add theirs
+CORE_PACKAGES: dict[str, tuple[str, ...]] = {name: (name,) for name in ("dask", "distributed", "nvidia-ml-py",
+                                                                          "gpudask")}
 
 
 def sysfs_root() -> str:
@@ -126,8 +115,6 @@ def _probe_packages(declared: Mapping[str, Sequence[str]] | None = None) -> dict
     return {"python": platform.python_version(), **{key: version(dists) for key, dists in wanted.items()}}
 
 
-
-
 class NVMLSession:
     """NVML, open for one probe.  ``call(name, *args, default=None)``: an NVML call, or
     ``default`` where this GPU, driver or binding does not support it (old GPU, VM, MIG, old
@@ -172,9 +159,7 @@ def nvml_session() -> Iterator[NVMLSession | None]:
 def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
     """Driver, CUDA driver version and GPUs through NVML (never a CUDA context)."""
     with nvml_session() as session:
-        if session is None:
-            return None, None, []
-        return _probe_gpus(session)
+        return (None, None, []) if session is None else _probe_gpus(session)
 
 
 def _probe_gpus(session: NVMLSession) -> tuple[str | None, int | None, list[GPU]]:

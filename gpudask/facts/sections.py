@@ -1,17 +1,11 @@
-"""Facts a plugin owns: its section of a host's facts.
+"""Facts a plugin owns: its section of a host's facts (``gpudask_facts_sections``).
 
-A plugin declares a :class:`FactsSection` (``gpudask_facts_sections``): a name, a JSON
-Schema fragment for the section's value and a probe.  On a real host the probe reads the
-section (in the process that probes, like the core's facts); on a described host the
-section is read from the facts file's ``sections`` object, ``{"sections": {name: value}}``.
-Either way the value is validated with the plugin's fragment (one line naming the file or
-the probe, the key path and the fragment's ``x-accepts`` text), kept in
-``facts.sections[name]`` and read with ``ctx.facts.section(name)``.  A described host
-without the section gives None: the plugin says what an unknown fact means.
-
-A section's ``check`` says what its schema cannot (a GPU index that names no GPU of the host).
-
-``jsonschema`` is imported only when a section is validated.
+On a real host the section's probe reads it; on a described host it is read from the facts
+file's ``{"sections": {name: value}}`` (absent: None, and the plugin says what an unknown fact
+means).  Either way the value is validated with the plugin's JSON Schema fragment and its
+``check`` (one line naming the file or the probe, the key path and the ``x-accepts`` text),
+kept in ``facts.sections[name]`` and read with ``ctx.facts.section(name)``.  ``jsonschema`` is
+imported only when a section is validated.
 """
 
 from __future__ import annotations
@@ -24,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask import session
 from gpudask.errors import FactsError, PluginError
-from gpudask.facts import validated
-from gpudask.facts.loader import _fail, _key, first_error, strict_validator
+from gpudask.facts.loader import _fail, _key, remembered_error, strict_validator
 
 if TYPE_CHECKING:
     from gpudask.facts.model import Facts
@@ -35,22 +28,15 @@ if TYPE_CHECKING:
 class FactsSection:
     """A section of a host's facts owned by one plugin (``facts.section(name)``).
 
-    ``schema``: a JSON Schema (draft 2020-12) fragment for the section's value; its
-    ``x-accepts`` texts (on it or on its properties) are what the one-line errors say is
-    accepted.  ``probe(facts)``: the section's value on this host, from the core's facts
-    (run only on a real host, never on a described one, once per process; it must not
-    create a CUDA context).
+    ``schema``: a JSON Schema (draft 2020-12) fragment for the value; its ``x-accepts`` texts
+    are what the one-line errors say is accepted.  ``probe(facts)``: the value on this host,
+    from the core's facts (on a real host only, once per process; no CUDA context).
 
-    Optional:
-
-    * ``check(value, facts)``: what the schema cannot say (references to the core's facts):
-      None, or ``(key path inside the section, what is accepted, the value found)`` for the
-      first problem, which becomes the usual one-line error;
-    * ``summary(value)``: a few words for the host line of ``gpudask info`` ("2 active ...
-      port(s)"), or None; ``value`` is None when a described host does not say;
-    * ``decides``: False for a section no plan decision depends on (read for a reason's
-      text only): on a real host it is probed and validated when first read
-      (``facts.section(name)``), not in every process that reads facts.
+    Optional: ``check(value, facts)``, what the schema cannot say: None, or ``(key path inside
+    the section, what is accepted, the value found)`` for the first problem; ``summary(value)``,
+    a few words for the host line of ``gpudask info``, or None (``value`` None when a described
+    host does not say); ``decides=False`` for a section no plan decision depends on: probed and
+    validated when first read, not in every process that reads facts.
     """
 
     name: str
@@ -176,15 +162,9 @@ def summaries(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> lis
 
 
 def section_error(where: str, section: FactsSection, value: Any, plugin: str) -> FactsError | None:
-    """The first place ``value`` leaves the section's schema, as one line, or None (at once
-    when the same value passed the same schema before on this host: gpudask.facts.validated)."""
-    key = validated.digest(dict(section.schema), value)
-    if validated.passed_before(key):
-        return None
-    session.count("facts schema")
-    error = first_error(_validator(section.schema), value, where, ["sections", section.name])
-    if error is None:
-        validated.remember(key)
+    """The first place ``value`` leaves the section's schema, as one line, or None."""
+    error = remembered_error(dict(section.schema), lambda: _validator(section.schema), value, where,
+                             ["sections", section.name])
     return None if error is None else FactsError(f"{error} (facts section of plugin {plugin!r})")
 
 

@@ -1,18 +1,10 @@
-"""The per-user state directory: host plans, worker slots, what the plugins' slow probes cache.
-
-Only its owner may write it, as ssh and tmux require of theirs:
-
-* ``$XDG_RUNTIME_DIR/gpudask`` when ``$XDG_RUNTIME_DIR`` is set and is a directory of
-  this user that nobody else can write (systemd's ``/run/user/<uid>``), else
-  ``<tempdir>/gpudask-<uid>`` (``$TMPDIR``, else ``/tmp``);
-* created mode 0700; a directory that is a symlink, is not owned by this user, or is
-  group/world-writable is refused with one line (:class:`StateDirError`) naming the
-  path, its owner and mode, and the fix;
-* every file is written atomically (a temporary file in the same directory, mode 0600,
-  then ``os.replace``) and read only when it is a regular file of this user that nobody
-  else can write (:func:`read_private`); anything else is ignored with a warning.
-
-Standard library only: this runs on every worker's start-up path.
+"""The per-user state directory (host plans, worker slots, the plugins' probe caches), which
+only its owner may write, as ssh and tmux require of theirs: ``$XDG_RUNTIME_DIR/gpudask`` when
+that is a directory of this user nobody else can write, else ``<tempdir>/gpudask-<uid>``;
+created 0700; refused with one line (:class:`StateDirError`: the path, owner, mode and fix)
+when it is a symlink, another user's, or group/world-writable.  Files are written atomically
+(0600) and read only when they are regular files of this user nobody else can write
+(:func:`read_private`).  Standard library only: this runs on every worker's start-up path.
 """
 
 from __future__ import annotations
@@ -182,12 +174,9 @@ def open_private(path: pathlib.Path, flags: int) -> int:
 
 @contextlib.contextmanager
 def host_lock(name: str, timeout: float = 120.0) -> Iterator[bool]:
-    """Hold an exclusive lock named ``name`` shared by this user's gpudask processes on this
-    host (``flock`` on a file of the state directory), e.g. while a worker reads a GPU's free
-    memory and allocates its pool, so two processes starting at once do not both count the same
-    free bytes.  Yields True when held; False (after one warning) when the state directory is
-    unusable or the lock stays taken for ``timeout`` seconds: the caller goes on unlocked
-    rather than not at all."""
+    """Hold an exclusive lock ``name`` shared by this user's gpudask processes on this host
+    (``flock`` in the state directory).  Yields True when held; False (after one warning) when
+    the state directory is unusable or the lock stays taken ``timeout`` s: go on unlocked."""
     import fcntl
 
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]

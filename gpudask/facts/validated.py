@@ -1,17 +1,11 @@
 """Schema checks remembered across this user's gpudask processes on one host.
 
-A launch validates the same data in several processes: the scheduler and the ``dask worker``
-process each validate the facts sections their plugins probed, and the scheduler's check
-validates every worker's published facts; a cluster started again on the same host validates
-them all once more.  The checks are quick; importing ``jsonschema`` is not (about 30 ms, in the
-scheduler before it listens: docs/benchmarks.md, start-up on a CPU host).
-
-Data that passed a schema is remembered by a digest of gpudask's version, this module's rules,
-the schema and the data (msgpack bytes: equal digests mean equal values of the same types), in
-``validated.json`` of the private state directory (:mod:`gpudask.facts.statedir`: this user's,
-0700, every file checked before it is read).  Data whose digest is not remembered is validated
-as before, and what fails is never remembered.  Where the state directory cannot be used,
-nothing is remembered and everything is validated.
+A launch validates the same data in several processes, and again at the next launch; the
+checks are quick, importing ``jsonschema`` is not (about 30 ms before the scheduler listens:
+docs/benchmarks.md).  Data that passed a schema is remembered by a digest of gpudask's
+version, :data:`RULES`, the schema and the data (msgpack bytes) in ``validated.json`` of the
+private state directory; anything else is validated, what fails is never remembered, and
+where the state directory cannot be used nothing is.
 """
 
 from __future__ import annotations

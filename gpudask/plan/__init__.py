@@ -1,15 +1,9 @@
-"""The plan stage: what every process of a host gets, and why (see docs/architecture.md).
+"""The plan stage: what every process of a host gets, and why (docs/architecture.md).
 
-* :mod:`gpudask.plan.model` -- :class:`ProcessPlan` (with its plugin sections), :class:`Reason`;
-* :mod:`gpudask.plan.host_plan` -- :class:`HostPlan` and its file format (``to_json`` /
-  ``from_json``, :class:`UserValues`);
-* :mod:`gpudask.plan.inputs` -- :class:`PlanInputs`, what a plan is computed from (made once
-  per process by :mod:`gpudask.bootstrap`);
-* :mod:`gpudask.plan.context` -- :class:`PlanContext`, the frozen snapshot of a plan's inputs;
-* :mod:`gpudask.plan.planner` -- :func:`build_plan`, the fixed order of the plan hooks.
-
-Pure: building a plan reads its inputs and never changes the process.  The plan for this
-process's host, from its settings and facts, is :func:`gpudask.bootstrap.plan_host`.
+:class:`ProcessPlan` and :class:`Reason` (:mod:`~gpudask.plan.model`), :class:`HostPlan` and its
+file format (:mod:`~gpudask.plan.host_plan`), :class:`PlanInputs`, :class:`PlanContext` (the
+frozen snapshot of a plan's inputs) and :func:`build_plan` (:mod:`~gpudask.plan.planner`, the
+fixed order of the plan hooks).  Pure: building a plan never changes the process.
 """
 
 from __future__ import annotations

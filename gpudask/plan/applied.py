@@ -1,14 +1,7 @@
-"""What the apply stage holds for this process, asked from below it without importing it.
-
-* which role's plan this process applied: asked by plugins' apply hooks
-  (:func:`gpudask.pluginapi.applied_role`);
-* the plan context of this process's session (its plugin manager): asked by the
-  ``/gpudask`` page (:mod:`gpudask.dashboard.page`), which the apply stage installs.
-
-The apply stage is above the plan stage (and the dashboard); it registers its answers here
-(:func:`set_role_source`, :func:`set_context_source`) when it is imported, so the plugin API
-and the page ask without importing it.  In a process where nothing was applied (or planned)
-the answers are None.
+"""What the apply stage holds for this process, asked from below it without importing it: the
+role whose plan this process applied (:func:`gpudask.pluginapi.applied_role`) and the plan
+context of its session (the ``/gpudask`` page).  The apply stage registers its answers here
+when imported; where nothing was applied the answers are None.
 """
 
 from __future__ import annotations

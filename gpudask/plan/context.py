@@ -1,11 +1,7 @@
-"""What a plan hook can read: the one frozen snapshot of a plan's inputs.
-
-A :class:`PlanContext` is captured once per plan (by :func:`gpudask.plan.build_plan`)
-from the facts, the typed settings, the protocol, the number of workers and the user's
-own environment and dask config.  It is frozen: every hook of the plan reads the same
-inputs, and nothing a hook or the apply stage does to ``os.environ`` or
-``dask.config`` afterwards changes what the plan was built from.  Only the warnings
-list grows while the plan is built.
+"""What a plan hook can read: :class:`PlanContext`, the one frozen snapshot of a plan's inputs
+(facts, typed settings, protocol, number of workers, the user's own environment and dask
+config), captured once per plan: nothing done to ``os.environ`` or ``dask.config`` afterwards
+changes what the plan was built from.  Only the warnings list grows.
 """
 
 from __future__ import annotations
@@ -39,12 +35,10 @@ class PlanContext:
     user_interface: str | None = None  # `dask worker --interface` given by the user
     # the plugin manager the plan was built with (apply hooks of the same process use it)
     manager: Any = field(default=None, repr=False, compare=False)
-    # the role of the process making this plan ("scheduler", "nanny", "client", "worker"), or
-    # None (gpudask info, a check): a worker process planning for itself applies only its own
-    # part, so host-wide work (UCX's view of the user's UCX_* variables) is left to the others
+    # the role of the process planning, or None (gpudask info, a check): a worker planning for
+    # itself leaves host-wide work (UCX's view of the user's UCX_* variables) to the others
     planner: str | None = None
-    # every process's plan, in the planner's order (scheduler, nanny, client, workers): filled
-    # by build_plan, so a hook can read the other processes' decisions of an earlier step
+    # every process's plan, in the planner's order, for reading their earlier steps' decisions
     # (ProcessPlan; typed Any: gpudask.plan.model refers to this module)
     plans: list[Any] = field(default_factory=list, repr=False, compare=False)
 
@@ -67,18 +61,16 @@ class PlanContext:
 
     def setting(self, key: str) -> Setting | None:
         """The typed value of option ``key`` with its source (``.value``, ``.source``,
-        ``.explicit``), or None when no loaded plugin declares ``key``.  The one way plugins
-        read settings: values are parsed once, from the user's config."""
+        ``.explicit``), or None when no loaded plugin declares ``key``."""
         try:
             return self.settings.get(key)
         except KeyError:
             return None
 
     def require(self, key: str) -> Setting:
-        """The typed value of option ``key`` with its source, like :meth:`setting`, for an
-        option the calling plugin declares (or one of a plugin it cannot run without): raises
+        """Like :meth:`setting`, for an option the calling plugin needs: raises
         :class:`~gpudask.errors.GpudaskError`, in one line naming ``key``, when no loaded
-        plugin declares it -- a typo in the key, or the declaring plugin disabled."""
+        plugin declares it (a typo, or the declaring plugin disabled)."""
         try:
             return self.settings.get(key)
         except KeyError:

@@ -1,11 +1,7 @@
-"""Which GPU a process of the plan uses, and which workers share it: read from the plan.
-
-A worker's GPU is what the plan says (``plan.gpu`` / ``plan.gpu_index``, set by whichever
-plugin pins GPUs -- the built-in gpu-pinning); a worker the plan gives no GPU uses CUDA device
-0 like every other such worker; a client and a scheduler use the first visible GPU.  Nothing
-here restates how GPUs are assigned: :func:`workers_sharing_gpu` compares the workers' plans,
-so it is meaningful once ``gpudask_plan_process`` has run for every process (from
-``gpudask_select_transport`` on).  Re-exported by :mod:`gpudask.pluginapi`.
+"""Which GPU a process of the plan uses, and which workers share it, read from the plan
+(``plan.gpu`` / ``plan.gpu_index``, set by whichever plugin pins GPUs): a worker the plan gives
+no GPU uses CUDA device 0; a client and a scheduler the first visible GPU.  Meaningful once
+``gpudask_plan_process`` has run for every process.  Re-exported by :mod:`gpudask.pluginapi`.
 """
 
 from __future__ import annotations
@@ -17,9 +13,8 @@ if TYPE_CHECKING:
     from gpudask.plan.context import PlanContext
     from gpudask.plan.model import ProcessPlan
 
-# processes that move GPU data: workers, a client, and the scheduler, which relays every
-# result a client gathers through it and every GPU argument of submit (distributed's default
-# distributed.client.direct-to-workers: null); the nanny host never does
+# processes that move GPU data: the scheduler relays results and submit's GPU arguments
+# (distributed.client.direct-to-workers: null by default); the nanny host never does
 GPU_ROLES = ("worker", "client", "scheduler")
 
 
@@ -42,12 +37,8 @@ def process_gpu(ctx: PlanContext, plan: ProcessPlan) -> tuple[GPU | None, str]:
 
 
 def workers_sharing_gpu(ctx: PlanContext, plan: ProcessPlan) -> list[int]:
-    """Numbers of this host's workers that use the GPU ``plan``'s process uses, from the
-    workers' plans: a pinned worker shares with the workers planned on the same GPU (or the
-    same MIG instance); a client or scheduler with the workers planned on its GPU; a worker
-    the plan gives no GPU with every worker (all use CUDA device 0).  [] for processes
-    without a GPU.  Read once every process's ``gpudask_plan_process`` has run.
-    """
+    """Numbers of this host's workers that use the GPU ``plan``'s process uses (the same GPU
+    or MIG instance; every worker for an unpinned one: all use CUDA device 0); [] without a GPU."""
     gpu, _ = process_gpu(ctx, plan)
     if gpu is None:
         return []

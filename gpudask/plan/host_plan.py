@@ -1,13 +1,11 @@
 """The plan of one host, and its file format (``to_json`` / ``from_json``).
 
-A :class:`HostPlan` is what ``gpudask info`` prints (:meth:`HostPlan.to_dict`) and what a
-planning process hands its worker processes in a file (:meth:`HostPlan.to_json`).  The
-file crosses processes, so :meth:`HostPlan.from_json` trusts nothing in it: the document
-must be a JSON object of :data:`FORMAT` (``"format": 1``), at most
-:data:`MAX_PLAN_BYTES`, with every field of the expected type; anything else is refused
-with one line (:class:`PlanFileError`) naming what was wrong and what is accepted.
-
-Format 1, one JSON object::
+A :class:`HostPlan` is what ``gpudask info`` prints and what a planning process hands its
+worker processes in a file, the only thing that crosses to them: it holds what the planning
+process resolved (its settings with their sources), so a worker bootstraps nothing.  The file
+crosses processes, so :func:`parse_document` trusts nothing in it: a JSON object of
+:data:`FORMAT`, at most :data:`MAX_PLAN_BYTES`, every field of the expected type, or one line
+(:class:`PlanFileError`).  Format 1::
 
     {"format": 1, "facts": {...schema 2...}, "facts_origin": "probed" | path,
      "protocol": "ucx", "nworkers": 2, "plugins": [{"name": ..., ...}], "warnings": [str],
@@ -15,13 +13,8 @@ Format 1, one JSON object::
      "user_values": {"env": {name: str | null}, "config": {key: value}},
      "settings": {key: {"value": ..., "source": str}}, "facts_digest": "sha256 hex"}
 
-The file is the only thing that crosses from the planning process to its workers: it holds
-what the planning process resolved, with the sources, so a worker takes it as it is and
-bootstraps nothing (:func:`gpudask.bootstrap.from_plan`).  ``settings`` are the planning
-process's settings as parsed there (:meth:`gpudask.config.Settings.resolved`).
-``facts_digest`` is the SHA-256 of the facts as the planning process validated them
-(:func:`facts_digest`): a reader whose facts have that digest does not run the facts
-schema again; any other facts (a file edited or damaged since) are validated in full.
+``facts_digest`` (:func:`facts_digest`): a reader whose facts have that digest does not run the
+facts schema again; any other facts are validated in full.
 """
 
 from __future__ import annotations
@@ -52,8 +45,7 @@ class PlanFileError(GpudaskError):
 @dataclass(frozen=True)
 class UserValues:
     """The user's own value of every environment variable and dask config key any process
-    of a plan sets (None: not set).  A worker process puts them back before applying its
-    own part: its planning parent applied its part first."""
+    of a plan sets (None: not set), put back by a worker process before it applies its part."""
 
     env: Mapping[str, str | None] = field(default_factory=dict)
     config: Mapping[str, Any] = field(default_factory=dict)
@@ -131,14 +123,12 @@ class HostPlan:
 
     @classmethod
     def from_json(cls, text: str | bytes, inputs: PlanInputs, where: str = "host plan") -> HostPlan:
-        """The plan in ``text``, with a context made of ``inputs`` (the reading process's
-        settings and plugins).  :raises PlanFileError: one line naming ``where``."""
+        """The plan in ``text``, with a context made of ``inputs``.  :raises PlanFileError:"""
         return cls.from_document(parse_document(text, where), inputs)
 
     @classmethod
     def from_document(cls, doc: PlanDocument, inputs: PlanInputs) -> HostPlan:
-        """A document :func:`parse_document` accepted, as a plan (``inputs``: the reading
-        process's, e.g. :func:`gpudask.bootstrap.from_plan`)."""
+        """A document :func:`parse_document` accepted, as a plan (``inputs``: the reading process's)."""
         from gpudask.plan.context import PlanContext
 
         ctx = PlanContext(doc.facts, inputs.settings, doc.protocol, doc.nworkers, user_env=inputs.user_env,
@@ -197,8 +187,7 @@ def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
 
 
 def facts_digest(facts: Any) -> str:
-    """SHA-256 of ``facts`` (parsed JSON) in one canonical form: what the host plan file
-    records of the facts its writer validated."""
+    """SHA-256 of ``facts`` (parsed JSON) in one canonical form."""
     try:
         text = json.dumps(facts, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):

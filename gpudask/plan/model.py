@@ -1,16 +1,15 @@
-"""What gpudask decided, per process, and why.
-
-A :class:`ProcessPlan` is filled by the plan hooks through its ``set_*`` / ``add_*``
-methods, each of which records a :class:`Reason` naming the plugin that decided.  The
-plan is plain data: it is printed by ``gpudask info``, applied by the apply stage
-(see docs/architecture.md), and published by workers in their startup information.
+"""What gpudask decided, per process, and why: a :class:`ProcessPlan` is filled by the plan
+hooks through its ``set_*`` / ``add_*`` methods, each recording a :class:`Reason` naming the
+plugin that decided.  Plain data: printed, applied and published as it is.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from gpudask.errors import GpudaskError
@@ -51,8 +50,7 @@ class ProcessPlan:
     reasons: list[Reason] = field(default_factory=list)
     # set by the plugin manager around each hook call, so reasons name the plugin
     acting_plugin: str = field(default="gpudask", repr=False, compare=False)
-    # the sections as the previous plan steps left them: what section() reads (set by the
-    # plugin manager at the start of each step, so a reader never depends on priority)
+    # the sections as the previous plan steps left them: what section() reads
     _settled: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     # the sections the acting plugin declared it reads (its ``reads_sections``)
     acting_reads: tuple[str, ...] = field(default=(), repr=False, compare=False)
@@ -60,7 +58,6 @@ class ProcessPlan:
     def __str__(self) -> str:  # short, for traces and messages
         return self.role + (f" {self.index}" if self.index is not None else "") + " plan"
 
-    # -- recording decisions -------------------------------------------------------
     def note(self, decision: str, why: str) -> None:
         """Record a decision (or a skip: ``note("skipped", "no GPU")``) with its reason."""
         # a plugin's words, as exact strings (gpudask.plaindata): published and printed as they are
@@ -101,10 +98,9 @@ class ProcessPlan:
         self.note(f"multiprocessing_method={method}", why)
 
     def set_section(self, values: Mapping[str, Any], why: str, decision: str | None = None) -> None:
-        """Write decisions into the acting plugin's own section (``plan.sections[plugin]``),
-        which ``to_dict()`` publishes as it is (``gpudask info --json``, the worker's startup
-        information).  ``values`` are merged into what the plugin wrote before; the reason
-        line is ``decision`` or ``<plugin>: key=value, ...`` of what changed."""
+        """Merge ``values`` into the acting plugin's own section (``plan.sections[plugin]``,
+        published as it is); the reason line is ``decision`` or ``<plugin>: key=value, ...``
+        of what changed."""
         owner = self.acting_plugin
         check_value(dict(values), f"plan section {owner!r}")
         values = plain(dict(values), strict=True)  # exact types: what the plan publishes is data
@@ -115,18 +111,12 @@ class ProcessPlan:
         self.note(decision if decision is not None else f"{owner}: {shown}", why)
 
     def section(self, owner: str) -> Mapping[str, Any]:
-        """Plugin ``owner``'s section as the *previous* plan steps left it (read-only, empty
-        when it wrote none): a plugin reads another's decisions only through the sections
-        it declares in its ``reads_sections``, and only those of earlier steps, so the order
-        is the plan's steps', never the plugins' priorities.  A plugin reads its own section
-        as it is now."""
-        from types import MappingProxyType
-
+        """Plugin ``owner``'s section as the *previous* plan steps left it (read-only): another
+        plugin's only when declared in ``reads_sections``, so the order is the plan's steps',
+        never the priorities.  A plugin reads its own section as it is now."""
         if owner == self.acting_plugin:
             return MappingProxyType(self.sections.get(owner, {}))
         if self.acting_plugin != "gpudask" and owner not in self.acting_reads:
-            from gpudask.errors import GpudaskError
-
             raise GpudaskError(f"plugin {self.acting_plugin!r} reads the plan section of {owner!r} without "
                                f"declaring it; accepted: name it in the plugin's reads_sections "
                                f"(now {list(self.acting_reads)})")
@@ -135,23 +125,18 @@ class ProcessPlan:
 
     def request(self, owner: str, values: Mapping[str, Any], why: str) -> None:
         """Ask plugin ``owner`` to take ``values`` into account (merged into what this plugin
-        asked before).  The owner documents the requests it reads and reads them with
-        :meth:`requests_for` in a later step, so neither needs the other's settings."""
+        asked before); the owner reads them with :meth:`requests_for` in a later step."""
         asked = self.requests.setdefault(owner, {}).setdefault(self.acting_plugin, {})
         asked.update(values)
         self.note(f"asks {owner}: " + ", ".join(f"{k}={v}" for k, v in values.items()), why)
 
     def requests_for(self, owner: str) -> Mapping[str, Mapping[str, Any]]:
         """``{requester: values}`` addressed to ``owner`` by the earlier plan steps (read-only)."""
-        from types import MappingProxyType
-
         settled = self.requests if self._settled is None else self._settled.get("\0requests", {})
         return MappingProxyType({k: MappingProxyType(v) for k, v in settled.get(owner, {}).items()})
 
     def settle_sections(self) -> None:
         """Freeze what :meth:`section` shows other plugins: called at the start of each plan step."""
-        import copy
-
         self._settled = {**copy.deepcopy(self.sections), "\0requests": copy.deepcopy(self.requests)}
 
     def set_resource(self, name: str, amount: float, why: str) -> None:
@@ -173,9 +158,8 @@ class ProcessPlan:
             self.ucx_transports.remove(name)
             self.note(f"no UCX transport {name}", why)
 
-    # -- reading -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        data = {
+        return {
             "role": self.role,
             "index": self.index,
             "gpu": self.gpu,
@@ -192,8 +176,6 @@ class ProcessPlan:
             "ucx_transports": list(self.ucx_transports),
             "reasons": [r.to_dict() for r in self.reasons],
         }
-        return data
-
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ProcessPlan:
@@ -207,12 +189,10 @@ class ProcessPlan:
 
 def cpu_ranges(cpus: Iterable[int]) -> str:
     """[0,1,2,3,8] -> '0-3,8' (short enough for a reason line)."""
-    out: list[str] = []
+    out: list[list[int]] = []  # [first] or [first, last]
     for cpu in cpus:
-        if out and "-" in out[-1] and int(out[-1].split("-")[1]) == cpu - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{cpu}"
-        elif out and "-" not in out[-1] and int(out[-1]) == cpu - 1:
-            out[-1] = f"{out[-1]}-{cpu}"
+        if out and out[-1][-1] == cpu - 1:
+            out[-1][1:] = [cpu]
         else:
-            out.append(str(cpu))
-    return ",".join(out)
+            out.append([cpu])
+    return ",".join("-".join(map(str, r)) for r in out)

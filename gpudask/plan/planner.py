@@ -1,11 +1,9 @@
-"""plan inputs (facts, settings, plugins, the user's view) -> HostPlan.  Pure: reads, never
-changes the process.
+"""plan inputs (facts, settings, plugins, the user's view) -> HostPlan.  Pure.
 
-The steps, in order, each for every process of the host: ``gpudask_validate`` once,
-``gpudask_plan_process``, ``gpudask_select_transport``, UCX_TLS composed from the
-plugins' contributions, ``gpudask_plan_memory``, ``gpudask_plan_finish`` (which may read
-the sections the earlier steps wrote), then the user's explicit environment
-and ``--interface`` win over what was detected.
+The steps, each for every process of the host: ``gpudask_validate`` once,
+``gpudask_plan_process``, ``gpudask_select_transport``, UCX_TLS composed from the plugins'
+contributions, ``gpudask_plan_memory``, ``gpudask_plan_finish``, then the user's explicit
+environment and ``--interface`` win over what was detected.
 """
 
 from __future__ import annotations
@@ -46,12 +44,9 @@ def check_nworkers(nworkers: Any, name: str = "nworkers") -> None:
 
 def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None = None,
                user_interface: str | None = None, planner: str | None = None) -> HostPlan:
-    """The plan for every process on the host of ``inputs`` (made by :mod:`gpudask.bootstrap`).
-
-    Only computes: reads ``inputs`` and never changes ``os.environ``, ``dask.config`` or the
-    plugins.  ``user_interface`` is a ``dask worker --interface`` the user gave: it wins
-    over the interface plugins choose for workers, like every explicit setting.
-    ``planner`` is the role of the process planning (:attr:`PlanContext.planner`).
+    """The plan for every process on the host of ``inputs``; never changes the process.
+    ``user_interface``: a ``dask worker --interface`` the user gave (it wins for workers);
+    ``planner``: the role of the process planning (:attr:`PlanContext.planner`).
 
     :raises ConfigError: a protocol distributed does not know (one line)."""
     check_protocol(protocol)
@@ -67,9 +62,7 @@ def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None =
 
         # the names this host's UCX offers, as the plugin that probes UCX says (gpudask_ucx_offered)
         check_user_tls(ctx.user_env.get("UCX_TLS"), manager.ucx_offered(facts))
-    # each hook is called once per process of the host (scheduler, nanny, client and each
-    # worker: 5 calls for 2 workers), in the planning process only: worker processes read
-    # the plan their parent wrote
+    # each hook is called once per process of the host, in the planning process only
     plans = [ProcessPlan("scheduler"), ProcessPlan("nanny"), ProcessPlan("client")]
     plans += [ProcessPlan("worker", index=i) for i in range(nworkers)]
     ctx.plans.extend(plans)
@@ -112,8 +105,7 @@ def _user_values(ctx: PlanContext, plans: list[ProcessPlan]) -> UserValues:
 
 @contextlib.contextmanager
 def _timed_plan_hooks(manager: Any, ctx: PlanContext) -> Iterator[None]:
-    """Time every plugin's plan hook calls (the manager's ``timing``); a call of
-    :data:`SLOW_PLAN_HOOK_S` or more becomes one warning of the plan per plugin and hook."""
+    """A plan hook call of :data:`SLOW_PLAN_HOOK_S` or more: one warning per plugin and hook."""
     spent: dict[tuple[str, str], list[float]] = {}
 
     def observe(plugin: str, hook: str, seconds: float) -> None:

@@ -1,12 +1,8 @@
-"""The published shape of a process's plan and applied state: what a worker puts in its
-startup information (``WorkerState.extra["gpudask"]``, :data:`PUBLISHED_KEY`), what
-``gpudask info --json`` prints per process, and what ``gpudask_report_rows`` and
-``gpudask_scheduler_check`` receive.  Typed here, exported by :mod:`gpudask.pluginapi`.
-
-Plain JSON data (``TypedDict``: dicts at run time).  What a worker publishes crosses
-processes and is bounded before it is shown (:mod:`gpudask.checks.published`): a value can
-be a marker string (``"... and 99 more items"``) where the type says otherwise, so a
-reader checks what it uses.
+"""The published shape of a process's plan and applied state (``WorkerState.extra["gpudask"]``,
+``gpudask info --json``, what ``gpudask_report_rows`` and ``gpudask_scheduler_check`` receive),
+exported by :mod:`gpudask.pluginapi`.  Plain JSON data, bounded before it is shown
+(:mod:`gpudask.checks.published`): a value can be a marker string (``"... and 99 more items"``)
+where the type says otherwise, so a reader checks what it uses.
 """
 
 from __future__ import annotations

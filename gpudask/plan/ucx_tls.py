@@ -1,10 +1,9 @@
 """What a ``UCX_TLS`` value means: UCX's syntax and aliases, and distributed-ucxx's reading of it.
 
-The one ``UCX_TLS`` parser (:func:`parse_ucx_tls`) and what a value lets UCX use
-(:func:`tls_enables`), so every plugin reads a user's value the same way; the core checks a
-user's value with :func:`check_user_tls` before planning, and composes ``UCX_TLS`` from the
-transports plugins contribute.  UCX's names only: which transports to choose is the transport
-plugins' business (``gpudask.plugins.ucx``).  Re-exported by :mod:`gpudask.pluginapi`.
+The one parser (:func:`parse_ucx_tls`) and what a value lets UCX use (:func:`tls_enables`), so
+every plugin reads a user's value the same way; the core checks a user's value with
+:func:`check_user_tls`.  Which transports to choose is the plugins'.  Re-exported by
+:mod:`gpudask.pluginapi`.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ _MEANS: dict[str, frozenset[str]] = {
 }
 
 
-# -- UCX_TLS -------------------------------------------------------------------------
 def parse_ucx_tls(value: str | None) -> list[str]:
     """``" TCP, cuda_copy"`` -> ``["tcp", "cuda_copy"]``: names lower-cased, order kept.
 
@@ -55,9 +53,8 @@ def ucxx_creates_cuda_context(tls: str | None) -> bool:
     return any("cuda" in n for n in names) and not any(n.startswith("^cuda") for n in names)
 
 
-# Every name UCX_TLS accepts whatever the host (UCX's aliases and transport names, UCX
-# 1.12-1.18 docs and ``ucx_info -c``): a name not here must be one this host's UCX lists
-# (what the plugins say it offers: gpudask_ucx_offered) to be accepted.
+# Every name UCX_TLS accepts whatever the host (UCX 1.12-1.18 docs, ``ucx_info -c``); any other
+# must be one this host's UCX offers (gpudask_ucx_offered)
 UCX_TLS_NAMES = frozenset({
     "all", "sm", "shm", "mm", "posix", "sysv", "xpmem", "cma", "knem", "self", "tcp",
     "ib", "rc", "rc_v", "rc_verbs", "rc_x", "rc_mlx5", "ud", "ud_v", "ud_verbs", "ud_x", "ud_mlx5",

@@ -1,10 +1,7 @@
-"""What a plugin may put into a plan or publish: checked where it is made.
-
-A worker publishes its plan, its memory setup and its applied state as JSON in its startup
-information (msgpack on the wire): a value msgpack cannot carry (an integer of 2**64 or
-more), that JSON has no word for (NaN, infinity) or that the process cannot take (an
-environment variable with ``=`` or NUL in its name) is refused in the hook that made it,
-with one line naming the plugin, instead of a worker that never registers.
+"""What a plugin may put into a plan or publish, checked in the hook that made it: a value
+msgpack cannot carry (an integer of 2**64 or more), JSON has no word for (NaN) or a process
+cannot take (an environment variable with ``=`` or NUL in its name) is refused with one line
+naming the plugin, instead of a worker that never registers.
 """
 
 from __future__ import annotations

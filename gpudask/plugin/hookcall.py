@@ -1,25 +1,15 @@
 """Calling one plugin's hook implementation, isolated: the one place that decides what a
 plugin's call can do to the process calling it.
 
-:func:`call_isolated` runs ``function(*args)`` and turns whatever it raises -- ``Exception``
-and also ``SystemExit``, ``GeneratorExit`` or any other ``BaseException`` (``KeyboardInterrupt``
-too, but on the main thread, where it is the user's Ctrl-C) -- into a :class:`~gpudask.errors.PluginError` naming the plugin and
-the hook, so that ``sys.exit()`` in a plugin never ends a scheduler, a worker or a command.  What it
-raised travels as its text, read here (:func:`gpudask.plaindata.exception_text`); the manager's ``function`` also
-makes the plugin's result plain data here (:mod:`gpudask.plugin.hookresults`), so nothing a plugin
-hands back runs its code later, outside the isolation.
-
-On the main thread (where ``dask scheduler`` / ``dask worker`` run their event loop and
-every command plans), the call is also bounded in time: after ``gpudask.plugins.hook-timeout``
-seconds (default 60) a ``SIGALRM`` interrupts it and it fails with one line; a ``SIGTERM`` or
-``SIGINT`` that arrives during the call interrupts it too (after running the handler that
-was there, e.g. distributed's), so a process stuck in a plugin still stops when told to.
-Python cannot interrupt a call inside C code that does not return to the interpreter; the
-bound is what the interpreter can do.  Off the main thread, callers bound the wait instead
-(the scheduler check's threads, the dashboard's build thread).
-
-The call mechanism (gpudask calling each implementation itself, or through pluggy's hook
-callers) can change; this stays the function every call goes through.
+:func:`call_isolated` turns whatever the call raises -- ``SystemExit`` and every other
+``BaseException`` too (``KeyboardInterrupt`` aside on the main thread, where it is the user's
+Ctrl-C) -- into a :class:`~gpudask.errors.PluginError` naming the plugin and the hook, so that
+``sys.exit()`` in a plugin never ends a server or a command.  On the main thread the call is
+also bounded: after ``gpudask.plugins.hook-timeout`` seconds (default 60) a ``SIGALRM``
+interrupts it, and a ``SIGTERM`` or ``SIGINT`` interrupts it too (after the handler that was
+there, e.g. distributed's), so a process stuck in a plugin still stops when told to.  Python
+cannot interrupt C code that does not return to the interpreter.  Off the main thread, callers
+bound the wait (the scheduler check's threads, the dashboard's build thread).
 """
 
 from __future__ import annotations
@@ -56,8 +46,7 @@ _ACTIVE = threading.local()  # .depth: nested calls on the main thread arm the b
 
 
 def hook_timeout() -> float:
-    """``gpudask.plugins.hook-timeout`` in seconds (a bad value: the default; the settings
-    check reports it in one line)."""
+    """``gpudask.plugins.hook-timeout`` in seconds (a bad value: the default; Settings reports it)."""
     try:
         import dask.config
 
@@ -73,8 +62,7 @@ def hook_timeout() -> float:
 def call_isolated(plugin: str, distribution: str | None, hook: str, function: Callable[..., Any],
                   args: Sequence[Any]) -> Any:
     """``function(*args)``; any failure is a PluginError (``KeyboardInterrupt`` on the main
-    thread aside: there it is the user's Ctrl-C; a thread never receives one, so there it is
-    the plugin's)."""
+    thread aside; a thread never receives one, so there it is the plugin's)."""
     main = threading.current_thread() is threading.main_thread()
     bound = _Bound(hook) if main else None
     start = time.monotonic()
@@ -168,9 +156,8 @@ class _Bound:
             signal.signal(sig, previous)
 
     def interrupt(self, why: str, frame: Any) -> None:
-        """Raise ``why`` into the hook, unless ``frame`` is where the interpreter would print
-        and drop it: then keep it, and (when the alarm is ours) come back in a few
-        milliseconds; the call's end raises it otherwise."""
+        """Raise ``why`` into the hook, unless ``frame`` is where the interpreter would drop it:
+        then keep it and (when the alarm is ours) retry soon; the call's end raises it otherwise."""
         if not _drops_exceptions(frame):
             self.pending = None
             raise _Interrupted(why)
@@ -212,8 +199,7 @@ _FRAMES_LOOKED_AT = 256
 
 def _drops_exceptions(frame: Any) -> bool:
     """Whether ``frame`` runs inside a garbage-collection callback (distributed installs one)
-    or a ``__del__``, between the hook and here: an exception raised there never reaches
-    :func:`call_isolated`, the interpreter prints it as "Exception ignored in" and goes on."""
+    or a ``__del__``: an exception raised there is printed as "Exception ignored in" and dropped."""
     callbacks = {getattr(getattr(c, "__func__", c), "__code__", None) for c in list(gc.callbacks)}
     stop = call_isolated.__code__
     for _ in range(_FRAMES_LOOKED_AT):

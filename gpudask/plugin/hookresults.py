@@ -1,25 +1,18 @@
 """What a plugin's hook returned, checked and made plain data before the core uses it.
 
-Each ``*_problem`` function takes one plugin's result of one hook and returns what is wrong
-with it, in the words of the one-line :class:`~gpudask.errors.PluginError` the manager raises
-(or the problem line a report shows), or None when the result is what the hook's
-specification in :mod:`gpudask.plugin.hookspecs` asks for; :func:`findings_of` turns a check's result
-into findings, whatever it holds.
-
-:func:`take` is what the manager runs on every result *inside the call's isolation*
-(:func:`gpudask.plugin.hookcall.call_isolated`), right after the plugin returned: the check, then
-the copy into plain data (:func:`gpudask.plaindata.plain`) -- exact types, bounded.  A
-result's ``__str__``, a Finding subclass's properties, a mapping's ``items`` therefore run
-where a ``SystemExit`` is the plugin's failure and the call is bounded in time (a check's
-thread, the report rows' thread, the main thread's alarm), and what leaves the call is data
-that formatting, pickling or logging on a scheduler's event loop cannot turn into plugin code.
+Each ``*_problem`` function says what is wrong with one plugin's result of one hook (the words
+of the manager's one-line PluginError), or None when it is what the hookspec asks for.
+:func:`take` runs *inside the call's isolation* (:func:`gpudask.plugin.hookcall.call_isolated`):
+the check, then the copy into plain data (:func:`gpudask.plaindata.plain`), so a result's
+``__str__`` or a mapping's ``items`` run where a ``SystemExit`` is the plugin's failure and the
+call is bounded, and what leaves the call cannot turn into plugin code on an event loop.
 """
 
 from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpudask.config import Option
@@ -100,9 +93,7 @@ def _applied_state_shape(result: Any) -> str | None:
 def findings_of(plugin: str, result: Any) -> list[Finding]:
     """``gpudask_scheduler_check``: its findings (Findings, or dicts of the published form),
     each a new :class:`Finding` of exact strings and plain details, naming ``plugin`` unless it
-    names another (by a string); anything else becomes a ``plugin-failed`` finding.  Reads the
-    plugin's objects (a Finding subclass's fields, a message's ``__str__``): inside the
-    call's isolation (:func:`take`)."""
+    names another; anything else becomes a ``plugin-failed`` finding."""
     if result is None:
         return []
     if not isinstance(result, (list, tuple)):
@@ -185,8 +176,7 @@ def warn_column_twice(column: str, first: str, second: str) -> None:
 
 
 class ResultProblem(GpudaskError):
-    """What is wrong with a result, raised by :func:`take` inside the call's isolation: the
-    manager's one-line PluginError then carries this text as its cause."""
+    """What is wrong with a result (the cause of the manager's one-line PluginError)."""
 
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -216,53 +206,42 @@ def likely_protocol_problem(result: Any) -> str | None:
     return f"returned {result!r:.80}; expected None or a protocol name such as 'ucx' or 'tcp'"
 
 
-def _checked(problem: Any, strict: bool = True) -> Any:
-    def take_result(result: Any) -> Any:
-        found = problem(result)
-        if found is not None:
-            raise ResultProblem(found)
-        try:
-            return None if result is None else plain(result, strict=strict)
-        except NotPlain as e:
-            raise ResultProblem(f"returned {e}; {ACCEPTED}") from None
-
-    return take_result
-
-
-def _options(result: Any) -> Any:
-    found = options_problem(result)
-    if found is not None:
-        raise ResultProblem(found)
-    return list(result or [])
+def _strict(result: Any) -> Any:
+    try:
+        return None if result is None else plain(result, strict=True)
+    except NotPlain as e:
+        raise ResultProblem(f"returned {e}; {ACCEPTED}") from None
 
 
 def _rows(result: Any) -> Any:
-    found = report_rows_problem(result)
-    if found is not None:
-        raise ResultProblem(found)
     # the rows as the page and `gpudask status` show them: plain, an object's value as its text
     rows = plain(result)
     return rows if rows is None else [r for r in rows if isinstance(r, dict)]
 
 
-_TAKE = {
-    "gpudask_config_options": _options,
-    "gpudask_facts_packages": _checked(facts_packages_problem),
-    "gpudask_ucx_offered": _checked(ucx_offered_problem),
-    "gpudask_preimport": _checked(preimport_problem),
-    "gpudask_likely_protocol": _checked(likely_protocol_problem),
-    "gpudask_setup_memory": _checked(setup_memory_problem),
-    "gpudask_applied_state": _checked(applied_state_problem),
-    "gpudask_report_rows": _rows,
+# hook -> (what is wrong with a result, the result made plain)
+_TAKE: dict[str, tuple[Callable[[Any], str | None], Callable[[Any], Any]]] = {
+    "gpudask_config_options": (options_problem, lambda result: list(result or [])),
+    "gpudask_facts_packages": (facts_packages_problem, _strict),
+    "gpudask_ucx_offered": (ucx_offered_problem, _strict),
+    "gpudask_preimport": (preimport_problem, _strict),
+    "gpudask_likely_protocol": (likely_protocol_problem, _strict),
+    "gpudask_setup_memory": (setup_memory_problem, _strict),
+    "gpudask_applied_state": (applied_state_problem, _strict),
+    "gpudask_report_rows": (report_rows_problem, _rows),
 }
 
 
 def take(hook: str, plugin: str, result: Any) -> Any:
-    """One plugin's result of ``hook``, checked and copied into plain data; run by the manager
-    inside the call's isolation, right after the plugin returned.
+    """One plugin's result of ``hook``, checked and copied into plain data.
 
-    :raises ResultProblem: with the one line of what is wrong (the manager's PluginError)."""
+    :raises ResultProblem: with the one line of what is wrong."""
     if hook == "gpudask_scheduler_check":
         return findings_of(plugin, result)
-    taker = _TAKE.get(hook)
-    return result if taker is None else taker(result)
+    if hook not in _TAKE:
+        return result
+    problem, made_plain = _TAKE[hook]
+    found = problem(result)
+    if found is not None:
+        raise ResultProblem(found)
+    return made_plain(result)

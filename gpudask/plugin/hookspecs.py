@@ -1,52 +1,42 @@
 """The hooks a gpudask plugin can implement: the typed contract.  These docstrings are the reference.
 
-A plugin is a module or an object that carries a ``name`` (str) and a ``priority``
-(int, 0-1000, lower runs first; ties are broken by name) and implements any of the
-hooks below, each marked with :data:`gpudask.pluginapi.hookimpl`.  Built-in plugins
-are registered from :data:`gpudask.plugin.manager.BUILTIN_PLUGINS`, third-party ones through
-the ``gpudask`` entry point group; both are called the same way.
+A plugin is a module or an object that carries a ``name`` (str) and a ``priority`` (int,
+0-1000, lower runs first; ties are broken by name) and implements any of the hooks below, each
+marked with :data:`gpudask.pluginapi.hookimpl`.  Built-in plugins are registered from
+:data:`gpudask.plugin.manager.BUILTIN_PLUGINS`, third-party ones through the ``gpudask`` entry
+point group; both are called the same way: one implementation at a time, in priority order,
+each through pluggy's hook caller for that plugin alone (``GPUDASK_TRACE_PLUGINS=1`` logs each
+call, one line per plugin).  None of the hooks is ``firstresult``: each asks every plugin for
+its part; how the results combine is said per hook.  A failure is reported as ``gpudask plugin
+'x' (from dist) failed in <hook>: <cause>``; what it then does is also said per hook.  Hook
+wrappers (``wrapper=True``, ``hookwrapper=True``) and ``tryfirst``/``trylast`` are refused at
+registration (``... failed in registration: <hook> is marked tryfirst=True, which gpudask does
+not run; ...``): the order is the plugin's ``priority``.
 
-Every hook is called by gpudask's plugin manager one implementation at a time, in
-priority order, each through pluggy's hook caller for that plugin alone
-(``GPUDASK_TRACE_PLUGINS=1`` logs each call, one line per plugin, through pluggy's
-``add_hookcall_monitoring``).
-None of the hooks is ``firstresult``: each asks every plugin for its part (its options,
-its decisions, its findings), and no single plugin's answer ends the call. How the
-results combine is said per hook. A failure is reported as ``gpudask plugin 'x' (from
-dist) failed in <hook>: <cause>``; what it then does is also said per hook. Hook
-wrappers (``wrapper=True``, ``hookwrapper=True``) and ``tryfirst``/``trylast`` are
-refused at registration (``gpudask plugin 'x' failed in registration: <hook> is marked
-tryfirst=True, which gpudask does not run; ...``): the order is the plugin's
-``priority``.
+*Plan hooks* (``gpudask_validate``, ``gpudask_plan_process``, ``gpudask_select_transport``,
+``gpudask_plan_memory``, ``gpudask_plan_finish``) are pure: they read the frozen
+:class:`~gpudask.plan.PlanContext` and write decisions into a :class:`~gpudask.plan.ProcessPlan`
+through its methods, which record the reason and the plugin; they must have no side effects.
+A host plan is built by the *planning processes* -- ``dask scheduler``, the ``dask worker``
+process that hosts the nannies (the *nanny host*), ``dask worker --no-nanny``, a client that
+calls :func:`gpudask.initialize` or starts a ``LocalGPUCluster`` -- by ``gpudask info``, by the
+check when the process running it applied no plan (a client's :func:`gpudask.check`, a
+scheduler without ``--preload gpudask``), and by gpudask's ``WorkerPlugin`` /
+``SchedulerPlugin`` registered on a running server.  A nanny's worker process takes its plan
+from the host plan its parent wrote and calls no plan hook, unless there is no such plan
+(``LocalCluster(preload=["gpudask"])`` without ``gpudask.initialize()``) or it is a worker
+beyond the ones its parent planned for.  ``gpudask_config_options`` runs wherever a plugin
+manager is built: each of those processes, every worker process, ``gpudask config``, the
+documentation build.
 
-*Plan hooks* (``gpudask_validate``, ``gpudask_plan_process``,
-``gpudask_select_transport``, ``gpudask_plan_memory``, ``gpudask_plan_finish``) are pure:
-they read the frozen :class:`~gpudask.plan.PlanContext` and write decisions into a
-:class:`~gpudask.plan.ProcessPlan` through its methods, which record the reason and the
-plugin. They run wherever a host plan is built, and must have no side effects. A host
-plan is built by the *planning processes* -- ``dask scheduler``, the ``dask worker``
-process that hosts the nannies (the *nanny host*), ``dask worker --no-nanny``, a client
-that calls :func:`gpudask.initialize` or starts a ``LocalGPUCluster`` -- by ``gpudask
-info``, by the check when the process running it applied no plan (a client's
-:func:`gpudask.check`, a scheduler without ``--preload gpudask``), and by gpudask's
-``WorkerPlugin`` / ``SchedulerPlugin`` registered on a running server. A nanny's worker
-process takes its plan from the host plan its parent wrote and calls no plan hook; it
-plans (for itself) only when there is no such plan
-(``LocalCluster(preload=["gpudask"])`` without ``gpudask.initialize()``) or when it is a
-worker beyond the ones its parent planned for.
-``gpudask_config_options`` runs wherever a plugin manager is built: each of those
-processes, every worker process, ``gpudask config``, the documentation build.
+*Apply hooks* (``gpudask_context_init``, ``gpudask_setup_memory``, ``gpudask_server_setup``,
+``gpudask_applied_state``) run in the process the plan is for, at the moment each docstring
+names (``Called in:``), with the plan already computed; they must not re-decide.
 
-*Apply hooks* (``gpudask_context_init``, ``gpudask_setup_memory``,
-``gpudask_server_setup``, ``gpudask_applied_state``) run in the process the plan is for,
-at the moment each docstring names, with the plan already computed; they must not
-re-decide.  Each docstring says which processes call it (``Called in:``).
+``gpudask_scheduler_check`` compares two processes' published facts, a *reference* and a
+*subject* (the fields of the same names of each :class:`~gpudask.findings.Finding`).
 
-``gpudask_scheduler_check`` compares two processes' published facts, a *reference* and
-a *subject* (the fields of the same names of each :class:`~gpudask.findings.Finding`).
-
-The annotations name the types; they are imported for type checkers only, so this
-module stays as light as ``import gpudask``.
+The annotations are imported for type checkers only: this module stays as light as ``import gpudask``.
 """
 
 from __future__ import annotations
@@ -76,21 +66,19 @@ def gpudask_config_options() -> list[Option]:
     """Declare the settings this plugin reads.
 
     **When:** called when gpudask reads its settings, before any other hook of the same
-    plugin manager.  **Called in:** every process that builds a plugin manager: the
-    planning processes (``dask scheduler``, the nanny host, a client), every worker
-    process (its settings are read in the process, its plan comes from its parent), the
-    ``gpudask`` commands (``info``, ``config``, ``check``, ...), ``LocalGPUCluster``'s
-    dask-cuda arguments and the documentation build.
+    plugin manager.  **Called in:** every process that builds a plugin manager: the planning
+    processes, every worker process (its settings are read there, its plan comes from its
+    parent), the ``gpudask`` commands, ``LocalGPUCluster``'s dask-cuda arguments and the
+    documentation build.
 
-    :return: a list of :class:`gpudask.pluginapi.Option`.  Keys must live under
-        ``gpudask.`` (``gpudask.<plugin-name>.<option>`` by convention).  Each option
-        carries its default, a one-line description (used for the generated
-        configuration reference), a parser that turns raw values into typed ones
-        and raises :class:`ValueError` with the accepted form, and optional
-        ``legacy`` keys (other dask config keys honoured when the gpudask key is
-        not set explicitly).  Plugins read values with ``ctx.require(key)`` or
-        ``ctx.value(key)`` (one line naming the key when no loaded plugin declares
-        it), or ``ctx.setting(key)`` (None then) for another plugin's option.
+    :return: a list of :class:`gpudask.pluginapi.Option`, keys under ``gpudask.``
+        (``gpudask.<plugin-name>.<option>`` by convention).  Each carries its default, a
+        one-line description (for the generated configuration reference), a parser that
+        turns raw values into typed ones and raises :class:`ValueError` with the accepted
+        form, and optional ``legacy`` keys (other dask config keys honoured when the gpudask
+        key is not set explicitly).  Plugins read values with ``ctx.require(key)`` or
+        ``ctx.value(key)`` (one line naming the key when no loaded plugin declares it), or
+        ``ctx.setting(key)`` (None then) for another plugin's option.
 
     **Combined:** the lists of all plugins are concatenated after gpudask's core options.
     **Failure:** raising, or returning something that is not an ``Option`` under
@@ -103,10 +91,9 @@ def gpudask_facts_sections() -> list[FactsSection] | None:
     """Declare the facts this plugin owns: its sections of a host's facts.
 
     **When:** called when gpudask reads the facts of a host for a plan, after
-    ``gpudask_config_options`` and before ``gpudask_validate``.  **Called in:** every
-    process that builds plan inputs: the planning processes (``dask scheduler``, the nanny
-    host, a client), every worker process, the ``gpudask`` commands that plan (``info``,
-    ``check``) and ``LocalGPUCluster``.
+    ``gpudask_config_options`` and before ``gpudask_validate``.  **Called in:** every process
+    that builds plan inputs: the planning processes, every worker process, the ``gpudask``
+    commands that plan (``info``, ``check``) and ``LocalGPUCluster``.
 
     :return: a list of :class:`gpudask.pluginapi.FactsSection` ``(name, schema, probe)``,
         or None.  On a real host gpudask calls ``probe(facts)`` (the core's facts: GPUs,
@@ -226,11 +213,9 @@ def gpudask_ucx_offered(facts: Facts) -> list[str] | None:
 def gpudask_validate(ctx: PlanContext) -> None:
     """Check the settings and the facts before any plugin decides.
 
-    **When:** called once per host plan, after all options are parsed and before any
-    other plan hook.  **Called in:** every process that builds a host plan (the module
-    docstring lists them: the planning processes, ``gpudask info``, the check where no
-    plan was applied, gpudask's late-registered server plugins, a worker process without
-    a planning parent); never in a worker process that takes its plan from its parent.
+    **When:** called once per host plan, after all options are parsed and before any other
+    plan hook.  **Called in:** every process that builds a host plan (the module docstring
+    lists them); never in a worker process that takes its plan from its parent.
 
     :param ctx: the frozen :class:`gpudask.pluginapi.PlanContext` (facts, settings,
         protocol, number of workers, the user's environment and config).
@@ -313,21 +298,18 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
 def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
     """Prepare the CUDA context of the current process before UCX initialises.
 
-    **When:** an apply hook, called once per process when gpudask applies the process's
-    plan, after the plan's environment, config and CPU binding and before ``listen()``:
-    the last moment at which ``CUDA_VISIBLE_DEVICES`` and ``UCX_*`` still take effect.
-    **Called in:** a ``dask scheduler``, a nanny host and a ``dask worker --no-nanny``
-    started with ``--preload gpudask`` (at the import of the preload, while the CLI parses
-    its options); each worker process of a nanny, at the first import of gpudask there (the preload in ``Worker.__init__``,
-    or the user's script re-imported as ``__mp_main__``); a client, in
-    :func:`gpudask.initialize` and ``LocalGPUCluster``.  Not called where gpudask arrives
-    late: a scheduler or worker inside a client's process (a ``LocalCluster``), gpudask's
-    ``WorkerPlugin`` / ``SchedulerPlugin`` registered on a running server (it is too late
-    for it there).
+    **When:** an apply hook, called once per process when gpudask applies its plan, after
+    the plan's environment, config and CPU binding and before ``listen()``: the last moment
+    ``CUDA_VISIBLE_DEVICES`` and ``UCX_*`` still take effect.  **Called in:** a ``dask
+    scheduler``, a nanny host and a ``dask worker --no-nanny`` started with ``--preload
+    gpudask`` (at the import of the preload); each worker process of a nanny, at its first
+    import of gpudask; a client, in :func:`gpudask.initialize` and ``LocalGPUCluster``.  Not
+    where gpudask arrives too late: a scheduler or worker inside a client's process (a
+    ``LocalCluster``), gpudask's ``WorkerPlugin`` / ``SchedulerPlugin`` on a running server.
 
-    Implementations detect existing contexts (without creating one), create the
-    worker's context on its own GPU when UCX needs it, and verify it.  When the facts
-    are described (``ctx.facts.described``) nothing touching a real device may run.
+    Implementations detect existing contexts (without creating one), create the worker's
+    context on its own GPU when UCX needs it, and verify it.  When the facts are described
+    (``ctx.facts.described``) nothing touching a real device may run.
 
     :return: None (ignored).
 
@@ -365,16 +347,14 @@ def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] 
     """Apply the plugin's memory decision (its section of ``plan``) in a worker process.
 
     **When:** an apply hook, called right after ``gpudask_context_init`` when a worker
-    process applies its plan -- before the first connection and the first task -- or, in
-    a running worker, when gpudask's ``WorkerPlugin`` is registered and the worker uses
-    the GPU its plan names.  Called **once per process**: gpudask keeps the returned
-    reports and hands them out to every later request in that process (a second
-    ``WorkerPlugin``, another preload), so a plugin never builds a pool twice.
-    **Called in:** worker processes: a nanny's worker process started with ``--preload
-    gpudask`` (or whose nanny has ``--preload-nanny gpudask``), a ``dask worker
-    --no-nanny --preload gpudask``, and any process running a ``Worker`` that gpudask's
-    ``WorkerPlugin`` is registered on (a thread-based worker in a client's process
-    included).  Never in a scheduler, a nanny host, or a client's own plan.
+    process applies its plan (before the first connection and task), or in a running worker
+    when gpudask's ``WorkerPlugin`` is registered and the worker uses the GPU its plan names.
+    Called **once per process**: every later request in it (a second ``WorkerPlugin``,
+    another preload) gets the reports kept, so a plugin never builds a pool twice.
+    **Called in:** worker processes: a nanny's worker started with ``--preload gpudask`` (or
+    ``--preload-nanny gpudask``), a ``dask worker --no-nanny --preload gpudask``, any process
+    running a ``Worker`` gpudask's ``WorkerPlugin`` is registered on (a thread-based worker
+    in a client's process included).  Never in a scheduler, a nanny host, or a client's plan.
 
     :return: a JSON-compatible dict describing what was set up (published in the
         worker's startup information under ``gpudask.memory.<plugin name>``), or None.
@@ -392,17 +372,15 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     Named ``gpudask_preload`` up to gpudask 0.1.0; it never ran at the import of the
     preload.
 
-    **When:** an apply hook, called once per server with ``server`` the ``Worker``,
-    ``Nanny`` or ``Scheduler``: from gpudask's ``dask_setup`` (distributed calls it after
-    ``listen()``, before a worker registers with the scheduler), or, on a server gpudask
-    was not preloaded into, when gpudask's ``WorkerPlugin`` (``Worker.setup`` time) or
-    ``SchedulerPlugin`` (its ``start``) is registered.  **Called in:** a ``dask
-    scheduler`` (``--preload gpudask``, or gpudask's ``SchedulerPlugin``); each worker
-    process (``--preload gpudask``, ``--preload-nanny gpudask``, or gpudask's
-    ``WorkerPlugin``); a nanny only with ``--preload-nanny gpudask`` (gpudask's
-    ``NannyPlugin`` does not call it); a scheduler or worker inside a client's process
-    started with ``preload=["gpudask"]`` (with that process's plan for the role).  Never
-    in the ``dask worker`` CLI's own process before its nannies start, nor in a client.
+    **When:** an apply hook, called once per server (``server``: the ``Worker``, ``Nanny``
+    or ``Scheduler``) from gpudask's ``dask_setup`` (after ``listen()``, before a worker
+    registers), or, on a server gpudask was not preloaded into, when gpudask's
+    ``WorkerPlugin`` (``Worker.setup``) or ``SchedulerPlugin`` (its ``start``) is registered.
+    **Called in:** a ``dask scheduler`` (``--preload gpudask`` or ``SchedulerPlugin``); each
+    worker process (``--preload gpudask``, ``--preload-nanny gpudask`` or ``WorkerPlugin``); a
+    nanny only with ``--preload-nanny gpudask`` (not ``NannyPlugin``); a scheduler or worker
+    inside a client's process started with ``preload=["gpudask"]`` (with that process's plan
+    for the role).  Never in the ``dask worker`` CLI's own process, nor in a client.
 
     :return: None (ignored).
 
@@ -432,14 +410,13 @@ def gpudask_client_setup(ctx: PlanContext, plan: ProcessPlan) -> None:
 def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
     """Read back, from the live process, what this plugin applied: the proof of effect.
 
-    **When:** an apply hook, called once per server right after ``gpudask_server_setup``
-    in gpudask's ``dask_setup``, when gpudask records the process's applied state (for
-    ``gpudask status`` and the scheduler check).  Read only: never change anything.
-    **Called in:** only a process that applied its own plan at import and then runs a
-    server: a ``dask scheduler --preload gpudask``, each worker process of a nanny
-    started with gpudask, a ``dask worker --no-nanny --preload gpudask``.  Never in the nanny host (the ``dask worker`` CLI's process), a
-    nanny, a client, a scheduler or worker inside a client's process, nor where gpudask's
-    ``WorkerPlugin`` / ``SchedulerPlugin`` were registered on a running server.
+    **When:** an apply hook, called once per server right after ``gpudask_server_setup`` in
+    gpudask's ``dask_setup``, when gpudask records the applied state (for ``gpudask status``
+    and the scheduler check).  Read only: never change anything.  **Called in:** only a
+    process that applied its own plan at import and runs a server: a ``dask scheduler
+    --preload gpudask``, each worker process of a nanny started with gpudask, a ``dask worker
+    --no-nanny --preload gpudask``.  Never in the nanny host, a nanny, a client, a server
+    inside a client's process, nor where ``WorkerPlugin`` / ``SchedulerPlugin`` were registered.
 
     :return: ``{key: {"planned": value, "actual": value}}`` for what this plugin decided
         and can read back (JSON-compatible values), or None.  A key whose two values differ
@@ -458,12 +435,11 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
     """Compare a process of a cluster (the subject) with another (the reference); report findings.
 
     **When:** called by gpudask's check runner each time a worker joins the scheduler (and,
-    for a runner registered late, for each worker already connected), in one of a few
-    threads, never on the scheduler's event loop; and by :func:`gpudask.check` (``gpudask
-    check``), which compares the client with the scheduler and with each worker.
-    **Called in:** the scheduler process (``dask scheduler --preload gpudask``, gpudask's
-    ``SchedulerPlugin``, or the ``SchedulerCheck`` plugin a client registers) and the
-    client process running :func:`gpudask.check`.
+    for a runner registered late, for each worker already connected), in a thread, never on
+    the scheduler's event loop; and by :func:`gpudask.check` (``gpudask check``), which
+    compares the client with the scheduler and with each worker.  **Called in:** the
+    scheduler process (``--preload gpudask``, ``SchedulerPlugin``, or the ``SchedulerCheck``
+    plugin a client registers) and the client process running :func:`gpudask.check`.
 
     :param ctx: the :class:`gpudask.pluginapi.PlanContext` of the process running the
         check (its settings, e.g. which packages to compare), or None where that process
@@ -481,11 +457,10 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
     :return: a list of :class:`gpudask.pluginapi.Finding` (or dicts with ``severity``,
         ``code``, ``message``), possibly empty, or None.
 
-    **Combined:** the findings of all plugins are concatenated; each finding's
-    ``plugin`` is filled with the plugin's name, its ``subject`` and ``reference`` with
-    the two sides' names.  **Failure:** isolated: a plugin that
-    raises, or returns something else, becomes one ``plugin-failed`` warning finding
-    and the other plugins still run.
+    **Combined:** the findings of all plugins are concatenated; each finding's ``plugin`` is
+    filled with the plugin's name, its ``subject`` and ``reference`` with the two sides'
+    names.  **Failure:** isolated: a plugin that raises, or returns something else, becomes
+    one ``plugin-failed`` warning finding and the other plugins still run.
     """
 
 

@@ -1,11 +1,7 @@
-"""Tracing the plugins' hook calls: one line per plugin and call.
-
-Turned on by ``gpudask.plugins.trace`` or ``$GPUDASK_TRACE_PLUGINS=1``
-(:meth:`gpudask.plugin.manager.PluginManager.enable_tracing`), which hands :func:`before` and
-:func:`after` to pluggy's ``add_hookcall_monitoring``.  The manager calls each plugin through
-a hook caller of its own, so every monitored call is one plugin's, and its line reads
-``gpudask trace: <hook> -> <plugin> role=<role> index=<n>: <result> (<ms> ms)``
-(docs/troubleshooting.md).
+"""Tracing the plugins' hook calls through pluggy's ``add_hookcall_monitoring``: one line per
+plugin and call, ``gpudask trace: <hook> -> <plugin> role=<role> index=<n>: <result> (<ms> ms)``
+(docs/troubleshooting.md).  The manager calls each plugin through a hook caller of its own, so
+every monitored call is one plugin's.
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ _STARTS = threading.local()  # when each traced call began (calls nest: a stack 
 
 
 def trace_line(hook: str, plugin: str, plan: Any, result: Any, seconds: float) -> str:
-    """One traced call: the hook, the plugin, the process it planned or applied for, its
-    result (short; a failure's line) and its duration."""
+    """One traced call: the hook, the plugin, the process, its result (short) and its duration."""
     where = "" if plan is None else f" role={plan.role}" + ("" if plan.index is None else f" index={plan.index}")
     if isinstance(result, PluginError):
         shown = f"failed: {result}"

@@ -1,25 +1,13 @@
-"""The plugin manager: the plugins of this process, registered into pluggy, and the calls of their hooks.
+"""The plugin manager: the plugins of this process, registered into pluggy, and their hook calls.
 
-In the manner of pytest's and tox's plugin managers, one object holds the plugins and
-calls them: the rest of gpudask calls ``manager.select_transport(ctx, plan)``, never
-``pm.hook.x``.  Which plugins load and what a plugin must be to be registered are
-:mod:`gpudask.plugin.registration`'s rules (:func:`~gpudask.plugin.registration.select`,
-:data:`BUILTIN_PLUGINS`, :data:`ESSENTIAL_PLUGINS`, re-exported here); the manager imports
-and registers what they select, each entry point's module run isolated like a hook.
-
-It calls the plugins one at a time in priority order, each through pluggy's hook caller
-for that plugin alone (``PluginManager.subset_hook_caller`` without every other plugin,
-cached per hook and plugin), so that a failure names the plugin, its distribution and the
-hook, reasons are attributed to the plugin that made them, and a hook that isolates
-failures lets the others run; and traces the calls (``enable_tracing``: :mod:`gpudask.plugin.hooktrace`
-through pluggy's ``add_hookcall_monitoring``, one line per plugin and call).  Each call goes
-through :func:`gpudask.plugin.hookcall.call_isolated`, which bounds it and turns whatever it raises
-into a one-line PluginError; what it returns is checked by :mod:`gpudask.plugin.hookresults` before
-gpudask uses it.
-
-Only pluggy's public API is used.  What pluggy would order or wrap differently -- hook
-wrappers (``wrapper=True``, ``hookwrapper=True``) and ``tryfirst``/``trylast`` -- is refused
-at registration: gpudask's order is the plugin's ``priority``.
+The rest of gpudask calls ``manager.select_transport(ctx, plan)``, never ``pm.hook.x``.  Which
+plugins load and what a plugin must be are :mod:`gpudask.plugin.registration`'s rules.  Each
+plugin is called on its own, in priority order, through pluggy's hook caller for it alone
+(``subset_hook_caller``), so a failure names the plugin, its distribution and the hook, reasons
+are attributed to it, and an isolating hook lets the others run.  Every call goes through
+:func:`gpudask.plugin.hookcall.call_isolated`; its result is checked by
+:mod:`gpudask.plugin.hookresults` inside it.  Only pluggy's public API is used; hook wrappers
+and ``tryfirst``/``trylast`` are refused at registration: the order is ``priority``.
 """
 
 from __future__ import annotations
@@ -87,17 +75,14 @@ class PluginManager:
         self.trace = False
         self._observe: Callable[[str, str, float], None] | None = None
 
-    # -- loading ---------------------------------------------------------------
     @classmethod
     def from_environment(cls: type[_M], extra: Iterable[Any] = (), broken: list[PluginError] | None = None,
                          core: Settings | None = None) -> _M:
-        """Load built-ins and entry points, honouring enable/disable lists and autoload
-        (:func:`gpudask.plugin.registration.select`).
+        """Load the plugins :func:`~gpudask.plugin.registration.select` chooses.
 
-        A plugin that cannot be loaded raises :class:`PluginError`; with ``broken`` (a
-        list), it is recorded there instead and the others load (``gpudask plugins``).
-        ``core``: the settings holding the core's options (the bootstrap's one Settings of
-        the process); left out, read from dask's config."""
+        A plugin that cannot be loaded raises :class:`PluginError`, or with ``broken`` (a list)
+        is recorded there while the others load (``gpudask plugins``).  ``core``: the settings
+        holding the core's options; left out, read from dask's config."""
         manager = cls()
         extra = list(extra)
         chosen = select(extra, core)
@@ -129,7 +114,6 @@ class PluginManager:
         return manager
 
     def _load_entry_point(self, name: str, dist: str | None) -> None:
-        """One entry point through pluggy, which skips blocked names; failures name the plugin."""
         self.loading_dist = dist  # for the one-line errors of its registration
         try:
             # the module body runs here: isolated like a hook (sys.exit() in it ends nothing)
@@ -141,7 +125,6 @@ class PluginManager:
             raise
         finally:
             self.loading_dist = None
-        # the distribution it came from, as pluggy recorded it
         for obj, distribution in self._pm.list_plugin_distributions():
             for plugin in self.plugins:
                 if plugin.obj is obj and plugin.source == "entry point":
@@ -149,8 +132,8 @@ class PluginManager:
 
     def register(self, obj: Any, name: str | None = None, source: str = "registered",
                  distribution: str | None = None) -> LoadedPlugin | None:
-        """Register ``obj`` (a module or object with ``name``, ``priority`` and hooks), checked
-        by :mod:`gpudask.plugin.registration`'s rules.  None when the name is blocked (disabled)."""
+        """Register ``obj`` (a module or object with ``name``, ``priority`` and hooks); None when
+        the name is blocked (disabled)."""
         name = getattr(obj, "name", None) or name
         if not isinstance(name, str) or not name:
             raise PluginError(repr(obj), distribution, "registration", "a plugin needs a non-empty string 'name'")
@@ -181,7 +164,6 @@ class PluginManager:
                               registered=target)
         self.plugins.append(plugin)
         self.plugins.sort(key=lambda p: (p.priority, p.name))
-        # what the calls cached is for the plugins before this one
         self._impls_of.clear()
         self._callers.clear()
         return plugin
@@ -189,27 +171,19 @@ class PluginManager:
     def names(self) -> list[str]:
         return [p.name for p in self.plugins]
 
-    # -- tracing ---------------------------------------------------------------
     def enable_tracing(self) -> None:
-        """Log every hook call, one line per plugin: ``gpudask trace: <hook> -> <plugin>
-        role=<role> index=<n>: <result> (<ms> ms)`` (docs/troubleshooting.md), through pluggy's
-        ``add_hookcall_monitoring`` (each call is one plugin's: :meth:`_caller`)."""
+        """Log every hook call, one line per plugin (:mod:`gpudask.plugin.hooktrace`)."""
         if not self.trace:
             self.trace = True
             self._pm.add_hookcall_monitoring(hooktrace.before, hooktrace.after)
 
-    # -- calling ---------------------------------------------------------------
     def _impls(self, hook_name: str) -> dict[str, pluggy.HookImpl]:
-        """plugin name -> its implementation of ``hook_name`` (pluggy's public HookImpl)."""
         if hook_name not in self._impls_of:
             caller = getattr(self._pm.hook, hook_name)
             self._impls_of[hook_name] = {impl.plugin_name: impl for impl in caller.get_hookimpls()}
         return self._impls_of[hook_name]
 
     def _caller(self, hook_name: str, plugin: LoadedPlugin) -> pluggy.HookCaller:
-        """pluggy's hook caller of ``hook_name`` for ``plugin``'s implementation alone
-        (``subset_hook_caller`` without every other plugin): each plugin is called on its
-        own, so a failure names it, its reasons are its own and the others can still run."""
         key = (hook_name, plugin.name)
         if key not in self._callers:
             others = [p.registered for p in self.plugins if p.name != plugin.name and p.name in self._impls(hook_name)]
@@ -217,17 +191,13 @@ class PluginManager:
         return self._callers[key]
 
     def _call_one(self, hook_name: str, plugin: LoadedPlugin, kwargs: Mapping[str, Any]) -> Any:
-        """``plugin``'s implementation of ``hook_name``, through pluggy, which hands it the
-        arguments it names (checked against the spec at registration); its result or None."""
         returned = self._caller(hook_name, plugin)(**kwargs)
         result = returned[0] if returned else None  # pluggy leaves None results out of its list
-        # still inside the call's isolation: the result checked and made plain data here
-        # (gpudask.plugin.hookresults.take), so nothing of the plugin's runs once the call is left
+        # checked and made plain data inside the call's isolation: no plugin code runs after it
         return hookresults.take(hook_name, plugin.name, result)
 
     def hook_functions(self, hook_name: str) -> dict[str, Callable[..., Any]]:
-        """plugin name -> the function implementing ``hook_name`` (e.g. to tell which
-        plugin a thread is in from its stack)."""
+        """plugin name -> the function implementing ``hook_name``."""
         return {name: impl.function for name, impl in self._impls(hook_name).items()}
 
     @contextlib.contextmanager
@@ -246,11 +216,11 @@ class PluginManager:
         if plan is not None:
             kwargs = dict(kwargs, plan=plan)
         # a ProcessPlan being built or applied (not a published plan's dict): its reasons name
-        # the acting plugin, and what section() shows is settled at the start of each step
+        # the acting plugin, and section() shows the earlier steps' decisions only
         tracked = plan if plan is not None and not isinstance(plan, Mapping) else None
         impls = self._impls(hook_name)
         if tracked is not None:
-            tracked.settle_sections()  # what section() shows: the earlier steps' decisions only
+            tracked.settle_sections()
         results = []
         for plugin in self.plugins:
             if plugin.name not in impls:
@@ -259,7 +229,6 @@ class PluginManager:
                 tracked.acting_plugin, tracked.acting_reads = plugin.name, plugin.reads
             start = time.perf_counter()
             try:
-                # through pluggy's hook caller for this plugin alone; gpudask.plugin.hookcall isolates the call
                 result: Any = call_isolated(plugin.name, plugin.distribution, hook_name, self._call_one,
                                             [hook_name, plugin, kwargs])
             except PluginError as error:
@@ -277,7 +246,7 @@ class PluginManager:
     def config_options(self) -> list[Option]:
         options = list(CORE_OPTIONS)
         for _plugin, result in self._call("gpudask_config_options"):
-            options += result  # checked in the call (hookresults.take)
+            options += result
         return options
 
     def facts_sections(self) -> list[tuple[str, FactsSection]]:
@@ -300,13 +269,18 @@ class PluginManager:
                 out.setdefault(key, list(dists))
         return out
 
-    def preimport(self, facts: Facts, role: str, protocol: str | None) -> list[str]:
-        """The modules a ``role`` process of this host imports as it starts, as the plugins
-        name them (``gpudask_preimport``): every answer's names in priority order, each once."""
-        found: list[str] = []
-        for _plugin, result in self._call("gpudask_preimport", facts=facts, role=role, protocol=protocol):
-            found += [m for m in result or () if m not in found]
+    def _names(self, hook_name: str, **kwargs: Any) -> list[str] | None:
+        """Every answer's names in priority order, each once; None when every plugin said None."""
+        found: list[str] | None = None
+        for _plugin, result in self._call(hook_name, **kwargs):
+            if result is not None:
+                found = found or []
+                found += [name for name in result if name not in found]
         return found
+
+    def preimport(self, facts: Facts, role: str, protocol: str | None) -> list[str]:
+        """The modules a ``role`` process of this host imports as it starts (``gpudask_preimport``)."""
+        return self._names("gpudask_preimport", facts=facts, role=role, protocol=protocol) or []
 
     def likely_protocol(self, facts: Facts) -> str | None:
         """The protocol this host's scheduler most likely listens on, as the first plugin that
@@ -317,16 +291,8 @@ class PluginManager:
         return None
 
     def ucx_offered(self, facts: Facts) -> list[str] | None:
-        """The transports this host's UCX offers, as the plugins say (``gpudask_ucx_offered``):
-        every answer's names together, in priority order, or None when no plugin knows."""
-        hook = "gpudask_ucx_offered"
-        found: list[str] | None = None
-        for _plugin, result in self._call(hook, facts=facts):
-            if result is None:
-                continue
-            found = found if found is not None else []
-            found += [t for t in result if t not in found]
-        return found
+        """The transports this host's UCX offers (``gpudask_ucx_offered``), or None when no plugin knows."""
+        return self._names("gpudask_ucx_offered", facts=facts)
 
     def validate(self, ctx: PlanContext) -> None:
         self._call("gpudask_validate", ctx=ctx)
@@ -378,26 +344,22 @@ class PluginManager:
     def client_setup(self, ctx: PlanContext, plan: ProcessPlan) -> None:
         self._call("gpudask_client_setup", plan, ctx=ctx)
 
+    def _by_plugin(self, hook_name: str, ctx: PlanContext, plan: ProcessPlan, empty: bool) -> dict[str, Any]:
+        """``{plugin: result}``, None results left out (and empty ones unless ``empty``)."""
+        return {plugin.name: result for plugin, result in self._call(hook_name, plan, ctx=ctx)
+                if result is not None and (empty or result)}
+
     def setup_memory(self, ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
-        """Each plugin's ``gpudask_setup_memory`` result: ``{plugin: result}``, Nones left out.
-        Runs the hooks at every call: the once-per-process rule is the apply stage's
-        (:func:`gpudask.apply.process.setup_memory`)."""
-        out = {}
-        for plugin, result in self._call("gpudask_setup_memory", plan, ctx=ctx):
-            if result is not None:
-                out[plugin.name] = result
-        return out
+        """``{plugin: its gpudask_setup_memory result}``.  Runs the hooks at every call: the
+        once-per-process rule is :func:`gpudask.apply.process.setup_memory`'s."""
+        return self._by_plugin("gpudask_setup_memory", ctx, plan, empty=True)
 
     def server_setup(self, ctx: PlanContext, plan: ProcessPlan, server: Any) -> None:
         self._call("gpudask_server_setup", plan, ctx=ctx, server=server)
 
     def applied_state(self, ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]]:
         """Each plugin's read-back of what it applied: ``{plugin: {key: {planned, actual}}}``."""
-        out = {}
-        for plugin, result in self._call("gpudask_applied_state", plan, ctx=ctx):
-            if result:
-                out[plugin.name] = result
-        return out
+        return self._by_plugin("gpudask_applied_state", ctx, plan, empty=False)
 
     def scheduler_check(self, ctx: PlanContext | None, reference: ProcessSide | Mapping[str, Any],
                         subject: ProcessSide | Mapping[str, Any] | None) -> list[Finding]:
@@ -410,5 +372,5 @@ class PluginManager:
                 findings.append(Finding("warning", "plugin-failed", f"the check could not finish: {result}",
                                         plugin=plugin.name))
                 continue
-            findings += result  # plain Findings, made in the call (hookresults.findings_of)
+            findings += result
         return findings

@@ -1,22 +1,11 @@
-"""Which plugins load, and what a plugin must be to be registered: the rules of registration.
+"""Which plugins load, and what a plugin must be to be registered: the stateless rules the
+plugin manager (:class:`gpudask.plugin.manager.PluginManager`) registers by.
 
-The plugin manager (:class:`gpudask.plugin.manager.PluginManager`) holds the plugins and calls
-their hooks; it registers them by these rules, which hold no state:
-
-* which plugins load (:func:`select`): the built-ins registered from :data:`BUILTIN_PLUGINS`
-  (the *essential* ones, :data:`ESSENTIAL_PLUGINS`, cannot be disabled), the third-party
-  entry points of the ``gpudask`` group, the enable/disable lists and their one-line errors,
-  autoload and ``$GPUDASK_LOAD_PLUGINS``;
-* what a plugin object must be (:func:`declared`, :func:`unknown_hook`,
-  :func:`refused_option`): an explicit integer ``priority`` and well-formed declarations, and
-  the refusal of what gpudask would not run as written -- hook wrappers and
-  ``tryfirst``/``trylast`` (:data:`REFUSED_HOOKIMPL_OPTIONS`);
-* what pluggy holds for it (:func:`pluggy_target`): the object, or a module copy of one that
-  cannot be hashed.
-
-pluggy does the registration and the spec validation (argument names checked against the
-spec), the blocking of disabled plugins (``set_blocked``), the loading of entry points
-(``load_setuptools_entrypoints``) and the check for unknown hooks (``check_pending``).
+pluggy does the registration and spec validation, the blocking of disabled plugins
+(``set_blocked``), the loading of entry points and the check for unknown hooks
+(``check_pending``); gpudask adds the selection (:func:`select`), the declarations
+(:func:`declared`) and the refusal of hook wrappers and ``tryfirst``/``trylast``
+(:data:`REFUSED_HOOKIMPL_OPTIONS`).
 """
 
 from __future__ import annotations
@@ -58,11 +47,9 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("scheduler-parity", "gpudask.plugins.scheduler_parity.plugin"),
 )
 
-# The built-ins that cannot be disabled (pytest's ``essential_plugins``): an enable list
-# keeps them and a disable list naming them is refused.  ``tcp`` declares the settings the
-# other transport plugins read (``gpudask.transport.mode``, ``.interface``) and UCX's base
-# transport, without which a ucx:// connection has nothing to connect over.  Every other
-# built-in is a *default* plugin: disabling it removes its behaviour and nothing else.
+# The built-ins that cannot be disabled (pytest's ``essential_plugins``): ``tcp`` declares the
+# settings the other transport plugins read and UCX's base transport, without which a ucx://
+# connection has nothing to connect over.  Disabling any other removes its behaviour only.
 ESSENTIAL_PLUGINS: tuple[str, ...] = ("tcp",)
 
 # pluggy hookimpl options gpudask does not run: they would order or wrap calls around priority
@@ -78,8 +65,7 @@ class LoadedPlugin:
     obj: Any
     hooks: list[str] = field(default_factory=list)
     reads: tuple[str, ...] = ()  # the plan sections of other plugins it reads (its reads_sections)
-    # prefixes of the dask config keys it sets that are read once, when the process starts or
-    # first connects (its config_read_at_start): set late in a running process, they need a new one
+    # its config_read_at_start: prefixes of the dask config keys it sets that are read only at start
     read_at_start: tuple[str, ...] = ()
     # what pluggy holds: ``obj``, or a hashable view of it (pluggy's subset hook callers keep
     # the plugins they leave out in a set; a SimpleNamespace cannot be hashed)
@@ -89,6 +75,11 @@ class LoadedPlugin:
         return {"name": self.name, "priority": self.priority, "source": self.source,
                 "distribution": self.distribution, "hooks": list(self.hooks),
                 **({"reads_sections": list(self.reads)} if self.reads else {})}
+
+
+def _close_match(name: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _env_flag(name: str) -> bool:
@@ -138,13 +129,11 @@ class Selection:
 
 
 def select(extra: Iterable[Any] = (), core: Settings | None = None) -> Selection:
-    """Which plugins load, from the enable/disable lists, autoload and the installed entry
-    points; ``extra``: the plugin objects registered besides (their names may be listed).
+    """Which plugins load, from the enable/disable lists, autoload, ``$GPUDASK_LOAD_PLUGINS`` and
+    the installed entry points; ``extra``: the plugin objects registered besides.
 
     :raises ConfigError: one line for a list naming no plugin, or disabling an essential one.
-    :raises PluginError: an entry point that takes a built-in's name.
-    ``core``: the settings holding the core's options (the bootstrap's one Settings of the
-    process); left out, read from dask's config."""
+    :raises PluginError: an entry point that takes a built-in's name."""
     core = Settings(CORE_OPTIONS) if core is None else core
     enable = parse_name_list(os.environ["GPUDASK_PLUGINS"]) if os.environ.get("GPUDASK_PLUGINS") \
         else core["gpudask.plugins.enable"]
@@ -159,16 +148,13 @@ def select(extra: Iterable[Any] = (), core: Settings | None = None) -> Selection
     known = {n for n, _ in BUILTIN_PLUGINS} | set(third_party) | {getattr(p, "name", "") for p in extra}
     for wanted in load:
         if wanted not in third_party:
-            close = difflib.get_close_matches(wanted, sorted(third_party), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"$GPUDASK_LOAD_PLUGINS names {wanted!r}, which is no entry point of the "
                               f"'{ENTRY_POINT_GROUP}' group (installed: {', '.join(sorted(third_party)) or 'none'})"
-                              f"{hint}; built-ins always load")
+                              f"{_close_match(wanted, third_party)}; built-ins always load")
     for name in [*enable, *disable]:
         if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"no gpudask plugin named {name!r} (installed: {', '.join(sorted(known))}){hint}")
+            raise ConfigError(f"no gpudask plugin named {name!r} (installed: {', '.join(sorted(known))})"
+                              f"{_close_match(name, known)}")
     refused = sorted(disable & set(ESSENTIAL_PLUGINS))
     if refused:
         optional = sorted(n for n, _ in BUILTIN_PLUGINS if n not in ESSENTIAL_PLUGINS)
@@ -193,23 +179,20 @@ def declared(obj: Any, name: str, distribution: str | None) -> tuple[int, tuple[
     if isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
         raise PluginError(name, distribution, "registration",
                           f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}")
-    reads = getattr(obj, "reads_sections", ())
-    if isinstance(reads, str) or not isinstance(reads, (tuple, list)) or \
-            not all(isinstance(r, str) and r for r in reads):
-        raise PluginError(name, distribution, "registration",
-                          f"reads_sections must be a tuple of plugin names, got {reads!r:.80}")
-    read_at_start = getattr(obj, "config_read_at_start", ())
-    if isinstance(read_at_start, str) or not isinstance(read_at_start, (tuple, list)) or \
-            not all(isinstance(r, str) and r for r in read_at_start):
-        raise PluginError(name, distribution, "registration", "config_read_at_start must be a tuple of dask "
-                          f"config key prefixes, got {read_at_start!r:.80}")
+    names: dict[str, tuple[str, ...]] = {}
+    for attr, what in (("reads_sections", "plugin names"), ("config_read_at_start", "dask config key prefixes")):
+        value = getattr(obj, attr, ())
+        if isinstance(value, str) or not isinstance(value, (tuple, list)) or \
+                not all(isinstance(r, str) and r for r in value):
+            raise PluginError(name, distribution, "registration", f"{attr} must be a tuple of {what}, "
+                              f"got {value!r:.80}")
+        names[attr] = tuple(value)
     refused_args = getattr(obj, "dask_cuda_refused", {})
     if not isinstance(refused_args, dict) or \
             not all(isinstance(k, str) and k and isinstance(v, str) and v for k, v in refused_args.items()):
         raise PluginError(name, distribution, "registration", "dask_cuda_refused must be a dict {LocalCUDACluster "
                           f"argument: what to use instead}} of strings, got {refused_args!r:.80}")
-    return priority, tuple(reads), tuple(read_at_start)
-
+    return priority, names["reads_sections"], names["config_read_at_start"]
 
 
 def pluggy_target(obj: Any, name: str) -> Any:
@@ -230,6 +213,7 @@ def pluggy_target(obj: Any, name: str) -> Any:
                 continue
     return copy
 
+
 def refused_option(pm: pluggy.PluginManager, obj: Any, name: str) -> str | None:
     """The first of plugin ``name``'s hookimpls (registered in ``pm`` as ``obj``) marked with an
     option gpudask does not run, said in one line; None when there is none."""
@@ -245,12 +229,10 @@ def refused_option(pm: pluggy.PluginManager, obj: Any, name: str) -> str | None:
     return None
 
 
-
 def unknown_hook(pm: pluggy.PluginManager, error: pluggy.PluginValidationError) -> str:
     """pluggy's refusal of a hook no spec declares, in one line (with the closest hook)."""
     unknown = sorted(n for n, caller in vars(pm.hook).items()
                      if n.startswith(hookspecs.PROJECT) and caller.spec is None)
     if not unknown:
         return str(error)
-    close = difflib.get_close_matches(unknown[0], HOOKS, n=1)
-    return f"unknown hook {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+    return f"unknown hook {unknown[0]!r}{_close_match(unknown[0], HOOKS)}"
