@@ -1,18 +1,6 @@
 """Once per process: the config, the plugins, the settings, the user's view and the facts
 that plans are built from (the bootstrap stage, between plan and checks).
 
-:func:`inputs` does, in this order and once for each set of inputs:
-
-1. load gpudask's YAML defaults, ``gpudask.toml`` (and ``--config``) into ``dask.config``
-   (:func:`gpudask.config.load_dask_config`);
-2. take the *user's view* of this process: ``os.environ`` and ``dask.config`` with what
-   gpudask applied here put back to the user's values (:func:`keep_user_values`);
-3. build the :class:`~gpudask.plugin.manager.PluginManager` (built-ins, entry points, extras);
-4. refuse a section given one value (``check_sections``), register the plugins' option
-   defaults in ``dask.config``, build the typed :class:`~gpudask.config.Settings` and parse
-   every option (unknown keys are warned about);
-5. read the facts (:func:`gpudask.facts.get_facts`).
-
 The result, :class:`~gpudask.plan.PlanInputs`, is cached per process, keyed by what can
 differ: the facts path, the config file (and the ``gpudask.toml`` in effect), the extra
 plugins, and the user's view itself -- so a test or a ``gpudask info --facts X`` with
@@ -144,8 +132,7 @@ def builds() -> int:
 def from_plan(doc: PlanDocument) -> PlanInputs:
     """The plan inputs of a worker process, taken from the host plan its parent wrote:
     the parent's facts (validated there) and its resolved settings, with their sources,
-    as they are -- no config file read, no facts probed or validated, no setting parsed
-    (counted: none of ``bootstrap``, ``facts read``, ``facts schema``, ``parsed <key>``).
+    as they are -- no config file read, no facts probed or validated, no setting parsed.
     Only the plugin manager is built, from the plugins the settings select, since this
     process calls their apply hooks."""
     from gpudask.config import CORE_OPTIONS, Settings, register_defaults
