@@ -18,7 +18,7 @@ import json
 import os
 import pathlib
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from gpudask import session
@@ -51,17 +51,24 @@ def inputs(facts_path: str | os.PathLike[str] | None = None, config_file: str | 
     ``kept``: the user's values of what a planning parent applied (a worker process reading
     its host plan); left out, those :func:`keep_user_values` recorded in this process."""
     extras = tuple(extra_plugins)
+    return cast(PlanInputs, _cached("plan_inputs", lambda: _key(facts_path, config_file, extras, user_env,
+                                                                 user_config, kept),
+                                    lambda: _build(facts_path, config_file, extras, user_env, user_config, kept)))
+
+
+def _cached(name: str, key_of: Callable[[], str], build: Callable[[], Any]) -> Any:
+    """``build()``, kept in the process state's cache ``name`` under the key of its inputs."""
     with _LOCK:
-        cache = session.current().plan_inputs
-        key = _key(facts_path, config_file, extras, user_env, user_config, kept)
+        cache = getattr(session.current(), name)
+        key = key_of()
         found = cache.get(key)
         if found is not None:
             cache.move_to_end(key)
-            return cast(PlanInputs, found)
-        built = _build(facts_path, config_file, extras, user_env, user_config, kept)
+            return found
+        built = build()
         # loading config and registering defaults changed dask.config: the same inputs, asked
         # for again, now look like this
-        for k in (key, _key(facts_path, config_file, extras, user_env, user_config, kept)):
+        for k in (key, key_of()):
             cache[k] = built
         while len(cache) > _MAX_CACHED:
             cache.popitem(last=False)
@@ -169,21 +176,8 @@ def _plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any, ...]
              user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
              kept: UserValues | None) -> _Plugins:
     """The plugins and settings for these inputs (facts aside), built once per process."""
-    with _LOCK:
-        cache = session.current().plugins
-        key = _key(None, config_file, extras, user_env, user_config, kept)
-        found = cache.get(key)
-        if found is not None:
-            cache.move_to_end(key)
-            return cast(_Plugins, found)
-        built = _build_plugins(config_file, extras, user_env, user_config, kept)
-        # loading config and registering defaults changed dask.config: the same inputs, asked
-        # for again, now look like this
-        for k in (key, _key(None, config_file, extras, user_env, user_config, kept)):
-            cache[k] = built
-        while len(cache) > _MAX_CACHED:
-            cache.popitem(last=False)
-        return built
+    return cast(_Plugins, _cached("plugins", lambda: _key(None, config_file, extras, user_env, user_config, kept),
+                                  lambda: _build_plugins(config_file, extras, user_env, user_config, kept)))
 
 
 def _build_plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any, ...],
