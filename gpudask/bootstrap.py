@@ -1,18 +1,6 @@
 """Once per process: the config, the plugins, the settings, the user's view and the facts
 that plans are built from (the bootstrap stage, between plan and checks).
 
-:func:`inputs` does, in this order and once for each set of inputs:
-
-1. load gpudask's YAML defaults, ``gpudask.toml`` (and ``--config``) into ``dask.config``
-   (:func:`gpudask.config.load_dask_config`);
-2. take the *user's view* of this process: ``os.environ`` and ``dask.config`` with what
-   gpudask applied here put back to the user's values (:func:`keep_user_values`);
-3. build the :class:`~gpudask.plugin.manager.PluginManager` (built-ins, entry points, extras);
-4. refuse a section given one value (``check_sections``), register the plugins' option
-   defaults in ``dask.config``, build the typed :class:`~gpudask.config.Settings` and parse
-   every option (unknown keys are warned about);
-5. read the facts (:func:`gpudask.facts.get_facts`).
-
 The result, :class:`~gpudask.plan.PlanInputs`, is cached per process, keyed by what can
 differ: the facts path, the config file (and the ``gpudask.toml`` in effect), the extra
 plugins, and the user's view itself -- so a test or a ``gpudask info --facts X`` with
@@ -30,7 +18,7 @@ import json
 import os
 import pathlib
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from gpudask import session
@@ -63,17 +51,24 @@ def inputs(facts_path: str | os.PathLike[str] | None = None, config_file: str | 
     ``kept``: the user's values of what a planning parent applied (a worker process reading
     its host plan); left out, those :func:`keep_user_values` recorded in this process."""
     extras = tuple(extra_plugins)
+    return cast(PlanInputs, _cached("plan_inputs", lambda: _key(facts_path, config_file, extras, user_env,
+                                                                 user_config, kept),
+                                    lambda: _build(facts_path, config_file, extras, user_env, user_config, kept)))
+
+
+def _cached(name: str, key_of: Callable[[], str], build: Callable[[], Any]) -> Any:
+    """``build()``, kept in the process state's cache ``name`` under the key of its inputs."""
     with _LOCK:
-        cache = session.current().plan_inputs
-        key = _key(facts_path, config_file, extras, user_env, user_config, kept)
+        cache = getattr(session.current(), name)
+        key = key_of()
         found = cache.get(key)
         if found is not None:
             cache.move_to_end(key)
-            return cast(PlanInputs, found)
-        built = _build(facts_path, config_file, extras, user_env, user_config, kept)
+            return found
+        built = build()
         # loading config and registering defaults changed dask.config: the same inputs, asked
         # for again, now look like this
-        for k in (key, _key(facts_path, config_file, extras, user_env, user_config, kept)):
+        for k in (key, key_of()):
             cache[k] = built
         while len(cache) > _MAX_CACHED:
             cache.popitem(last=False)
@@ -144,8 +139,7 @@ def builds() -> int:
 def from_plan(doc: PlanDocument) -> PlanInputs:
     """The plan inputs of a worker process, taken from the host plan its parent wrote:
     the parent's facts (validated there) and its resolved settings, with their sources,
-    as they are -- no config file read, no facts probed or validated, no setting parsed
-    (counted: none of ``bootstrap``, ``facts read``, ``facts schema``, ``parsed <key>``).
+    as they are -- no config file read, no facts probed or validated, no setting parsed.
     Only the plugin manager is built, from the plugins the settings select, since this
     process calls their apply hooks."""
     from gpudask.config import CORE_OPTIONS, Settings, register_defaults
@@ -182,21 +176,8 @@ def _plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any, ...]
              user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
              kept: UserValues | None) -> _Plugins:
     """The plugins and settings for these inputs (facts aside), built once per process."""
-    with _LOCK:
-        cache = session.current().plugins
-        key = _key(None, config_file, extras, user_env, user_config, kept)
-        found = cache.get(key)
-        if found is not None:
-            cache.move_to_end(key)
-            return cast(_Plugins, found)
-        built = _build_plugins(config_file, extras, user_env, user_config, kept)
-        # loading config and registering defaults changed dask.config: the same inputs, asked
-        # for again, now look like this
-        for k in (key, _key(None, config_file, extras, user_env, user_config, kept)):
-            cache[k] = built
-        while len(cache) > _MAX_CACHED:
-            cache.popitem(last=False)
-        return built
+    return cast(_Plugins, _cached("plugins", lambda: _key(None, config_file, extras, user_env, user_config, kept),
+                                  lambda: _build_plugins(config_file, extras, user_env, user_config, kept)))
 
 
 def _build_plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any, ...],

@@ -6,21 +6,13 @@ Both start *stock* dask workers (``Nanny`` processes) with gpudask preloaded, li
 client process gets its part of the plan (UCX environment and config, the start method
 of worker processes) before anything listens.
 
-* ``gpudask.LocalGPUCluster(...)`` is a ``LocalCluster`` whose workers are named 0, 1, ...
-  (``scale()`` adds the lowest free names).
-* ``LocalCluster(**gpudask.cluster_kwargs(...))`` uses plain ``LocalCluster``.
-
-In both, each worker process claims the lowest free worker number of this client's
+Each worker process claims the lowest free worker number of this client's
 workers when it starts and takes that worker's plan (its GPU) from the host plan the
 client wrote -- the same mechanism as ``dask worker --nworkers N --preload gpudask``, and
 the same whether the script imports gpudask at the top or inside its main block.
 
-Importing this module imports ``distributed`` but never CUDA.
-
-A room of its own (the cluster stage, above apply): it is a user's way in, like the
-``dask scheduler``/``dask worker`` commands, and uses the apply stage (the client's session,
-the host plan file) and the dask-cuda arguments (:mod:`gpudask.compat.dask_cuda`); nothing
-of the apply stage uses it.
+Importing this module imports ``distributed`` but never CUDA.  The cluster stage, above
+apply: nothing of the apply stage uses it.
 """
 
 from __future__ import annotations

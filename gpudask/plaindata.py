@@ -2,21 +2,14 @@
 
 :func:`plain` copies a value into exact ``str``, ``int``, ``float``, ``bool``, ``None``,
 ``list`` and ``dict`` (string keys) -- never a subclass -- bounded in size and depth.  It
-runs inside the hook call's isolation (:func:`gpudask.plugin.hookcall.call_isolated`, through
-:func:`gpudask.plugin.hookresults.take`): whatever plugin code the copy still runs (an object's
-``__str__``, a mapping's ``items``) runs there, where ``SystemExit`` and every other
-``BaseException`` is the plugin's failure and the call is bounded in time, never on a
-scheduler's event loop.  Once copied, formatting, pickling, comparing or printing the value
-runs only the interpreter's own code.
+runs inside the hook call's isolation (:func:`gpudask.plugin.hookcall.call_isolated`):
+whatever plugin code the copy still runs (an object's ``__str__``, a mapping's ``items``)
+runs there, bounded in time, never on a scheduler's event loop.  Once copied, formatting,
+pickling, comparing or printing the value runs only the interpreter's own code.
 
-A subclass of ``str``, ``int``, ``float``, ``list``, ``tuple`` or ``dict`` is read through
-the base type's own methods (``str.__str__``, ``dict.items`` ...), so its overrides never
-run.  Anything else is, with ``strict``, refused (:class:`NotPlain`, naming its type), and
-otherwise its text (``str(value)``, cut).  Without ``strict``, over the bounds, strings are
-cut and containers end in a marker counting what was left out, as what workers publish is
-(:mod:`gpudask.checks.published`); with ``strict`` (a result that is published as it is, and
-bounded where it is read) nothing is changed, and over :data:`MAX_STRICT_VALUES` values or
-:data:`MAX_DEPTH` levels the result is refused.
+A subclass of a plain type is read through the base type's own methods, so its overrides
+never run.  ``strict`` (a result published as it is) refuses what is not plain
+(:class:`NotPlain`) or over the bounds instead of cutting it.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """What gpudask holds for this one process, in one object (the base stage).
 
 Each process gpudask runs in keeps one :class:`ProcessState`: what it did once and must not
-do again, the memos that spare it work, and the count of the costly steps it took.  The
-modules keep no registries of their own for these: they ask :func:`current`, so a test (or
-a process that must start clean) forgets everything with one :func:`reset`, and what a
-process did is one thing to read (``counts``, published with a worker's applied state).
-
-The counts say what a process paid for: ``bootstrap`` (config, plugin manager and typed
-settings built from this process's config), ``facts read`` (the host's facts probed or a
-facts file read, and the plugins' sections taken), ``facts schema`` (a JSON Schema
-validation of facts or of one facts section), ``parsed <key>`` (one setting parsed from its
-raw value).  A worker process that reads its host plan shows none of them: its parent
-planned, and wrote what it resolved into the plan.
+do again, the memos that spare it work, and the count of the costly steps it took (what the
+counts mean: docs/architecture.md).  The modules keep no registries of their own for these:
+they ask :func:`current`, so a test (or a process that must start clean) forgets everything
+with one :func:`reset`.
 """
 
 from __future__ import annotations

@@ -3,13 +3,6 @@
 The scheduler sometimes deserialises data and, over UCX, receives GPU frames it relays,
 so it needs what the workers have (see docs/scheduler-check.md).  This package runs the
 ``gpudask_scheduler_check`` hook; what is compared is up to the plugins.
-
-* :mod:`gpudask.checks.sides` -- reading what a process published, running the hooks (pure);
-* :mod:`gpudask.checks.runner` -- :class:`SchedulerCheck`, the ``SchedulerPlugin``, and
-  :func:`install`, which the apply stage calls in a scheduler started with gpudask;
-* :mod:`gpudask.checks.jobs` -- each worker's check as a job on a few daemon threads, and
-  the findings of a check that is slow (``check-timeout``, ``slow-check``);
-* :mod:`gpudask.checks.client` -- ``gpudask.check(client)`` and ``gpudask check``.
 """
 
 from __future__ import annotations

@@ -127,12 +127,7 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
                   width: int | None = -1) -> str:
     """The readable form of a report (``gpudask check`` without ``--json``); ``table``
     renders headers and rows as text; prose is wrapped to ``width`` (-1: the terminal's).
-
-    Each thing is said once: the workers are numbered in their table and named by number
-    after it; a finding several processes share is one paragraph under the processes it
-    is about (``every worker (3) against the scheduler``), at the width of the terminal; a
-    finding the client shares with the scheduler (the same check, the same values: a
-    package both lack) is said for the scheduler, naming the client too."""
+    Each thing is said once (:func:`_grouped_findings`)."""
     if width == -1:
         width = terminal_width()
     sched = report.get("scheduler") or {}

@@ -1,12 +1,6 @@
-"""The scheduler check's jobs: each worker's check runs in one of a few daemon threads.
-
-The plugins' checks never run on the scheduler's event loop.  A :class:`Job` is one
-worker's comparison; :data:`POOL` runs it on one of :data:`THREADS` daemon threads, which
-end after :data:`IDLE_S` idle seconds.  When a job takes longer than
-``gpudask.scheduler-check.timeout`` (:func:`read_timeout`), :func:`timeout_finding` says so,
-naming the plugin whose ``gpudask_scheduler_check`` the thread is in (read from its stack);
-:func:`slow_finding` says how long it took once it ended.  What the findings mean for the
-worker is :class:`gpudask.checks.runner.SchedulerCheck`'s.
+"""The scheduler check's jobs: each worker's check runs in one of a few daemon threads
+(:data:`POOL`), never on the scheduler's event loop, and a slow one is reported
+(:func:`timeout_finding`, :func:`slow_finding`).
 """
 
 from __future__ import annotations

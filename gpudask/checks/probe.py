@@ -1,22 +1,9 @@
-"""``gpudask check --probe``: a functional check of a running cluster.
+"""``gpudask check --probe``: a small array (CuPy when the workers have a GPU, NumPy otherwise)
+through each path data takes in a dask cluster, each with its own time limit (the paths, rates
+and what ``slow`` means: docs/scheduler-check.md).
 
-A small array (CuPy when the workers have a GPU, NumPy otherwise) travels each path data
-takes in a dask cluster, each path with its own time limit:
-
-* ``client -> worker``: a ``submit`` argument (it travels in the task graph, through the
-  scheduler);
-* ``worker -> worker``: a task pinned to one worker whose input lives on another;
-* ``worker -> client via scheduler``: ``gather(direct=False)``, the scheduler fetching on
-  the client's behalf (distributed's default for a client outside the workers' network);
-* ``worker -> client direct``: ``gather(direct=True)``.
-
-Each path gives ``ok`` with its time and rate, or what failed and the fix.  The payload is
-64 MiB (so a rate means something), each data path timed at its best of
-:data:`RATE_REPEATS` transfers; a GPU path over UCX far below what one host's hardware allows
-(:data:`SLOW_GBPS`: CUDA IPC moves 64 MiB in about 1.5 ms on an H200, 45 GB/s; staged through
-host memory over TCP it took 124 ms, 0.5 GB/s) is ``slow``, a warning naming the fix.  The report is also
-sent to the scheduler as a ``gpudask-probe`` event (``client.get_events("gpudask-probe")``),
-which the ``/gpudask`` page shows.  Nothing here imports CuPy unless the workers use it.
+The report is also sent to the scheduler as a ``gpudask-probe`` event, which the ``/gpudask``
+page shows.  Nothing here imports CuPy unless the workers use it.
 """
 
 from __future__ import annotations

@@ -4,17 +4,8 @@ A worker's gpudask puts its facts, plan, applied state and mismatches in its sta
 information (``WorkerState.extra["gpudask"]``).  The facts are validated against the
 schema (:func:`gpudask.checks.sides.side_from_published`) and refused whole when
 malformed; the rest is shown (``/gpudask``, ``gpudask status``) and turned into findings
-(the check's ``not-applied`` errors), so it is *bounded* instead, never refused:
-
-* at most :data:`MAX_ITEMS` items in a list or dict and :data:`MAX_TOTAL` values in all,
-  nested at most :data:`MAX_DEPTH` deep: what is left out is counted in a marker
-  (``"... and 99000 more items"``);
-* strings longer than :data:`MAX_STR` characters end in a marker naming the length;
-* non-finite numbers (``NaN``, ``Infinity``) become the strings ``"nan"``, ``"inf"``,
-  ``"-inf"`` (JSON has no such numbers: ``/gpudask/json`` must stay valid JSON);
-* any other type becomes its (bounded) ``repr``;
-* at most :data:`MAX_MISMATCHES` mismatches become findings; the others are counted in
-  one more finding.
+(the check's ``not-applied`` errors), so it is *bounded* instead, never refused (the
+bounds: docs/scheduler-check.md).
 
 Nothing here raises on odd data, and a bounded value passes through again unchanged (so
 every reader bounds what it reads: no mark in the data says "bounded already", which a
@@ -91,10 +82,7 @@ def shown(value: Any) -> str:
 def bound_published(published: Any) -> Any:
     """``published`` (a worker's ``extra["gpudask"]``) with :data:`BOUNDED_FIELDS` bounded;
     the facts are left as published (they are validated whole, elsewhere).  A non-dict is
-    returned as it is (the check reports it as malformed).
-
-    Every call bounds again (bounded data passes through unchanged): nothing in the data
-    says it was bounded already, since a worker could say so too."""
+    returned as it is (the check reports it as malformed)."""
     if not isinstance(published, dict):
         return published
     out = dict(published)

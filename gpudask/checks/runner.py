@@ -1,29 +1,14 @@
 """The scheduler check runner: a ``SchedulerPlugin`` comparing each worker with the scheduler.
 
-Two ways in:
-
-* the apply stage, in a scheduler started with gpudask, calls :func:`install` with the
-  scheduler's plugin manager, plan context and side;
-* a client registers ``SchedulerCheck()`` on a running scheduler
-  (``client.register_plugin(gpudask.checks.SchedulerCheck())``): it then plans the
-  comparison itself (:func:`plan_here`, off the event loop) and also checks the workers
-  already connected.
-
-Findings go to the scheduler log (logger ``distributed.gpudask.check``), to dask's event log (topic
-``"gpudask"``), to the worker's ``scheduler_info()["workers"][addr]["gpudask-check"]``
-and to the ``gpudask_check`` handler.  ``gpudask.scheduler-check.action`` decides what
-else happens: ``warn`` nothing more; ``error`` also warns every connected client (a
-``"warn"`` event, which distributed's clients turn into a ``UserWarning``); ``refuse``
-also closes the offending worker with the findings as reason.
+Installed by the apply stage (:func:`install`) or registered by a client (``SchedulerCheck()``,
+which then plans the comparison itself); where findings go and what each
+``gpudask.scheduler-check.action`` does is docs/scheduler-check.md.
 
 The plugins' checks never run on the scheduler's event loop: each worker's comparison runs
-in a thread (:mod:`gpudask.checks.jobs`: a few of them), and the scheduler waits for it at
-most :data:`INLINE_WAIT_S` inside ``add_worker`` (so that a normal check, a few milliseconds, is
-done when the worker's registration is) -- not at all once a check was slow.  A check
-still running after ``gpudask.scheduler-check.timeout`` seconds is reported as a
-``check-timeout`` warning naming the plugin it is in; its findings replace that one when
-it ends, with a ``slow-check`` warning saying how long it took.  Python cannot stop a
-thread, so a plugin that never returns keeps its thread: the scheduler, worker
+in a thread (:mod:`gpudask.checks.jobs`), and the scheduler waits for it at most
+:data:`INLINE_WAIT_S` inside ``add_worker`` (so that a normal check, a few milliseconds, is
+done when the worker's registration is) -- not at all once a check was slow.  Python cannot
+stop a thread, so a plugin that never returns keeps its thread: the scheduler, worker
 registration and the other checks go on.
 """
 

@@ -66,7 +66,6 @@ def _decisions(published: list[dict[str, Any]], n: int, say: Callable[[str], Non
             continue
         where = "all" if len(workers) == n and n > 1 else ",".join(workers)
         plugins, decisions = rows.setdefault((where, why), [[], []])
-        # one plugin's decisions for one reason on one row; plugins skipped for one reason on one row
         if decision == "skipped" or not plugins or plugins == [plugin]:
             if plugin not in plugins:
                 plugins.append(plugin)

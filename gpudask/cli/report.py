@@ -294,12 +294,7 @@ def _short_uuids_in(text: str, host: HostPlan) -> str:
 def plan_table(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
     """Everything: the workers, then every process's settings and every decision with its
     reason, wrapped to the terminal (the command lines stay whole: they are copied).
-
-    Each thing is said once: a setting or decision several processes share, under the
-    processes that share it; a rule each worker applies to its own GPU (the same reason but
-    for the GPU's number, UUID, CPUs, port), once for every worker, ``N`` standing for each
-    one's number and ``…`` for its own value (the table has those); the same reason in the
-    scheduler and the client but for naming themselves, once for both."""
+    Each thing is said once, under the processes that share it (:mod:`gpudask.cli.said_once`)."""
     if width == -1:
         width = terminal_width()
     out = [wrap_text("\n".join(_header(host)), width), "", _worker_table(host, width)]

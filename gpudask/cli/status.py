@@ -1,9 +1,7 @@
 """``gpudask status``: the running cluster, one row per worker, planned against actual.
 
-Every worker with gpudask publishes its plan and its *applied state* -- read from the live
-process after setup (:mod:`gpudask.apply.state`) -- in its startup information, which the
-scheduler keeps in ``WorkerState.extra``.  This reads it through a client and puts the two
-side by side; a difference is a *mismatch* (the plan did not take effect).
+Every worker with gpudask publishes its plan and its *applied state* (:mod:`gpudask.apply.state`)
+in ``WorkerState.extra``; a difference is a *mismatch* (the plan did not take effect).
 
 What a worker published is data from another process: every string is printed escaped
 (a terminal escape sequence in a worker's field is shown as ``\\x1b``, never sent to the

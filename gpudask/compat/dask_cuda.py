@@ -3,12 +3,9 @@
 This is migration knowledge about another project's API (docs/migrating-from-dask-cuda.md),
 not planning: nothing here decides anything, and the core names none of the arguments.
 Each plugin says which argument one of its settings stands for (``Option.dask_cuda_kwarg``,
-with ``dask_cuda_convert`` turning the argument's value into the setting's), and which
-arguments of its topic gpudask has no equivalent for (its module attribute
-``dask_cuda_refused``: ``{argument: what to use instead}``).  ``LocalGPUCluster`` takes an
-argument as the setting for that cluster, and refuses in one line an argument gpudask has
-no equivalent for, or one whose plugin is not loaded (disabled): that one is found among
-the built-in plugins that are not loaded, so the line names its setting all the same.
+``dask_cuda_convert``), and which arguments of its topic gpudask has no equivalent for (its
+module attribute ``dask_cuda_refused``).  An argument whose plugin is not loaded is found
+among the built-in plugins that are not loaded, so its line names its setting all the same.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """gpudask's page on the scheduler's dashboard: ``/gpudask`` (HTML) and ``/gpudask/json``.
-
-The page is a plain tornado handler: it works whether or not bokeh is installed.  It is a
-small HTML document, one row per worker and the scheduler check's findings, whose inline
-script fetches it again every few seconds and redraws itself; ``/gpudask/json`` is the
-same state for programs.
+Plain tornado handlers: they work whether or not bokeh is installed.
 
 Two ways onto a scheduler's HTTP server:
 
@@ -15,10 +11,8 @@ Two ways onto a scheduler's HTTP server:
   (``dask_setup`` time, or a SchedulerPlugin registered by a client).  It also links the
   page from the bokeh dashboard's navigation when that dashboard is up.
 
-Everything the page shows comes from :func:`cluster_state`: the one place that knows
-where the data lives on the scheduler.  Dicts it does not know (a worker's applied state,
-``gpudask-*`` worker metrics) are shown as generic key/values, and the plugins' sections of
-the plan through their ``gpudask_report_rows``, so plugins add to the page without touching it.
+Everything the page shows comes from :func:`cluster_state`, the plugins' sections through
+their ``gpudask_report_rows``, so plugins add to the page without touching it.
 """
 
 from __future__ import annotations

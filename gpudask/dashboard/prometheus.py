@@ -1,23 +1,10 @@
-"""gpudask's worker metrics on distributed's Prometheus ``/metrics``.
+"""gpudask's worker metrics on distributed's Prometheus ``/metrics`` (names: docs/dashboard.md).
 
-Plugins report live numbers as distributed worker metrics (``Worker.metrics``, a dict
-of name -> callable(worker) that the worker also sends to the scheduler with each
-heartbeat), named ``gpudask-*``: e.g. ``gpudask-rmm`` (pool_size, used) and
-``gpudask-spill`` (counts, bytes, seconds).  A worker's ``/metrics`` page serves
-prometheus_client's default registry (``distributed.http.worker.prometheus``), so a
-collector registered there appears on it.  Each scrape calls the metric functions and
-turns their dicts into gauges, without knowing what any plugin reports:
-
-* a number (or bool) under key ``k`` of metric ``gpudask-x`` becomes the gauge
-  ``<ns>_worker_gpudask_x_<k>`` (nested dicts join their keys with ``_``);
-* the string values of a metric become labels of one ``<ns>_worker_gpudask_x_info``
-  gauge with value 1.
-
-``<ns>`` is ``distributed.dashboard.prometheus.namespace`` (``dask``), as for
-distributed's own worker metrics.  The contrib package gpudask-prometheus exports the
-*plan* (planned pools, decisions, check status); this module exports the live values.
-On the scheduler, :func:`register_scheduler_collector` exports the same for every
-worker (``<ns>_scheduler_gpudask_*{worker="..."}``) from the heartbeats it received.
+Plugins report live numbers as distributed worker metrics (``Worker.metrics``), named
+``gpudask-*``; a collector registered in prometheus_client's default registry (which a
+worker's ``/metrics`` serves) turns their dicts into gauges at each scrape, without knowing
+what any plugin reports.  On the scheduler, :func:`register_scheduler_collector` exports
+the same for every worker from the heartbeats it received.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Serving ``/gpudask/json`` without costing the scheduler's event loop.
 
-What the page shows (:func:`gpudask.dashboard.page.cluster_state`) is built in three steps:
-
-1. on the event loop, a shallow :func:`~gpudask.dashboard.page.snapshot` of what the scheduler holds (a copy of each
-   worker's published dicts and metrics, the check's report): milliseconds for 1000 workers;
-2. in a daemon thread, the rows and the plugins' ``gpudask_report_rows``
-   (:func:`~gpudask.dashboard.page.build`, through :data:`ROWS`): the
-   plugins' calls run in a thread of their own and are waited for at most
-   :data:`ROWS_LIMIT_S`; past it the page is drawn without plugin rows and names the plugin
-   still running, and no new call starts until that one ends;
-3. the JSON, cut at :data:`MAX_JSON_BYTES` (whole worker rows left out, and counted).
-
-Concurrent readers share one build, and a built page is served again for :data:`CACHE_S`
-seconds: twenty readers cost one build, not twenty.  The HTML page (``/gpudask``, which its
-script fetches again every few seconds) is drawn from the same build, once, in a thread.
+Only a shallow :func:`~gpudask.dashboard.page.snapshot` is taken on the event loop
+(milliseconds for 1000 workers); the rows are built in a daemon thread, the plugins'
+``gpudask_report_rows`` waited for at most :data:`ROWS_LIMIT_S` (past it the page names the
+plugin still running, and no new call starts until that one ends), and the JSON is cut at
+:data:`MAX_JSON_BYTES`.  Concurrent readers share one build, and a built page is served
+again for :data:`CACHE_S` seconds: twenty readers cost one build, not twenty.
 """
 
 from __future__ import annotations

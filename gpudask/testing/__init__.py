@@ -1,13 +1,5 @@
-"""Testing gpudask plugins: plans for described hosts, and real processes.
-
-* :func:`plan_for`, :func:`facts_file`, :func:`example_host`, :func:`example_hosts`
-  (:mod:`gpudask.testing.plans`) -- the plan gpudask builds for a described host with your
-  plugin registered, facts files of your own, and the example hosts gpudask ships;
-* :mod:`gpudask.testing.processes` -- real ``dask scheduler`` / ``dask worker`` processes on
-  this host: start, wait, stop, with everything they started (no pytest needed);
-* :mod:`gpudask.testing.plugin` -- a pytest plugin (``pytest_plugins =
-  ["gpudask.testing.plugin"]``): the ``gpudask_cluster`` and ``gpudask_cluster_factory``
-  fixtures, which stop what a test started.
+"""Testing gpudask plugins: plans for described hosts (:mod:`gpudask.testing.plans`), real processes
+(:mod:`gpudask.testing.processes`) and a pytest plugin (``pytest_plugins = ["gpudask.testing.plugin"]``).
 
 With :mod:`gpudask.pluginapi` this is all a plugin's tests need.  Nothing in the gpudask
 runtime imports this package, and importing it imports nothing: the names above load on

@@ -1,15 +1,5 @@
 """Plans for described hosts, for a plugin's tests: no GPU, no process, no gpudask internals.
 
-* :func:`example_hosts` / :func:`example_host` -- the described hosts gpudask ships (package
-  data: a single GPU, PCIe and NVSwitch boxes, InfiniBand, MIG, no GPU ...), the ones
-  gpudask's own tests and golden plans use;
-* :func:`facts_file` -- a facts file of your own: an example host (or a dict of facts) with
-  changes, written to a new file in a directory you give (``tmp_path``);
-* :func:`plan_for` -- the host plan (:class:`gpudask.pluginapi.HostPlan`) gpudask builds for a
-  described host, with your plugin registered, as ``gpudask info --facts FILE --json``
-  shows it: the same bootstrap and the same hooks a ``dask worker --preload gpudask``
-  process runs.
-
 Imports nothing heavy at import time; only the standard library until :func:`plan_for` runs.
 """
 

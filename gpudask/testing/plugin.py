@@ -1,26 +1,10 @@
 """A pytest plugin: real ``dask scheduler`` / ``dask worker`` processes for a test, in the
-shape of pytest's own ``pytester`` (enabled the same way, a fixture returning an object the
-test drives, everything it started cleaned up after it).
+shape of pytest's own ``pytester`` (its fixtures, options and clean-up: docs/testing.md).
 
-Enable it in the ``conftest.py`` at the root of your tests::
-
-    pytest_plugins = ["gpudask.testing.plugin"]
-
-(or ``pytest -p gpudask.testing.plugin``).  It is not loaded through a ``pytest11`` entry
+Enable it with ``pytest_plugins = ["gpudask.testing.plugin"]`` in a ``conftest.py`` (or
+``pytest -p gpudask.testing.plugin``).  It is not loaded through a ``pytest11`` entry
 point on purpose: that would load it, and import gpudask, in every pytest run of every
 environment where gpudask is installed.
-
-Fixtures:
-
-* ``gpudask_cluster`` -- one :class:`Cluster` in the test's ``tmp_path``;
-* ``gpudask_cluster_factory`` -- ``make(name=None, *, grace=15.0) -> Cluster``: a cluster
-  per call, each in ``tmp_path / name`` (the first may leave ``name`` out and take
-  ``tmp_path`` itself).
-
-Every cluster a test made is stopped when the test ends (SIGTERM to each process group,
-SIGKILL after ``grace`` seconds); a process that survives that fails the test.  With
-``--gpudask-keep-logs DIR`` (or ``GPUDASK_TEST_LOGS=DIR`` in pytest's environment) the logs
-of every process are kept in ``DIR/<test>/`` (``DIR/<test>/<name>/`` for a named cluster).
 """
 
 from __future__ import annotations
