@@ -1,8 +1,20 @@
-"""The tcp plugin's facts: the transports this host's UCX lists (``ucx_info -d``; null when UCX is
-missing or fails), and which ``UCX_*`` variables UCX would not use.
+"""The tcp plugin's facts: what this host's UCX offers, through UCX's own ``ucx_info``.
 
-``ucx_info`` is found in the libucx wheel first (what ucxx loads), then on ``PATH``, run with a
-timeout, and its answers (failures for a while) cached per boot in the private state directory."""
+Its section of the host's facts (``ctx.facts.section("ucx_info")``)::
+
+    {"transports": ["cma", "cuda_copy", "cuda_ipc", "posix", "rc_mlx5", "self", "tcp", ...]}
+
+the transports ``ucx_info -d`` lists (:func:`probe_ucx_transports`), or ``null`` when UCX is
+not installed or ``ucx_info`` fails.  The plugins of this folder read it through
+:func:`transports` and :func:`supports`; the tcp plugin answers the core's
+``gpudask_ucx_offered`` with it (the names a user's ``UCX_TLS`` may use on this host).  Also
+here: which ``UCX_*`` variables UCX would not use (:func:`ucx_unused_variables`).
+
+``ucx_info`` is found in the libucx wheel first (what ucxx loads), then on ``PATH``; it is
+run with a timeout, and its answers -- and failures, for a while -- are cached per boot in
+the user's private state directory, so every ``dask worker`` start does not pay for it.
+Standard library only at module level.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +23,6 @@ import logging
 import os
 import pathlib
 import re
-from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import FactsSection, StateDirError, plugin_state, read_private, state_dir, write_atomic
@@ -39,6 +50,8 @@ SCHEMA: dict[str, Any] = {
 
 
 def transports(facts: Facts) -> list[str] | None:
+    """The transports this host's UCX lists, or None when unknown (UCX missing, or a
+    described host that does not say)."""
     section = facts.section(SECTION)
     if section is None or section["transports"] is None:
         return None
@@ -67,6 +80,7 @@ UCX_INFO_TIMEOUT_S = 10
 _UCX_DISTS = ("libucx", "libucx-cu12", "libucx-cu13", "ucxx", "ucxx-cu12", "ucxx-cu13")
 
 def _ucx_info_commands() -> list[tuple[str, dict[str, str]]]:
+    """Where `ucx_info` may be: the libucx wheel first (what ucxx loads), then PATH."""
     import importlib.util
     import shutil
 
@@ -93,6 +107,7 @@ def _ucx_info_commands() -> list[tuple[str, dict[str, str]]]:
 
 
 def probe_ucx_transports() -> list[str] | None:
+    """UCX transports `ucx_info -d` lists, or None when UCX is missing or fails."""
     import importlib.metadata as md
 
     def installed(dist: str) -> bool:
@@ -118,8 +133,13 @@ UCX_FAILURE_TTL_S = 600.0
 
 
 def _ucx_cache_path(kind: str, extra: str = "") -> pathlib.Path | None:
-    """Where this boot's ``ucx_info`` answer of ``kind`` is kept (keyed by boot id, UCX's identity and
-    ``extra``: it changes only with them); None without a boot id or a safe state directory (said once)."""
+    """Where this boot's `ucx_info` answer of ``kind`` is kept, in the private state directory.
+
+    `ucx_info` costs ~0.4 s (seconds under load), paid by every `dask worker` start otherwise.
+    Its answer changes only with the UCX build or the hardware, so the key is the boot id (new
+    devices mean a reboot or a driver reload), the UCX library's identity and ``extra``.
+    None when there is no boot id or the state directory is not safe to use (said once).
+    """
     import hashlib
 
     try:
@@ -179,21 +199,20 @@ def _cache_write(kind: str, value: Any, extra: str = "") -> None:
         pass
 
 
-def _each_run(args: list[str], env_of: Callable[[dict[str, str]], dict[str, str]]) -> Iterator[Any]:
+def _run_ucx_info() -> list[str] | None:
     import subprocess
 
     for exe, extra_env in _ucx_info_commands():
+        env = dict(os.environ, **extra_env)
+        # We want what the host can do, not what this process selected or sees.
+        for var in ("UCX_TLS", "UCX_NET_DEVICES", "CUDA_VISIBLE_DEVICES"):
+            env.pop(var, None)
         try:
-            yield subprocess.run([exe, *args], env=env_of(extra_env), stdin=subprocess.DEVNULL, capture_output=True,
-                                 text=True, timeout=UCX_INFO_TIMEOUT_S)
+            out = subprocess.run(
+                [exe, "-d"], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=UCX_INFO_TIMEOUT_S
+            )
         except (OSError, subprocess.SubprocessError):
             continue
-
-
-def _run_ucx_info() -> list[str] | None:
-    # We want what the host can do, not what this process selected or sees.
-    hidden = ("UCX_TLS", "UCX_NET_DEVICES", "CUDA_VISIBLE_DEVICES")
-    for out in _each_run(["-d"], lambda extra: {k: v for k, v in dict(os.environ, **extra).items() if k not in hidden}):
         if out.returncode != 0:
             continue
         transports = sorted(set(re.findall(r"^#\s*Transport:\s*(\S+)", out.stdout, re.MULTILINE)))
@@ -205,8 +224,14 @@ def _run_ucx_info() -> list[str] | None:
 # -- UCX's own view of a set of UCX_* variables ---------------------------------------------------
 
 def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | None]] | None:
-    """The names among ``variables`` that UCX reports as unused (``ucx_info -e -u t``), with its
-    suggestion; None when UCX is not here.  Cached like :func:`probe_ucx_transports`'s answer."""
+    """The names among ``variables`` (UCX_* the user exported) that UCX would report as
+    unused, with UCX's own suggestion ("maybe: UCX_TLS?"), or None when UCX is not here.
+
+    Asks UCX itself: ``ucx_info -e -u t`` builds a UCP context with exactly these variables
+    and prints its "unused environment variable" warnings.  gpudask then turns UCX's warning
+    off in the processes it configures (it fires for variables ucxx sets itself) and
+    reports the user's own misspellings in its place.  The answer, or its failure, is kept
+    per host (the private state directory) like :func:`probe_ucx_transports`'s."""
     names = {k: v for k, v in variables.items() if k.startswith("UCX_") and k != "UCX_WARN_UNUSED_ENV_VARS"}
     if not names:
         return []
@@ -228,12 +253,16 @@ def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | Non
 
 
 def _run_ucx_unused(names: dict[str, str]) -> list[tuple[str, str | None]] | None:
-    def env_of(extra: dict[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")}
-        env.update(extra, **names, UCX_WARN_UNUSED_ENV_VARS="y")
-        return env
+    import subprocess
 
-    for out in _each_run(["-e", "-u", "t"], env_of):
+    for exe, extra_env in _ucx_info_commands():
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")}
+        env.update(extra_env, **names, UCX_WARN_UNUSED_ENV_VARS="y")
+        try:
+            out = subprocess.run([exe, "-e", "-u", "t"], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                 text=True, timeout=UCX_INFO_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError):
+            continue
         found = re.findall(r"unused environment variable: (UCX_\w+)(?: \(maybe: (UCX_\w+)\?\))?",
                            out.stdout + out.stderr)
         return [(name, maybe or None) for name, maybe in found if name in names]
