@@ -1,21 +1,9 @@
 """distributed's offload threshold, made to take effect in workers (part of gpu-dask-defaults).
 
-distributed hands (de)serialisation of a message larger than ``distributed.comm.offload``
-(10 MiB by default) to a thread, so a large *pickled host* message does not block the event
-loop.  It counts every frame -- GPU frames too, whose deserialisation is a pointer hand-over --
-so every large GPU transfer pays the thread hand-off: on an H200 a 64 MiB pull took 1.83 ms
-with it and 0.77 ms without, 1 GiB 2.32 / 1.15 ms (``docs/benchmarks.md``).  The price of
-raising it: a host message between the default and the new threshold is (de)serialised on the
-event loop (a 2-million-row object-column pandas frame, ~120 MB pickled, blocked the receiving
-worker's loop 1.0-1.4 s instead of 0.1-0.9 s on a 2-core VM).
-
-distributed reads the threshold **once**, when ``distributed.comm.utils`` is imported --
-in a worker process before its plan applies (the fork server imports distributed first) -- so a
-value planned in the dask config alone never takes effect.  This module copies the value in
-effect into ``distributed.comm.utils.OFFLOAD_THRESHOLD`` at server setup (after ``listen()``,
-before the first transfer) and reads it back as the proof of effect; no code of distributed
-is changed.
-"""
+distributed hands (de)serialisation of messages above ``distributed.comm.offload`` to a thread,
+counting GPU frames too: a 64 MiB GPU pull took 1.83 ms with the hand-off, 0.77 without (H200,
+docs/benchmarks.md).  It reads the threshold once, at import of ``distributed.comm.utils`` --
+before a worker's plan applies -- so the value is copied into ``OFFLOAD_THRESHOLD`` at server setup."""
 
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
-"""A client that rechunks with P2P while GPU workers are connected is told at once (part of gpu-dask-defaults).
+"""A client that rechunks with P2P while GPU workers are connected is told once (part of gpu-dask-defaults).
 
-dask picks P2P rechunking for large rechunks whenever a distributed client exists, and the
-method is chosen where the graph is built: the client.  P2P fails on CuPy-backed arrays
-(``distributed/shuffle/_core.py`` reads each shard through ``memoryview``: "Accessing a CuPy
-ndarray on CPU is not allowed", surfacing as "P2P ... failed during barrier phase"), on
-gpudask's workers and on ``dask cuda worker`` alike.  gpu-dask-defaults sets ``tasks`` where
-gpudask runs, so a client that imports gpudask passes; a plain client does not.  The
-scheduler sees the graph the client chose: :class:`P2PRechunkWarning` looks at each graph's
-task keys and, when it holds P2P rechunk transfers (``rechunk-transfer-<token>``: distributed's
-naming, ``gpudask.pluginapi.P2P_RECHUNK_TRANSFER_PREFIX``) while GPU workers are connected,
-sends that client one warning through distributed's own ``"warn"`` event (a plain client
-shows it as a ``UserWarning``).  Once per client.  The graph runs as it is: NumPy-backed
-arrays rechunk fine with P2P, and the scheduler cannot tell a chunk's type before it runs.
-
-Imports only distributed and the plugin API; installed by the gpu-dask-defaults plugin's
-``gpudask_server_setup`` hook on the scheduler.
-"""
+P2P rechunk fails on CuPy-backed arrays (distributed reads shards through ``memoryview``), and
+the method is chosen in the client: a plain client that does not import gpudask keeps P2P.
+:class:`P2PRechunkWarning` spots P2P rechunk transfer keys in a graph while GPU workers are
+connected and warns that client through distributed's ``"warn"`` event; the graph runs as it is."""
 
 from __future__ import annotations
 

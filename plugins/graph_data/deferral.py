@@ -1,29 +1,11 @@
 """GPU objects in task graphs stay host bytes on the scheduler (part of gpu-graph-data).
 
-distributed unpickles every task graph on the scheduler (``Scheduler.update_graph``) and
-pickles each task's ``run_spec`` again for the worker that runs it.  A CuPy argument to
-``submit``, the meta of a CuPy-backed collection or a chunk of ``da.from_array(cupy_array)``
-then turns into a device array *on the scheduler*: cupy's ``__reduce__`` is
-``(cupy._core.core.array, (host_copy,))`` and distributed's own pickler reduces it to
-``(distributed.protocol.cupy.dask_deserialize_cupy_ndarray, (header, frames))``.  A
-scheduler without a GPU (or without cupy) fails there -- ``cudaErrorNoDevice``, "Error
-during deserialization of the task graph" -- and one with a GPU creates a CUDA context and
-holds the copy in GPU memory.
-
-Here the scheduler reads graphs with an unpickler whose ``find_class`` answers a *deferred
-global* for any name in a deferred module (cupy, cupyx, cudf, rmm, numba.cuda and
-distributed's serializers of those, by default): calling it records the call instead of
-making it, and the recorded :class:`DeferredCall` pickles as a call of :func:`call_deferred`
-with the same module, name, arguments and state.  The worker that unpickles the task makes
-the call there, on its GPU: the result is the object the client sent.  The scheduler never
-imports those modules, touches a GPU or copies the bytes into device memory.
-
-Only the graph of an ``update-graph`` message is read this way (a context variable set by
-the wrapped stream handler); everything else the scheduler's process unpickles -- a client
-and a scheduler in one process (``LocalCluster``) included -- is read by distributed's own
-``pickle_loads``.  Nothing here imports cupy or distributed's CUDA modules; a worker imports
-this module (light: the standard library only) when it unpickles a deferred call.
-"""
+distributed unpickles every task graph on the scheduler, so a CuPy argument or meta becomes a
+device array there (``cudaErrorNoDevice`` without a GPU, a CUDA context and a copy with one).
+Here the graph of an ``update-graph`` message only (a context variable) is read with an
+unpickler whose ``find_class`` answers a deferred global for names of a deferred module: calls
+are recorded, not made, and pickle again as :func:`call_deferred`, made by the worker that runs
+the task.  Standard library only: a worker imports this when it unpickles a deferred call."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 """Large GPU objects in a client's graph travel worker-direct (part of gpu-graph-data).
 
-A 256 MiB CuPy argument to ``submit`` is pickled into the graph: copied to the host, sent
-to the scheduler, kept there, pickled again into the task sent to a worker and copied back
-to a GPU -- a second where ``client.scatter(x, direct=True)`` then ``submit`` takes 21 ms
-(dask's own docs warn of "Sending large graph"; distributed #3334, #6924).  Before a gpudask
-client sends a graph, :func:`lift` does that scatter for the user: every GPU object
-(``__cuda_array_interface__``, or a type of a deferred module) of at least the threshold
-found as a task argument (``submit``/``map``/``delayed``, nested in lists, tuples and dicts)
-or as data in a materialised graph layer (the chunks and source array of
-``da.from_array``) is scattered straight to a worker -- GPU to GPU over UCX -- and the
-task takes the scattered key as a dependency instead.  The result is the same object; the
-scheduler only learns the key.
-
-What is not reached stays in the graph, and :mod:`.deferral` keeps it host bytes on the
-scheduler: objects below the threshold (a round trip to a worker costs more than they do),
-collections' meta, and anything inside layers that are not materialised (``Blockwise``
-constants) or inside opaque objects.  A client on the event loop's thread (an asynchronous
-client, or one inside a task) cannot wait for the scatter and leaves its graphs as they are.
-"""
+A large CuPy argument pickled into the graph goes host -> scheduler -> worker -> GPU (a second,
+where ``scatter(direct=True)`` then ``submit`` takes 21 ms).  :func:`lift` scatters every GPU
+object of at least the threshold found as a task argument or in a materialised layer straight
+to a worker, and the task takes the key as a dependency; what is not reached stays in the graph
+(:mod:`.deferral` keeps it host bytes).  A client on the event loop's thread cannot wait: skipped."""
 
 from __future__ import annotations
 

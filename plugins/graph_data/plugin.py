@@ -1,23 +1,7 @@
-"""gpu-graph-data: GPU objects in task graphs never materialise on the scheduler, and large
-ones travel worker-direct.
-
-* **On the scheduler** (``gpudask_server_setup``): the graph of every ``update-graph``
-  message is read with :mod:`.deferral`'s unpickler, so CuPy/cuDF/RMM/Numba objects in it --
-  ``submit`` arguments, ``delayed`` arguments, ``da.from_array`` chunks, collections' meta --
-  stay host bytes there and are made on the worker that runs the task.  No cupy import, no
-  CUDA context, no device copy: a scheduler without a GPU reads the same graphs as one with.
-  A scheduler that sees no GPU also tells gpudask clients (its metadata
-  ``["gpudask", "graph-data"]``) to gather and scatter worker-direct.
-* **In a gpudask client** (``gpudask_client_setup``: :func:`gpudask.initialize`,
-  ``LocalGPUCluster``): GPU objects of at least ``gpudask.gpu-graph-data.scatter-threshold``
-  found in a graph are scattered straight to a worker before the graph is sent
-  (:mod:`.lifting`), and a scheduler that cannot relay GPU data gets none to relay:
-  ``gather``/``scatter`` default to ``direct=True`` there.
-
-A plain client (no gpudask) still works against such a scheduler for graphs and gathers (the
-scheduler reads its graphs the same way and relays results as host bytes:
-scheduler-parity); it is told at connect what it misses.
-"""
+"""gpu-graph-data: GPU objects in task graphs never materialise on the scheduler (:mod:`.deferral`,
+``gpudask_server_setup``), and a gpudask client scatters large ones worker-direct before sending a
+graph (:mod:`.lifting`, ``gpudask_client_setup``); a scheduler that sees no GPU also tells gpudask
+clients (metadata ``["gpudask", "graph-data"]``) to gather and scatter ``direct=True``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
-"""The rmm plugin's facts: device memory free on each GPU, and who else uses it.
+"""The rmm plugin's facts section (``ctx.facts.section("rmm")``), probed through NVML (never a CUDA context).
 
-Its section of the host's facts (``ctx.facts.section("rmm")``)::
-
-    {"memory_free": {"0": 150000000000, "1": 120000000000},
-     "other_workers": {"0": {"4711": 1}},
-     "processes": {"0": [{"pid": 4712, "used": 75377410048}]}}
-
-``memory_free``: GPU index (as a string: a JSON key) -> bytes free when the facts were read
-(NVML); a GPU not listed: unknown.  ``other_workers`` (optional): GPU index -> {pid of another
-gpudask planning process of this user (a second ``dask worker`` command, a LocalGPUCluster):
-how many of its workers are planned on that GPU}, read from their host plans in the state
-directory (:mod:`.shares`).  ``processes`` (optional): GPU index -> the processes NVML lists on
-it, with the bytes each holds.  A default pool is a share of the GPU's total memory between
-this command's workers and the other commands' (:mod:`.target`); free memory and the
-processes only say who holds memory when it is short.  Probed through NVML (never a CUDA context; pynvml is
-imported by the probe only).
-"""
+``memory_free``: GPU index -> bytes free when the facts were read (a GPU not listed: unknown);
+``other_workers`` (optional): GPU index -> {pid of another gpudask command of this user: its
+workers planned on that GPU} (:mod:`.shares`); ``processes`` (optional): GPU index -> the
+processes NVML lists on it, with the bytes each holds."""
 
 from __future__ import annotations
 
@@ -81,7 +69,6 @@ SCHEMA: dict[str, Any] = {
 
 
 def memory_free(facts: Facts, index: int) -> int | None:
-    """Bytes free on GPU ``index`` when the facts were read; None when unknown."""
     section = facts.section(SECTION)
     if section is None:
         return None
@@ -90,14 +77,12 @@ def memory_free(facts: Facts, index: int) -> int | None:
 
 
 def other_workers(facts: Facts, index: int) -> dict[int, int]:
-    """{pid of another gpudask command: its workers planned on GPU ``index``} ({}: none known)."""
     section = facts.section(SECTION) or {}
     found = (section.get("other_workers") or {}).get(str(index)) or {}
     return {int(pid): int(n) for pid, n in found.items()}
 
 
 def processes(facts: Facts, index: int) -> list[tuple[int, int | None]] | None:
-    """(pid, bytes) of the processes on GPU ``index`` when the facts were read; None: unknown."""
     section = facts.section(SECTION) or {}
     found = (section.get("processes") or {}).get(str(index))
     if found is None:
@@ -106,8 +91,7 @@ def processes(facts: Facts, index: int) -> list[tuple[int, int | None]] | None:
 
 
 def probe(facts: Facts) -> dict[str, Any]:
-    """Free memory of each GPU, through NVML (by UUID: facts handed in for another host's GPUs
-    find none here, and say unknown)."""
+    """Free memory of each GPU, by UUID (another host's GPUs find none here, and say unknown)."""
     free: dict[str, int] = {}
     out: dict[str, Any] = {"memory_free": free}
     if not facts.gpus:

@@ -1,15 +1,8 @@
-"""Fit a worker's pool to its GPU as the GPU is when the worker starts (part of the rmm plugin).
+"""Fit a worker's pool to its GPU as it is when the worker starts (part of the rmm plugin).
 
-The plan sizes a default pool from the memory free when the command planned; the GPU may have
-changed since: another command's workers started at the same moment, a cluster already running
-grew its pools, a worker restarted while a peer still maps its old pool (UCX's CUDA IPC cache).
-So each worker, holding a lock shared by this user's gpudask processes of the host, reads the
-GPU's free memory (NVML, no CUDA context made) right before it allocates:
-
-* a default size that no longer fits becomes half of what is free, said in one line;
-* a size the user set that does not fit is refused in one line naming it, what is free and what
-  is accepted -- never an out-of-memory traceback from inside RMM.
-"""
+The GPU may have changed since the plan (another command's workers, a peer still mapping an old
+pool), so each worker, under a host lock, reads NVML's free memory right before it allocates: a
+default size that no longer fits becomes half of what is free, a size the user set is refused in one line."""
 
 from __future__ import annotations
 
@@ -28,7 +21,6 @@ MIN_POOL = 64 * 2**20
 
 
 def device_memory(uuid: str) -> tuple[int, int] | None:
-    """(free, total) bytes of the GPU with this UUID, from NVML; None when NVML cannot tell."""
     with nvml_session() as nvml:
         handle = nvml.call("nvmlDeviceGetHandleByUUID", uuid) if nvml else None
         info = nvml.call("nvmlDeviceGetMemoryInfo", handle) if nvml and handle is not None else None
@@ -41,11 +33,8 @@ def reserve(total: int) -> int:
 
 def fit(memory: dict[str, Any], free: int, total: int, who: str,
         holding: str | None = None) -> tuple[dict[str, Any], str | None]:
-    """``memory`` (the plan's rmm section) with an initial pool that fits in ``free`` bytes, and
-    the line that says what changed (None when nothing did).
-
-    :raises GpudaskError: an initial size the user set does not fit (one line).
-    """
+    """``memory`` with an initial pool that fits in ``free``, and the line saying what changed (None: nothing);
+    GpudaskError (one line) when a size the user set does not fit."""
     initial = memory.get("initial_pool_size")
     if not initial or memory.get("allocator") not in ("pool", "async"):
         return memory, None

@@ -1,7 +1,4 @@
-"""The rmm plugin's settings: ``gpudask.rmm.*``, their parsers and how messages quote them.
-
-Part of the rmm plugin (:mod:`gpudask.plugins.rmm.plugin`); imports only the plugin API.
-"""
+"""The rmm plugin's settings: ``gpudask.rmm.*``, their parsers and how messages quote them."""
 
 from __future__ import annotations
 
@@ -39,10 +36,7 @@ _OFF_WORDS = ("off", "false", "no", "disabled")
 
 # --------------------------------------------------------------------------- parsing
 def _parse_size(value: Any) -> float | int:
-    """A size: ``float`` in (0, 1] = fraction of the GPU, ``int`` > 1 = bytes, ``0`` = zero.
-
-    Raises ValueError (the accepted form) for anything else.
-    """
+    """``float`` in (0, 1] = fraction of the GPU, ``int`` > 1 = bytes, ``0`` = zero; else ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(SIZE_FORM)
     if isinstance(value, str):
@@ -117,29 +111,23 @@ def parse_threshold(value: Any) -> float | int | None:
 
 
 def parse_workers_per_gpu(value: Any) -> int | None:
-    """null/'auto' (counted) or an integer from 1 to MAX_WORKERS_PER_GPU."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto", "null", "none")):
         return None
     text = value.strip() if isinstance(value, str) else value
     if isinstance(text, bool) or not (isinstance(text, int) or (isinstance(text, str) and text.isascii()
-                                                               and text.isdigit() and len(text) <= 5)):
+                                                               and text.isdigit() and len(text) <= 5)) \
+            or not 1 <= int(text) <= MAX_WORKERS_PER_GPU:
         raise ValueError(f"an integer from 1 to {MAX_WORKERS_PER_GPU}, or null (counted)")
-    number = int(text)
-    if not 1 <= number <= MAX_WORKERS_PER_GPU:
-        raise ValueError(f"an integer from 1 to {MAX_WORKERS_PER_GPU}, or null (counted)")
-    return number
+    return int(text)
 
 
 def parse_release_wait(value: Any) -> float:
-    """Seconds from 0 to MAX_RELEASE_WAIT."""
-    if isinstance(value, bool):
-        raise ValueError(f"a number of seconds from 0 to {MAX_RELEASE_WAIT:g}")
     try:
         number = float(value.strip() if isinstance(value, str) and len(value) < 40 else value)
     except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or math.isnan(number) or not 0 <= number <= MAX_RELEASE_WAIT:
         raise ValueError(f"a number of seconds from 0 to {MAX_RELEASE_WAIT:g}") from None
-    if math.isnan(number) or not 0 <= number <= MAX_RELEASE_WAIT:
-        raise ValueError(f"a number of seconds from 0 to {MAX_RELEASE_WAIT:g}")
     return number
 
 
@@ -170,7 +158,6 @@ def parse_log_directory(value: Any) -> str | None:
 
 
 def options() -> list[Option]:
-    """The gpudask.rmm.* settings (declared by the rmm plugin's gpudask_config_options)."""
     return [
         Option("gpudask.rmm.pool-size", None,
                "Initial RMM pool size of each worker: bytes ('4GB', '4GiB') or a fraction of its GPU (0.5); "
@@ -233,7 +220,6 @@ def options() -> list[Option]:
 # --------------------------------------------------------------------------- settings
 @dataclass
 class RmmSettings:
-    """The gpudask.rmm.* values in effect for one plan."""
 
     pool_size: Any
     maximum: Any
@@ -273,7 +259,6 @@ def explicit(ctx: PlanContext, key: str) -> bool:
 
 
 def allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | None:
-    """The allocator a worker gets: async, pool (a pool wanted), managed, default, or None (none)."""
     if s.allocator == "async":
         return "async"
     if want_pool:

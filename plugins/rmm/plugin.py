@@ -1,16 +1,8 @@
-"""RMM pools in worker processes.
-
-Plan (pure, any process): :func:`gpudask_plan_memory` turns the ``gpudask.rmm.*``
-settings, the worker's GPU and the UCX transports in effect into its section of the plan (``plan.sections["rmm"]``)
-(allocator, initial and maximum pool size in bytes, ...), or into no memory setup.
-Apply (worker processes only): :func:`gpudask_setup_memory` builds that RMM memory
-resource at import time of the preload, before ``listen()`` and the first task, points
-CuPy / Numba / PyTorch at it and returns what it built (published in the worker's
-startup information).  docs/memory.md is the user-facing description.
+"""RMM pools in worker processes: planned (pure, any process) from the ``gpudask.rmm.*`` settings,
+the worker's GPU and UCX's transports; built by :mod:`.setup` in the worker before ``listen()``.
 
 Nothing here imports rmm, cupy, numba or torch at module level: the plan runs in the
-``dask worker`` CLI and in ``gpudask info`` too.
-"""
+``dask worker`` CLI and in ``gpudask info`` too.  docs/memory.md is the user-facing description."""
 
 from __future__ import annotations
 
@@ -71,8 +63,7 @@ def gpudask_facts_packages() -> dict[str, list[str]]:
 
 @hookimpl
 def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str] | None:
-    """A GPU worker's pool: rmm and its CuPy allocator (which imports cupy), about 0.9 s of
-    imports on an H200 host, made once by the fork server instead of in every worker."""
+    """A GPU worker's pool imports (about 0.9 s on an H200 host), made once by the fork server."""
     if role != "worker" or not facts.visible_gpus() or facts.packages.get("rmm") is None:
         return None
     return ["rmm", "rmm.allocators.cupy"]
@@ -168,9 +159,8 @@ def _plan_scheduler(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, ...]:
 
 
 def _scheduler_ucxx_pool(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, ...]:
-    """distributed-ucxx's own pool key given to the scheduler (``DASK_DISTRIBUTED__RMM__POOL_SIZE``,
-    ``distributed-ucxx.rmm.pool-size``): honoured where distributed-ucxx can build it, else refused in
-    one line -- never dropped in silence."""
+    """distributed-ucxx's own pool keys given to the scheduler: honoured where distributed-ucxx can
+    build the pool, else refused in one line -- never dropped in silence."""
     import dask.config
 
     user = {k: v for k in UCXX_POOL_KEYS
@@ -271,7 +261,6 @@ def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 def _set_memory(plan: ProcessPlan, kind: str, initial: int | None, maximum: int | None, gpu: str | None,
                 details: dict[str, Any], why: str) -> None:
-    """This plugin's section: the memory resource gpudask_setup_memory builds."""
     plan.set_section({"allocator": kind, "initial_pool_size": initial, "maximum_pool_size": maximum, **details,
                       "gpu": gpu}, why, decision=f"memory: allocator={kind}, initial_pool_size={initial}, "
                                                  f"maximum_pool_size={maximum}")
@@ -302,8 +291,7 @@ def _want_pool(ctx: PlanContext, s: RmmSettings, fast: list[str]) -> tuple[bool,
 
 def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, who: str, kind: str, want_pool: bool, by_default: bool,
            reasons: list[str]) -> tuple[int | None, int | None, int | None, dict[str, Any] | None]:
-    """(initial, maximum, release threshold) in bytes for this worker's GPU, and how a default
-    pool's share was planned (None: not a default pool); adds the reasons."""
+    """(initial, maximum, release threshold) bytes, and a default pool's share record; adds the reasons."""
     initial = maximum = threshold = None
     shared = 0  # workers a default pool is planned for (0: not a default pool)
     if want_pool:
@@ -360,8 +348,7 @@ def _refuse_what_fails_at_run_time(ctx: PlanContext, s: RmmSettings, target: Tar
 
 
 def _torch_through_rmm(s: RmmSettings, plan: ProcessPlan) -> bool:
-    """Will PyTorch allocate from the pool: listed in gpudask.rmm.libraries, or another
-    plugin asked (``allocates_through``: it points PyTorch at RMM, e.g. torch-rmm)?"""
+    """Will PyTorch allocate from the pool (gpudask.rmm.libraries, or another plugin's ``allocates_through``)?"""
     return "torch" in s.libraries or any("torch" in (asked.get(REQUEST_ALLOCATES_THROUGH) or ())
                                          for asked in plan.requests_for(name).values())
 

@@ -1,10 +1,5 @@
-"""The rmm plugin's rows in ``gpudask info``, ``gpudask status`` and the ``/gpudask`` page, and its check finding.
-
-Reads the plugin's own section of a published plan and, for a running worker, what the
-plugin published there: its read-back (``applied.plugins.rmm.pool_size``) or its setup
-report (``memory.rmm``: the pool it built, or why it built none).  Published data comes
-from another process: anything of the wrong type is skipped, never raised on.
-"""
+"""The rmm plugin's rows in ``gpudask info`` / ``status`` / ``/gpudask`` and its check finding;
+published data comes from another process: anything of the wrong type is skipped, never raised on."""
 
 from __future__ import annotations
 
@@ -54,8 +49,7 @@ def rows(plan: Mapping[str, Any], published: Mapping[str, Any] | None) -> list[d
 
 
 def fitted_findings(subject: ProcessSide | None) -> list[Finding]:
-    """A worker whose default pool had to start smaller than planned: its GPU is shared with
-    other processes (another command's workers, a cluster already running) that hold memory."""
+    """A worker whose default pool had to start smaller than planned (its GPU shared with other processes)."""
     memory = subject.get("memory") if isinstance(subject, dict) else None
     report = memory.get("rmm") if isinstance(memory, dict) else None
     fitted = report.get("fitted") if isinstance(report, dict) else None

@@ -1,9 +1,5 @@
-"""The rmm plugin's apply side: build the planned RMM memory resource in a worker process.
-
-Part of the rmm plugin (:mod:`gpudask.plugins.rmm.plugin`), which calls :func:`setup` from its
-``gpudask_setup_memory`` hook and :func:`add_metric` from ``gpudask_server_setup``.  rmm,
-cupy, numba and torch are imported here only inside functions, in worker processes.
-"""
+"""The rmm plugin's apply side: build the planned RMM memory resource in a worker process
+(rmm, cupy, numba and torch are imported here only inside functions)."""
 
 from __future__ import annotations
 
@@ -28,10 +24,7 @@ _REPORT: dict[str, Any] | None = None  # the last report, whatever happened (JSO
 
 
 def setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
-    """Build the planned memory resource in this worker process (or report why not).
-
-    The core calls the hook once per process and keeps its result, so this never
-    rebuilds a pool."""
+    """Build the planned memory resource in this worker process, or report why not (called once per process)."""
     global _REPORT
     _REPORT = _setup(ctx, plan)
     return _REPORT
@@ -87,7 +80,6 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
 
 
 def _fit(memory: dict[str, Any], who: str) -> tuple[dict[str, Any], str | None]:
-    """The planned pool fitted to the GPU's free memory now (plugins/rmm/fit.py)."""
     gpu = memory.get("gpu")
     if not memory.get("initial_pool_size") or not gpu or not str(gpu).startswith("GPU-"):
         return memory, None  # no initial pool, or a MIG instance (NVML's free is the parent GPU's)
@@ -101,9 +93,8 @@ def _fit(memory: dict[str, Any], who: str) -> tuple[dict[str, Any], str | None]:
 
 
 def _recount(ctx: PlanContext, plan: ProcessPlan, memory: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """A default pool's share counted again as the worker starts: a gpudask command started
-    after this one was planned adds its workers to the GPU's count (the plan's share rule, the
-    GPU's total memory -- never what is free).  The same count at every restart, so the same pool."""
+    """A default pool's share counted again as the worker starts (a gpudask command started after this
+    one was planned adds its workers), from the GPU's total memory: the same pool at every restart."""
     share = memory.get("share")
     total = memory.get("gpu_memory")
     gpu = memory.get("gpu")
@@ -136,9 +127,8 @@ def _recount(ctx: PlanContext, plan: ProcessPlan, memory: dict[str, Any]) -> tup
 
 
 def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> dict[str, Any] | None:
-    """Before sizing against the GPU, wait (bounded: gpudask.rmm.release-wait) while the memory
-    this worker's predecessor -- the process it replaces after a restart or a kill -- or any
-    process going away still holds is released.  What happened, or None (nothing to wait for)."""
+    """Wait (bounded: gpudask.rmm.release-wait) while memory this worker's predecessor, or any process
+    going away, still holds is released; what happened, or None (nothing to wait for)."""
     gpu = memory.get("gpu")
     initial = memory.get("initial_pool_size")
     if not initial or not gpu or not str(gpu).startswith("GPU-") or memory.get("allocator") not in ("pool", "async"):
@@ -219,24 +209,16 @@ def _chain(mr: Any) -> str:
 
 
 def _pool_size(rmm: Any, mr: Any) -> int | None:
-    for m in _upstreams(mr):
-        if isinstance(m, rmm.mr.PoolMemoryResource):
-            return int(m.pool_size())
-    return None
+    return next((int(m.pool_size()) for m in _upstreams(mr) if isinstance(m, rmm.mr.PoolMemoryResource)), None)
 
 
 def _allocated(mr: Any) -> int | None:
-    for m in _upstreams(mr):
-        if hasattr(m, "get_allocated_bytes"):
-            return int(m.get_allocated_bytes())
-    return None
+    return next((int(m.get_allocated_bytes()) for m in _upstreams(mr) if hasattr(m, "get_allocated_bytes")), None)
 
 
 def _log_file(rmm: Any, mr: Any) -> str | None:
-    for m in _upstreams(mr):
-        if isinstance(m, rmm.mr.LoggingResourceAdaptor):
-            return str(m.get_file_name())
-    return None
+    return next((str(m.get_file_name()) for m in _upstreams(mr) if isinstance(m, rmm.mr.LoggingResourceAdaptor)),
+                None)
 
 
 def _point_library(lib: str) -> str:
@@ -267,7 +249,6 @@ def _point_library(lib: str) -> str:
 
 
 def add_metric(plan: ProcessPlan, server: Any) -> None:
-    """A ``gpudask-rmm`` worker metric: allocator, initial and current pool size."""
     metrics = getattr(server, "metrics", None)
     if plan.role != "worker" or not isinstance(metrics, dict) or type(server).__name__ == "Nanny":
         return

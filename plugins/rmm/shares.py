@@ -1,23 +1,10 @@
 """Who shares a GPU, and who holds its memory (part of the rmm plugin).
 
-A default pool is a share of the GPU's *total* memory, planned for every worker that uses the
-GPU -- this command's and those of this user's other gpudask commands on the host -- never a
-fraction of what happens to be free when the worker starts (a restarted worker whose old
-process has not let go of its pool yet, a peer that grew, a client's context).  So:
-
-* :func:`other_commands` counts the workers other live gpudask processes of this user planned
-  on each GPU and started, from their host plans in the private state directory
-  (``plan-<pid>.json``, the files ``dask worker`` / ``LocalGPUCluster`` write for their workers
-  and remove at exit) and their slot folders (``pid-<pid>/slot-<i>.lock``: worker ``i`` has
-  started).  Those processes (the nanny hosts) live through every restart of their workers and
-  a slot's file stays, so the count does not change while a worker restarts or is killed;
-* :func:`wait_for_memory` lets a starting worker wait, bounded, while memory its predecessor
-  (or any process going away) still holds is released, instead of sizing against it;
-* :func:`holders` names who holds the memory when it really is short: NVML's process list.
-
-Standard library and NVML (the plugin API's ``nvml_session``) only: this runs in the
-``dask worker`` CLI process (the facts probe) and at every worker's start.
-"""
+A default pool is a share of the GPU's *total* memory between every worker planned on it --
+this command's and those of this user's other live gpudask commands, counted from their host
+plans (``plan-<pid>.json``) and slot files (``pid-<pid>/slot-<i>.lock``) in the private state
+directory, which stay through a worker's restart -- never a fraction of what happens to be free.
+Standard library and NVML only: this runs in the ``dask worker`` CLI and at every worker's start."""
 
 from __future__ import annotations
 
@@ -42,7 +29,6 @@ SETTLE = 3.0
 
 # --------------------------------------------------------------------------- processes
 def _start_time(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch); None when it is gone or unknown."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
@@ -83,9 +69,8 @@ def own_planner() -> int | None:
 
 
 def other_commands(hostname: str, exclude: set[int] | None = None) -> dict[str, dict[int, int]]:
-    """GPU UUID -> {pid of another live gpudask planning process: how many of its workers are
-    planned on that GPU}, read from the host plans in this user's state directory; {} when the
-    directory cannot be read.  ``exclude``: this process and the one whose plan it took."""
+    """GPU UUID -> {pid of another live gpudask planning process: its workers planned on that GPU and
+    started} ({} when the state directory cannot be read); ``exclude``: the process this one's plan is from."""
     skip = {os.getpid(), *(exclude or ())}
     out: dict[str, dict[int, int]] = {}
     try:
@@ -115,9 +100,7 @@ def other_commands(hostname: str, exclude: set[int] | None = None) -> dict[str, 
 
 
 def _started_workers(group: Any) -> set[int]:
-    """The worker numbers ever claimed in a command's slot folder (``slot-<i>.lock``,
-    gpudask/apply/runtime.py): a slot's file stays while its worker restarts or is killed, so
-    the count does not drop during a restart."""
+    """The worker numbers ever claimed in a command's slot folder (a slot's file stays through a restart)."""
     try:
         names = [p.name for p in group.glob("slot-*.lock")][:4096]
     except OSError:
@@ -126,8 +109,7 @@ def _started_workers(group: Any) -> set[int]:
 
 
 def _workers_per_gpu(text: str, hostname: str, started: set[int]) -> dict[str, int]:
-    """{GPU UUID: workers planned on it and started} of one host plan file (nothing of a file
-    not understood)."""
+    """{GPU UUID: workers planned on it and started} of one host plan file ({} if not understood)."""
     try:
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("facts", {}).get("hostname") != hostname:
@@ -155,8 +137,7 @@ class Holder:
 
 
 def gpu_processes(uuid: str) -> list[tuple[int, int | None]] | None:
-    """(pid, bytes used) of every process with a context on the GPU, from NVML; None when NVML
-    cannot tell (no driver, a MIG instance, an old binding)."""
+    """(pid, bytes used) of every process with a context on the GPU, from NVML; None when NVML cannot tell."""
     with nvml_session() as nvml:
         handle = nvml.call("nvmlDeviceGetHandleByUUID", uuid) if nvml else None
         if nvml is None or handle is None:
@@ -187,8 +168,7 @@ def _what(pid: int) -> str:
 
 
 def holders(processes: list[tuple[int, int | None]] | None, workers: Mapping[int, str] | None = None) -> list[Holder]:
-    """The processes holding memory on a GPU, largest first, named (``workers``: pid -> what a
-    gpudask worker is, from the state directory)."""
+    """The processes holding memory on a GPU, largest first, named (``workers``: pid -> gpudask worker)."""
     out = [Holder(pid, used, (workers or {}).get(pid) or _what(pid)) for pid, used in processes or []]
     return sorted(out, key=lambda h: -(h.used or 0))
 
@@ -215,8 +195,7 @@ def _record_path(index: int | None) -> Any:
 
 
 def predecessor(index: int | None) -> int | None:
-    """The pid of the process that was this worker (same command, same number) before it was
-    restarted or killed, when it recorded itself; None otherwise."""
+    """The pid of the process that was this worker before a restart or kill, when it recorded itself."""
     try:
         text = read_private(_record_path(index), "worker record")
         pid = json.loads(text).get("pid") if text else None
@@ -226,8 +205,7 @@ def predecessor(index: int | None) -> int | None:
 
 
 def known_workers() -> dict[int, str]:
-    """pid -> "gpudask worker N of pid P" for the workers of this user's commands that recorded
-    themselves (the latest process of each worker number)."""
+    """pid -> "gpudask worker N of pid P" for this user's workers that recorded themselves."""
     out: dict[int, str] = {}
     try:
         paths = sorted(state_dir().glob("*/rmm-worker-*.json"))[:4 * MAX_PLANS]
@@ -266,10 +244,8 @@ class Waited:
 def wait_for_memory(read: Callable[[], tuple[int, int] | None], needed: int, timeout: float,
                     leaving: Callable[[], bool], clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep) -> Waited | None:
-    """Wait until ``read()`` (free, total bytes) shows ``needed`` free, at most ``timeout``
-    seconds; earlier when nothing is being released: ``leaving()`` says no process on the GPU
-    is going away (a predecessor, a killed process) and free memory has not grown for
-    :data:`SETTLE` seconds.  None when the GPU's memory cannot be read."""
+    """Wait, at most ``timeout`` seconds, until ``read()`` (free, total) shows ``needed`` free; earlier when
+    nothing is being released (``leaving()`` false and no growth for :data:`SETTLE` s).  None: unreadable."""
     start = clock()
     first = read()
     if first is None:

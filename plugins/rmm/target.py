@@ -1,9 +1,4 @@
-"""The device memory a pool lives in, and its size arithmetic (part of the rmm plugin).
-
-Which GPU (or MIG instance) a process's pool goes to, how many workers share it, a size
-setting resolved to aligned bytes and checked against the GPU; which fast transports UCX
-will use in the process; distributed-ucxx's own pool keys reset where gpudask builds pools.
-"""
+"""The device memory a pool lives in, and its size arithmetic (part of the rmm plugin)."""
 
 from __future__ import annotations
 
@@ -35,7 +30,6 @@ class Target:
 
     @property
     def host_workers(self) -> int:
-        """Workers on this GPU across this user's gpudask commands of the host."""
         return self.shared_by + sum((self.others or {}).values())
 
 
@@ -67,13 +61,11 @@ def target_of(ctx: PlanContext, plan: ProcessPlan) -> Target | None:
 
 
 def share_of(total: int, workers: int, fraction: float = DEFAULT_FRACTION) -> int:
-    """A default pool: ``fraction`` of the GPU's total memory split between ``workers``, aligned."""
     return int(fraction * total / max(1, workers)) // ALIGNMENT * ALIGNMENT
 
 
 def share_maximum(total: int, workers: int) -> int | None:
-    """Where a default pool of a GPU shared by several workers stops growing: its share of
-    :data:`SHARED_MAXIMUM_FRACTION` of the GPU (None: one worker, no limit)."""
+    """A shared GPU's default pool stops growing at its share of :data:`SHARED_MAXIMUM_FRACTION` (None: one worker)."""
     if workers <= 1:
         return None
     return int(SHARED_MAXIMUM_FRACTION * total / workers) // ALIGNMENT * ALIGNMENT
@@ -129,7 +121,6 @@ def reset_ucxx_keys(ctx: PlanContext, plan: ProcessPlan, keep: tuple[str, ...] =
 
 
 def check_fits(ctx: PlanContext, key: str, nbytes: int, target: Target, who: str, shared: bool = True) -> None:
-    """``nbytes`` (times the workers sharing the GPU, for initial pools) must fit the GPU."""
     if nbytes <= 0:
         raise ConfigError(f"{shown(ctx, key)} rounds down to 0 bytes on {target.label} of {who}; "
                           f"accepted: at least {ALIGNMENT} bytes")
@@ -163,10 +154,8 @@ def sharing_text(target: Target, declared: int | None) -> tuple[int, str]:
 
 def default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons: list[str],
                     declared: int | None = None) -> tuple[int, int]:
-    """(initial size, workers it is planned for): half of the GPU's *total* memory split between
-    every worker planned on it -- this command's, other gpudask commands' of this user (their
-    host plans), or ``declared`` (gpudask.rmm.workers-per-gpu) -- never a fraction of what
-    happens to be free, so pools are equal and stay so through restarts."""
+    """(initial size, workers it is planned for): half of the GPU's *total* memory split between every
+    worker planned on it, never of what happens to be free, so pools are equal and stay so through restarts."""
     n, who = sharing_text(target, declared)
     initial = share_of(target.memory, n)
     split = f" split between the {n} workers sharing it" if n > 1 else ""
@@ -189,8 +178,7 @@ def default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons
 
 def share_record(target: Target, shared: int, declared: int | None, maximum_set: bool, initial: int | None,
                  maximum: int | None) -> dict[str, Any] | None:
-    """How a default pool's share was planned (the plan's ``share``), for the worker to count
-    again when it starts (setup.py); None: not a default pool."""
+    """How a default pool's share was planned, for the worker to count again at start; None: not a default pool."""
     if not shared:
         return None
     return {"workers": shared, "fraction": DEFAULT_FRACTION, "command_workers": target.shared_by,

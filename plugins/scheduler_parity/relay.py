@@ -1,43 +1,12 @@
-"""A scheduler that cannot relay GPU data tells the clients at once (part of scheduler-parity).
+"""A scheduler that cannot relay GPU data tells the clients at once (part of scheduler-parity;
+docs/scheduler-check.md, A scheduler without a GPU).
 
-With distributed's default ``distributed.client.direct-to-workers: null`` every result a
-client gathers passes through the scheduler, and over UCX distributed-ucxx receives each
-GPU frame into an ``rmm.DeviceBuffer``.  A scheduler that sees no GPU (started with
-``CUDA_VISIBLE_DEVICES=""`` or on a CPU host) cannot: the client's gather fails, the
-client reschedules and asks again, and a plain client loops on ``Couldn't gather keys``
-until its own timeout.  On such a scheduler only (UCX, no GPU visible, workers with GPUs)
-:class:`RelayGuard`:
-
-* sends every client one warning through distributed's own ``"warn"`` event (a plain
-  client turns it into a Python ``UserWarning``; it needs no gpudask): as it connects
-  while GPU workers are there, or when the first GPU worker joins while it is connected.
-  "As it connects" is when the client subscribes to the ``warn`` topic, which every
-  distributed client does right after its stream starts: ``SchedulerPlugin.add_client``
-  runs before the client's stream exists, and the client's first read must be its
-  ``stream-start`` message alone;
-* wraps the scheduler's ``gather`` handler: a failed gather of a key whose result is a
-  GPU object (its task's ``type``: CuPy, cuDF, RMM, Numba CUDA ...) held by a worker with a
-  GPU answers with a plain ``RuntimeError`` (builtin: any client unpickles it) carrying the
-  one line -- the client raises at once instead of retrying forever.  Other failed
-  gathers (a NumPy result whose worker died) keep distributed's behaviour;
-* on a scheduler that sees no GPU, wraps the ``update-graph`` stream handler: distributed
-  unpickles every task graph on the scheduler (``Scheduler.update_graph``), and a graph
-  holding CuPy/cuDF objects (a CuPy argument, an array made with ``like=cupy``, the meta of
-  a CuPy/cuDF collection) cannot be read without a GPU; distributed then errs every key
-  with "Error during deserialization of the task graph".  The wrapper calls distributed's
-  handler unchanged (the graph is deserialised once, by distributed) and, while it runs,
-  rewrites what it reports: each ``task-erred`` carrying that error carries a plain
-  ``RuntimeError`` with the one line instead (with the unpickling error's own first line),
-  and a later graph of the same client cancelled for ``lost dependencies`` (its
-  dependencies were the futures of the unread graph) carries the line as its message.
-  Graphs that deserialise, and errors after deserialisation, keep distributed's behaviour.
-  ``Scheduler.report`` of this scheduler instance is wrapped for that; a context variable
-  limits the rewrite to the update-graph call of the client's own stream.
-
-Imports only distributed and the plugin API (the handlers are replaced through
-``gpudask.pluginapi.wrap_handler``: gpudask.compat.distributed holds every such reach); installed by the scheduler-parity plugin's
-``gpudask_server_setup`` hook.
-"""
+On a UCX scheduler without a GPU, :class:`RelayGuard` sends every client one warning through
+distributed's own ``"warn"`` event when it subscribes to that topic (``add_client`` runs before
+the client's stream exists); answers a failed gather of a GPU result with a builtin
+``RuntimeError`` carrying the one line, instead of distributed's endless retry; and rewrites
+what ``update-graph`` reports for a graph that cannot be deserialised here (a context variable
+limits that to the call of the client's own stream).  Other failures keep distributed's behaviour."""
 
 from __future__ import annotations
 

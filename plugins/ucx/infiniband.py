@@ -1,21 +1,8 @@
-"""UCX over InfiniBand: rc, rdmacm, and for each worker the port nearest its GPU.
+"""UCX over InfiniBand: rc, rdmacm, and for each GPU process the port nearest its GPU (docs/transports.md).
 
-With an active InfiniBand port (state ACTIVE, link layer InfiniBand; DOWN ports and
-RoCE ports are not InfiniBand) and UCX (docs/transports.md):
-
-* ``rc`` in ``UCX_TLS`` and ``UCX_SOCKADDR_TLS_PRIORITY=rdmacm`` in every UCX
-  process (rdmacm sets up connections over InfiniBand; tcp remains as UCX's fallback
-  for a peer whose address is not on an RDMA interface);
-* in each process with a GPU (worker, client): ``UCX_NET_DEVICES`` names the port
-  nearest that GPU, the worker listens on that port's IP interface, and
-  ``UCX_MAX_RNDV_RAILS=1``, ``UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES=cuda``.
-
-*Nearest*: the longest common leading run of sysfs PCI path components (same PCIe
-switch beats same root port beats same root complex), then the same NUMA node (which
-is all that counts when a path is unknown).  Among equally near ports the GPUs are
-spread, GPUs in NVML index order and ports in name order, so that no port serves two
-GPUs while an equally near port serves none.
-"""
+*Nearest*: the longest common leading run of sysfs PCI path components (same PCIe switch beats
+same root port beats same root complex), then the same NUMA node.  Among equally near ports the
+GPUs are spread, so that no port serves two GPUs while an equally near port serves none."""
 
 from __future__ import annotations
 
@@ -77,7 +64,6 @@ def gpudask_config_options() -> list[Option]:
 
 # -- nearness -------------------------------------------------------------------------
 def _pci_components(path: str | None) -> list[str]:
-    """'/sys/devices/pci0000:15/0000:15:01.0/…' -> ['pci0000:15', '0000:15:01.0', …] (from the root complex on)."""
     if not path:
         return []
     parts = [p for p in path.split("/") if p]
@@ -117,7 +103,6 @@ def port_label(port: Port) -> str:
 
 
 def nearest_ports(gpus: list[GPU], ports: list[Port]) -> dict[int, tuple[Port, str]]:
-    """GPU index -> (port, why), spreading GPUs over equally near ports."""
     load: dict[str, int] = {port_label(p): 0 for p in ports}
     out: dict[int, tuple[Port, str]] = {}
     for gpu in sorted(gpus, key=lambda g: g.index):
@@ -255,8 +240,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 
 def _names_infiniband(ctx: PlanContext) -> bool:
-    """Did the user ask for InfiniBand by name (UCX_TLS=rc/ib/dc..., gpudask.transport.infiniband=true),
-    as opposed to allowing everything (UCX_TLS=all, ^cuda)?"""
+    """Did the user ask for InfiniBand by name (UCX_TLS=rc/ib/dc..., the option), not allow everything (all, ^cuda)?"""
     tls = user_tls(ctx)
     if tls is not None:
         names = [n.lstrip("^") for n in parse_ucx_tls(tls)]
@@ -266,7 +250,6 @@ def _names_infiniband(ctx: PlanContext) -> bool:
 
 
 def _rdmacm_without_port(ctx: PlanContext, plan: ProcessPlan) -> None:
-    """No active InfiniBand port: rdmacm cannot work, whatever asks for it."""
     user = ctx.user_env.get("UCX_SOCKADDR_TLS_PRIORITY")
     s = ctx.setting(RDMACM)
     if user and "rdmacm" in user:

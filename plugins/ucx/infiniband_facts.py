@@ -1,14 +1,5 @@
-"""The infiniband plugin's facts: the host's InfiniBand and RoCE ports.
-
-Its section of the host's facts (``ctx.facts.section("infiniband")``)::
-
-    {"ports": [{"name": "mlx5_0", "port": 1, "state": "ACTIVE", "link_layer": "InfiniBand",
-                "pci_path": "/sys/devices/...", "numa_node": 0, "netdev": "ib0"}, ...]}
-
-Probed from ``/sys/class/infiniband`` (no verbs library needed; a test points
-``$GPUDASK_SYSFS_ROOT`` at a fake tree).  Other plugins (forkserver) read the ports
-through :func:`ports` and :func:`active_ports`.
-"""
+"""The infiniband plugin's facts: the host's InfiniBand and RoCE ports, probed from
+``/sys/class/infiniband`` (no verbs library; a test points ``$GPUDASK_SYSFS_ROOT`` at a fake tree)."""
 
 from __future__ import annotations
 
@@ -55,7 +46,6 @@ SCHEMA: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Port:
-    """One InfiniBand or RoCE port of the host."""
 
     name: str
     port: int
@@ -76,7 +66,6 @@ def _port(data: Mapping[str, Any]) -> Port:
 
 
 def ports(facts: Facts) -> list[Port]:
-    """The host's InfiniBand/RoCE ports (none when a described host does not say)."""
     section = facts.section(SECTION)
     return [_port(p) for p in (section or {}).get("ports", [])]
 
@@ -88,7 +77,6 @@ def active_ports(facts: Facts) -> list[Port]:
 
 # -- the probe: sysfs ----------------------------------------------------------------------
 def probe_ports() -> list[Port]:
-    """InfiniBand/RoCE ports from <sysfs>/class/infiniband."""
     base = os.path.join(sysfs_root(), "class", "infiniband")
     try:
         names = sorted(os.listdir(base))
@@ -129,7 +117,6 @@ def probe(facts: Facts) -> dict[str, Any]:
 
 
 def summary(value: Any) -> str | None:
-    """The host line of ``gpudask info``: how many ports UCX's rc can use."""
     if value is None:
         return None
     active = sum(_port(p).is_infiniband for p in value["ports"])

@@ -1,22 +1,7 @@
-"""UCX over NVLink / CUDA IPC (cuda_copy, cuda_ipc), and no CUDA transport where no GPU data moves.
-
-Per process (docs/transports.md):
-
-* a worker, client or scheduler with a GPU gets ``cuda_copy`` and ``cuda_ipc`` whenever UCX
-  is used (``cuda_ipc`` unless the GPU is split into MIG instances or this host's UCX lacks
-  it): its peers are every GPU process of the host, whoever started them -- this command's
-  workers, another command's, the scheduler, a client -- and UCX chooses a path per endpoint
-  among the transports it is allowed; ``distributed-ucxx.create-cuda-context`` is then true,
-  so UCX finds the context on the process's own GPU.  The scheduler is one
-  of them: with distributed's default ``distributed.client.direct-to-workers: null``
-  every result a client gathers and every GPU argument of ``submit`` passes through
-  it, and distributed-ucxx receives each GPU frame into an ``rmm.DeviceBuffer``;
-* the nanny host gets no CUDA transport and ``create-cuda-context`` false: UCX
-  initialises there at ``listen()`` and would otherwise create a CUDA context in a
-  process that never touches GPU data;
-* without a visible GPU nothing CUDA is planned ("skipped: no GPU visible");
-* a ``create-cuda-context`` the user set is the plan's value ("set by you").
-"""
+"""UCX over NVLink / CUDA IPC (cuda_copy, cuda_ipc), and no CUDA transport where no GPU data moves
+(docs/transports.md): every GPU process gets both whenever UCX is used (cuda_ipc unless MIG or
+this host's UCX lacks it) and ``create-cuda-context`` true; the nanny host and GPU-less processes
+get none and no context from UCX; a ``create-cuda-context`` the user set wins."""
 
 from __future__ import annotations
 
@@ -126,8 +111,7 @@ def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 
 def user_context_flag(ctx: PlanContext) -> tuple[str, bool] | None:
-    """``(key, value)`` of a create-cuda-context the user set (env DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT or
-    config), None when unset."""
+    """``(key, value)`` of a create-cuda-context the user set (environment or config), None when unset."""
     for key in CONTEXT_KEYS:
         value = ctx.user_dask_config(key)
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
@@ -138,7 +122,6 @@ def user_context_flag(ctx: PlanContext) -> tuple[str, bool] | None:
 
 
 def context_flag(ctx: PlanContext, plan: ProcessPlan, value: bool, why: str) -> None:
-    """distributed-ucxx.create-cuda-context: gpudask's value, or the user's (explicit settings win)."""
     user = user_context_flag(ctx)
     if user is None:
         set_flag(plan, CONTEXT_FLAG, value, why)
@@ -151,12 +134,8 @@ def context_flag(ctx: PlanContext, plan: ProcessPlan, value: bool, why: str) -> 
 
 
 def _ipc_detection(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> tuple[bool, str]:
-    """cuda_ipc from the host's capabilities, for every peer: a process's peers are the client,
-    the scheduler, every worker on the host whoever started it (this command's, another
-    ``dask worker`` command's, a ``LocalGPUCluster``'s) and other hosts.  UCX picks a path per
-    endpoint among the transports it is allowed, and uses CUDA IPC only where it works (same GPU,
-    NVLink or PCIe peer access on this host); leaving it out stages every such transfer through
-    host memory over TCP (2 s instead of 2 ms for 1 GiB, measured on an H200)."""
+    """cuda_ipc from the host's capabilities, for every peer of the host: UCX uses CUDA IPC only where it
+    works; leaving it out stages such transfers through host memory (2 s instead of 2 ms for 1 GiB, H200)."""
     if (plan.gpu or "").startswith("MIG-") or (gpu.mig.get("enabled") and plan.gpu is None):
         return False, f"GPU {gpu.index} is split into MIG instances: CUDA IPC does not work between them"
     if ucx_supports(ctx.facts, "cuda_ipc") is False:
@@ -166,7 +145,6 @@ def _ipc_detection(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> tuple[bool,
 
 
 def _ipc_peers(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> str:
-    """What this plan knows of the peers CUDA IPC reaches from ``gpu``."""
     visible = {g.index for g in ctx.gpus}
     known = nvlink_facts.peers(ctx.facts, gpu.index)
     peers = sorted(set(known or []) & visible)
@@ -189,7 +167,6 @@ def _ipc_peers(ctx: PlanContext, plan: ProcessPlan, gpu: GPU) -> str:
 
 
 def _no_cuda(ctx: PlanContext, plan: ProcessPlan, why: str) -> None:
-    """Nanny host, GPU-less processes: UCX without CUDA, and no CUDA context from UCX."""
     role_why = {"nanny": "the nanny moves no GPU data",
                 "scheduler": "the scheduler sees no GPU, so it cannot receive GPU frames"}.get(plan.role)
     context_why = f"{role_why}: no CUDA context for UCX here" if role_why else f"{why}: no CUDA context for UCX"
@@ -215,8 +192,7 @@ UCX_PROTOCOLS = ("ucx", "ucxx")
 
 
 def staged_why(side: ProcessSide | None) -> str | None:
-    """Why GPU data between this process and its peers on its host goes through host memory
-    (its UCX_TLS leaves cuda_ipc out while its host could use it), or None."""
+    """Why GPU data between this process and its host's peers is staged through host memory, or None."""
     if not isinstance(side, dict) or side.get("protocol") not in UCX_PROTOCOLS:
         return None
     if "no GPU in UCX here" in (side.get("left_out_here") or ()):

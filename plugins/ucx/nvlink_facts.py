@@ -1,13 +1,5 @@
-"""The nvlink plugin's facts: which GPUs of the host reach each other over NVLink.
-
-Its section of the host's facts (``ctx.facts.section("nvlink")``)::
-
-    {"peers": {"0": [1, 2, 3], "1": [0, 2, 3], ...}}
-
-GPU index (as a string: a JSON key) -> the indices of the GPUs it reaches over NVLink,
-directly or through an NVSwitch; a GPU not listed has no NVLink peer.  Probed through NVML
-(never a CUDA context; pynvml is imported by the probe only).
-"""
+"""The nvlink plugin's facts (``ctx.facts.section("nvlink")``): GPU index -> the GPUs it reaches over
+NVLink, directly or through an NVSwitch (not listed: no peer).  Probed through NVML, never a CUDA context."""
 
 from __future__ import annotations
 
@@ -41,8 +33,6 @@ SCHEMA: dict[str, Any] = {
 
 
 def peers(facts: Facts, index: int) -> list[int] | None:
-    """The NVLink peers of GPU ``index``, or None when the facts do not say (a described host
-    without the section)."""
     section = facts.section(SECTION)
     if section is None:
         return None
@@ -50,8 +40,7 @@ def peers(facts: Facts, index: int) -> list[int] | None:
 
 
 def probe(facts: Facts) -> dict[str, Any]:
-    """NVLink peers through NVML: direct GPU links, plus everyone on the same NVSwitch fabric.
-    GPUs are found by UUID (facts handed in for another host's GPUs find none here)."""
+    """NVLink peers through NVML, GPUs found by UUID (another host's GPUs find none here)."""
     if not facts.gpus:
         return {"peers": {}}
     with nvml_session() as nvml:
@@ -63,7 +52,6 @@ def probe(facts: Facts) -> dict[str, Any]:
 
 
 def _peers(pynvml: Any, nv: Any, devices: Sequence[tuple[int, str | None, Any]]) -> dict[int, list[int]]:
-    """GPU index -> its NVLink peers, from NVML handles ``(index, pci bus id, handle)``."""
     by_bus: dict[str | None, int] = {bus: index for index, bus, _ in devices if bus}
     gpu_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_GPU", 0)
     switch_t = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
@@ -93,7 +81,6 @@ def _peers(pynvml: Any, nv: Any, devices: Sequence[tuple[int, str | None, Any]])
 
 
 def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
-    """Every GPU named is one of the host's, and a GPU is not its own peer."""
     indices = [g.index for g in facts.gpus]
     known = ", ".join(map(str, sorted(indices))) or "none"
     for key, found in value["peers"].items():

@@ -1,10 +1,5 @@
-"""The rules the transport plugins (tcp, nvlink, infiniband) share.
-
-How an explicit setting wins over detection (:func:`decide`), the transport mode
-(``gpudask.transport.mode``, declared by the tcp plugin with the interface setting: with tcp
-being essential, the keys are always declared) and name-or-list settings.  Only this folder's
-plugins import it.
-"""
+"""The rules the transport plugins (tcp, nvlink, infiniband) share: an explicit setting wins over
+detection (:func:`decide`), the transport mode, name-or-list settings."""
 
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ AUTO, EXPLICIT, UCX_AUTO = "auto", "explicit", "ucx-auto"
 
 
 def user_tls(ctx: PlanContext) -> str | None:
-    """UCX_TLS as the user exported it (None when unset)."""
     return ctx.user_env.get("UCX_TLS") or None
 
 
@@ -37,7 +31,6 @@ def parse_name_or_list(value: Any) -> str | list[str] | None:
 
 
 def pick(value: str | list[str], index: int | None) -> str:
-    """One item of a name-or-list setting for worker ``index``."""
     if isinstance(value, list):
         return value[(index or 0) % len(value)]
     return value
@@ -55,10 +48,8 @@ def mode_why(ctx: PlanContext) -> str:
 
 def decide(ctx: PlanContext, key: str, transport: str, detected: bool, detect_why: str,
            implied_by: tuple[str, ...] = ()) -> tuple[bool, str, bool]:
-    """Whether to use ``transport``: (on, why, explicit).  Explicit settings win over detection:
-    UCX_TLS in the environment, then the option ``key`` (or its legacy keys), then mode explicit
-    (where ``transport`` is on only if one of the ``implied_by`` options is true, as in
-    distributed-ucxx: nvlink and infiniband imply tcp, nvlink implies cuda-copy)."""
+    """(on, why, explicit) for ``transport``: UCX_TLS in the environment wins, then the option ``key``, then
+    mode explicit (on only if one of ``implied_by`` is true, as in distributed-ucxx); else detection."""
     tls = user_tls(ctx)
     if tls is not None:
         on = tls_enables(tls, transport)
@@ -78,15 +69,13 @@ def decide(ctx: PlanContext, key: str, transport: str, detected: bool, detect_wh
 
 
 def set_flag(plan: ProcessPlan, flag: str, value: bool, why: str) -> None:
-    """distributed-ucxx.<flag>, so distributed-ucxx's own view of the transports agrees with UCX_TLS."""
     plan.set_config(f"distributed-ucxx.{flag}", value, why)
 
 
 # -- apply: a described host --------------------------------------------------------------
 def without(tls: str | None, names: frozenset[str], alias: str) -> str | None:
-    """``UCX_TLS`` with none of ``names`` (``alias``: UCX's name for all of them), as close to
-    ``tls`` as UCX's syntax allows: ``tcp,cuda_copy,cuda_ipc`` -> ``tcp``, ``all`` -> ``^cuda``,
-    ``^rc`` -> ``^rc,cuda``; None when ``tls`` names none of them (nothing to change)."""
+    """``UCX_TLS`` with none of ``names`` (``alias``: UCX's name for all of them), as close to ``tls`` as
+    UCX's syntax allows (``all`` -> ``^cuda``, ``^rc`` -> ``^rc,cuda``); None: nothing to change."""
     given = parse_ucx_tls(tls)
     if not given:
         return None  # unset: UCX chooses among what this machine has
@@ -103,12 +92,9 @@ def without(tls: str | None, names: frozenset[str], alias: str) -> str | None:
 
 def leave_out_on_described_host(ctx: PlanContext, plan: ProcessPlan, what: str, names: frozenset[str], alias: str,
                                 env: tuple[str, ...], flags: tuple[str, ...]) -> None:
-    """On a described host (``GPUDASK_FACTS``) the hardware is not this machine's: the plan's
-    ``UCX_TLS``, environment and config are applied (an apply hook, before UCX initialises)
-    but for ``what`` -- the transports ``names``, the variables ``env``, the distributed-ucxx
-    ``flags`` --, with which UCX would not start here (a CUDA context on a CPU: NVML fails;
-    rdmacm without InfiniBand: no listener).  This process's plan says so and agrees with what
-    it runs with; ``gpudask info --facts`` shows the described host's plan, unchanged."""
+    """On a described host (``GPUDASK_FACTS``) UCX here starts without ``what`` -- the transports ``names``,
+    the variables ``env``, the distributed-ucxx ``flags`` -- which this machine does not have (UCX would
+    not start); the plan says so.  ``gpudask info --facts`` shows the described host's plan, unchanged."""
     if not ctx.uses_ucx or not ctx.facts.described:
         return
     import os

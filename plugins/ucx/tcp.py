@@ -1,12 +1,6 @@
-"""The base UCX transport (tcp), the transport mode, and the plain-TCP fallback.
-
-This plugin owns what every UCX process needs whatever the hardware: what this host's UCX
-offers (its facts section ``ucx_info``, :mod:`.ucx_info`), the ``gpudask.transport.mode`` switch, ``tcp`` in ``UCX_TLS``, the connect timeout, an
-interface the user names, and the one clear error when ``--protocol ucx`` is asked
-for without distributed-ucxx.  The helpers below are shared with the ``nvlink`` and
-``infiniband`` plugins, which decide the CUDA and InfiniBand transports the same way
-(auto / explicit / ucx-auto, explicit settings win).  See docs/transports.md.
-"""
+"""The base UCX transport (tcp): what this host's UCX offers (facts ``ucx_info``), the transport mode,
+``tcp`` in ``UCX_TLS``, the connect timeout, a named interface, and the one clear error when
+``--protocol ucx`` is asked for without distributed-ucxx.  See docs/transports.md."""
 
 from __future__ import annotations
 
@@ -31,7 +25,6 @@ CONNECT_KEY = "distributed.comm.timeouts.connect"
 
 # -- parsers -------------------------------------------------------------------------
 def parse_timeout(value: Any) -> float | None:
-    """Seconds (a number) or a dask duration ("30s", "2 minutes"); null leaves distributed's default."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
     from dask.utils import parse_timedelta
@@ -75,10 +68,7 @@ def gpudask_listen_ahead(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 @hookimpl
 def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str] | None:
-    """distributed-ucxx's comm, ucxx, and rmm (distributed-ucxx's first connection imports it):
-    about 0.9 s of imports on an H200 host.  For a worker over UCX, and for the ``dask worker``
-    process of a GPU host while the scheduler's protocol is not known (over tcp the imports
-    were a background thread's work, not the start's)."""
+    """distributed-ucxx's comm, ucxx and rmm (about 0.9 s of imports on an H200), for a worker likely over UCX."""
     likely_ucx = protocol in ("ucx", "ucxx") or (protocol is None and _likely_ucx(facts))
     if not likely_ucx or facts.packages.get("distributed-ucxx") is None:
         return None
@@ -119,8 +109,7 @@ def gpudask_config_options() -> list[Option]:
 
 # -- hooks -----------------------------------------------------------------------------
 def ucxx_package(cuda_major: int | None) -> str:
-    """What to install for UCX, with the version gpudask's ucx extras pin: unpinned, pip may
-    backtrack distributed-ucxx-cu12 to 0.44.0, a placeholder that installs nothing (issue 42)."""
+    """What to install for UCX, pinned as gpudask's extras pin it (unpinned, pip may pick an empty 0.44.0)."""
     if cuda_major in (12, 13):
         return _pinned(f"distributed-ucxx-cu{cuda_major}")
     return f"{_pinned('distributed-ucxx-cu12')} or {_pinned('distributed-ucxx-cu13')} (the one matching the CUDA " \
@@ -128,8 +117,7 @@ def ucxx_package(cuda_major: int | None) -> str:
 
 
 def _pinned(name: str) -> str:
-    """``name`` as gpudask's installed metadata pins it in an extra (``'distributed-ucxx-cu12==0.52.*'``,
-    quoted for a shell), or ``name`` alone when the metadata does not say."""
+    """``name`` as gpudask's installed metadata pins it (quoted for a shell), or ``name`` alone."""
     from importlib import metadata
 
     try:
@@ -194,10 +182,8 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 
 def _quiet_ucx(ctx: PlanContext, plan: ProcessPlan) -> None:
-    """UCX warns about every UCX_* variable no component reads -- including those ucxx sets
-    itself when imported (UCX_MEMTYPE_CACHE): every UCX process printed it.  Turn the
-    warning off in gpudask's processes and report the user's own unused variables instead,
-    as UCX judges them."""
+    """UCX warns about every UCX_* variable no component reads, ucxx's own included: turn that off in
+    gpudask's processes and report the user's own unused variables instead, as UCX judges them."""
     if "UCX_WARN_UNUSED_ENV_VARS" in ctx.user_env:
         plan.note("UCX's unused-variable warning left as set",
                   f"UCX_WARN_UNUSED_ENV_VARS={ctx.user_env['UCX_WARN_UNUSED_ENV_VARS']} is set: explicit settings win")
