@@ -140,7 +140,7 @@ cat <<'NOTRUN'
 not run here (a GPU, a batch system, or hours):
   dask worker ... --preload gpudask on a GPU node; pip install -e '.[cu12]' / '.[cu13]' for real (resolved above)
   python -m pytest (the whole suite: the lead's run) and python -m pytest -o addopts= -m gpu (GPU tests)
-  bash bench/device-correctness.sh, bash bench/run-on-device.sh, bash .ci/gpu-on-device.sh (GPU machine)
+  bash lab/bench/device-correctness.sh, bash lab/bench/run-on-device.sh, bash .ci/gpu-on-device.sh (GPU machine)
   gpudask bench (all five configs: dask-cuda and raw ucxx on GPUs), python -m gpudask_bench.startup --pairs 12
   python -m dask_cuda.benchmarks.local_cupy ... (dask-cuda on a GPU)
   recipes/slurm.py's scale(jobs=2) (Slurm), kubectl apply -f kubernetes.yaml (a cluster)

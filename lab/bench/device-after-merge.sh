@@ -3,7 +3,7 @@
 # changed (pools through restarts beside dask cuda worker, the GPU-less scheduler, UCX transports), the
 # workload suite (CuPy over UCX: a GPU-less scheduler with a gpudask client, a GPU scheduler with a plain
 # client, stock + dask cuda worker; compared) and the ready time beside dask-cuda with its profile.
-# Here, once: ../shared/device/wheels.sh ; then run(command="bash bench/device-after-merge.sh", carry=[".whl"])
+# Here, once: ../shared/device/wheels.sh ; then run(command="bash lab/bench/device-after-merge.sh", carry=[".whl"])
 set -u
 t0=$(date +%s)
 OUT=${OUT:-/tmp/after-merge-out}

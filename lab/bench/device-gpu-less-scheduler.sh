@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 39's evidence in one device call (at most 9.5 minutes): bench/gpu_less_scheduler.py (the seed
+# Issue 39's evidence in one device call (at most 9.5 minutes): lab/bench/gpu_less_scheduler.py (the seed
 # example, the 256 MiB data-in-graph paths, the scheduler's GPU memory; a GPU-less gpudask scheduler, a
 # GPU one and stock + dask cuda worker), then the workload suite (CuPy over UCX) on a GPU-less scheduler
 # (gpudask client, plain client), on a GPU scheduler and on the dask-cuda reference, compared.
-# Here, once: ../shared/device/wheels.sh ; then run(command="bash bench/device-gpu-less-scheduler.sh", carry=[".whl"])
+# Here, once: ../shared/device/wheels.sh ; then run(command="bash lab/bench/device-gpu-less-scheduler.sh", carry=[".whl"])
 set -u
 t0=$(date +%s)
 OUT=${OUT:-/tmp/gpu-less-out}
@@ -15,7 +15,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PATH=/tmp/site/bin:$PATH
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/console.txt"
 echo "== installed after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/console.txt"
-timeout -k 5 ${PATHS_S:-260} python3 bench/gpu_less_scheduler.py "$OUT/gpu-less" --reps ${REPS:-5} --mib 256 \
+timeout -k 5 ${PATHS_S:-260} python3 lab/bench/gpu_less_scheduler.py "$OUT/gpu-less" --reps ${REPS:-5} --mib 256 \
   > "$OUT/gpu-less.txt" 2>&1
 echo "== gpu_less_scheduler.py: exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/console.txt"
 cp "$OUT/gpu-less/records.jsonl" "$OUT/records.jsonl" 2>/dev/null

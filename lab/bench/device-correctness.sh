@@ -3,7 +3,7 @@
 # three forms (gpudask processes, LocalGPUCluster, stock + dask cuda worker; CuPy over UCX),
 # then every GPU test (the suite's own all-forms test aside: the suite just ran), each in its
 # own time box, junit XML written as they go.
-# Here, once: ../shared/device/wheels.sh ; then run(command="bash bench/device-correctness.sh", carry=[".whl"])
+# Here, once: ../shared/device/wheels.sh ; then run(command="bash lab/bench/device-correctness.sh", carry=[".whl"])
 # Back in $OUT: run.txt results.jsonl (the suite), gpu-tests.xml gpu-tests.txt, console.txt, logs.tgz
 set -u
 t0=$(date +%s)

@@ -2,7 +2,7 @@
 # `gpudask bench` on the GPU machine (one H200): the whole device command.
 #
 # Here, from the project root, once:   ../shared/device/wheels.sh      (dask-cuda included)
-# Then with the device tool:           run(command="bash bench/run-on-device.sh", carry=[".whl"])
+# Then with the device tool:           run(command="bash lab/bench/run-on-device.sh", carry=[".whl"])
 #
 # About 8 minutes in all (the device call limit is 10): installing takes what it takes,
 # the bench gets the rest of BENCH_TOTAL_S as its --max-seconds and skips, with a note,

@@ -1,6 +1,6 @@
 """Issue 39's evidence on the GPU machine, in one call: a scheduler with and without a GPU.
 
-    python3 bench/gpu_less_scheduler.py OUT_DIR [--reps 5] [--mib 256]
+    python3 lab/bench/gpu_less_scheduler.py OUT_DIR [--reps 5] [--mib 256]
 
 Shapes (each a fresh cluster on the one GPU, UCX, two workers):
 
@@ -28,7 +28,7 @@ import sys
 import textwrap
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from gpudask.testing.processes import ProcessCluster, dask_command  # noqa: E402
 
