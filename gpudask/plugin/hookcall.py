@@ -14,7 +14,6 @@ bound the wait (the scheduler check's threads, the dashboard's build thread).
 
 from __future__ import annotations
 
-import gc
 import math
 import signal
 import sys
@@ -117,8 +116,8 @@ class _Bound:
         self.hook = hook
         self.saved: dict[int, Any] = {}
         self.alarm = False
-        # a stop or the time limit that came while the interpreter ran a garbage-collection
-        # callback or a finaliser, where an exception is printed and dropped: raised later
+        # a stop or the time limit the interpreter dropped (raised in a gc callback, a finaliser,
+        # a weakref callback: sys.unraisablehook gets it instead of the hook): raised again later
         self.pending: str | None = None
         self.saved_unraisablehook: Callable[[Any], Any] | None = None
 
@@ -155,14 +154,6 @@ class _Bound:
         for sig, previous in self.saved.items():
             signal.signal(sig, previous)
 
-    def interrupt(self, why: str, frame: Any) -> None:
-        """Raise ``why`` into the hook, unless ``frame`` is where the interpreter would drop it:
-        then keep it and (when the alarm is ours) retry soon; the call's end raises it otherwise."""
-        if not _drops_exceptions(frame):
-            self.pending = None
-            raise _Interrupted(why)
-        self.keep(why)
-
     def _unraisable(self, unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, _Interrupted):
             self.keep(unraisable.exc_value.why)
@@ -178,7 +169,7 @@ class _Bound:
 
     def _alarm_handler(self, limit: float) -> Callable[[int, Any], None]:
         def handler(signum: int, frame: Any) -> None:
-            self.interrupt(self.pending or f"did not finish within {limit:g} s ({TIMEOUT_KEY})", frame)
+            raise _Interrupted(self.pending or f"did not finish within {limit:g} s ({TIMEOUT_KEY})")
 
         return handler
 
@@ -188,24 +179,9 @@ class _Bound:
         def handler(signum: int, frame: Any) -> None:
             if callable(previous) and previous is not signal.default_int_handler:
                 previous(signum, frame)  # e.g. distributed's: the process closes once the hook is left
-            self.interrupt(f"stopped by {name}", frame)
+            raise _Interrupted(f"stopped by {name}")
 
         return handler
 
 
 _RETRY_S = 0.005
-_FRAMES_LOOKED_AT = 256
-
-
-def _drops_exceptions(frame: Any) -> bool:
-    """Whether ``frame`` runs inside a garbage-collection callback (distributed installs one)
-    or a ``__del__``: an exception raised there is printed as "Exception ignored in" and dropped."""
-    callbacks = {getattr(getattr(c, "__func__", c), "__code__", None) for c in list(gc.callbacks)}
-    stop = call_isolated.__code__
-    for _ in range(_FRAMES_LOOKED_AT):
-        if frame is None or frame.f_code is stop:
-            return False
-        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
-            return True
-        frame = frame.f_back
-    return False
