@@ -145,3 +145,21 @@ def test_plan_ahead_false_waits_for_the_scheduler_before_planning(cluster):
         client.wait_for_workers(1, timeout=120)
     log = cluster.log("worker")
     assert "(nanny, protocol tcp): plugins" in log and "planned ahead" not in log and "listen_ahead" not in log, log
+
+
+@pytest.mark.process
+def test_a_preload_after_gpudask_keeps_the_transport_for_the_nannys_own_listen(cluster, tmp_path):
+    """A preload imported after gpudask may set what UCX reads at its start: the plan is still made
+    ahead, the transport is left to the nanny's own listen."""
+    (tmp_path / "users_own_preload.py").write_text("VALUE = 1\n")
+    env = _trace_env(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), base_env().get("PYTHONPATH")])))
+    worker = cluster.worker("--preload", "gpudask", "--preload", "users_own_preload", "--nworkers", "1",
+                            "--nthreads", "1", env=env)
+    time.sleep(3)
+    assert worker.poll() is None, cluster.log("worker")
+    cluster.scheduler("--preload", "gpudask", protocol="ucx", env=env)
+    with cluster.client(timeout=60) as client:
+        client.wait_for_workers(1, timeout=120)
+    log = cluster.log("worker")
+    assert "(nanny, protocol ucx, planned while the scheduler started)" in log, log
+    assert "gpudask_listen_ahead" not in log, log

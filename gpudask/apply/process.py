@@ -136,7 +136,10 @@ def _start_ahead(role: str, cli: runtime.CliArgs, nworkers: int | None, apply: b
     if likely is None or role != "nanny" or not apply:
         return None
     session = start(role, cli, protocol=likely, nworkers=nworkers)
-    session.manager.listen_ahead(session.ctx, session.plan)
+    later = cli.preload[cli.preload.index("gpudask") + 1:] if "gpudask" in cli.preload else ()
+    if not later:
+        # a preload imported after gpudask may still change what the transport reads at its start
+        session.manager.listen_ahead(session.ctx, session.plan)
     actual = _listening_protocol(cli.scheduler_protocol() or "tcp")
     if actual == session.host.protocol:
         session.planned_ahead = True

@@ -325,8 +325,9 @@ def gpudask_listen_ahead(ctx: PlanContext, plan: ProcessPlan) -> None:
 
     **When:** an apply hook, called once, right after the process applied a plan made ahead
     for the protocol ``gpudask_likely_protocol`` named (``ctx.protocol``), before it waits
-    for the scheduler's file; the process listens on that protocol later only if the
-    scheduler does.  **Called in:** the nanny host only, and never on a described host's
+    for the scheduler's file, unless another ``--preload`` follows gpudask's (its import may
+    still change what the transport reads); the process listens on that protocol later only if
+    the scheduler does.  **Called in:** the nanny host only, and never on a described host's
     hardware it does not have (``ctx.facts.described``: a real process still starts there,
     so what runs must work on the machine at hand).
 
