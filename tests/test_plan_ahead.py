@@ -148,6 +148,7 @@ def test_plan_ahead_false_waits_for_the_scheduler_before_planning(cluster):
 
 
 @pytest.mark.process
+@pytest.mark.ucx_client
 def test_a_preload_after_gpudask_keeps_the_transport_for_the_nannys_own_listen(cluster, tmp_path):
     """A preload imported after gpudask may set what UCX reads at its start: the plan is still made
     ahead, the transport is left to the nanny's own listen."""
