@@ -12,7 +12,6 @@ everything (tests).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from gpudask import session
 from gpudask.plan import HostPlan, PlanInputs, UserValues, build_plan, check_protocol
+from gpudask.plan.context import snapshot
 from gpudask.plan.planner import check_nworkers
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def user_view(kept: UserValues | None = None) -> tuple[dict[str, str], dict[str,
 
     kept = kept if kept is not None else session.current().kept
     env = dict(os.environ)
-    config = _snapshot(dask.config.config)
+    config = snapshot(dask.config.config)
     for name, value in (kept.env.items() if kept is not None else ()):
         if value is None:
             env.pop(name, None)
@@ -189,7 +189,7 @@ def _build_plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any
     load_dask_config(config_file)
     env, config = user_view(kept)
     env = dict(user_env) if user_env is not None else env
-    config = _snapshot(user_config) if user_config is not None else config
+    config = snapshot(user_config) if user_config is not None else config
     # one Settings: the core's options decide which plugins load, the plugins add theirs
     settings = Settings(CORE_OPTIONS, config=config, environ=env)
     manager = PluginManager.from_environment(extras, core=settings)
@@ -254,10 +254,3 @@ def _text(value: Any) -> str:
         return json.dumps(value, sort_keys=True, default=repr)
     except (TypeError, ValueError):  # keys that do not sort (mixed types)
         return repr(value)
-
-
-def _snapshot(config: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        return copy.deepcopy(dict(config))
-    except Exception:  # noqa: BLE001 - a config value that cannot be copied (a lock, an SSL context)
-        return dict(config)

@@ -7,14 +7,36 @@ so it needs what the workers have (see docs/scheduler-check.md).  This package r
 
 from __future__ import annotations
 
-from gpudask.checks.client import check, check_cli, format_report, run_check
-from gpudask.checks.runner import SchedulerCheck, install, plan_here, report_on_scheduler
-from gpudask.checks.sides import (ACTION_KEY, ACTIONS, CLIENT_WARN_TOPIC, EVENT_TOPIC, EXTRA_KEY, HANDLER,
-                                  PLUGIN_NAME, PUBLISHED_KEY, evaluate_worker, local_side, run_hooks, scheme,
-                                  side_from_published)
-from gpudask.findings import SEVERITIES, Finding, worst
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpudask.checks.client import check, check_cli, format_report, run_check
+    from gpudask.checks.runner import SchedulerCheck, install, plan_here, report_on_scheduler
+    from gpudask.checks.sides import (ACTION_KEY, ACTIONS, CLIENT_WARN_TOPIC, EVENT_TOPIC, EXTRA_KEY, HANDLER,
+                                      PLUGIN_NAME, PUBLISHED_KEY, evaluate_worker, local_side, run_hooks, scheme,
+                                      side_from_published)
+    from gpudask.findings import SEVERITIES, Finding, worst
+
+# imported on first use (PEP 562): a worker reads ``checks.published`` and ``scheme`` at start,
+# and the client, runner and probe modules would cost it a dozen imports it never uses
+_WHERE = {
+    **dict.fromkeys(["check", "check_cli", "format_report", "run_check"], "gpudask.checks.client"),
+    **dict.fromkeys(["SchedulerCheck", "install", "plan_here", "report_on_scheduler"], "gpudask.checks.runner"),
+    **dict.fromkeys(["ACTION_KEY", "ACTIONS", "CLIENT_WARN_TOPIC", "EVENT_TOPIC", "EXTRA_KEY", "HANDLER",
+                     "PLUGIN_NAME", "PUBLISHED_KEY", "evaluate_worker", "local_side", "run_hooks", "scheme",
+                     "side_from_published"], "gpudask.checks.sides"),
+    **dict.fromkeys(["SEVERITIES", "Finding", "worst"], "gpudask.findings"),
+}
 
 __all__ = ["ACTIONS", "ACTION_KEY", "CLIENT_WARN_TOPIC", "EVENT_TOPIC", "EXTRA_KEY", "HANDLER", "PLUGIN_NAME",
            "PUBLISHED_KEY", "SEVERITIES", "Finding", "SchedulerCheck", "check", "check_cli", "evaluate_worker",
            "format_report", "install", "local_side", "plan_here", "report_on_scheduler", "run_check", "run_hooks",
            "scheme", "side_from_published", "worst"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'gpudask.checks' has no attribute {name!r}")

@@ -45,7 +45,7 @@ class PlanContext:
     def __post_init__(self) -> None:
         # a snapshot: later changes to os.environ / dask.config do not reach the plan
         object.__setattr__(self, "user_env", MappingProxyType(dict(self.user_env)))
-        object.__setattr__(self, "user_config", MappingProxyType(_snapshot(self.user_config)))
+        object.__setattr__(self, "user_config", MappingProxyType(snapshot(self.user_config)))
 
     def __str__(self) -> str:  # short, for traces
         return f"plan context of {self.facts.hostname} ({self.protocol}, {self.nworkers} workers)"
@@ -101,11 +101,30 @@ def _undeclared(key: str, declared: Iterable[str]) -> str:
     return f"no loaded plugin declares the option {key!r}; {hint}"
 
 
-def _snapshot(config: Mapping[str, Any]) -> dict[str, Any]:
+_ATOMS = (str, int, float, bool, bytes, type(None))
+
+
+def snapshot(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of a dask config: its dicts and lists copied, its plain values shared, any
+    other value deep-copied (kept as it is where it cannot be: a lock, an SSL context).  Not
+    ``copy.deepcopy`` of the whole: a process takes several snapshots as it starts, and deepcopy's
+    memo bookkeeping made them 7 ms of a worker command's start."""
+    return {k: _copied(v) for k, v in config.items()}
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, _ATOMS):
+        return value
+    if type(value) is dict:
+        return {k: _copied(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_copied(v) for v in value]
+    if type(value) is tuple:
+        return tuple(_copied(v) for v in value)
     try:
-        return copy.deepcopy(dict(config))
-    except Exception:  # noqa: BLE001 - a config value that cannot be copied (a lock, an SSL context)
-        return dict(config)
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - a config value that cannot be copied
+        return value
 
 
 _DEFAULTS: dict[str, Any] | None = None
