@@ -32,11 +32,18 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    import sys
+
     if name in _LAZY:
         import importlib
 
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
+    # a worker forked from gpudask's fork server finds the submodules loaded there, which its
+    # own import of this package does not bind as attributes (gpudask_forkserver)
+    sub = sys.modules.get(f"{__name__}.{name}")
+    if sub is not None:
+        return sub
     raise AttributeError(f"module 'gpudask' has no attribute {name!r}")
 
 

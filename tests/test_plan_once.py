@@ -140,6 +140,8 @@ def test_preloaded_workers_publish_that_they_bootstrapped_nothing(cluster, facts
             # name for a worker (those installed here: rmm is, cupy is not)
             assert p["plan"]["multiprocessing_method"] == "forkserver"
             assert "rmm" in preimported and "rmm.allocators.cupy" in preimported, preimported
+            # and gpudask's own plugin modules (the worker's import of gpudask then applied its plan)
+            assert "gpudask.plugins.rmm.plugin" in preimported, preimported
         else:
             assert list(preimported) == []  # no GPU: no fork server
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -109,7 +111,8 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
             # the worker processes this one starts read their plan there (and never plan)
             hostfile.publish(host, always=role == "nanny")
         if role in ("nanny", "client") and session.plan.multiprocessing_method == "forkserver":
-            _start_forkserver(session.manager.preimport(host.facts, "worker", host.protocol))
+            _start_forkserver(session.manager.preimport(host.facts, "worker", host.protocol)
+                              + _gpudask_modules(session))
     return session
 
 
@@ -130,12 +133,16 @@ def _start_ahead(role: str, cli: runtime.CliArgs, nworkers: int | None, apply: b
     if os.path.isfile(cli.scheduler_file):
         return None  # the scheduler is up: nothing to overlap
     inputs = bootstrap.inputs()
-    preimport.in_background(inputs.manager.preimport(inputs.facts, "nanny", None))
+    nanny_imports = inputs.manager.preimport(inputs.facts, "nanny", None)
     likely = (inputs.manager.likely_protocol(inputs.facts) if inputs.settings.get("gpudask.start.plan-ahead").value
               else None)
     if likely is None or role != "nanny" or not apply:
+        preimport.in_background(nanny_imports)
         return None
     session = start(role, cli, protocol=likely, nworkers=nworkers)
+    # only now: a thread importing cupy and ucxx holds the GIL for most of a second, and the plan,
+    # its publication and the fork server's start (the workers' critical path) waited on it
+    preimport.in_background(nanny_imports)
     later = cli.preload[cli.preload.index("gpudask") + 1:] if "gpudask" in cli.preload else ()
     if not later:
         # a preload imported after gpudask may still change what the transport reads at its start
@@ -169,6 +176,8 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
     the first ``import gpudask`` of the process, whoever imports it)."""
     locals_ = locals_ or {}
     index = runtime.worker_index(str(locals_["nanny"]) if locals_.get("nanny") else None)
+    # loaded before this process planned or read anything: by the fork server it was forked from
+    found_loaded = sorted(m for m in sys.modules if m.startswith("gpudask.plugins."))
     host = hostfile.load()
     by_parent = host is not None
     if host is not None:
@@ -193,7 +202,7 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
     if session.plan.multiprocessing_method == "forkserver":
         # before _apply imports any of them itself: what the fork server had imported
         process_state.current().preimported = preimport.found_imported(
-            session.manager.preimport(host.facts, "worker", host.protocol))
+            session.manager.preimport(host.facts, "worker", host.protocol)) + found_loaded
     _apply(session)
     atexit.register(_end_without_collecting_everything)
     return session
@@ -272,6 +281,14 @@ def planned_config(plan: ProcessPlan) -> dict[str, Any]:
     if plan.multiprocessing_method:
         config["distributed.worker.multiprocessing-method"] = plan.multiprocessing_method
     return config
+
+
+def _gpudask_modules(session: Session) -> list[str]:
+    """gpudask's modules a worker imports as it starts: its preload and the built-in plugins
+    this plan loads (a third party's module may do anything at import: the worker imports it)."""
+    builtins = [p.obj.__name__ for p in session.manager.plugins
+                if p.source == "builtin" and isinstance(p.obj, types.ModuleType)]
+    return ["gpudask.apply.preload", "gpudask.plugin.manager", *builtins]
 
 
 def _start_forkserver(preimport_modules: list[str]) -> None:
