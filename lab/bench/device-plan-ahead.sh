@@ -29,7 +29,7 @@ PY
   pkill -9 -f "[d]ask (scheduler|worker|cuda)" 2>/dev/null; pkill -9 -f "[f]orkserver" 2>/dev/null
 }
 bench ahead ${AHEAD_S:-200} ${AHEAD_REPEAT:-4}
-bench no-ahead ${LEVER_S:-150} ${LEVER_REPEAT:-3} --config-env gpudask:DASK_GPUDASK__START__PLAN_AHEAD=false
+[ "${LEVER_S:-150}" -gt 0 ] && bench no-ahead ${LEVER_S:-150} ${LEVER_REPEAT:-3} --config-env gpudask:DASK_GPUDASK__START__PLAN_AHEAD=false  # LEVER_S=0: none
 left=$(( ${TOTAL_S:-560} - ($(date +%s) - t0) ))
 if [ "$left" -gt 60 ]; then
   GPUDASK_TEST_LOGS="$OUT/logs-tests" timeout -k 10 "$left" python3 -m pytest -o addopts= -m gpu -v -rA --tb=short \
