@@ -237,44 +237,48 @@ def read_scheduler_file(path: str, timeout: float = 30.0) -> str:
     accepted = "accepted: the JSON file `dask scheduler --scheduler-file` writes"
     result: list[Any] = []
 
+    def refused(why: str) -> GpudaskError:
+        return GpudaskError(f"--scheduler-file {path}: {why}; {accepted}")
+
+    def unreadable(why: str) -> GpudaskError:
+        return GpudaskError(f"cannot read the scheduler's address from {path}: {why}")
+
     def read() -> None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
             try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
-                    result.append(GpudaskError(f"--scheduler-file {path}: not a regular file (a FIFO, socket or "
-                                               f"device); {accepted}"))
-                    return
-                if st.st_size > MAX_SCHEDULER_FILE:
-                    result.append(GpudaskError(f"--scheduler-file {path}: {st.st_size} bytes, more than a scheduler "
-                                               f"file holds ({MAX_SCHEDULER_FILE}); {accepted}"))
-                    return
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    result.append(f.read(MAX_SCHEDULER_FILE + 1))
+                    result.append(refused("not a regular file (a FIFO, socket or device)"))
+                elif st.st_size > MAX_SCHEDULER_FILE:
+                    result.append(refused(f"{st.st_size} bytes, more than a scheduler file holds "
+                                          f"({MAX_SCHEDULER_FILE})"))
+                else:
+                    with os.fdopen(fd, "rb", closefd=False) as f:
+                        result.append(f.read(MAX_SCHEDULER_FILE + 1))
             finally:
                 os.close(fd)
         except OSError as e:
-            result.append(GpudaskError(f"cannot read the scheduler's address from {path}: {e.strerror or e}"))
+            result.append(unreadable(e.strerror or str(e)))
 
     reader = threading.Thread(target=read, name="gpudask-scheduler-file", daemon=True)
     reader.start()
     reader.join(timeout)
     if not result:
-        raise GpudaskError(f"--scheduler-file {path}: not read within {timeout:g} s (--timeout); {accepted}")
+        raise refused(f"not read within {timeout:g} s (--timeout)")
     if isinstance(result[0], GpudaskError):
         raise result[0]
     data = result[0]
     if len(data) > MAX_SCHEDULER_FILE:
-        raise GpudaskError(f"--scheduler-file {path}: more than {MAX_SCHEDULER_FILE} bytes; {accepted}")
+        raise refused(f"more than {MAX_SCHEDULER_FILE} bytes")
     try:
         doc = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         why = "nested too deep" if isinstance(e, RecursionError) else (str(e).splitlines() or ["?"])[0][:120]
-        raise GpudaskError(f"cannot read the scheduler's address from {path}: not JSON ({why}); {accepted}") from None
+        raise unreadable(f"not JSON ({why}); {accepted}") from None
     address = doc.get("address") if isinstance(doc, dict) else None
     if not isinstance(address, str) or not address:
-        raise GpudaskError(f"cannot read the scheduler's address from {path}: no string 'address' in it; {accepted}")
+        raise unreadable(f"no string 'address' in it; {accepted}")
     return address
 
 

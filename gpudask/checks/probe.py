@@ -30,7 +30,6 @@ RATE_REPEATS = 3  # transfers per data path; the best one gives the rate (the fi
 SLOW_GBPS = 2.0
 
 
-# ----------------------------------------------------------------- run in workers / scheduler
 def _worker_array_module() -> str:
     """``cupy`` when CuPy imports and sees a GPU in this process, else ``numpy``."""
     try:
@@ -72,7 +71,6 @@ def _scheduler_gpus() -> int:
     return min(n, len([v for v in visible.split(",") if v.strip()])) if visible else n
 
 
-# ------------------------------------------------------------------------ the probe
 def _host(a: Any) -> Any:
     import numpy as np
 

@@ -100,7 +100,6 @@ class SchedulerCheck(SchedulerPlugin):
         self.dry = bool(state.get("dry"))
         self._reset()
 
-    # -- setting up ------------------------------------------------------------------
     def use(self, scheduler: Any, manager: Any, ctx: Any, side: dict[str, Any]) -> None:
         self.scheduler, self.manager, self.ctx, self.side = scheduler, manager, ctx, side
         self.action = read_action(ctx, self.action_override)
@@ -161,7 +160,6 @@ class SchedulerCheck(SchedulerPlugin):
         if self.scheduler is not None and self.scheduler.handlers.get(HANDLER) == self.handle_report:
             del self.scheduler.handlers[HANDLER]
 
-    # -- checking --------------------------------------------------------------------
     def check_worker(self, address: str) -> list[Finding] | None:
         """Compare one connected worker with the scheduler and act on the findings; they are
         returned when the thread ended within :data:`INLINE_WAIT_S`, else None (recorded later)."""
@@ -284,7 +282,6 @@ class SchedulerCheck(SchedulerPlugin):
         # tells its nanny not to restart it) with this reason and unregisters.
         self.scheduler.worker_send(address, {"op": "close", "reason": reason})
 
-    # -- reporting -------------------------------------------------------------------
     def report(self, sides: bool = False) -> dict[str, Any]:
         findings = [f for r in self.results.values() for f in r["findings"]]
         findings += [f for address, r in self.refused.items() if address not in self.results for f in r["findings"]]

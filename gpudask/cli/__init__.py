@@ -84,14 +84,10 @@ def info(facts: str | None, config_file: str | None, protocol: str, nworkers: in
     host = plan_host(protocol, nworkers, facts_path=facts, config_file=config_file, user_interface=interface)
     if as_json:
         click.echo(json.dumps(host.to_dict(), indent=1))
-    elif reasons:
-        from gpudask.cli.report import plan_table
-
-        click.echo(plan_table(host, interface))
     else:
-        from gpudask.cli.report import plan_summary
+        from gpudask.cli.report import plan_summary, plan_table
 
-        click.echo(plan_summary(host, interface))
+        click.echo((plan_table if reasons else plan_summary)(host, interface))
 
 
 @main.command()
