@@ -133,6 +133,8 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
     if published is None:
         published = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
     plan = _dict(published.get("plan"))
+    if rows is None:
+        rows = rows_by_column(*plugin_manager().report_rows(plan, published)) if published else {}
     facts = _dict(bound(published.get("facts")))
     applied = bound(published.get("applied", ws.extra.get("applied")))
     env = _dict(plan.get("env"))
@@ -151,7 +153,7 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
             "active": _active_transports(address, applied),
         },
         "sections": _dict(plan.get("sections")),
-        "rows": _plugin_rows(plan, published) if rows is None else rows,
+        "rows": rows,
         # plugins with nothing to do here (no GPU visible ...), as gpudask info lists them
         "skipped": [{"plugin": str(r.get("plugin")), "why": str(r.get("why"))} for r in plan.get("reasons") or []
                     if isinstance(r, dict) and r.get("decision") == "skipped"],
@@ -175,13 +177,6 @@ def worker_title(address: str, name: Any, index: Any, gpu: dict[str, Any]) -> st
     elif isinstance(index, int) and not isinstance(index, bool):
         title += f" \u00b7 worker {index}"
     return title
-
-
-def _plugin_rows(plan: dict[str, Any], published: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The plugins' rows for this worker (``gpudask_report_rows``), by column."""
-    if not published:
-        return {}
-    return rows_by_column(*plugin_manager().report_rows(plan, published))
 
 
 def rows_by_column(rows: list[dict[str, Any]], problems: list[str]) -> dict[str, dict[str, Any]]:
@@ -278,7 +273,7 @@ def install(scheduler: Any, prefix: str | None = None) -> bool:
     if app is None:  # a scheduler without an HTTP server
         return False
     added = False
-    if not _has_handler(app.default_router, PageHandler):
+    if not any(rule.target is PageHandler for rule in _rules(app.default_router)):
         prefix = _http_prefix(app) if prefix is None else "/" + prefix.strip("/") + "/"
         handlers = [(re.escape(prefix) + path, cls, {**kwargs, "dask_server": scheduler})
                     for path, cls, kwargs in routes]
@@ -315,10 +310,6 @@ def _bokeh_app(scheduler: Any) -> Any:
 
 def _rules(router: Any) -> list[Any]:
     return [r for rule in getattr(router, "rules", None) or [] for r in (rule, *_rules(rule.target))]
-
-
-def _has_handler(router: Any, cls: type) -> bool:
-    return any(rule.target is cls for rule in _rules(router))
 
 
 def _http_prefix(app: Any) -> str:
