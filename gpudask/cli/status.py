@@ -69,8 +69,7 @@ def _mismatches(published: Mapping[str, Any], problems: list[str]) -> list[dict[
         if not isinstance(m, Mapping) or not isinstance(m.get("key"), str):
             problems.append(f"mismatches[{n}] is not a mapping with a string 'key': ignored")
             continue
-        out.append({"process": m.get("process"), "key": m["key"], "planned": m.get("planned"),
-                    "actual": m.get("actual"), "plugin": m.get("plugin")})
+        out.append({k: m.get(k) for k in ("process", "key", "planned", "actual", "plugin")})
     return out
 
 
