@@ -1,8 +1,7 @@
 """The client side of the scheduler check: ``gpudask.check(client)`` and ``gpudask check``.
 
-Fetches the scheduler's report (its installed check's, or a one-off evaluation) and adds
-this client's own comparison with the scheduler and with each worker: the client
-deserialises what it gathers, so it should match them too.
+The scheduler's report, plus this client compared with the scheduler and each worker: the
+client deserialises what it gathers, so it should match them too.
 """
 
 from __future__ import annotations
@@ -51,13 +50,12 @@ def _fetch_scheduler_report(client: Any) -> dict[str, Any]:
 
 def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
               here: tuple[Any, Any, Any] | None = None) -> dict[str, Any]:
-    """The report of the scheduler check, with this client compared too.
+    """The report of the scheduler check, with this client compared too; ``report["status"]``:
+    ``"ok"``, ``"info"``, ``"warning"`` or ``"error"``.
 
     :param client: default: the current client.
     :param extra_plugins: gpudask plugin objects whose checks run here too.
-    :param here: ``(manager, ctx, facts)`` of this process, when the caller has them;
-        else they are planned here (:func:`plan_here`: facts probed, or ``$GPUDASK_FACTS``).
-    :return: the report; ``report["status"]`` is ``"ok"``, ``"info"``, ``"warning"`` or ``"error"``.
+    :param here: ``(manager, ctx, facts)`` of this process; default: :func:`plan_here`.
     """
     if client is None:
         client = get_client()
@@ -74,7 +72,7 @@ def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
 def with_client(remote: dict[str, Any], scheduler_address: str, here: tuple[Any, Any, Any] | None = None,
                 extra_plugins: Iterable[Any] = ()) -> dict[str, Any]:
     """The scheduler's report (``remote``, with its ``sides``) completed with this client's
-    comparison with the scheduler and with each worker: the report :func:`run_check` returns."""
+    comparisons: what :func:`run_check` returns."""
     findings: list[Finding] = []
     sides = remote.pop("sides", None) or {}
     if remote.get("problem"):
@@ -90,18 +88,17 @@ def with_client(remote: dict[str, Any], scheduler_address: str, here: tuple[Any,
                             f"this client could not be compared: gpudask cannot plan here ({e})",
                             plugin="gpudask", subject="client"))
     me = local_side(facts, "client", None, protocol) if facts is not None else None
-    scheduler_side = sides.get("scheduler")
-    if isinstance(scheduler_side, dict):
+    raw = sides.get("scheduler")
+    scheduler_side = None
+    if isinstance(raw, dict):
         try:
             scheduler_side = dict(side_from_published(
-                {"facts": scheduler_side.get("facts"), "protocol": scheduler_side.get("protocol"),
-                 "version": scheduler_side.get("gpudask"), "facts_origin": scheduler_side.get("facts_origin")},
-                "scheduler", scheduler_side.get("address")))
-            tls = (sides.get("scheduler") or {}).get("ucx_tls")
-            scheduler_side["ucx_tls"] = tls if isinstance(tls, str) else None
+                {"facts": raw.get("facts"), "protocol": raw.get("protocol"), "version": raw.get("gpudask"),
+                 "facts_origin": raw.get("facts_origin")}, "scheduler", raw.get("address")))
+            scheduler_side["ucx_tls"] = raw["ucx_tls"] if isinstance(raw.get("ucx_tls"), str) else None
         except ValueError:
-            scheduler_side = None
-    if me is not None and isinstance(scheduler_side, dict):
+            pass
+    if me is not None and scheduler_side is not None:
         mine += run_hooks(manager, ctx, scheduler_side, me, "client", "scheduler")
     per_worker: list[Finding] = []
     for address, side in sorted((sides.get("workers") or {}).items()):
@@ -118,16 +115,14 @@ def with_client(remote: dict[str, Any], scheduler_address: str, here: tuple[Any,
 
 
 def check(client: Any = None, extra_plugins: Iterable[Any] = ()) -> dict[str, Any]:
-    """``gpudask.check(client)``: the scheduler check's report, this client compared too
-    (see :func:`run_check`)."""
+    """``gpudask.check(client)``: :func:`run_check`."""
     return run_check(client, extra_plugins)
 
 
 def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[Any]]], str],
                   width: int | None = -1) -> str:
-    """The readable form of a report (``gpudask check`` without ``--json``); ``table``
-    renders headers and rows as text; prose is wrapped to ``width`` (-1: the terminal's).
-    Each thing is said once (:func:`_grouped_findings`)."""
+    """``gpudask check`` without ``--json``; ``table`` renders headers and rows as text; prose
+    is wrapped to ``width`` (-1: the terminal's)."""
     if width == -1:
         width = terminal_width()
     sched = report.get("scheduler") or {}
@@ -135,8 +130,8 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
     origin = sched.get("facts_origin")
     installed = (f"check installed, action {report.get('action')}" if report.get("installed")
                  else "check not installed (one-off report)")
-    # what the scheduler and its workers said is escaped (gpudask.printable) before it is laid
-    # out: a newline of theirs is text, never a line of the report; the table escapes its cells
+    # what the scheduler and its workers said is escaped: a newline of theirs is text, never
+    # a line of the report (the table escapes its cells)
     lines = [wrap_text(printable(f"scheduler {sched.get('address')}: protocol {sched.get('protocol')}, "
                                  f"{len(gpus) if isinstance(gpus, list) else '?'} GPU(s), driver "
                                  f"{sched.get('driver_version') or 'none'}"
@@ -167,10 +162,9 @@ _SIDES = ("scheduler", "client")
 
 
 def _without_side(f: dict[str, Any]) -> tuple[Any, ...]:
-    """A finding with the name of its non-worker side (the scheduler's or the client's) taken
-    out of its details: the same for both when it is the same check (code) with the same
-    values (``package-missing`` cupy, ``None`` on both).  Different codes stay apart: the
-    client lacking a GPU has other consequences than the scheduler lacking one."""
+    """A finding's key with its non-worker side's name (scheduler or client) blanked in its
+    details: the same for both when it is the same check with the same values.  Different
+    codes stay apart: the client lacking a GPU has other consequences than the scheduler."""
     details = f.get("details") if isinstance(f.get("details"), dict) else {}
     side = next((s for s in _SIDES if s in (f.get("subject"), f.get("reference"))), None)
 
@@ -185,9 +179,8 @@ def _without_side(f: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _grouped_findings(findings: list[dict[str, Any]], numbers: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
-    """Findings under a line naming the processes they are about: identical ones (the same
-    message) once for every process that has them; one the client shares with the scheduler
-    (:func:`_without_side`) once, for both; worst first within each."""
+    """Findings under a line naming their processes: the same message once for all that have
+    it, one the client shares with the scheduler (:func:`_without_side`) once; worst first."""
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for f in findings:
         key = (f.get("severity"), f.get("plugin"), f.get("code"), f.get("message"))
@@ -219,8 +212,7 @@ def _grouped_findings(findings: list[dict[str, Any]], numbers: dict[str, int]) -
 
 
 def _processes(names: list[str], numbers: dict[str, int]) -> str:
-    """Processes named in a finding's heading: workers by their number in the table,
-    ``every worker (3)`` for all of several, ``workers 0,2``; the others by role."""
+    """Workers by their number in the table (``workers 0,2``, ``every worker (3)``), others by role."""
     known = sorted(numbers[n] for n in names if n in numbers)
     named = [f"the {n}" if n in _SIDES else n for n in names if n not in numbers]
     if known:
@@ -235,17 +227,21 @@ MAX_SCHEDULER_FILE = 1 << 20  # what `dask scheduler --scheduler-file` writes is
 
 
 def read_scheduler_file(path: str, timeout: float = 30.0) -> str:
-    """The ``address`` in a dask scheduler file, read within ``timeout`` seconds.
-
-    Only a regular file of at most :data:`MAX_SCHEDULER_FILE` bytes is read: opened
-    non-blocking (a FIFO would wait for a writer for ever), checked with ``fstat`` before a
-    byte is read (``/dev/zero`` never ends); the read runs in a thread the caller waits for
-    at most ``timeout`` (a hung network file system).
+    """The ``address`` in a dask scheduler file, read within ``timeout`` seconds (in a thread:
+    a hung network file system).  Only a regular file of at most :data:`MAX_SCHEDULER_FILE`
+    bytes: opened non-blocking (a FIFO waits for a writer for ever), checked with ``fstat``
+    before a byte is read (``/dev/zero`` never ends).
 
     :raises GpudaskError: one line naming the file, what is wrong and what is accepted.
     """
     accepted = "accepted: the JSON file `dask scheduler --scheduler-file` writes"
     result: list[Any] = []
+
+    def refused(why: str) -> GpudaskError:
+        return GpudaskError(f"--scheduler-file {path}: {why}; {accepted}")
+
+    def unreadable(why: str) -> GpudaskError:
+        return GpudaskError(f"cannot read the scheduler's address from {path}: {why}")
 
     def read() -> None:
         try:
@@ -253,46 +249,41 @@ def read_scheduler_file(path: str, timeout: float = 30.0) -> str:
             try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
-                    result.append(GpudaskError(f"--scheduler-file {path}: not a regular file (a FIFO, socket or "
-                                               f"device); {accepted}"))
-                    return
-                if st.st_size > MAX_SCHEDULER_FILE:
-                    result.append(GpudaskError(f"--scheduler-file {path}: {st.st_size} bytes, more than a scheduler "
-                                               f"file holds ({MAX_SCHEDULER_FILE}); {accepted}"))
-                    return
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    result.append(f.read(MAX_SCHEDULER_FILE + 1))
+                    result.append(refused("not a regular file (a FIFO, socket or device)"))
+                elif st.st_size > MAX_SCHEDULER_FILE:
+                    result.append(refused(f"{st.st_size} bytes, more than a scheduler file holds "
+                                          f"({MAX_SCHEDULER_FILE})"))
+                else:
+                    with os.fdopen(fd, "rb", closefd=False) as f:
+                        result.append(f.read(MAX_SCHEDULER_FILE + 1))
             finally:
                 os.close(fd)
         except OSError as e:
-            result.append(GpudaskError(f"cannot read the scheduler's address from {path}: {e.strerror or e}"))
+            result.append(unreadable(e.strerror or str(e)))
 
     reader = threading.Thread(target=read, name="gpudask-scheduler-file", daemon=True)
     reader.start()
     reader.join(timeout)
     if not result:
-        raise GpudaskError(f"--scheduler-file {path}: not read within {timeout:g} s (--timeout); {accepted}")
+        raise refused(f"not read within {timeout:g} s (--timeout)")
     if isinstance(result[0], GpudaskError):
         raise result[0]
     data = result[0]
     if len(data) > MAX_SCHEDULER_FILE:
-        raise GpudaskError(f"--scheduler-file {path}: more than {MAX_SCHEDULER_FILE} bytes; {accepted}")
+        raise refused(f"more than {MAX_SCHEDULER_FILE} bytes")
     try:
         doc = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         why = "nested too deep" if isinstance(e, RecursionError) else (str(e).splitlines() or ["?"])[0][:120]
-        raise GpudaskError(f"cannot read the scheduler's address from {path}: not JSON ({why}); {accepted}") from None
+        raise unreadable(f"not JSON ({why}); {accepted}") from None
     address = doc.get("address") if isinstance(doc, dict) else None
     if not isinstance(address, str) or not address:
-        raise GpudaskError(f"cannot read the scheduler's address from {path}: no string 'address' in it; {accepted}")
+        raise unreadable(f"no string 'address' in it; {accepted}")
     return address
 
 
 def scheduler_address(address: str | None, scheduler_file: str | None, timeout: float = 30.0) -> str:
-    """The scheduler's address, checked for form (a scheduler file read within ``timeout``).
-
-    :raises GpudaskError: one line naming what is wrong and the accepted forms.
-    """
+    """The scheduler's address, checked for form; :raises GpudaskError: one line."""
     if scheduler_file:
         address = read_scheduler_file(scheduler_file, timeout)
     if not address:
@@ -307,9 +298,9 @@ def scheduler_address(address: str | None, scheduler_file: str | None, timeout: 
 
 
 def client_security(target: str) -> Any:
-    """What ``Client(target, security=...)`` needs: distributed's TLS settings from dask
-    config for a ``tls://`` scheduler, refused in one line when there are none (``Client``
-    would end in a TypeError traceback and hang at exit); None for every other scheme."""
+    """``Client(target, security=...)``'s: distributed's TLS settings for a ``tls://`` scheduler,
+    refused in one line when there are none (``Client`` would raise a TypeError and hang at
+    exit); None for every other scheme."""
     if scheme(target) != "tls":
         return None
     try:
@@ -331,8 +322,7 @@ def unreachable(target: str, error: BaseException) -> GpudaskError:
 
 
 def open_client(target: str, timeout: float) -> Any:
-    """A client of the scheduler at ``target`` (:func:`scheduler_address`), or one line
-    (GpudaskError) when it cannot be reached within ``timeout``."""
+    """A client of the scheduler at ``target``; GpudaskError when not reached within ``timeout``."""
     security = client_security(target)
     ucx_output_to_stderr()
     try:
@@ -347,8 +337,8 @@ def open_client(target: str, timeout: float) -> Any:
 
 
 def _probe(address: str, timeout: float) -> None:
-    """Connect once and hang up, so that an unreachable TCP scheduler fails here, within
-    ``timeout``, and not inside ``Client()`` (whose half-made object hangs at exit)."""
+    """Connect once and hang up: an unreachable TCP scheduler fails here, within ``timeout``,
+    not inside ``Client()`` (whose half-made object hangs at exit)."""
     host, port = parse_host_port(parse_address(address)[1])
     try:  # nothing listening: say so now (distributed's connect retries until the timeout)
         socket.create_connection((host, port), timeout=min(timeout, 5.0)).close()
@@ -365,12 +355,10 @@ def _probe(address: str, timeout: float) -> None:
 
 
 def ucx_output_to_stderr(environ: dict[str, str] | Any = os.environ) -> None:
-    """Keep UCX off a client command's stdout, which is its report (``--json`` is read by programs).
-
-    UCX's log goes to stdout unless told otherwise (``UCX_LOG_FILE``, read when UCX loads), and
-    every UCX process warns there about a variable ucxx sets itself (``UCX_MEMTYPE_CACHE``): set
-    before UCX loads, UCX logs to stderr and that warning is off, as in gpudask's own servers
-    (the ucx plugin plans the same ``UCX_WARN_UNUSED_ENV_VARS=n``).  A user's own values win."""
+    """Keep UCX off a client command's stdout, which is its report (``--json`` is read by
+    programs): UCX logs to stdout unless ``UCX_LOG_FILE`` says otherwise when it loads, and
+    warns there about ``UCX_MEMTYPE_CACHE``, which ucxx sets itself (the ucx plugin plans the
+    same ``UCX_WARN_UNUSED_ENV_VARS=n`` for gpudask's servers).  A user's own values win."""
     environ.setdefault("UCX_LOG_FILE", "stderr")
     environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 
@@ -379,8 +367,7 @@ MAX_TIMEOUT_S = 7 * 86400.0  # --timeout's upper end: a week
 
 
 def check_timeout(value: float, option: str = "--timeout") -> float:
-    """A command's ``--timeout`` (or ``--path-timeout``): refused in one line when it is
-    not a number of seconds a wait can use."""
+    """A command's ``--timeout`` (or ``--path-timeout``), refused in one line when unusable."""
     if not (isinstance(value, (int, float)) and 0 < value <= MAX_TIMEOUT_S):
         raise GpudaskError(f"{option} {value:g}: accepted: a number of seconds above 0 and at most "
                            f"{MAX_TIMEOUT_S:g} (a week)")
@@ -389,10 +376,9 @@ def check_timeout(value: float, option: str = "--timeout") -> float:
 
 @contextlib.contextmanager
 def deadline(seconds: float, target: str) -> Iterator[None]:
-    """End the command with one line when the scheduler at ``target`` has not answered within
-    ``seconds`` (plus one): a peer that accepts the connection and never answers does not hold
-    a command past its ``--timeout``.  Python cannot cancel a blocked call from outside, so
-    the process exits (status 2)."""
+    """Exit (status 2, one line) when the scheduler at ``target`` has not answered within
+    ``seconds`` plus one: a peer that accepts and never answers cannot hold a command past its
+    ``--timeout``, and Python cannot cancel a blocked call from outside."""
     def expire() -> None:
         sys.stderr.write(f"gpudask: error: no answer from the scheduler at {target} within {seconds:g} s "
                          "(--timeout)\n")
@@ -412,9 +398,8 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
               echo: Callable[..., Any], table: Callable[[list[str], list[list[Any]]], str],
               probe: bool = False, path_timeout: float = 10.0, workers: str | None = None,
               payload: str = "64MiB") -> int:
-    """``gpudask check``: 0 when no error-level finding, 1 when there is one, 2 when the
-    scheduler cannot be reached.  With ``probe``: data through every path instead
-    (:mod:`gpudask.checks.probe`), 0 when every path works (slow ones are warnings), 1 when one does not."""
+    """``gpudask check``: 0 without an error finding, 1 with one, 2 when the scheduler cannot be
+    reached.  ``probe``: data through every path instead, 1 when one fails (slow: a warning)."""
     try:
         check_timeout(timeout)
         target = scheduler_address(address, scheduler_file, timeout)
@@ -445,7 +430,7 @@ def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, ti
 
 
 def _payload(value: str) -> int:
-    """``--payload``: a size from 8 bytes to 4 GiB (dask's parse_bytes)."""
+    """``--payload``: 8 bytes to 4 GiB."""
     try:
         nbytes = int(parse_bytes(value))
     except (ValueError, TypeError, OverflowError):

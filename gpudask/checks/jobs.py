@@ -1,7 +1,5 @@
 """The scheduler check's jobs: each worker's check runs in one of a few daemon threads
-(:data:`POOL`), never on the scheduler's event loop, and a slow one is reported
-(:func:`timeout_finding`, :func:`slow_finding`).
-"""
+(:data:`POOL`), never on the scheduler's event loop; a slow one is reported."""
 
 from __future__ import annotations
 
@@ -99,8 +97,7 @@ def read_timeout(ctx: Any) -> float:
 
 
 def plugin_in_thread(thread: int | None, functions: Mapping[str, Any]) -> str | None:
-    """The plugin one of whose hook ``functions`` (plugin name -> function) the thread
-    ``thread`` is in, from its stack."""
+    """The plugin (of ``functions``: name -> hook function) whose hook ``thread`` is in."""
     frame = sys._current_frames().get(thread) if thread is not None else None
     codes = {getattr(getattr(f, "__func__", f), "__code__", None): name for name, f in functions.items()}
     top = frame
@@ -113,7 +110,6 @@ def plugin_in_thread(thread: int | None, functions: Mapping[str, Any]) -> str | 
 
 
 def timeout_finding(job: Job, timeout: float, manager: Any) -> Finding:
-    """The ``check-timeout`` warning of a job still running after ``timeout`` seconds."""
     plugin = plugin_in_thread(job.thread, manager.hook_functions(HOOK) if manager is not None else {})
     if plugin is not None:
         what = f"plugin {plugin!r}'s {HOOK}"
@@ -129,7 +125,6 @@ def timeout_finding(job: Job, timeout: float, manager: Any) -> Finding:
 
 
 def slow_finding(job: Job, timeout: float) -> Finding:
-    """The ``slow-check`` warning added to a job's findings when it ended after ``timeout``."""
     took = time.monotonic() - job.submitted
     plugin = job.slow_plugin
     return Finding("warning", "slow-check",

@@ -30,7 +30,6 @@ RATE_REPEATS = 3  # transfers per data path; the best one gives the rate (the fi
 SLOW_GBPS = 2.0
 
 
-# ----------------------------------------------------------------- run in workers / scheduler
 def _worker_array_module() -> str:
     """``cupy`` when CuPy imports and sees a GPU in this process, else ``numpy``."""
     try:
@@ -72,7 +71,6 @@ def _scheduler_gpus() -> int:
     return min(n, len([v for v in visible.split(",") if v.strip()])) if visible else n
 
 
-# ------------------------------------------------------------------------ the probe
 def _host(a: Any) -> Any:
     import numpy as np
 
@@ -98,7 +96,6 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
     from distributed.comm.addressing import parse_address
 
     def within(make: Callable[[], Any]) -> Any:
-        """Await ``make()`` on the client's loop, for at most ``timeout`` seconds."""
         async def run() -> Any:
             return await asyncio.wait_for(make(), timeout)
 
@@ -288,9 +285,8 @@ def _rates(report: dict[str, Any], protocol: str, module: str, nbytes: int = SIZ
 
 
 def format_probe(report: dict[str, Any], width: int | None = -1) -> str:
-    """One line per path: ``ok`` with its time, or what failed and the fix; wrapped to
-    ``width`` (-1: the terminal's, none for a pipe) between words, a path's continuation
-    under its detail, so no address is cut."""
+    """One line per path: ``ok`` with its time, or what failed and the fix; wrapped between
+    words to ``width`` (-1: the terminal's), continuations under the detail."""
     from gpudask.textwidth import terminal_width, wrap_text
 
     if width == -1:
@@ -322,8 +318,7 @@ def format_probe(report: dict[str, Any], width: int | None = -1) -> str:
 
 
 def _wrap_keeping_columns(line: str, width: int | None, indent: str, fixed: int) -> str:
-    """``line`` wrapped after its first ``fixed`` characters (the aligned columns, kept as
-    they are), between words."""
+    """``line`` wrapped between words after its first ``fixed`` characters (the columns)."""
     if width is None or len(line) <= width:
         return line
     wrapped = textwrap.wrap(line[fixed:], width - fixed, break_on_hyphens=False, break_long_words=False)

@@ -1,15 +1,10 @@
-"""Bounds on what a worker publishes: its plan, applied state and mismatches.
+"""Bounds on what a worker publishes (``WorkerState.extra["gpudask"]``) besides its facts.
 
-A worker's gpudask puts its facts, plan, applied state and mismatches in its startup
-information (``WorkerState.extra["gpudask"]``).  The facts are validated against the
-schema (:func:`gpudask.checks.sides.side_from_published`) and refused whole when
-malformed; the rest is shown (``/gpudask``, ``gpudask status``) and turned into findings
-(the check's ``not-applied`` errors), so it is *bounded* instead, never refused (the
-bounds: docs/scheduler-check.md).
-
-Nothing here raises on odd data, and a bounded value passes through again unchanged (so
-every reader bounds what it reads: no mark in the data says "bounded already", which a
-worker could publish too).
+The facts are validated whole (:func:`gpudask.checks.sides.side_from_published`); the plan,
+applied state and mismatches are shown and turned into findings, so they are *bounded*
+instead, never refused (docs/scheduler-check.md).  Nothing here raises on odd data, and a
+bounded value passes through again unchanged: every reader bounds what it reads (a mark
+saying "bounded already" could be published by a worker too).
 """
 
 from __future__ import annotations
@@ -71,18 +66,15 @@ def _bound(value: Any, depth: int, budget: list[int]) -> Any:
 
 
 def shown(value: Any) -> str:
-    """``repr`` of a (published) value for a log line or a message, at most :data:`MAX_SHOWN`
-    characters and a marker."""
+    """``repr`` of a published value for a log line or a message, cut to :data:`MAX_SHOWN`."""
     if isinstance(value, str):
         return repr(truncate(value, MAX_SHOWN))
-    small = bound(value, limit_total=50)
-    return truncate(repr(small), MAX_SHOWN)
+    return truncate(repr(bound(value, limit_total=50)), MAX_SHOWN)
 
 
 def bound_published(published: Any) -> Any:
-    """``published`` (a worker's ``extra["gpudask"]``) with :data:`BOUNDED_FIELDS` bounded;
-    the facts are left as published (they are validated whole, elsewhere).  A non-dict is
-    returned as it is (the check reports it as malformed)."""
+    """A worker's ``extra["gpudask"]`` with :data:`BOUNDED_FIELDS` bounded, its facts as they
+    are; a non-dict is returned as it is (the check reports it as malformed)."""
     if not isinstance(published, dict):
         return published
     out = dict(published)
@@ -98,9 +90,8 @@ def bound_published(published: Any) -> Any:
 
 
 def mismatches(published: Any) -> tuple[list[dict[str, Any]], int, int]:
-    """``(first, more, malformed)``: the first :data:`MAX_MISMATCHES` well-formed mismatches
-    (dicts of bounded values), how many well-formed ones follow them, and how many items
-    are not mismatches at all (not a dict)."""
+    """``(first, more, malformed)``: the first :data:`MAX_MISMATCHES` mismatches (bounded), how
+    many more there are, and how many items are not dicts."""
     raw = published.get("mismatches") if isinstance(published, dict) else None
     if not isinstance(raw, (list, tuple)):  # msgpack gives tuples
         return [], 0, 0

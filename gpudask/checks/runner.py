@@ -1,15 +1,12 @@
 """The scheduler check runner: a ``SchedulerPlugin`` comparing each worker with the scheduler.
 
 Installed by the apply stage (:func:`install`) or registered by a client (``SchedulerCheck()``,
-which then plans the comparison itself); where findings go and what each
-``gpudask.scheduler-check.action`` does is docs/scheduler-check.md.
+which then plans the comparison itself); findings and actions: docs/scheduler-check.md.
 
-The plugins' checks never run on the scheduler's event loop: each worker's comparison runs
-in a thread (:mod:`gpudask.checks.jobs`), and the scheduler waits for it at most
-:data:`INLINE_WAIT_S` inside ``add_worker`` (so that a normal check, a few milliseconds, is
-done when the worker's registration is) -- not at all once a check was slow.  Python cannot
-stop a thread, so a plugin that never returns keeps its thread: the scheduler, worker
-registration and the other checks go on.
+Each worker's comparison runs in a thread (:mod:`gpudask.checks.jobs`), never on the event
+loop; ``add_worker`` waits for it at most :data:`INLINE_WAIT_S` (a normal check, a few ms,
+is done with the registration), not at all once a check was slow.  A plugin that never
+returns keeps its thread (Python cannot stop one); everything else goes on.
 """
 
 from __future__ import annotations
@@ -42,12 +39,10 @@ NOT_THE_WORKERS = ("check-timeout", "slow-check")
 
 
 def plan_here(protocol: str | None, extra_plugins: Iterable[Any] = ()) -> tuple[Any, Any, Any]:
-    """``(manager, ctx, facts)`` for comparing this process, where gpudask applied no plan
-    (a scheduler without gpudask, a client): the plugins and settings in effect here and
-    this host's facts, from this process's plan inputs (:mod:`gpudask.bootstrap`).
+    """``(manager, ctx, facts)`` of this process where gpudask applied no plan (a client, a
+    scheduler without gpudask), from its plan inputs (:mod:`gpudask.bootstrap`).
 
-    :raises GpudaskError: when gpudask cannot plan here (e.g. a described host that
-        cannot run ``protocol``).
+    :raises GpudaskError: when gpudask cannot plan here (a described host that cannot run ``protocol``).
     """
     from gpudask.bootstrap import plan_host
 
@@ -105,9 +100,7 @@ class SchedulerCheck(SchedulerPlugin):
         self.dry = bool(state.get("dry"))
         self._reset()
 
-    # -- setting up ------------------------------------------------------------------
     def use(self, scheduler: Any, manager: Any, ctx: Any, side: dict[str, Any]) -> None:
-        """Compare with these: the scheduler's plugin manager, plan context and side."""
         self.scheduler, self.manager, self.ctx, self.side = scheduler, manager, ctx, side
         self.action = read_action(ctx, self.action_override)
         self.timeout = read_timeout(ctx)
@@ -143,8 +136,7 @@ class SchedulerCheck(SchedulerPlugin):
         if self.manager is None:
             return
         if not self.dry:
-            # a CPU host over tcp: nothing of gpudask's to say at INFO, unless a client asked
-            level = logging.INFO if (self.ctx.gpus or self.ctx.uses_ucx or self.asked_for) else logging.DEBUG
+            level = logging.INFO if self.says_ok or self.asked_for else logging.DEBUG
             logger.log(level, "gpudask check: scheduler %s (%s) checks its workers; action %s", scheduler.address,
                        describe(self.side), self.action)
         for address in list(scheduler.workers):
@@ -168,12 +160,9 @@ class SchedulerCheck(SchedulerPlugin):
         if self.scheduler is not None and self.scheduler.handlers.get(HANDLER) == self.handle_report:
             del self.scheduler.handlers[HANDLER]
 
-    # -- checking --------------------------------------------------------------------
     def check_worker(self, address: str) -> list[Finding] | None:
-        """Compare one connected worker with the scheduler and act on the findings.
-
-        The comparison runs in a thread; the findings are returned when it ended within
-        :data:`INLINE_WAIT_S`, else None (they are recorded when it ends)."""
+        """Compare one connected worker with the scheduler and act on the findings; they are
+        returned when the thread ended within :data:`INLINE_WAIT_S`, else None (recorded later)."""
         ws = self.scheduler.workers.get(address) if self.scheduler is not None else None
         if ws is None or self.manager is None or self.side is None:
             return []
@@ -276,8 +265,7 @@ class SchedulerCheck(SchedulerPlugin):
         return findings
 
     async def settled(self) -> None:
-        """Wait (off the loop) until every worker's latest check has a first result: its
-        findings, or its check-timeout finding."""
+        """Wait (off the loop) until every worker's latest check has its findings or its check-timeout."""
         pending = [job.recorded for job in self.jobs.values() if not job.recorded.is_set()]
         if pending:
             deadline = self.timeout + 1.0
@@ -294,7 +282,6 @@ class SchedulerCheck(SchedulerPlugin):
         # tells its nanny not to restart it) with this reason and unregisters.
         self.scheduler.worker_send(address, {"op": "close", "reason": reason})
 
-    # -- reporting -------------------------------------------------------------------
     def report(self, sides: bool = False) -> dict[str, Any]:
         findings = [f for r in self.results.values() for f in r["findings"]]
         findings += [f for address, r in self.refused.items() if address not in self.results for f in r["findings"]]
@@ -317,8 +304,7 @@ class SchedulerCheck(SchedulerPlugin):
 
 
 def install(scheduler: Any, manager: Any, ctx: Any, side: dict[str, Any], action: str | None = None) -> SchedulerCheck:
-    """Add the check to a scheduler that runs gpudask (idempotent); the apply stage calls it
-    with the scheduler's plugin manager, plan context and side (:func:`local_side`)."""
+    """Add the check to a scheduler that runs gpudask (idempotent; the apply stage calls it)."""
     existing = scheduler.plugins.get(PLUGIN_NAME)
     if isinstance(existing, SchedulerCheck):
         if existing.manager is None:
@@ -338,8 +324,7 @@ def install(scheduler: Any, manager: Any, ctx: Any, side: dict[str, Any], action
 
 
 async def report_on_scheduler(dask_scheduler: Any = None) -> dict[str, Any]:
-    """Run on the scheduler by ``gpudask check``: the installed check's report, or a one-off
-    evaluation (nothing logged, changed or enforced) when none is installed."""
+    """``gpudask check``'s on the scheduler: the installed check's report, else a dry one-off."""
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     if not isinstance(plugin, SchedulerCheck):
         plugin = SchedulerCheck(dry=True)

@@ -1,10 +1,9 @@
 """The comparison itself, pure: read what a process published, run the plugins' checks.
 
-Each process is a *side*: ``{"role", "address", "facts", "protocol", "gpudask",
-"facts_origin"}``.  A worker's side comes from what its gpudask published in its startup
-information (``WorkerState.extra["gpudask"]``), validated here and never unpickled; the
+Each process is a *side* (:func:`side_from_published`): a worker's from what its gpudask
+published (``WorkerState.extra["gpudask"]``), validated here and never unpickled; the
 scheduler's and the client's from their own facts (:func:`local_side`).  What is compared
-is up to the plugins' ``gpudask_scheduler_check`` hooks; the core knows no plugin by name.
+is up to the plugins' ``gpudask_scheduler_check`` hooks.
 """
 
 from __future__ import annotations
@@ -42,23 +41,17 @@ def scheme(address: object) -> str | None:
 
 def local_side(facts: Any, role: str, address: str | None, protocol: str | None) -> dict[str, Any]:
     """This process as a side of the comparison, from its own facts."""
-    # what it left out of UCX here, as the plan it applied says (see _left_out_here); the session
-    # is the apply stage's, read through gpudask.session (checks does not import apply)
-    applied = process_state.current().applied
-    plan = getattr(applied, "plan", None)
+    # the plan this process applied (the apply stage's session: checks does not import apply)
+    plan = getattr(process_state.current().applied, "plan", None)
     left = _left_out_here({"plan": plan.to_dict()}) if plan is not None else []
-
     return {"role": role, "address": address, "facts": facts.to_dict(), "protocol": protocol,
             "gpudask": __version__, "facts_origin": facts.origin, "ucx_tls": os.environ.get("UCX_TLS"),
             "memory": None, "left_out_here": left}
 
 
 def side_from_published(published: Any, role: str, address: str | None) -> dict[str, Any]:
-    """Validate what a process published under ``"gpudask"`` and return the hook's view
-    of it: ``{"role", "address", "facts", "protocol", "gpudask", "facts_origin", "ucx_tls", "memory"}``.
-
-    Only what the check reads is validated: the facts and three strings (the plan and
-    applied state that come with them are for ``gpudask status``, which reads them itself).
+    """The hook's view of what a process published under ``"gpudask"``, validated where the
+    check reads it: the facts and three strings (``gpudask status`` reads the rest itself).
 
     :raises ValueError: with a one-line reason when the data is malformed.
     """
@@ -67,10 +60,7 @@ def side_from_published(published: Any, role: str, address: str | None) -> dict[
     if "facts" not in published:
         raise ValueError("no 'facts' in it")
     facts = _valid_facts(published["facts"], role)  # first: its reason is the one to read
-    try:
-        data = json_safe({key: published.get(key) for key in ("version", "protocol", "facts_origin")})
-    except MalformedData as e:
-        raise ValueError(f"not JSON-compatible data ({e})") from None
+    data = _json_safe({key: published.get(key) for key in ("version", "protocol", "facts_origin")})
     for key in ("version", "protocol", "facts_origin"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ValueError(f"{key!r} must be a string, got {type(data[key]).__name__}")
@@ -111,11 +101,9 @@ def _memory(published: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _valid_facts(published: Any, role: str) -> dict[str, Any]:
-    """Published facts, validated once per distinct data in this process: the workers of a
-    host (of a cluster, often) publish the same facts, and validating them (JSON check,
-    schema, cross checks, a normalising round trip) was most of the scheduler's cost per
-    joining worker.  The dict is shared by the sides that published those facts
-    (ProcessSide.facts is read-only); 64 distinct hosts' facts are kept."""
+    """Published facts, validated once per distinct data: the workers of a host (of a cluster,
+    often) publish the same facts, and validating them was most of the scheduler's cost per
+    joining worker.  The sides share the dict (read-only); 64 hosts' facts are kept."""
     return process_state.remembered("valid published facts", fingerprint(published),
                                     lambda: _validated_facts(published, role))
 
@@ -124,13 +112,16 @@ def _validated_facts(published: Any, role: str) -> dict[str, Any]:
     from gpudask.facts import facts_from_dict
 
     try:
-        data = json_safe(published)
-    except MalformedData as e:
-        raise ValueError(f"not JSON-compatible data ({e})") from None
-    try:
-        return facts_from_dict(data, f"facts of the {role}").to_dict()
+        return facts_from_dict(_json_safe(published), f"facts of the {role}").to_dict()
     except FactsError as e:
         raise ValueError(str(e)) from None
+
+
+def _json_safe(data: Any) -> Any:
+    try:
+        return json_safe(data)
+    except MalformedData as e:
+        raise ValueError(f"not JSON-compatible data ({e})") from None
 
 
 def run_hooks(manager: Any, ctx: Any, reference: dict[str, Any], other: dict[str, Any] | None,
@@ -155,8 +146,8 @@ def run_hooks(manager: Any, ctx: Any, reference: dict[str, Any], other: dict[str
             findings.append(Finding("warning", "plugin-failed",
                                     f"a plugin returned {type(item).__name__}, not a gpudask Finding",
                                     plugin=getattr(item, "plugin", None) or "gpudask"))
-            continue
-        findings.append(item)
+        else:
+            findings.append(item)
     for f in findings:
         f.subject = f.subject or subject
         f.reference = f.reference or reference_name
@@ -194,9 +185,8 @@ def evaluate_worker(manager: Any, ctx: Any, scheduler_side: dict[str, Any], addr
 
 
 def version_differs(scheduler_side: dict[str, Any], side: dict[str, Any]) -> list[Finding]:
-    """A warning when the worker runs another gpudask version than the scheduler: the plan
-    and the published shape are each version's own, so the comparison may miss or invent
-    differences (and a worker of an old version misses what the new one fixed)."""
+    """A warning when the worker runs another gpudask version than the scheduler: each plans and
+    publishes as its own version does, so the comparison may miss or invent differences."""
     mine, theirs = scheduler_side.get("gpudask"), side.get("gpudask")
     if not isinstance(mine, str) or not isinstance(theirs, str) or mine == theirs:
         return []
@@ -208,9 +198,8 @@ def version_differs(scheduler_side: dict[str, Any], side: dict[str, Any]) -> lis
 
 
 def not_applied(published: Any) -> list[Finding]:
-    """An error finding for every planned value the worker's live process does not have
-    (its applied state, read after setup: gpudask.apply.state); at most
-    ``published.MAX_MISMATCHES`` of them, the rest counted in one more finding."""
+    """An error for each planned value the worker's process does not have (its applied state,
+    gpudask.apply.state), at most ``MAX_MISMATCHES``, the rest counted in one more."""
     first, more, malformed = bounds.mismatches(published)
     out = []
     for m in first:

@@ -34,9 +34,8 @@ class _CleanErrors(click.Group):
 
 
 def _printable_output() -> None:
-    """A terminal whose encoding cannot show a character (LANG=C on an old system, a Latin-1
-    terminal, PYTHONIOENCODING=ascii) gets it escaped (``\\u6771``), as Python does on
-    stderr, instead of a UnicodeEncodeError traceback in the middle of the output."""
+    """A character the terminal's encoding cannot show (LANG=C, PYTHONIOENCODING=ascii) is
+    escaped (``\\u6771``), as on stderr, instead of a UnicodeEncodeError traceback."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None and getattr(stream, "errors", None) == "strict":
@@ -85,14 +84,10 @@ def info(facts: str | None, config_file: str | None, protocol: str, nworkers: in
     host = plan_host(protocol, nworkers, facts_path=facts, config_file=config_file, user_interface=interface)
     if as_json:
         click.echo(json.dumps(host.to_dict(), indent=1))
-    elif reasons:
-        from gpudask.cli.report import plan_table
-
-        click.echo(plan_table(host, interface))
     else:
-        from gpudask.cli.report import plan_summary
+        from gpudask.cli.report import plan_summary, plan_table
 
-        click.echo(plan_summary(host, interface))
+        click.echo((plan_table if reasons else plan_summary)(host, interface))
 
 
 @main.command()
@@ -146,8 +141,7 @@ def config_cmd(as_json: bool, extra: tuple[str, ...]) -> None:
 
 
 def _as_given(value: Any, given: Any) -> str:
-    """A setting's value as the user wrote it, what gpudask made of it after (``40GiB
-    (42949672960)``); a value written as gpudask reads it, once."""
+    """A setting's value as written, and what gpudask made of it when that differs: ``40GiB (42949672960)``."""
     shown = json.dumps(value, default=str)
     if given is None:
         return shown
@@ -174,8 +168,7 @@ def demo(nworkers: int | None, protocol: str, as_json: bool, keep: float) -> Non
 
 
 def _scheduler_options(command: Any) -> Any:
-    """The scheduler to talk to, the same way for every command that needs one: ADDRESS,
-    ``--address ADDRESS`` or ``--scheduler-file FILE``."""
+    """The scheduler, for every command that needs one: ADDRESS, --address ADDRESS or --scheduler-file FILE."""
     command = click.option("--scheduler-file", default=None, type=click.Path(dir_okay=False),
                            help="A dask scheduler file (what `dask scheduler --scheduler-file` wrote).")(command)
     command = click.option("--address", "address_option", default=None, metavar="ADDRESS",
@@ -185,13 +178,12 @@ def _scheduler_options(command: Any) -> Any:
 
 def _one_scheduler(address: str | None, address_option: str | None, scheduler_file: str | None) -> str | None:
     """The address given, or None for the scheduler file; two different ones are refused."""
+    accepted = "accepted: one of ADDRESS, --address ADDRESS, --scheduler-file FILE"
     if address and address_option and address != address_option:
-        raise GpudaskError(f"two scheduler addresses given ({address!r} and --address {address_option!r}); "
-                           "accepted: one of ADDRESS, --address ADDRESS, --scheduler-file FILE")
+        raise GpudaskError(f"two scheduler addresses given ({address!r} and --address {address_option!r}); {accepted}")
     address = address or address_option
     if address and scheduler_file:
-        raise GpudaskError(f"both an address ({address!r}) and --scheduler-file given; "
-                           "accepted: one of ADDRESS, --address ADDRESS, --scheduler-file FILE")
+        raise GpudaskError(f"both an address ({address!r}) and --scheduler-file given; {accepted}")
     return address
 
 

@@ -46,10 +46,9 @@ def _answers(url: str) -> int | None:
 
 def _decisions(published: list[dict[str, Any]], n: int, say: Callable[[str], None],
                raw: Callable[[str], None]) -> None:
-    """Every plugin's decisions, each thing said once: a decision the workers share once (naming
-    them), decisions of one plugin for the same reason on one row, plugins skipped for the same
-    reason on one row; a plugin that decided something is not also listed as skipped (its
-    decisions say why)."""
+    """Every plugin's decisions, each said once: one the workers share once (naming them), those
+    of one plugin, or skips, for the same reason on one row; a plugin that decided something is
+    not also listed as skipped."""
     from gpudask.cli.report import table
 
     found: dict[tuple[str, str, str], list[str]] = {}

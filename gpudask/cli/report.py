@@ -29,9 +29,8 @@ def _unbreakable(word: str) -> bool:
 
 
 def _pieces(text: str) -> list[str]:
-    """``text`` cut where a cell may wrap: between words; a word is cut (after a colon,
-    slash, dash ...) only when it is long (a path, a list without spaces), never an address
-    (``tcp://10.0.0.1:8786``) nor a name (``scheduler-parity``)."""
+    """``text`` cut where a cell may wrap: between words; inside a word (after a colon, slash,
+    dash ...) only a long one (a path), never an address nor a name (``scheduler-parity``)."""
     return [piece for word in re.split(r"(?<=[ ,])", text)
             for piece in ([word] if _unbreakable(word) or len(word.rstrip(" ,")) <= _WHOLE_WORD
                           else _BREAK.split(word)) if piece]
@@ -63,10 +62,8 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
     budget = None if width is None else width - len(_GAP) * (len(natural) - 1)
     if budget is None or sum(natural) <= budget:
         return natural
-    # lines[i][w][r]: how many lines cell (r, i) takes in a column w wide
-    # a column narrower than _MIN_COLUMN by nature (a "unit" column) keeps its width: count it too
-    # no column narrower than its longest word (a word is cut only when the longest words
-    # of all columns together are wider than the terminal: then the longest ones first)
+    # no column narrower than its longest word, nor (unless it is by nature) than _MIN_COLUMN;
+    # when the longest words of all columns are wider than the terminal, the longest are cut first
     floors = [min(n, max(_MIN_COLUMN, max([len(piece.rstrip()) for r in cells for piece in _pieces(r[i])] or [0])))
               for i, n in enumerate(natural)]
     # an address or a variable's name is never cut: its column keeps its width, the table overflows
@@ -115,8 +112,7 @@ def table(headers: list[str], rows: list[list[Any]], width: int | None = -1) -> 
 
 
 def _memory(plan: ProcessPlan, host: HostPlan) -> str:
-    """The plugins' short forms of their decisions for this process (``gpudask_report_rows``:
-    the rmm plugin's pool, the spill plugin's limit), or ``-``."""
+    """The plugins' short forms of their decisions for this process (the rmm pool), or ``-``."""
     manager = getattr(host.ctx, "manager", None)
     if manager is None or not plan.sections:
         return "-"
@@ -125,8 +121,7 @@ def _memory(plan: ProcessPlan, host: HostPlan) -> str:
 
 
 def _facts_words(host: HostPlan) -> str:
-    """The plugins' few words on their facts sections (``FactsSection.summary``), each after
-    a comma (``, 2 active ... port(s)``)."""
+    """The plugins' few words on their facts sections, each after a comma (``, 2 active ... port(s)``)."""
     manager = getattr(host.ctx, "manager", None)
     if manager is None:
         return ""
@@ -135,11 +130,15 @@ def _facts_words(host: HostPlan) -> str:
     return "".join(f", {text}" for text in summaries(host.facts, manager.facts_sections()))
 
 
-def _header(host: HostPlan) -> list[str]:
+def _host(host: HostPlan) -> str:
     facts = host.facts
-    gpus = facts.visible_gpus()
-    head = [f"host {facts.hostname} ({'described by ' + facts.origin if facts.described else 'probed'}): "
-            f"{len(gpus)} visible GPU(s), driver {facts.driver_version or 'none'}{_facts_words(host)}",
+    return (f"host {facts.hostname} ({'described by ' + facts.origin if facts.described else 'probed'}): "
+            f"{len(facts.visible_gpus())} visible GPU(s)")
+
+
+def _header(host: HostPlan) -> list[str]:
+    gpus = host.facts.visible_gpus()
+    head = [f"{_host(host)}, driver {host.facts.driver_version or 'none'}{_facts_words(host)}",
             f"protocol {host.protocol}, {host.nworkers} worker(s); plugins: "
             + ", ".join(f"{p['name']}({p['priority']})" for p in host.plugins)]
     if not gpus:
@@ -165,9 +164,8 @@ _Column = tuple[str, list[str], tuple[str, ...]]
 
 
 def _table_columns(host: HostPlan) -> tuple[list[_Column], list[_Column]]:
-    """The worker-table columns worth a column: the GPU, and what differs between workers (all
-    that is set, for a single worker); and the others, which every worker has the same value
-    in (said once, not per row: in the list of changes)."""
+    """The columns worth one (the GPU, what differs between workers, all that is set for a single
+    worker), and the others: the same in every worker, said once."""
     columns = [(name, [str(value(w, host)) for w in host.workers], prefixes) for name, value, prefixes in _WORKER_COLUMNS]
     single = len(host.workers) == 1
     shown = [c for c in columns if c[0] == "gpu" or len(set(c[1])) > 1 or (single and c[1][0] != "-")]
@@ -181,10 +179,9 @@ def _worker_table(host: HostPlan, width: int | None) -> str:
 
 
 def _changes(plan: ProcessPlan, host: HostPlan, user_env: Any, user_config: Any) -> list[tuple[str, str]]:
-    """(decision, plugin) for what this process does differently from stock dask run in the
-    same environment and dask config: env variables and config values set, and the process
-    settings (GPU, interface, CPUs, memory, start method, resources).  Notes that change
-    nothing (skips, checks, transports already visible in UCX_TLS) are left to --reasons."""
+    """(decision, plugin) for what this process does differently from stock dask in the same
+    environment and dask config (variables, config values, the process settings); notes that
+    change nothing are left to --reasons."""
     import dask.config
 
     settings = ("CUDA_VISIBLE_DEVICES=", "interface=", "cpu_affinity=", "multiprocessing_method=", "memory:",
@@ -223,8 +220,7 @@ def _changes_table(host: HostPlan, width: int | None) -> str:
     user_config = getattr(ctx, "user_config", {}) or {}
     shown_in_table = tuple(p for _, _, prefixes in _table_columns(host)[0] for p in prefixes)
     found: dict[str, tuple[list[str], list[str]]] = {}  # decision -> (processes, plugins)
-    for plan in [host.scheduler, host.nanny, host.client, *host.workers]:
-        title = plan.role + (f" {plan.index}" if plan.index is not None else "")
+    for title, plan in _processes(host):
         for decision, plugin in _changes(plan, host, user_env, user_config):
             if plan.role == "worker" and decision.startswith(shown_in_table):
                 continue
@@ -240,6 +236,12 @@ def _changes_table(host: HostPlan, width: int | None) -> str:
             + table(["setting", "processes", "plugin"], rows, width))
 
 
+def _processes(host: HostPlan) -> list[tuple[str, ProcessPlan]]:
+    """Every process of the plan, with its title (``worker 2``)."""
+    return [(p.role + (f" {p.index}" if p.index is not None else ""), p)
+            for p in [host.scheduler, host.nanny, host.client, *host.workers]]
+
+
 def worker_command(host: HostPlan, interface: str | None = None) -> list[str]:
     """The stock command lines that start this host's part of a cluster with gpudask."""
     scheduler = f"{host.protocol}://SCHEDULER:8786"
@@ -252,8 +254,7 @@ def worker_command(host: HostPlan, interface: str | None = None) -> list[str]:
 
 
 def display_warnings(host: HostPlan) -> list[str]:
-    """The plan's warnings, and GPUs the planned workers leave idle (fewer workers than GPUs:
-    the plan warns about more)."""
+    """The plan's warnings, and GPUs the planned workers leave idle."""
     gpus = len(host.facts.visible_gpus())
     idle = [] if not gpus or host.nworkers >= gpus or host.nworkers == 0 else [
         f"{host.nworkers} worker(s) on a host with {gpus} visible GPU(s): {gpus - host.nworkers} GPU(s) stay idle; "
@@ -265,12 +266,9 @@ def plan_summary(host: HostPlan, interface: str | None = None, width: int | None
     """The short answer: host, one table of workers, what differs from stock, the command lines."""
     if width == -1:
         width = terminal_width()
-    facts = host.facts
-    head = [f"host {facts.hostname} ({'described by ' + facts.origin if facts.described else 'probed'}): "
-            f"{len(facts.visible_gpus())} visible GPU(s)",
-            f"driver {facts.driver_version or 'none'}{_facts_words(host)}; protocol {host.protocol}, "
-            f"{host.nworkers} worker(s)"]
-    if not facts.visible_gpus():
+    head = [_host(host), f"driver {host.facts.driver_version or 'none'}{_facts_words(host)}; protocol "
+            f"{host.protocol}, {host.nworkers} worker(s)"]
+    if not host.facts.visible_gpus():
         head.append("no GPU visible: the GPU plugins skip (gpudask info --reasons says why)")
     out = [wrap_text("\n".join(head), width), "", _worker_table(host, width), "", _changes_table(host, width), "",
            wrap_text("Start it (SCHEDULER: the scheduler's host):", width)]
@@ -283,8 +281,7 @@ _SIDE_ROLES = ("scheduler", "nanny", "client")
 
 
 def _short_uuids_in(text: str, host: HostPlan) -> str:
-    """The host's GPU UUIDs in ``text`` shortened as ``gpudask status`` shows them (each still
-    told apart from the others: ``GPU-b63e…0c86``); ``--json`` has them whole."""
+    """The host's GPU UUIDs in ``text`` shortened as ``gpudask status`` shows them (``--json``: whole)."""
     from gpudask.cli.status import short_uuids
 
     short = short_uuids([g.uuid for g in host.facts.gpus if g.uuid])
@@ -292,9 +289,8 @@ def _short_uuids_in(text: str, host: HostPlan) -> str:
 
 
 def plan_table(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
-    """Everything: the workers, then every process's settings and every decision with its
-    reason, wrapped to the terminal (the command lines stay whole: they are copied).
-    Each thing is said once, under the processes that share it (:mod:`gpudask.cli.said_once`)."""
+    """Everything: the workers, every process's settings and decisions with their reasons, each
+    said once under the processes that share it (:mod:`gpudask.cli.said_once`)."""
     if width == -1:
         width = terminal_width()
     out = [wrap_text("\n".join(_header(host)), width), "", _worker_table(host, width)]
@@ -302,14 +298,14 @@ def plan_table(host: HostPlan, interface: str | None = None, width: int | None =
     if shared and len(host.workers) > 1:
         out += ["", wrap_text("Every worker: " + ", ".join(f"{name} {values[0]}" for name, values, _ in shared),
                               width, indent="    ")]
-    processes = [host.scheduler, host.nanny, host.client, *host.workers]
-    titles = [p.role + (f" {p.index}" if p.index is not None else "") for p in processes]
+    processes = _processes(host)
+    titles = [t for t, _ in processes]
     holders: dict[tuple[str, ...], list[str]] = {}
-    for title, plan in zip(titles, processes):
+    for title, plan in processes:
         items: list[tuple[str, ...]] = [("set", k, v) for k, v in {**plan.env, **{k: repr(v) for k, v in plan.config.items()}}.items()]
         for item in items + [("why", r.plugin, r.decision, r.why) for r in plan.reasons]:
             holders.setdefault(item, []).append(title)
-    decided = {title: {r.decision for r in plan.reasons} for title, plan in zip(titles, processes)}
+    decided = {title: {r.decision for r in plan.reasons} for title, plan in processes}
     workers = {f"worker {w.index}": str(w.index) for w in host.workers}
     every_worker = tuple(workers)
     extra_groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
@@ -371,7 +367,7 @@ def plan_table(host: HostPlan, interface: str | None = None, width: int | None =
         for (plugin, reason), decisions in why.items():
             out.append(wrap_text(_short_uuids_in(f"  [{plugin}] {', '.join(decisions)} -- {reason}", host), width,
                                  indent="    "))
-    for title, plan in zip(titles, processes):
+    for title, plan in processes:
         if not plan.reasons and not plan.env and not plan.config:
             out += ["", f"{title}:", "  (no decisions)"]
     out += ["", "Start it:", *("  " + line for line in worker_command(host, interface))]

@@ -1,12 +1,9 @@
 """``gpudask status``: the running cluster, one row per worker, planned against actual.
 
-Every worker with gpudask publishes its plan and its *applied state* (:mod:`gpudask.apply.state`)
-in ``WorkerState.extra``; a difference is a *mismatch* (the plan did not take effect).
-
-What a worker published is data from another process: every string is printed escaped
-(a terminal escape sequence in a worker's field is shown as ``\\x1b``, never sent to the
-terminal), long values are cut, and a field of the wrong shape becomes one ``warning:``
-line naming the worker and the field, never a traceback.
+Every worker with gpudask publishes its plan and its *applied state* (:mod:`gpudask.apply.state`);
+a difference is a *mismatch* (the plan did not take effect).  What it published is another
+process's data: every string is printed escaped (``\\x1b``, never sent to the terminal) and
+cut, and a field of the wrong shape is one ``warning:`` line, never a traceback.
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ LEGEND = ("planned -> actual; visible GPUs: CUDA_VISIBLE_DEVICES; '!': a mismatc
 
 
 def escaped(value: Any, limit: int = _MAX_CELL) -> str:
-    """``value`` as printable text: control and other non-printable characters escaped
-    (``\\x1b``, ``\\n``), cut to ``limit`` characters."""
+    """``value`` as printable text (``\\x1b``, ``\\n``), cut to ``limit`` characters."""
     text = value if isinstance(value, str) else str(value)
     out = printable(text[:limit + 1])
     return out[:limit - 1] + "…" if len(text) > limit or len(out) > limit else out
@@ -73,15 +69,14 @@ def _mismatches(published: Mapping[str, Any], problems: list[str]) -> list[dict[
         if not isinstance(m, Mapping) or not isinstance(m.get("key"), str):
             problems.append(f"mismatches[{n}] is not a mapping with a string 'key': ignored")
             continue
-        out.append({"process": m.get("process"), "key": m["key"], "planned": m.get("planned"),
-                    "actual": m.get("actual"), "plugin": m.get("plugin")})
+        out.append({k: m.get(k) for k in ("process", "key", "planned", "actual", "plugin")})
     return out
 
 
 def _plugin_columns(plan: Mapping[str, Any], published: Mapping[str, Any], manager: Any,
                     problems: list[str]) -> dict[str, dict[str, Any]]:
-    """The plugins' columns (``gpudask_report_rows``): column -> planned, actual, note, how to
-    show it and the mismatch keys that mark it.  The core knows none of them by name."""
+    """The plugins' columns (``gpudask_report_rows``): planned, actual, note, how to show it and
+    the mismatch keys that mark it."""
     rows, failed = manager.report_rows(plan, published)
     problems.extend(failed)
     return {r["column"]: {"planned": r.get("planned"), "actual": r.get("actual"), "note": r.get("note"),
@@ -91,9 +86,8 @@ def _plugin_columns(plan: Mapping[str, Any], published: Mapping[str, Any], manag
 
 
 def worker_row(address: str, info: Any, manager: Any = None) -> dict[str, Any]:
-    """One worker: planned and actual, from what it published (``{}`` when it runs no
-    gpudask); ``problems`` lists each published field of the wrong shape.  ``manager`` (the
-    plugin manager whose plugins supply their columns) is loaded when not given."""
+    """One worker, planned and actual, from what it published; ``problems``: each field of the
+    wrong shape.  ``manager`` (whose plugins supply their columns): loaded when not given."""
     if manager is None:
         from gpudask import bootstrap
 
@@ -183,9 +177,8 @@ def _shown_pair(d: Mapping[str, Any], mismatch: bool, show: Any) -> str:
 
 
 def short_uuids(uuids: list[str]) -> dict[str, str]:
-    """GPU UUIDs shortened, each still told apart from the others: the kind and the first
-    four hex digits, ``…``, then as many of the last digits as tell it apart (at least four):
-    ``GPU-3f2a…9c1e``; ``GPU-0000…0001`` for UUIDs that differ only at the end."""
+    """GPU UUIDs shortened, each still told apart from the others: ``GPU-3f2a…9c1e``, the first four
+    hex digits and as many of the last (at least four) as tell it apart."""
     whole = sorted({u for u in uuids if u})
     out = {}
     for u in whole:
@@ -213,8 +206,7 @@ def _gpu(row: dict[str, Any], short: Mapping[str, str]) -> str:
 
 
 def format_status(status: dict[str, Any], table: Any, width: int | None = -1) -> str:
-    """The readable form of :func:`cluster_status`: the table fits ``width`` (-1: the
-    terminal's), the prose wrapped to it between words."""
+    """The readable form of :func:`cluster_status`, fitting ``width`` (-1: the terminal's)."""
     plugin_columns: list[str] = []  # the plugins' columns, in the order they first appear
     for r in status["workers"]:
         plugin_columns += [c for c in r.get("columns") or {} if c not in plugin_columns]

@@ -1,6 +1,5 @@
-"""The drawing of ``/gpudask``: the page's parts drawn from the state (what ``/gpudask/json``
-returns), so the page reads without JavaScript; its script redraws it by fetching it again.
-Every value goes in through ``html.escape``."""
+"""The page's parts of ``/gpudask`` drawn from the state (what ``/gpudask/json`` returns), so it
+reads without JavaScript.  Every value goes in through ``html.escape``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The HTML of ``/gpudask``: the markup, drawn here from the state (the first paint, without
-JavaScript), and a script that redraws it every few seconds: it fetches the page again, as
-the scheduler draws it then, and swaps it in (one drawing of the rows, in Python).
-
-Kept apart from the handlers so the page can be read (and changed) as one document.  Every
-value from the cluster goes into the page escaped (``html.escape``), never as HTML.
+"""The HTML of ``/gpudask``, kept apart from the handlers so it reads as one document: the
+markup, drawn by the scheduler (:mod:`gpudask.dashboard.first_paint`, every value escaped),
+and a script that fetches the page again every few seconds and swaps it in.
 """
 
 from __future__ import annotations
@@ -94,13 +91,13 @@ setTimeout(refresh, document.body.dataset.drawn ? REFRESH_MS : 0);  // drawn by 
 
 def render(refresh_seconds: float, state: dict[str, Any] | None = None) -> str:
     """The page; with ``state`` (what ``/gpudask/json`` returns) drawn in it already, so it
-    reads without JavaScript (a headless screenshot, a text browser); the script redraws it."""
+    reads without JavaScript (a headless screenshot, a text browser)."""
     page = _PAGE.replace("__REFRESH__", repr(float(refresh_seconds)))
     from gpudask.dashboard.first_paint import first_paint
 
-    parts = first_paint(state) if state is not None else {
-        "SUMMARY": "loading&hellip;", "LINKS": "", "PROBLEM": "", "WORKERS": "", "FINDINGS": "",
-        "PROBE_SUMMARY": "", "PROBE": "", "UPDATED": "", "DRAWN": ""}
+    parts = first_paint(state) if state is not None else {**dict.fromkeys(_PARTS, ""), "SUMMARY": "loading&hellip;"}
     # one pass: a value drawn in (a worker's name) is never taken for a placeholder
-    return re.sub(r"__(SUMMARY|LINKS|PROBLEM|WORKERS|FINDINGS|PROBE_SUMMARY|PROBE|UPDATED|DRAWN)__",
-                  lambda m: parts[m.group(1)], page)
+    return re.sub(r"__(%s)__" % "|".join(_PARTS), lambda m: parts[m.group(1)], page)
+
+
+_PARTS = ("SUMMARY", "LINKS", "PROBLEM", "WORKERS", "FINDINGS", "PROBE_SUMMARY", "PROBE", "UPDATED", "DRAWN")

@@ -1,18 +1,11 @@
-"""gpudask's page on the scheduler's dashboard: ``/gpudask`` (HTML) and ``/gpudask/json``.
-Plain tornado handlers: they work whether or not bokeh is installed.
+"""gpudask's page on the scheduler's dashboard: ``/gpudask`` (HTML) and ``/gpudask/json``,
+plain tornado handlers (bokeh or not).  Two ways onto a scheduler's HTTP server:
 
-Two ways onto a scheduler's HTTP server:
+* a plan that adds :data:`MODULE` to ``distributed.scheduler.http.routes`` before the
+  scheduler is created: ``Scheduler.__init__`` mounts each listed module's ``routes``;
+* :func:`install`, on a running scheduler, which also links the page from the bokeh dashboard.
 
-* distributed builds the scheduler's routes, in ``Scheduler.__init__``, from the modules
-  listed in the dask config ``distributed.scheduler.http.routes``; each module has a
-  ``routes`` list of ``(path, handler class, kwargs)``.  A scheduler whose plan adds
-  :data:`MODULE` to that list before the scheduler is created gets the page from the start.
-* :func:`install` adds the same handlers to a running scheduler's tornado application
-  (``dask_setup`` time, or a SchedulerPlugin registered by a client).  It also links the
-  page from the bokeh dashboard's navigation when that dashboard is up.
-
-Everything the page shows comes from :func:`cluster_state`, the plugins' sections through
-their ``gpudask_report_rows``, so plugins add to the page without touching it.
+The plugins' parts come through their ``gpudask_report_rows``: they add to the page without touching it.
 """
 
 from __future__ import annotations
@@ -39,11 +32,9 @@ METRIC_PREFIX = "gpudask-"  # worker metrics (Worker.metrics) shown on the page
 REFRESH_SECONDS = 3
 
 
-# ------------------------------------------------------------------------------ data
 def cluster_state(scheduler: Any) -> dict[str, Any]:
-    """What the page shows: one dict per worker, and the scheduler check's findings.
-    JSON-compatible; never raises on odd worker data.  Built as ``/gpudask/json`` is
-    (:mod:`gpudask.dashboard.serve`), here in the caller's thread."""
+    """What the page shows (``/gpudask/json``), built in the caller's thread; never raises on odd
+    worker data."""
     return json.loads(build(snapshot(scheduler)))  # type: ignore[no-any-return]
 
 
@@ -59,8 +50,7 @@ def snapshot(scheduler: Any) -> dict[str, Any]:
 
 
 def build(snap: dict[str, Any]) -> bytes:
-    """The page's JSON from a :func:`snapshot` (off the event loop): the
-    plugins' rows bounded in time, the whole cut at ``MAX_JSON_BYTES`` (:mod:`gpudask.dashboard.serve`)."""
+    """The page's JSON from a :func:`snapshot`, off the event loop (:mod:`gpudask.dashboard.serve`)."""
     from gpudask.dashboard.serve import MAX_JSON_BYTES, ROWS
 
     report = snap["report"]
@@ -106,8 +96,7 @@ def build(snap: dict[str, Any]) -> bytes:
 
 
 def _present(probe: dict[str, Any] | None, connected: set[str]) -> dict[str, Any] | None:
-    """The last probe as the page shows it now: the workers it probed that have left since
-    are dropped from it (and counted)."""
+    """The last probe without the workers it probed that have left since (counted)."""
     if not probe:
         return probe
     workers = probe.get("workers") or []
@@ -117,8 +106,7 @@ def _present(probe: dict[str, Any] | None, connected: set[str]) -> dict[str, Any
 
 
 def last_probe(scheduler: Any) -> dict[str, Any] | None:
-    """The report of the last ``gpudask check --probe`` (its ``gpudask-probe`` event), as
-    the page shows it: the paths' values as text."""
+    """The last ``gpudask check --probe``'s report (its event), the paths' values as text."""
     from gpudask.checks.probe import TOPIC
 
     try:
@@ -140,13 +128,13 @@ def last_probe(scheduler: Any) -> dict[str, Any] | None:
 def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
                  rows: dict[str, dict[str, Any]] | None = None,
                  published: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One worker's row, from what its gpudask published (``WorkerState.extra``) and its
-    heartbeat metrics (``WorkerState.metrics``); ``rows``: its plugins' rows when already
-    made (:func:`rows_by_column`), else they are made here; ``published``: what it published,
-    when already bounded, else it is bounded here."""
+    """One worker's row, from what its gpudask published and its heartbeat metrics; ``rows``
+    (:func:`rows_by_column`) and ``published`` (bounded) are made here when not given."""
     if published is None:
         published = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
     plan = _dict(published.get("plan"))
+    if rows is None:
+        rows = rows_by_column(*plugin_manager().report_rows(plan, published)) if published else {}
     facts = _dict(bound(published.get("facts")))
     applied = bound(published.get("applied", ws.extra.get("applied")))
     env = _dict(plan.get("env"))
@@ -165,7 +153,7 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
             "active": _active_transports(address, applied),
         },
         "sections": _dict(plan.get("sections")),
-        "rows": _plugin_rows(plan, published) if rows is None else rows,
+        "rows": rows,
         # plugins with nothing to do here (no GPU visible ...), as gpudask info lists them
         "skipped": [{"plugin": str(r.get("plugin")), "why": str(r.get("why"))} for r in plan.get("reasons") or []
                     if isinstance(r, dict) and r.get("decision") == "skipped"],
@@ -180,9 +168,8 @@ def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
 
 
 def worker_title(address: str, name: Any, index: Any, gpu: dict[str, Any]) -> str:
-    """What a worker's row is titled: its name when it has its own (``LocalCluster``'s 0, 1,
-    a ``--name``), else its address (every worker of a host shares the host's IP); then
-    its GPU: ``tcp://10.0.0.7:40123 · GPU 1``."""
+    """A worker's name when it has its own (``--name``), else its address, then its GPU:
+    ``tcp://10.0.0.7:40123 · GPU 1``."""
     own = str(name) if name is not None and str(name) != address and not str(name).startswith(address) else None
     title = f"{own} ({address})" if own else address
     if gpu.get("index") is not None:
@@ -190,14 +177,6 @@ def worker_title(address: str, name: Any, index: Any, gpu: dict[str, Any]) -> st
     elif isinstance(index, int) and not isinstance(index, bool):
         title += f" \u00b7 worker {index}"
     return title
-
-
-def _plugin_rows(plan: dict[str, Any], published: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The plugins' rows for this worker (``gpudask_report_rows``), by column: the plugins
-    say what their sections mean; the page shows each row's summary."""
-    if not published:
-        return {}
-    return rows_by_column(*plugin_manager().report_rows(plan, published))
 
 
 def rows_by_column(rows: list[dict[str, Any]], problems: list[str]) -> dict[str, dict[str, Any]]:
@@ -209,8 +188,7 @@ def rows_by_column(rows: list[dict[str, Any]], problems: list[str]) -> dict[str,
 
 
 def plugin_manager() -> Any:
-    """The plugins of this process's gpudask session, else (a scheduler gpudask did not plan
-    in) the bootstrap's plugin manager of this process (gpudask.toml read, built once)."""
+    """The plugins of this process's gpudask session, else (gpudask planned nothing here) the bootstrap's."""
     ctx = applied.session_context()  # answered by the apply stage, which installs this page
     return ctx.manager if ctx is not None and ctx.manager is not None else bootstrap.manager()
 
@@ -231,8 +209,7 @@ def _gpu(plan: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def _active_transports(address: str, applied: Any) -> dict[str, Any]:
-    """The protocol the worker is connected through, and UCX_TLS as the live worker
-    reports it (its applied state), when it reports one."""
+    """The worker's protocol, and UCX_TLS as its applied state reports it."""
     out: dict[str, Any] = {"protocol": scheme(address), "UCX_TLS": None}
     if isinstance(applied, dict):
         for section in ("ucx", "env", "environment"):
@@ -258,10 +235,8 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-# -------------------------------------------------------------------------- handlers
 class StateHandler(RequestHandler):
-    """``/gpudask/json``: :func:`cluster_state`, built off the event loop, shared by concurrent
-    readers and bounded in size (:mod:`gpudask.dashboard.serve`)."""
+    """``/gpudask/json``: :func:`cluster_state`, served by :mod:`gpudask.dashboard.serve`."""
 
     async def get(self) -> None:
         from gpudask.dashboard.serve import BUILDER
@@ -273,8 +248,7 @@ class StateHandler(RequestHandler):
 
 
 class PageHandler(RequestHandler):
-    """``/gpudask``: the page, drawn here from the state (it reads without JavaScript); its
-    script fetches it again every few seconds."""
+    """``/gpudask``: the page, drawn from the state."""
 
     async def get(self) -> None:
         from gpudask.dashboard.serve import BUILDER
@@ -292,7 +266,6 @@ _DRAWN: list[Any] = [None, ""]  # the build last drawn, and its page
 routes: list[tuple] = [(PAGE, PageHandler, {}), (f"{PAGE}/json", StateHandler, {})]
 
 
-# --------------------------------------------------------------------------- install
 def install(scheduler: Any, prefix: str | None = None) -> bool:
     """Add the page to a running scheduler's HTTP server (idempotent) and link it from
     the bokeh dashboard's navigation.  Returns whether handlers were added now."""
@@ -300,7 +273,7 @@ def install(scheduler: Any, prefix: str | None = None) -> bool:
     if app is None:  # a scheduler without an HTTP server
         return False
     added = False
-    if not _has_handler(app.default_router, PageHandler):
+    if not any(rule.target is PageHandler for rule in _rules(app.default_router)):
         prefix = _http_prefix(app) if prefix is None else "/" + prefix.strip("/") + "/"
         handlers = [(re.escape(prefix) + path, cls, {**kwargs, "dask_server": scheduler})
                     for path, cls, kwargs in routes]
@@ -311,12 +284,9 @@ def install(scheduler: Any, prefix: str | None = None) -> bool:
 
 
 def link_from_bokeh(scheduler: Any) -> bool:
-    """Put ``gpudask`` into the bokeh dashboard's top navigation.
-
-    distributed renders that navigation from ``template_variables(scheduler)["pages"]``
-    (``distributed.dashboard.scheduler``, memoised per scheduler; each page reads it when
-    it is opened), so adding to that list is enough: nothing is patched.  Returns False
-    when the bokeh dashboard is not running on this scheduler."""
+    """Put ``gpudask`` into the bokeh dashboard's navigation (False: no bokeh dashboard here).
+    distributed draws it from ``template_variables(scheduler)["pages"]``, memoised per
+    scheduler and read when a page opens: adding to that list is enough, nothing is patched."""
     if _bokeh_app(scheduler) is None:
         return False
     board = sys.modules["distributed.dashboard.scheduler"]
@@ -340,10 +310,6 @@ def _bokeh_app(scheduler: Any) -> Any:
 
 def _rules(router: Any) -> list[Any]:
     return [r for rule in getattr(router, "rules", None) or [] for r in (rule, *_rules(rule.target))]
-
-
-def _has_handler(router: Any, cls: type) -> bool:
-    return any(rule.target is cls for rule in _rules(router))
 
 
 def _http_prefix(app: Any) -> str:

@@ -1,10 +1,8 @@
 """gpudask's worker metrics on distributed's Prometheus ``/metrics`` (names: docs/dashboard.md).
 
-Plugins report live numbers as distributed worker metrics (``Worker.metrics``), named
-``gpudask-*``; a collector registered in prometheus_client's default registry (which a
-worker's ``/metrics`` serves) turns their dicts into gauges at each scrape, without knowing
-what any plugin reports.  On the scheduler, :func:`register_scheduler_collector` exports
-the same for every worker from the heartbeats it received.
+Plugins report live numbers as worker metrics (``Worker.metrics``) named ``gpudask-*``; a
+collector in prometheus_client's default registry (which ``/metrics`` serves) turns their
+dicts into gauges at each scrape, knowing no plugin; the scheduler's does it for every worker.
 """
 
 from __future__ import annotations
@@ -37,9 +35,8 @@ def _point(kind: type, server: Any) -> bool:
 
 
 def register_worker_collector(worker: Any) -> bool:
-    """Export ``worker``'s ``gpudask-*`` metrics on ``/metrics`` (once per process; a
-    later call points the collector at the later worker, as distributed's own collector
-    does).  Returns False when prometheus_client is not installed."""
+    """Export ``worker``'s ``gpudask-*`` metrics on ``/metrics``; a later call points the one
+    collector at the later worker.  False without prometheus_client."""
     return _point(WorkerMetricsCollector, worker)
 
 
@@ -68,9 +65,8 @@ class WorkerMetricsCollector(_Collector):
 
 
 def register_scheduler_collector(scheduler: Any) -> bool:
-    """Export every worker's ``gpudask-*`` metrics, as the scheduler last received them
-    (heartbeats), on the scheduler's ``/metrics`` with a ``worker`` label: one scrape
-    target for the whole cluster.  Returns False without prometheus_client."""
+    """Every worker's ``gpudask-*`` metrics of its last heartbeat on the scheduler's ``/metrics``,
+    with a ``worker`` label: one scrape target for the cluster.  False without prometheus_client."""
     return _point(ClusterMetricsCollector, scheduler)
 
 

@@ -1,11 +1,10 @@
 """Serving ``/gpudask/json`` without costing the scheduler's event loop.
 
-Only a shallow :func:`~gpudask.dashboard.page.snapshot` is taken on the event loop
-(milliseconds for 1000 workers); the rows are built in a daemon thread, the plugins'
-``gpudask_report_rows`` waited for at most :data:`ROWS_LIMIT_S` (past it the page names the
-plugin still running, and no new call starts until that one ends), and the JSON is cut at
-:data:`MAX_JSON_BYTES`.  Concurrent readers share one build, and a built page is served
-again for :data:`CACHE_S` seconds: twenty readers cost one build, not twenty.
+Only a shallow :func:`~gpudask.dashboard.page.snapshot` is taken on the event loop (ms for
+1000 workers); the rows are built in a daemon thread, the plugins' ``gpudask_report_rows``
+waited for at most :data:`ROWS_LIMIT_S` (past it the page names the plugin still running,
+and no new call starts until it ends); the JSON is cut at :data:`MAX_JSON_BYTES`.  Readers
+share one build, served again for :data:`CACHE_S`: twenty readers cost one build.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ class _Rows:
         self.functions: dict[str, Callable[..., Any]] = {}
 
     def stuck(self) -> str | None:
-        """Which plugin the running call is in, when one is running."""
         thread = self.thread
         if thread is None or not thread.is_alive():
             return None
