@@ -171,5 +171,3 @@ def render_table(report: dict[str, Any]) -> str:
     if notes:
         lines += ["", "notes:"] + [f"- {n}" for n in notes]
     return "\n".join(lines)
-
-
