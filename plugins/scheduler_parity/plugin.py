@@ -31,11 +31,7 @@ DEFAULT_PACKAGES = ["python", "dask", "distributed", "cupy", "rmm", "cudf", "das
 # comparison may name (the core probes python, dask, distributed, nvidia-ml-py, gpudask itself)
 PACKAGE_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "cupy": ("cupy", "cupy-cuda12x", "cupy-cuda13x"),
-    "rmm": ("rmm", "rmm-cu12", "rmm-cu13"),
-    "cudf": ("cudf", "cudf-cu12", "cudf-cu13"),
-    "dask-cudf": ("dask-cudf", "dask-cudf-cu12", "dask-cudf-cu13"),
-    "ucxx": ("ucxx", "ucxx-cu12", "ucxx-cu13"),
-    "distributed-ucxx": ("distributed-ucxx", "distributed-ucxx-cu12", "distributed-ucxx-cu13"),
+    **{p: (p, f"{p}-cu12", f"{p}-cu13") for p in ("rmm", "cudf", "dask-cudf", "ucxx", "distributed-ucxx")},
     "numba": ("numba",),
     "dask-cuda": ("dask-cuda",),
     "torch": ("torch",),

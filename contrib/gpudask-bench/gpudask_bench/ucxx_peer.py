@@ -59,14 +59,12 @@ def _describe(ucxx: Any, backend: str) -> dict[str, Any]:
     info: dict[str, Any] = {"pid": os.getpid(), "backend": backend,
                             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                             "cpus": sorted(os.sched_getaffinity(0))}
-    try:
-        info["ucx_tls"] = ucxx.get_config().get("TLS")
-    except Exception as e:  # reported, never fatal
-        info["ucx_tls"] = f"error: {e}"
-    try:
-        info["active_transports"] = sorted(ucxx.get_active_transports())
-    except Exception as e:
-        info["active_transports"] = f"error: {e}"
+    for key, read in (("ucx_tls", lambda: ucxx.get_config().get("TLS")),
+                      ("active_transports", lambda: sorted(ucxx.get_active_transports()))):
+        try:
+            info[key] = read()
+        except Exception as e:  # reported, never fatal
+            info[key] = f"error: {e}"
     if backend == "cupy":
         import cupy
 
