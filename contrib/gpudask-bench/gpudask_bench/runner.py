@@ -44,12 +44,11 @@ class Runner(Measuring):
         launch_budget = self.left() * (0.5 if launches > 1 else 1.0)
         t_start = time.perf_counter()
         for i in range(launches):
+            last = i == launches - 1
             if i > 0 and (time.perf_counter() - t_start + (ready["runs"] or ready["warmup"])[-1] * 1.5 > launch_budget
                           or self.left() < 30):
                 ready["note"] = f"time box: {len(ready['runs'])} of {self.opts.repeat} launches"
                 last = True
-            else:
-                last = i == launches - 1
             cluster = self._launch(i)
             if cluster is None:
                 break  # failed, noted

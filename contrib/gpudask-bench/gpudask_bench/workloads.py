@@ -81,10 +81,8 @@ class Measuring:
         if len(cluster.workers) < 2:
             self.notes.append("fewer than 2 workers: no transfers")
         else:
-            for nbytes in sizes:
-                steps.append((f"pull {size_label(nbytes)}", functools.partial(self._pull, cluster, nbytes)))
-            for nbytes in sizes:
-                steps.append((f"transfer {size_label(nbytes)}", functools.partial(self._transfer, cluster, nbytes)))
+            steps += [(f"pull {size_label(n)}", functools.partial(self._pull, cluster, n)) for n in sizes]
+            steps += [(f"transfer {size_label(n)}", functools.partial(self._transfer, cluster, n)) for n in sizes]
         steps.append((f"transpose-sum {side}^2", lambda: self._transpose_sum(cluster, side, chunk)))
         if self.spec.name in ("gpudask", "dask-cuda") and self.host.backend == "cupy":
             steps.append(("dask-cuda local_cupy", lambda: self._dc_local_cupy(cluster)))
