@@ -1,19 +1,10 @@
 """gpudask plugin ``prometheus``: each worker's GPU, plan and check status as Prometheus metrics.
 
-distributed serves Prometheus metrics at ``/metrics`` on every worker's and the
-scheduler's HTTP server (when ``prometheus_client`` is installed).  This plugin adds
-gpudask's view to both, from the data a worker's gpudask publishes (its startup
-information ``gpudask``: facts, plan, memory):
-
-* on each worker: ``<ns>_gpudask_worker_*`` for that worker;
-* on the scheduler: ``<ns>_gpudask_cluster_*`` for every worker, labelled
-  ``worker="<address>"``, plus the scheduler check's findings per worker -- one scrape
-  target shows the whole cluster.
-
-``<ns>`` is distributed's ``distributed.dashboard.prometheus.namespace`` (``dask``).
-The collectors are registered by the ``gpudask_server_setup`` hook (``dask_setup`` time, or
-when gpudask's WorkerPlugin / SchedulerPlugin is registered on a running cluster).
-Nothing is imported at module level beyond gpudask.
+Added to distributed's own ``/metrics`` from what each worker's gpudask publishes: on each worker
+``<ns>_gpudask_worker_*``; on the scheduler ``<ns>_gpudask_cluster_*`` for every worker (labelled
+``worker="<address>"``) and the scheduler check's findings -- one scrape target shows the whole
+cluster.  ``<ns>`` is ``distributed.dashboard.prometheus.namespace``.  Nothing is imported at
+module level beyond gpudask.
 """
 
 from __future__ import annotations
@@ -59,10 +50,8 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
         return
     from distributed import Scheduler, Worker
 
-    if isinstance(server, Worker):
-        _collector("worker").server = weakref.ref(server)
-    elif isinstance(server, Scheduler):
-        _collector("scheduler").server = weakref.ref(server)
+    if isinstance(server, (Worker, Scheduler)):
+        _collector("worker" if isinstance(server, Worker) else "scheduler").server = weakref.ref(server)
 
 
 # --------------------------------------------------------------------------- metrics

@@ -1,22 +1,11 @@
 """gpudask plugin ``torch-rmm``: PyTorch's CUDA allocations come from RMM in dask workers.
 
-PyTorch keeps its own caching allocator.  In a worker that also has an RMM pool (the
-``rmm`` plugin), the two compete for the GPU's memory.  This plugin points PyTorch at
-RMM (``rmm.allocators.torch.rmm_torch_allocator`` through
-``torch.cuda.memory.change_current_allocator``) so both share the worker's pool.
-
-* Plan (any process, pure): for each worker, decide and say why -- on only when the
-  worker has a GPU, ``torch`` and ``rmm`` are installed and ``gpudask.torch-rmm.enabled``
-  is true.  In ``gpudask_plan_process`` it asks the ``rmm`` plugin through the plan
-  (``plan.request("rmm", {"allocates_through": ["torch"]})``); in ``gpudask_plan_finish``
-  it reads rmm's section (``plan.section("rmm")``) and records the decision as a reason
-  line of the worker's plan (``gpudask info``).
-* Apply (worker processes only, ``gpudask_setup_memory``): right after the ``rmm``
-  plugin built the pool (priority 110 > 100), before ``listen()`` and any task -- the
-  allocator can only be changed before PyTorch allocates.  On a described host
-  (``GPUDASK_FACTS``) or when torch cannot be imported it changes nothing and says why.
-
-torch and rmm are imported only inside the worker-side hook, never at import time.
+PyTorch keeps its own caching allocator, which competes with a worker's RMM pool (the ``rmm``
+plugin) for the GPU's memory: this plugin points PyTorch at RMM (``rmm_torch_allocator``) so both
+share the pool.  The plan asks the ``rmm`` plugin, through the plan, to count PyTorch among the
+pool's users and says why per worker; the worker changes the allocator right after rmm built the
+pool, before ``listen()`` and any task: it can only be changed before PyTorch allocates.  torch
+and rmm are imported only inside the worker-side hook.
 """
 
 from __future__ import annotations
@@ -33,8 +22,7 @@ if TYPE_CHECKING:
 
 name = "torch-rmm"
 priority = 110  # gpudask_setup_memory after rmm's (100): the pool exists when PyTorch is pointed at it
-# the rmm plugin's section (its libraries, its pool), read in gpudask_plan_finish, the step
-# after rmm decides; rmm learns that PyTorch allocates through it from this plugin's request
+# rmm's section (its libraries, its pool), read in gpudask_plan_finish, the step after rmm decides
 reads_sections = ("rmm",)
 
 ENABLED = "gpudask.torch-rmm.enabled"
@@ -72,8 +60,7 @@ def wanted(ctx: PlanContext) -> tuple[bool, str]:
 
 
 def decide(ctx: PlanContext, plan: ProcessPlan) -> tuple[bool, str]:
-    """(on, why) for one worker plan, once rmm decided.  Pure: reads the settings, the facts
-    and the rmm plugin's section of the plan."""
+    """(on, why) for one worker plan, once rmm decided (its section of the plan)."""
     on, why = wanted(ctx)
     if not on:
         return on, why
@@ -121,22 +108,25 @@ def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] 
 def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
     on, why = decide(ctx, plan)
     if not on:
-        return {"torch_allocator": "default", "why": why}
+        return _default(why)
     if ctx.facts.described:
-        return {"torch_allocator": "default",
-                "why": f"host described by {ctx.facts.origin}: no real GPU here, PyTorch left alone"}
+        return _default(f"host described by {ctx.facts.origin}: no real GPU here, PyTorch left alone")
     if importlib.util.find_spec("torch") is None:
-        return {"torch_allocator": "default", "why": "torch cannot be imported in this worker"}
+        return _default("torch cannot be imported in this worker")
     try:
         import torch
         from rmm.allocators.torch import rmm_torch_allocator
     except ImportError as e:
-        return {"torch_allocator": "default", "why": f"cannot import torch / rmm.allocators.torch: {e}"}
+        return _default(f"cannot import torch / rmm.allocators.torch: {e}")
     if rmm_torch_allocator is None:
-        return {"torch_allocator": "default", "why": "this torch has no CUDA support (rmm_torch_allocator is None)"}
+        return _default("this torch has no CUDA support (rmm_torch_allocator is None)")
     try:
         torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
     except RuntimeError as e:  # PyTorch already allocated with its own allocator
         logger.warning("gpudask torch-rmm: PyTorch's allocator not changed: %s", e)
-        return {"torch_allocator": "default", "why": f"PyTorch refused the change: {str(e).splitlines()[0]}"}
+        return _default(f"PyTorch refused the change: {str(e).splitlines()[0]}")
     return {"torch_allocator": "rmm", "why": why}
+
+
+def _default(why: str) -> dict[str, Any]:
+    return {"torch_allocator": "default", "why": why}

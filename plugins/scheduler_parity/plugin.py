@@ -1,26 +1,11 @@
 """The scheduler has what the workers need (GPU, driver, CUDA, packages).
 
-The scheduler deserialises data now and then (arguments passed directly to
-``client.submit``, the meta of cuDF-backed collections, high-level graphs unpickled on
-the scheduler) and, over UCX, allocates device buffers for the GPU frames it relays
-(``rmm.DeviceBuffer`` in distributed-ucxx's ``read``).  So it should match the workers:
-a GPU with the same driver and CUDA versions (a smaller one will do) and the same
-packages.  The client should match too: it deserialises what it gathers.
-
-This plugin compares two processes' published facts (the scheduler with each worker,
-in the scheduler; the client with the scheduler and each worker, in
-:func:`gpudask.check`).  The check runner that calls it is the core's: disabling this
-plugin leaves other plugins' checks running.
-
-A scheduler without a GPU is a supported shape (the gpu-graph-data plugin reads graphs there
-without making their GPU objects).  On a UCX scheduler that cannot receive GPU frames (no
-GPU visible, or a UCX_TLS without a cuda transport) this plugin installs
-:class:`gpudask.plugins.scheduler_parity.relay.RelayGuard`: gathers through it ask the
-workers for host frames, each plain client is told once, through distributed's own "warn"
-event, what to do for scatters, a failed gather of GPU results raises one line at once
-instead of distributed's endless retry, and (no GPU visible) a task graph that still does
-not deserialise there -- an object of a GPU module gpudask does not defer -- errs every key
-with that line.
+The scheduler deserialises data now and then (arguments passed directly to ``client.submit``,
+the meta of cuDF-backed collections, graphs) and, over UCX, allocates device buffers for the GPU
+frames it relays; the client deserialises what it gathers.  This plugin compares two processes'
+published facts; the check runner that calls it is the core's.  A scheduler without a GPU is a
+supported shape: on a UCX scheduler that cannot receive GPU frames it installs
+:class:`~gpudask.plugins.scheduler_parity.relay.RelayGuard`.
 """
 
 from __future__ import annotations
@@ -46,11 +31,7 @@ DEFAULT_PACKAGES = ["python", "dask", "distributed", "cupy", "rmm", "cudf", "das
 # comparison may name (the core probes python, dask, distributed, nvidia-ml-py, gpudask itself)
 PACKAGE_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "cupy": ("cupy", "cupy-cuda12x", "cupy-cuda13x"),
-    "rmm": ("rmm", "rmm-cu12", "rmm-cu13"),
-    "cudf": ("cudf", "cudf-cu12", "cudf-cu13"),
-    "dask-cudf": ("dask-cudf", "dask-cudf-cu12", "dask-cudf-cu13"),
-    "ucxx": ("ucxx", "ucxx-cu12", "ucxx-cu13"),
-    "distributed-ucxx": ("distributed-ucxx", "distributed-ucxx-cu12", "distributed-ucxx-cu13"),
+    **{p: (p, f"{p}-cu12", f"{p}-cu13") for p in ("rmm", "cudf", "dask-cudf", "ucxx", "distributed-ucxx")},
     "numba": ("numba",),
     "dask-cuda": ("dask-cuda",),
     "torch": ("torch",),
@@ -107,12 +88,10 @@ def _facts(side: Any) -> dict[str, Any]:
 
 
 def _visible_gpus(side: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The GPUs CUDA shows the process (``cuda_visible_devices`` applied); the list is shared
-    by the checks of the same facts: read it, do not change it."""
-    # read once per facts: the check hands this hook the scheduler's same side with every
-    # joining worker, and the workers that published the same facts the same dict
-    # (ProcessSide.facts is read-only).  By object first (the memo holds a reference, so the
-    # id is not reused while it is kept), else the indices by fingerprint (equal data).
+    """The GPUs CUDA shows the process; the list is shared by the checks of the same facts:
+    read it, do not change it."""
+    # once per facts (the scheduler's side comes with every joining worker): by object first (the
+    # memo holds a reference, so the id is not reused), else the indices by fingerprint (equal data)
     facts = _facts(side)
     return remembered("scheduler-parity visible GPUs", id(facts), lambda: (facts, _visible_gpus_of(facts)))[1]
 

@@ -1,12 +1,6 @@
 """A scheduler that cannot relay GPU data tells the clients at once (part of scheduler-parity;
-docs/scheduler-check.md, A scheduler without a GPU).
-
-On a UCX scheduler without a GPU, :class:`RelayGuard` sends every client one warning through
-distributed's own ``"warn"`` event when it subscribes to that topic (``add_client`` runs before
-the client's stream exists); answers a failed gather of a GPU result with a builtin
-``RuntimeError`` carrying the one line, instead of distributed's endless retry; and rewrites
-what ``update-graph`` reports for a graph that cannot be deserialised here (a context variable
-limits that to the call of the client's own stream).  Other failures keep distributed's behaviour."""
+docs/scheduler-check.md, A scheduler without a GPU).  Failures other than those below keep
+distributed's behaviour."""
 
 from __future__ import annotations
 
@@ -87,12 +81,12 @@ _CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("gpudask_re
 class RelayGuard(SchedulerPlugin):
     """Warn clients of a scheduler that cannot relay GPU frames, and stop the gather retry loop.
 
-    :param cause: why this scheduler cannot relay ("this scheduler sees no GPU").
-    :param protocol: the scheduler's protocol (ucx).
-    :param has_gpus: ``f(WorkerState.extra) -> bool``: does that worker have a GPU (its
-        published gpudask facts).
-    :param graphs: this scheduler sees no GPU, so it cannot unpickle GPU objects: wrap the
-        ``update-graph`` stream handler too (a graph that does not deserialise errs with the line).
+    Each client gets one warning through distributed's own ``"warn"`` event once it subscribes to
+    that topic (``add_client`` runs before the client's stream exists); a failed gather of a GPU
+    result answers with a builtin ``RuntimeError`` carrying the one line, instead of distributed's
+    endless retry.  ``has_gpus(WorkerState.extra)``: does that worker have a GPU.  ``graphs`` (no
+    GPU here, so no GPU objects unpickle): what ``update-graph`` reports for a graph that cannot be
+    deserialised here is rewritten too (a context variable limits that to the client's own call).
     """
 
     name = NAME
@@ -175,11 +169,10 @@ class RelayGuard(SchedulerPlugin):
             self._warn_later(client)
 
     def _wrap_subscribe(self, original: Any) -> Any:
-        guard = self
 
         def subscribe_topic(**kwargs: Any) -> Any:
             result = original(**kwargs)
-            guard.subscribed(kwargs.get("topic"), kwargs.get("client"))
+            self.subscribed(kwargs.get("topic"), kwargs.get("client"))
             return result
 
         return subscribe_topic
@@ -217,10 +210,9 @@ class RelayGuard(SchedulerPlugin):
         return out
 
     def _wrap(self, original: Any) -> Any:
-        guard = self
 
         async def gather(keys: Any, serializers: Any = None) -> Any:
-            relayed = guard.gpu_keys(keys)  # before: a failure may change who holds them
+            relayed = self.gpu_keys(keys)  # before: a failure may change who holds them
             # workers send GPU results as host frames (their "dask" serializers): this scheduler
             # cannot receive GPU frames, and only relays the bytes (it never deserialises them)
             result = await original(keys=keys, serializers=HOST_SERIALIZERS if serializers is None else serializers)
@@ -231,13 +223,11 @@ class RelayGuard(SchedulerPlugin):
                 return result
             from distributed.core import error_message
 
-            line = message(guard.cause, guard.protocol, list(guard.gpu_workers),
+            line = message(self.cause, self.protocol, list(self.gpu_workers),
                            "gathering GPU results through this scheduler failed")
             logger.error("%s (gather of %d key(s) failed, e.g. %r)", line, len(failed), failed[0])
             # a builtin exception: a client without gpudask unpickles it and raises it, once
             return error_message(RuntimeError(line), status="uncaught-error")
-
-        gather.__name__ = "gather"
         return gather
 
     # -- update-graph ------------------------------------------------------------------
@@ -248,22 +238,17 @@ class RelayGuard(SchedulerPlugin):
             token = _CALL.set(_Call(str(kwargs.get("client", "")), kwargs.get("keys") or ()))  # a str in distributed
             try:
                 result = original(**kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-                return result
+                return (await result) if inspect.isawaitable(result) else result
             finally:
                 _CALL.reset(token)
-
-        update_graph.__name__ = "update_graph"
         return update_graph
 
     def _wrap_report(self, original: Any) -> Any:
-        guard = self
 
         def report(msg: Any, ts: Any = None, client: Any = None) -> Any:
             call = _CALL.get()
             if call is not None and isinstance(msg, dict):
-                msg = guard.rewrite(call, msg)
+                msg = self.rewrite(call, msg)
             return original(msg, ts=ts, client=client)
 
         return report

@@ -1,22 +1,9 @@
 """Device memory limit and spilling of GPU objects, device -> host -> disk, on stock workers.
 
-Plan (pure, any process): :func:`gpudask_plan_finish` gives every worker with a GPU a
-``device_memory_limit`` in bytes (its section: ``plan.sections["spill"]["device_memory_limit"]``): by default
-0.8 of the worker's share of its GPU (workers sharing a GPU divide it), or what
-``gpudask.spill.device-memory-limit`` says.  ``gpudask.spill.cudf`` sets ``CUDF_SPILL``
-in the scheduler, client and workers; cuDF then spills its own buffers and gpudask's
-device tier stands aside.
-
-Apply (worker processes): :func:`gpudask_server_setup` runs at ``dask_setup``, after
-``listen()`` and before the worker registers with the scheduler, so before it holds any
-data.  distributed has built ``Worker.data`` by then (a ``SpillBuffer`` over the
-worker's local directory, from ``memory_limit`` and ``distributed.worker.memory.*``):
-it becomes the host tier of a :class:`DeviceHostStore`, which replaces it in the memory
-manager and the worker state.  The preload imports run earlier, in ``Worker.__init__``,
-before the memory manager exists, which is why the store is not set up at import time.
-
-The spill counters are a worker metric ``gpudask-spill``.  docs/memory.md is the
-user-facing description.
+The plan gives every worker with a GPU a ``device_memory_limit`` (its ``spill`` section); the
+worker applies it at ``dask_setup``, after distributed built ``Worker.data`` and before the worker
+holds data: that store becomes the host tier of a :class:`DeviceHostStore`.  Not at import time:
+the preload imports run before the memory manager exists.  docs/memory.md describes it for users.
 """
 
 from __future__ import annotations
@@ -42,15 +29,16 @@ dask_cuda_refused = {
     "jit_unspill": "gpudask has no JIT-unspill proxy objects; spilling is gpudask.spill.device-memory-limit",
     "shared_filesystem": "it only serves dask-cuda's JIT unspilling, which gpudask does not have; leave it out",
 }
+_JIT_UNSPILL = ("gpudask has no JIT-unspill proxy objects; spilling from the GPU is --device-memory-limit "
+                "(gpudask.spill.device-memory-limit), cuDF's own --enable-cudf-spill")
+_SHARED_FS = "leave it out: it only serves dask-cuda's JIT unspilling, which gpudask does not have"
 # the same for `dask cuda worker`'s options given to `dask worker --preload gpudask`
 dask_cuda_refused_options = {
-    "--enable-jit-unspill": "gpudask has no JIT-unspill proxy objects; spilling from the GPU is "
-                            "--device-memory-limit (gpudask.spill.device-memory-limit), cuDF's own --enable-cudf-spill",
+    "--enable-jit-unspill": _JIT_UNSPILL,
     "--disable-jit-unspill": "leave it out: gpudask has no JIT unspilling to turn off",
-    "--jit-unspill": "gpudask has no JIT-unspill proxy objects; spilling from the GPU is --device-memory-limit "
-                     "(gpudask.spill.device-memory-limit), cuDF's own --enable-cudf-spill",
-    "--shared-filesystem": "leave it out: it only serves dask-cuda's JIT unspilling, which gpudask does not have",
-    "--no-shared-filesystem": "leave it out: it only serves dask-cuda's JIT unspilling, which gpudask does not have",
+    "--jit-unspill": _JIT_UNSPILL,
+    "--shared-filesystem": _SHARED_FS,
+    "--no-shared-filesystem": _SHARED_FS,
 }
 # reads the rmm plugin's section (its maximum_pool_size) in gpudask_plan_finish, the step
 # after rmm's gpudask_plan_memory: the order is the plan's steps', not the priorities
@@ -107,7 +95,7 @@ def parse_stats_level(value: Any) -> int:
     try:
         level = int(value)
     except (TypeError, ValueError):
-        raise ValueError("an integer >= 0 (cuDF's spill statistics level)") from None
+        level = -1
     if level < 0:
         raise ValueError("an integer >= 0 (cuDF's spill statistics level)")
     return level

@@ -1,23 +1,11 @@
 """A worker data store with a device tier: GPU objects up to a byte limit, then host, then disk.
 
-:class:`DeviceHostStore` is one ``MutableMapping`` that replaces ``Worker.data``.  GPU
-objects (anything whose type has ``__cuda_array_interface__``, cuDF and CuPy-sparse
-objects, and shallow tuples/lists/dicts holding them) live in a *device tier*, a
-``zict.LRU`` bounded by the device memory limit.  What the LRU evicts is moved to host
-memory through distributed's own serialization with host serializers (``dask`` then
-``pickle``: CuPy and cuDF give host frames) and stored, as a :class:`HostCopy`, in the
-*host tier* -- the mapping the worker built for itself, normally distributed's
-``SpillBuffer`` (a ``zict.Buffer`` over disk), so host memory stays under distributed's
-``memory_limit``/``target`` and spills to the worker's local directory as usual.  Host
-objects go straight to the host tier.  Reading a spilled key re-creates the object on
-the device ("unspill") and puts it back at the top of the device tier.
-
-distributed's memory monitor sees the host tier through ``fast``/``evict()``/
-``spilled_total``/``slow``: process-memory spilling to disk keeps working, and never
-moves data onto the device.
-
-No CUDA library is imported here: device objects are recognised by their type, and
-moved by the serializers that their own libraries register with distributed.
+GPU objects (types with ``__cuda_array_interface__``, cuDF and CuPy-sparse objects, short
+containers of them) live in a ``zict.LRU`` bounded by the device memory limit; what it evicts is
+serialised with host serializers and kept, as a :class:`HostCopy`, in the worker's own store
+(normally distributed's ``SpillBuffer``), so host memory stays under distributed's limits and
+spills to disk as usual.  No CUDA library is imported here: device objects are recognised by
+their type and moved by the serializers their libraries register with distributed.
 """
 
 from __future__ import annotations
@@ -97,10 +85,7 @@ def _release_cupy_cache() -> bool:
 
 
 class HostCopy:
-    """A device object moved to host memory: distributed's serialization of it.
-
-    Its size for the host tier (dask's ``sizeof``) is the bytes of its frames; it is
-    written to disk by distributed's serialization like any other value."""
+    """A device object moved to host memory: distributed's serialization of it."""
 
     __slots__ = ("header", "frames", "nbytes", "device_nbytes")
 
@@ -145,11 +130,8 @@ class SpillCounters:
 
 
 class DeviceHostStore(MutableMapping[Any, Any]):
-    """``Worker.data`` with a device tier of ``device_memory_limit`` bytes over ``host``.
-
-    ``host`` is the worker's own store (a ``SpillBuffer``, or a dict when distributed's
-    spilling is off); it is kept as it is, keys and all, so the store can also wrap a
-    worker that already holds data."""
+    """``Worker.data`` with a device tier of ``device_memory_limit`` bytes over ``host``, the
+    worker's own store (kept as it is, keys and all: it may already hold data)."""
 
     host: Any  # distributed's SpillBuffer (its .fast, .slow, .spilled_total), or a dict
 
@@ -160,7 +142,8 @@ class DeviceHostStore(MutableMapping[Any, Any]):
             raise ValueError(f"device_memory_limit must be a positive number of bytes, got {device_memory_limit!r}")
         self.host = host
         self.device_memory_limit = device_memory_limit
-        self.device = zict.LRU(device_memory_limit, {}, weight=self._weight, on_evict=[self._move_to_host])
+        self.device: zict.LRU[Any, Any] = zict.LRU(device_memory_limit, {}, weight=lambda k, v: device_nbytes(v),
+                                                   on_evict=[self._move_to_host])
         self.counters = SpillCounters()
         self.log_spilling = log_spilling
         self.worker_name = worker_name
@@ -169,13 +152,9 @@ class DeviceHostStore(MutableMapping[Any, Any]):
         self._warned_types: set[str] = set()
 
     # -- tiers -------------------------------------------------------------------------
-    @staticmethod
-    def _weight(key: Any, value: Any) -> int:
-        return device_nbytes(value)
-
     def _move_to_host(self, key: Any, value: Any) -> None:
         """LRU eviction: serialise to host frames and store them in the host tier."""
-        nbytes = int(self.device.weights.get(key) or device_nbytes(value))  # the weights are _weight's ints
+        nbytes = int(self.device.weights.get(key) or device_nbytes(value))  # the weights are device_nbytes ints
         start = time.perf_counter()
         try:
             header, frames = serialize(value, serializers=HOST_SERIALIZERS, on_error="raise")
@@ -195,9 +174,7 @@ class DeviceHostStore(MutableMapping[Any, Any]):
         self.counters.spilled_count += 1
         self.counters.spilled_bytes += nbytes
         self.counters.spill_seconds += elapsed
-        if self.log_spilling:
-            logger.info("gpudask spill: worker %s moved key %s (%s) from device to host in %.3f s",
-                        self.worker_name, key, format_bytes(nbytes), elapsed)
+        self._log(key, nbytes, "from device to host", elapsed)
 
     def _restore(self, key: Any, held: HostCopy) -> Any:
         start = time.perf_counter()
@@ -213,10 +190,13 @@ class DeviceHostStore(MutableMapping[Any, Any]):
         self.counters.unspilled_count += 1
         self.counters.unspilled_bytes += held.device_nbytes
         self.counters.unspill_seconds += elapsed
-        if self.log_spilling:
-            logger.info("gpudask spill: worker %s moved key %s (%s) from host to device in %.3f s",
-                        self.worker_name, key, format_bytes(held.device_nbytes), elapsed)
+        self._log(key, held.device_nbytes, "from host to device", elapsed)
         return value
+
+    def _log(self, key: Any, nbytes: int, move: str, elapsed: float) -> None:
+        if self.log_spilling:
+            logger.info("gpudask spill: worker %s moved key %s (%s) %s in %.3f s",
+                        self.worker_name, key, format_bytes(nbytes), move, elapsed)
 
     # -- MutableMapping ------------------------------------------------------------------
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -289,13 +269,10 @@ class DeviceHostStore(MutableMapping[Any, Any]):
 
     def evict(self) -> int:
         """Memory monitor: move one host object to disk (-1: nothing can move)."""
-        evict = getattr(self.host, "evict", None)
-        return evict() if evict is not None else -1
+        return getattr(self.host, "evict", lambda: -1)()
 
     def close(self) -> None:
-        close = getattr(self.host, "close", None)
-        if close is not None:
-            close()
+        getattr(self.host, "close", lambda: None)()
 
     # -- numbers -------------------------------------------------------------------------
     @property

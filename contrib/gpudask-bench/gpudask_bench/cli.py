@@ -1,31 +1,6 @@
 """``gpudask bench``: tcp, hand-set UCX, gpudask and dask-cuda side by side, on real processes,
 and raw ucxx between two plain processes (no cluster) as the ceiling of the transfers.
-
-For each configuration the bench starts a real ``dask scheduler`` and real workers as
-separate process groups (``--port 0``, scheduler files), measures, and kills the groups.
-Figures, each the best and the median of ``--repeat`` runs after a warm-up:
-
-* ``ready_s``: from launching the scheduler until ``client.wait_for_workers(N)`` returns
-  (one cluster launch per run; the first launch of a configuration is the warm-up);
-* ``transfer_<size>_s``: end-to-end time of a task pinned to worker B that depends on an
-  array created on worker A; ``transfer_<size>_GBps``: the bandwidth distributed records
-  for that transfer in B's ``transfer_incoming_log``;
-* ``pull_<size>_s`` / ``pull_<size>_GBps``: worker B pulls an array of worker A with distributed's
-  ``get_data_from_worker`` awaited inside B (``client.run``): 3 warm-ups, then ``--pulls``;
-* ``transpose_sum_s``: ``(x + x.T).sum()`` on a persisted square array;
-* ``dc_local_cupy_<operation>_s`` (gpudask and dask-cuda, CuPy): dask-cuda's own local_cupy
-  client against the cluster (:mod:`gpudask_bench.dask_cuda_client`);
-* ``gpu_mem_nanny_MiB`` / ``gpu_mem_scheduler_MiB``: GPU memory that NVML attributes to the
-  cluster's processes other than the workers, in two rows: the nanny hosts (and helpers),
-  which should hold none, and the scheduler, which over UCX with a GPU holds the CUDA context
-  it relays GPU frames with;
-* ``raw-ucxx`` has only the transfer figures (:mod:`gpudask_bench.raw_ucxx`); the others'
-  bandwidth figures get ``share_of_raw_median``, their median over raw-ucxx's;
-* per worker, the UCX transports in effect (``ucxx`` config and active transports, and
-  with ``--ucx-proto-info`` the transports UCX reported selecting for endpoints).
-
-Importing the bench is cheap: numpy, cupy, dask, distributed, psutil and pynvml are
-imported inside the functions that use them.
+docs/benchmarks.md describes every figure.
 """
 
 from __future__ import annotations
@@ -82,11 +57,10 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
         for name in configs:  # skipped configurations take no share of the time box
             workdir = os.path.join(root, name)
             os.makedirs(workdir, exist_ok=True)
-            spec: Spec | str | None  # a cluster's commands, why it is skipped, or None: the raw column
-            if name == raw_ucxx.NAME:  # two plain processes, no cluster: its own runner
-                spec = raw_ucxx.skip_reason(host)
-            else:
-                spec = build_spec(name, host, opts, os.path.join(workdir, "scheduler.json"), workdir)
+            # a cluster's commands, why it is skipped, or None: the raw column (no cluster, its own runner)
+            sched_file = os.path.join(workdir, "scheduler.json")
+            spec: Spec | str | None = (raw_ucxx.skip_reason(host) if name == raw_ucxx.NAME
+                                       else build_spec(name, host, opts, sched_file, workdir))
             todo.append((name, workdir, spec))
         runnable = sum(1 for _, _, spec in todo if not isinstance(spec, str))
         while todo:
@@ -118,8 +92,7 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
                     finish(fig)
                 results.append(runner.result)
                 results += [_skipped(rest, "interrupted") for rest, _, _ in todo]
-                report["notes"].append("interrupted by a signal: partial results")
-                break
+                raise
     except Interrupted:
         report["notes"].append("interrupted by a signal: partial results")
     finally:
@@ -181,8 +154,8 @@ def _on_signal(signum: int, frame: Any) -> None:
               help="Print the table of a previous --json result and exit (runs nothing).")
 def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int, quick: bool, as_json: bool,
                   max_seconds: float | None, profile: bool, proto_info: bool, pool_size: str,
-                  spill_limit: str, backend: str, launch_timeout: float, death_timeout: int, log_dir: str | None, table_file: str | None,
-                  pulls: int, config_env: tuple[str, ...], show: str | None) -> None:
+                  spill_limit: str, backend: str, launch_timeout: float, death_timeout: int, log_dir: str | None,
+                  table_file: str | None, pulls: int, config_env: tuple[str, ...], show: str | None) -> None:
     """Benchmark tcp, ucx-stock, gpudask and dask-cuda side by side on real processes.
 
     Each configuration gets a real `dask scheduler` and N workers as separate processes,
@@ -254,4 +227,3 @@ def _parse_size(value: str, option: str) -> int:
 def bench_main(args: list[str]) -> None:
     """Entry point of ``gpudask bench`` (the CLI passes its arguments through)."""
     bench_command.main(args=list(args), prog_name="gpudask bench")
-

@@ -119,5 +119,3 @@ class Cluster:
         for pid in self.worker_pids.values():
             roles[pid] = "worker"
         return roles
-
-

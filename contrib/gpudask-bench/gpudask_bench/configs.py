@@ -55,8 +55,7 @@ class Options:
     user_env: dict[str, str] | None = None
     # in-worker pulls per size, after the warm-ups (the median of these is the pull figure)
     pulls: int = 20
-    # --config-env: more environment for one configuration's processes (scheduler and workers),
-    # e.g. {"gpudask": {"DASK_DISTRIBUTED__COMM__OFFLOAD": "False"}} to compare a lever on one side
+    # --config-env: {configuration: more environment for its processes (scheduler and workers)}
     config_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
@@ -89,7 +88,8 @@ SPILLING = ("gpudask", "dask-cuda")
 def build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir: str,
                spill: bool = False) -> Spec | str:
     """The commands and environment of one configuration, or why it is skipped; ``--config-env``
-    (``opts.config_env``) added to every process of the configuration, and said in its notes."""
+    added to every process of the configuration, and said in its notes.  ``spill``: the spill
+    launch, workers started with ``opts.spill_limit`` as their device memory limit."""
     spec = _build_spec(name, host, opts, sched_file, local_dir, spill)
     extra = opts.config_env.get(name)
     if isinstance(spec, Spec) and extra:
@@ -117,10 +117,6 @@ def parse_config_env(items: tuple[str, ...] | list[str], names: list[str]) -> di
 
 def _build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir: str,
                 spill: bool = False) -> Spec | str:
-    """The commands and environment of one configuration, or why it is skipped.
-
-    ``spill``: the spill launch, workers started with ``opts.spill_limit`` as their device
-    memory limit (``SPILLING`` configurations only)."""
     n = opts.nworkers
     if spill and name not in SPILLING:
         raise ValueError(f"{name} has no device memory limit")
@@ -129,7 +125,7 @@ def _build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir
 
     def scheduler(protocol: str, *extra: str) -> list[str]:
         return dask_command("scheduler", "--port", "0", "--no-dashboard", "--protocol", protocol,
-                     "--scheduler-file", sched_file, *extra)
+                            "--scheduler-file", sched_file, *extra)
 
     def stock(k: int, *extra: str) -> list[str]:
         return dask_command("worker", *common, "--nworkers", str(k), *extra)
@@ -181,7 +177,8 @@ def _build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir
 
 
 def base_env(host: Host, opts: Options, protocol: str) -> dict[str, str]:
-    env = {k: v for k, v in (opts.user_env if opts.user_env is not None else os.environ).items() if k not in _GPUDASK_INTERNAL_ENV}
+    user_env = opts.user_env if opts.user_env is not None else os.environ
+    env = {k: v for k, v in user_env.items() if k not in _GPUDASK_INTERNAL_ENV}
     env["PYTHONUNBUFFERED"] = "1"
     env["UCX_WARN_UNUSED_ENV_VARS"] = "n"
     if protocol == "ucx" and not host.tokens:
@@ -192,7 +189,6 @@ def base_env(host: Host, opts: Options, protocol: str) -> dict[str, str]:
         env["DASK_DISTRIBUTED__ADMIN__LOG_FORMAT"] = _PROFILE_LOG_FORMAT
         env["DASK_LOGGING__GPUDASK"] = "info"
     return env
-
 
 
 def detect_host(backend: str) -> Host:
@@ -235,5 +231,3 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             continue
     return out
-
-

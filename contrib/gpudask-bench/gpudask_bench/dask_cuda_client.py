@@ -1,11 +1,7 @@
-"""dask-cuda's own ``local_cupy`` benchmark as a client of the cluster under test.
-
-A client no one here wrote (issue 16: its dot ran 10x slower on gpudask workers than on
-``dask cuda worker`` until the worker-memory plugin): ``python -m
-dask_cuda.benchmarks.local_cupy --scheduler-file ...`` against the gpudask and dask-cuda
-clusters of the same ``gpudask bench`` run.  Figures ``dc_local_cupy_<operation>_s``: the
-wall clock of each of the benchmark's runs; its own worker-to-worker bandwidth goes to the
-notes.
+"""dask-cuda's own ``local_cupy`` benchmark as a client of the cluster under test: a client no
+one here wrote (issue 16: its dot ran 10x slower on gpudask workers than on ``dask cuda worker``
+until the worker-memory plugin), against the gpudask and dask-cuda clusters of the same run.
+Figures ``dc_local_cupy_<operation>_s``; its own worker-to-worker bandwidth goes to the notes.
 """
 
 from __future__ import annotations
@@ -18,12 +14,9 @@ from typing import Any
 OPERATIONS = ("transpose_sum", "dot", "slice")
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
-# local_cupy's arguments per operation: (size, chunk), 20000^2 float64 in chunks of 2000 (3.2 GB an
-# array) on a GPU, 10000^2 in chunks of 1000 with --quick.  The one `assert` in local_cupy's code
-# (dask_cuda/benchmarks/common.py, 26.10: `assert len(client.scheduler_info(...)["workers"]) > 0`)
-# fires when the client finds no worker -- a cluster still starting or restarting -- which is
-# what a bare "AssertionError" from it means; run() waits for the workers before each operation
-# and keeps the traceback's last frame, so a failure says where it came from.
+# local_cupy's (size, chunk) per operation (3.2 GB float64 arrays on a GPU).  A bare
+# "AssertionError" from local_cupy means its client found no worker (a cluster still starting):
+# the caller waits for the workers first, and error_text() keeps the traceback's last frame.
 SIZES = {"transpose_sum": (20000, 2000), "dot": (20000, 2000), "slice": (20000, 2000)}
 QUICK_SIZES = {op: (10000, 1000) for op in OPERATIONS}
 

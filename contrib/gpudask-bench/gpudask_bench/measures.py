@@ -52,14 +52,16 @@ def _proc_start_epoch(pid: int) -> float | None:
         return None
 
 
+def _unattributed(rows: list[dict[str, Any]], note: str) -> dict[str, Any]:
+    return {"outside_workers_MiB": None, "scheduler_MiB": None, "nanny_MiB": None, "processes": rows, "note": note}
+
 
 def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
     if not host.gpus:
         return None
     procs = _nvml_processes()
     if procs is None:
-        return {"outside_workers_MiB": None, "scheduler_MiB": None, "nanny_MiB": None, "processes": [],
-                "note": "NVML process query failed"}
+        return _unattributed([], "NVML process query failed")
     roles = cluster.roles()
     me = os.getpid()
     rows, foreign = [], []
@@ -75,8 +77,7 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
     ours = [r for r in rows if r["role"] not in ("not ours", "bench client")]
     if procs and not ours:
         # NVML reports pids of another PID namespace (containers): attribution impossible
-        return {"outside_workers_MiB": None, "scheduler_MiB": None, "nanny_MiB": None, "processes": rows,
-                "note": "NVML pids are not this PID namespace's: no attribution"}
+        return _unattributed(rows, "NVML pids are not this PID namespace's: no attribution")
     if any(r["role"] == "bench client" for r in rows):
         note = "the bench client holds a CUDA context (not counted)"
     if foreign:
@@ -183,5 +184,3 @@ def summarize_profiles(profiles: list[dict[str, Any]]) -> dict[str, Any]:
     order = [f"{r}.{s}" for r, stages in _STAGES.items() for s in stages] + ["ready"]
     median = {k: round(statistics.median(table[k]), 3) for k in order if k in table}
     return {"median_s_after_launch": median, "launches": profiles}
-
-

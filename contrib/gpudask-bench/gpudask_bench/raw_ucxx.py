@@ -1,15 +1,8 @@
 """The ``raw-ucxx`` column: ucxx send/recv between two plain processes, the ceiling of the
 worker-to-worker transfer figures (issue 14: "at least 75% of the raw limit").
 
-Two processes run :mod:`gpudask_bench.ucxx_peer` (no dask, no gpudask), placed like the
-first two gpudask workers of the same run: each gets the environment gpudask's plan gives
-that worker (``UCX_TLS``, ``CUDA_VISIBLE_DEVICES``, ...), its CPUs, the UCX options
-distributed-ucxx would derive from that worker's dask config, and the address of that
-worker's interface.  Peer A serves one buffer per transfer size; peer B fetches each
-``--repeat`` times (after a warm-up, unless ``--quick``) and times every fetch.
-
-Figures: ``transfer_<size>_s`` and ``transfer_<size>_GBps`` (nbytes / that time) for the
-sizes the other columns use.  A raw column has no cluster, so no ready time, no
+Two processes run :mod:`gpudask_bench.ucxx_peer`, placed like the first two gpudask workers of the
+same run (docs/benchmarks.md, The raw-ucxx column).  It has no cluster, so no ready time, no
 (x + x.T).sum() and no GPU memory outside workers: those cells stay empty, with a note.
 """
 
@@ -55,10 +48,9 @@ def _interface_ip(interface: str) -> str | None:
 
 
 def _ucxx_options(config: dict[str, Any], env: dict[str, str]) -> tuple[dict[str, str], str | None]:
-    """The ``UCX_*`` variables distributed-ucxx would pass to ``ucxx.init`` in a worker with
-    this dask config (``SOCKADDR_TLS_PRIORITY``, ``distributed-ucxx.environment``, ...),
-    less those ``env`` already sets (the environment wins there too).  Returns them and
-    why they could not be derived (None when they could)."""
+    """The ``UCX_*`` variables distributed-ucxx would pass to ``ucxx.init`` in a worker with this
+    dask config, less those ``env`` already sets (the environment wins there too), and why they
+    could not be derived (None when they could)."""
     try:
         import dask.config
         from distributed_ucxx.ucxx import _prepare_ucx_config  # its own translation, not a copy of it
@@ -75,19 +67,17 @@ def _ucxx_options(config: dict[str, Any], env: dict[str, str]) -> tuple[dict[str
 
 
 def placement(host: Host, opts: Options) -> tuple[list[dict[str, Any]], list[str]]:
-    """Where the two peers go: gpudask's plan for workers 0 and 1 of this host (protocol
-    ucx, ``--nworkers`` workers), computed from the environment the gpudask column's
-    processes get.  Each peer: ``env`` (the base environment with the plan's variables),
-    ``plan_env`` (what the plan and distributed-ucxx add), ``cpus``, ``host`` (the address
-    to connect to, peer A's only).  Also notes."""
+    """Where the two peers go: gpudask's plan for workers 0 and 1 of this host, from the
+    environment the gpudask column's processes get.  Each peer: ``env``, ``plan_env`` (what the
+    plan and distributed-ucxx add), ``cpus``, ``interface``, ``host`` (the address to connect to,
+    peer A's only).  Also notes."""
+    import copy
+
+    import dask.config
     from distributed.utils import get_ip
 
     from gpudask.bootstrap import plan_host
     from gpudask.plan.planner import INTERNAL_ENV_PREFIX
-
-    import copy
-
-    import dask.config
 
     user = base_env(host, opts, "ucx")
     # planning merges gpudask's defaults into dask.config: keep this process's (the bench
@@ -118,9 +108,8 @@ def placement(host: Host, opts: Options) -> tuple[list[dict[str, Any]], list[str
 
 
 def compare_with_gpudask(peers: list[dict[str, Any]], gpudask: dict[str, Any] | None) -> str | None:
-    """A note when the gpudask workers of this run had another UCX_TLS or
-    CUDA_VISIBLE_DEVICES than the plan the peers got (None when they match or gpudask did
-    not run before this column)."""
+    """A note on whether the gpudask workers of this run had the UCX_TLS and CUDA_VISIBLE_DEVICES
+    the peers got (None when gpudask did not run before this column)."""
     live = (gpudask or {}).get("transports") or {}
     if not live:
         return None

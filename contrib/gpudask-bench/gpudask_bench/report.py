@@ -117,11 +117,7 @@ def render_table(report: dict[str, Any]) -> str:
              + (", quick" if s["quick"] else "") + (f", max {s['max_seconds']:.0f} s" if s.get("max_seconds") else ""),
              "cells: best / median (median relative to the first configuration)", ""]
     names = [r["name"] for r in results]
-    keys: list[str] = []
-    for r in results:
-        for k in r.get("figures") or {}:
-            if k not in keys:
-                keys.append(k)
+    keys = list(dict.fromkeys(k for r in results for k in r.get("figures") or {}))  # first seen first
     headers = ["figure", "unit", *names]
     rows = []
     for k in keys:
@@ -171,5 +167,3 @@ def render_table(report: dict[str, Any]) -> str:
     if notes:
         lines += ["", "notes:"] + [f"- {n}" for n in notes]
     return "\n".join(lines)
-
-

@@ -1,5 +1,5 @@
-"""Measuring one configuration within its time box: its launches (ready time, the profile),
-the workloads on the last one (:mod:`gpudask_bench.workloads`), the spill launch."""
+"""Measuring one configuration within its time box: its launches, the workloads on the last
+one (:mod:`gpudask_bench.workloads`), the spill launch."""
 
 from __future__ import annotations
 
@@ -44,12 +44,11 @@ class Runner(Measuring):
         launch_budget = self.left() * (0.5 if launches > 1 else 1.0)
         t_start = time.perf_counter()
         for i in range(launches):
+            last = i == launches - 1
             if i > 0 and (time.perf_counter() - t_start + (ready["runs"] or ready["warmup"])[-1] * 1.5 > launch_budget
                           or self.left() < 30):
                 ready["note"] = f"time box: {len(ready['runs'])} of {self.opts.repeat} launches"
                 last = True
-            else:
-                last = i == launches - 1
             cluster = self._launch(i)
             if cluster is None:
                 break  # failed, noted
@@ -73,9 +72,7 @@ class Runner(Measuring):
                     except (Interrupted, TimeBox):
                         raise
                     except Exception as e:
-                        self.result["status"] = "partial"
-                        self.notes.append(f"workloads failed: {type(e).__name__}: {e}")
-                        self.echo(f"[{self.spec.name}] workloads failed: {type(e).__name__}: {e}")
+                        self._failed("workloads", e)
             finally:
                 t_stop = time.perf_counter()
                 self.strays += cluster.stop()
@@ -126,11 +123,8 @@ class Runner(Measuring):
             return None
 
     def _spill(self) -> None:
-        """The spill launch: workers whose device memory limit is ``--spill-limit``, a CuPy
-        working set of 2.5x that limit per worker filled, reduced and checked
-        (:func:`gpudask_bench.spill.spill_figure`), ``--repeat`` times after a warm-up.
-
-        A launch of its own, so the small limit changes none of the other figures."""
+        """The spill launch (:func:`gpudask_bench.spill.spill_figure`), ``--repeat`` times after a
+        warm-up: a launch of its own, so the small limit changes none of the other figures."""
         from gpudask_bench.spill import spill_figure
 
         limit = self.opts.spill_limit
@@ -155,9 +149,7 @@ class Runner(Measuring):
         except Interrupted:
             raise
         except Exception as e:  # e.g. CUDA out of memory: the workers did not spill
-            self.result["status"] = "partial"
-            self.notes.append(f"spill failed: {type(e).__name__}: {e}")
-            self.echo(f"[{self.spec.name}] spill failed: {type(e).__name__}: {e}")
+            self._failed("spill", e)
         finally:
             self.strays += cluster.stop()
             self.keep_logs(cluster, "spill")

@@ -1,17 +1,9 @@
 """The spill workload: a CuPy working set larger than the workers' device memory limit.
 
-:func:`spill_figure` runs on any cluster whose workers have a GPU and CuPy -- gpudask
-workers (``gpudask.spill.device-memory-limit``) and dask-cuda workers
-(``--device-memory-limit``) alike -- so one function measures both sides of the ``spill``
-figure.  It fills every worker with ``factor`` x ``limit_bytes`` of CuPy chunks, waits
-until all of them are held (so the working set really is larger than the limit at once),
-then reduces every chunk to one number and checks the total against the exact value.
-The time of the whole (``spill_s``) and the peak GPU memory of each worker process,
-sampled through NVML while it runs, are the figures.
-
-Nothing here imports CuPy, NVML or distributed at module level.  The functions that run
-on workers are sent as detached copies (no importable module), so that stock and
-dask-cuda workers never import gpudask.
+:func:`spill_figure` runs on gpudask and dask-cuda workers alike, so one function measures both
+sides of the ``spill`` figure (docs/benchmarks.md).  The functions that run on workers are sent
+as detached copies (no importable module), so that stock and dask-cuda workers never import
+gpudask; nothing here imports CuPy, NVML or distributed at module level.
 """
 
 from __future__ import annotations
@@ -121,10 +113,8 @@ def spill_figure(client: Any, limit_bytes: int, *, factor: float = 2.5, chunk_by
                  sample_interval: float = 0.02) -> dict[str, Any]:
     """Run the workload once on ``client``'s workers; the figure and what it was measured on.
 
-    ``limit_bytes`` is the device memory limit the workers were started with (it sizes the
-    working set; the workers' own configuration is what enforces it).  Raises
-    ``RuntimeError`` when the total is wrong: a time for a wrong answer is no figure.
-    Exceptions from the workers (CUDA out of memory without spilling) propagate."""
+    ``limit_bytes`` (the workers' device memory limit) sizes the working set, every chunk held at
+    once.  A wrong total raises ``RuntimeError``: a time for a wrong answer is no figure."""
     from distributed import wait
 
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])

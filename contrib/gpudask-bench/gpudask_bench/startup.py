@@ -4,20 +4,11 @@ scheduler's launch until the scheduler has registered every worker.
 
     python -m gpudask_bench.startup --pairs 20 [--nworkers 2] [--facts host.json] [--json out.json]
 
-Interleaving pairs keeps the ratio meaningful on a machine whose speed drifts (other jobs):
-the figure is the median of the pair ratios, with the plain and preloaded medians and their
-spread beside it, and the load average before and after.  ``--facts`` describes the host
-(``GPUDASK_FACTS``) for both sides, so a CPU machine measures what a GPU host's workers do
-(their host plan read from the file their parent wrote); plain workers never read it.
-
-The waiting side is one client in this process, connected once the scheduler file appears:
-its imports are paid once, before the first launch, not per run.
-
-Whether gpudask's modules load from bytecode matters more than anything gpudask does at
-start: an installed wheel has it, while an editable install under ``PYTHONDONTWRITEBYTECODE=1``
-compiles gpudask's and its plugins' sources (about 11,000 lines) in every process, four per
-launch.  The report says which (``bytecode``); ``python -m compileall`` over the gpudask
-package gives an editable install what a wheel has.
+Interleaving pairs keeps the ratio meaningful on a machine whose speed drifts (other jobs): the
+figure is the median of the pair ratios.  ``--facts`` describes the host (``GPUDASK_FACTS``) for
+both sides.  The waiting client is one, in this process: its imports are paid once.  Whether
+gpudask loads from bytecode matters more than anything it does at start; the report says which
+(``bytecode``).
 """
 
 from __future__ import annotations
@@ -33,9 +24,8 @@ import tempfile
 import time
 from typing import Any
 
-
-_REGISTERED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - distributed\.scheduler - INFO - Register worker ",
-                         re.MULTILINE)
+_REGISTERED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - distributed\.scheduler - INFO - "
+                         r"Register worker ", re.MULTILINE)
 
 
 def last_registration(scheduler_log: str, nworkers: int) -> float | None:
@@ -50,12 +40,8 @@ def last_registration(scheduler_log: str, nworkers: int) -> float | None:
 
 def _launch(preload: bool, nworkers: int, env: dict[str, str], timeout: float) -> float:
     """One cluster launch; the seconds from the scheduler's launch until it has registered
-    ``nworkers`` workers.
-
-    Read from the scheduler's own log line per registration (millisecond stamps): the client's
-    ``wait_for_workers`` asks every 0.1 s, which rounds each launch up to the next question
-    (up to 0.1 s of a 1 s launch, differently for the two sides).  The client's time is the
-    figure only if the log says nothing."""
+    ``nworkers`` workers, from the scheduler's log (the client's ``wait_for_workers`` asks every
+    0.1 s, which would round each launch up); the client's time only if the log says nothing."""
     from distributed import Client
 
     extra = ["--preload", "gpudask"] if preload else []

@@ -1,22 +1,11 @@
 """One of the two plain processes of the ``raw-ucxx`` bench column: ucxx send/recv, no dask.
 
-Run by path (``python .../ucxx_peer.py serve|fetch ...``), never as ``-m gpudask...``, so the
-process imports neither gpudask nor dask: what it measures is ucxx alone.  This module
-therefore imports only the standard library at the top; numpy / cupy and ucxx are imported
-once the process knows its role.
-
-The two roles mirror a dask worker-to-worker fetch:
-
-* ``serve`` (worker A, which holds the data): listens, allocates one buffer per size filled
-  with random bytes, answers each request with the buffer of the requested size;
-* ``fetch`` (worker B, which needs the data): connects, and for each size times
-  ``send(request) -> recv(nbytes)`` in its own process, as distributed times a fetch in
-  the receiving worker's ``transfer_incoming_log``; it writes every time to ``--out``.
-
-The receive buffer is allocated once per size and reused, and the sender's buffer too: no
-allocation in the timed path, so the figure is the best the transport can do (the ceiling
-the dask figures are compared with).  After the timed runs the receiver checks the bytes
-it got against the sender's checksum, outside the timing.
+Run by path, never as ``-m gpudask...``, so the process imports neither gpudask nor dask (only the
+standard library at the top): what it measures is ucxx alone.  ``serve`` (worker A) answers each
+request with the buffer of the requested size; ``fetch`` (worker B) times ``send(request) ->
+recv(nbytes)`` per size, as distributed times a fetch, and writes the times to ``--out``.  The
+buffers are allocated once, outside the timed path: the figure is the transport's ceiling.  The
+receiver checks the bytes against the sender's checksum after the timed runs.
 """
 
 from __future__ import annotations
@@ -70,14 +59,12 @@ def _describe(ucxx: Any, backend: str) -> dict[str, Any]:
     info: dict[str, Any] = {"pid": os.getpid(), "backend": backend,
                             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                             "cpus": sorted(os.sched_getaffinity(0))}
-    try:
-        info["ucx_tls"] = ucxx.get_config().get("TLS")
-    except Exception as e:  # reported, never fatal
-        info["ucx_tls"] = f"error: {e}"
-    try:
-        info["active_transports"] = sorted(ucxx.get_active_transports())
-    except Exception as e:
-        info["active_transports"] = f"error: {e}"
+    for key, read in (("ucx_tls", lambda: ucxx.get_config().get("TLS")),
+                      ("active_transports", lambda: sorted(ucxx.get_active_transports()))):
+        try:
+            info[key] = read()
+        except Exception as e:  # reported, never fatal
+            info[key] = f"error: {e}"
     if backend == "cupy":
         import cupy
 

@@ -97,14 +97,12 @@ def worker_info(dask_worker=None):
     mod = sys.modules.get("distributed_ucxx.ucxx")
     ucxx = getattr(mod, "ucxx", None) if mod is not None else None
     if ucxx is not None:
-        try:
-            info["ucx_tls"] = ucxx.get_config().get("TLS")
-        except Exception as e:
-            info["ucx_tls"] = f"error: {e}"
-        try:
-            info["active_transports"] = sorted(ucxx.get_active_transports())
-        except Exception as e:
-            info["active_transports"] = f"error: {e}"
+        for key, read in (("ucx_tls", lambda: ucxx.get_config().get("TLS")),
+                          ("active_transports", lambda: sorted(ucxx.get_active_transports()))):
+            try:
+                info[key] = read()
+            except Exception as e:
+                info[key] = f"error: {e}"
     try:
         from distributed.diagnostics.nvml import has_cuda_context
 

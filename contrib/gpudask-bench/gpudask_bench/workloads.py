@@ -1,6 +1,4 @@
-"""What one launch of a configuration measures, within the configuration's time box: the
-UCX transports in effect, in-worker pulls, end-to-end transfers, (x + x.T).sum(), dask-cuda's
-own local_cupy, GPU memory outside the workers.
+"""What one launch of a configuration measures, within the configuration's time box.
 
 :class:`Measuring` holds the time box and these workloads; :class:`~gpudask_bench.runner.Runner`
 adds the launches (and the spill launch) of the configuration around them.
@@ -43,6 +41,12 @@ class Measuring:
     result: dict[str, Any]
 
     # -- time box ----------------------------------------------------------------------
+    def _failed(self, what: str, e: Exception) -> None:
+        """A step that failed: the result is partial, the notes and the progress say why."""
+        self.result["status"] = "partial"
+        self.notes.append(f"{what} failed: {type(e).__name__}: {e}")
+        self.echo(f"[{self.spec.name}] {what} failed: {type(e).__name__}: {e}")
+
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
@@ -77,10 +81,8 @@ class Measuring:
         if len(cluster.workers) < 2:
             self.notes.append("fewer than 2 workers: no transfers")
         else:
-            for nbytes in sizes:
-                steps.append((f"pull {size_label(nbytes)}", functools.partial(self._pull, cluster, nbytes)))
-            for nbytes in sizes:
-                steps.append((f"transfer {size_label(nbytes)}", functools.partial(self._transfer, cluster, nbytes)))
+            steps += [(f"pull {size_label(n)}", functools.partial(self._pull, cluster, n)) for n in sizes]
+            steps += [(f"transfer {size_label(n)}", functools.partial(self._transfer, cluster, n)) for n in sizes]
         steps.append((f"transpose-sum {side}^2", lambda: self._transpose_sum(cluster, side, chunk)))
         if self.spec.name in ("gpudask", "dask-cuda") and self.host.backend == "cupy":
             steps.append(("dask-cuda local_cupy", lambda: self._dc_local_cupy(cluster)))
@@ -96,9 +98,7 @@ class Measuring:
             except Interrupted:
                 raise
             except Exception as e:
-                self.result["status"] = "partial"
-                self.notes.append(f"{label} failed: {type(e).__name__}: {e}")
-                self.echo(f"[{self.spec.name}] {label} failed: {type(e).__name__}: {e}")
+                self._failed(label, e)
         mem_end = gpu_memory(cluster, self.host)
         if self.opts.proto_info:
             self.result["proto_info"] = proto_info(cluster.logs(), cluster.worker_pids)
@@ -125,9 +125,8 @@ class Measuring:
                 self.notes.append(f"gpudask was imported in stock workers {loaded}: results are not stock")
 
     def _pull(self, cluster: Cluster, nbytes: int) -> None:
-        """The in-worker pull: worker B fetches a key of worker A with distributed's own
-        ``get_data_from_worker`` (what ``gather_dep`` calls), timed inside B -- no scheduling,
-        no task; 3 warm-ups (1 with --quick), then ``--pulls`` pulls of one array (5 with --quick)."""
+        """Worker B pulls a key of worker A, timed inside B (:func:`gpudask_bench.workers.pull_times`);
+        3 warm-ups (1 with --quick), then ``--pulls`` pulls of one array (5 with --quick)."""
         client = cluster.client
         a, b = cluster.workers[0], cluster.workers[1]
         label = size_label(nbytes)
@@ -231,8 +230,8 @@ class Measuring:
             self.echo(f"[{self.spec.name}] dask-cuda local_cupy {op}: {brief(fig, 's')}"
                       + (f" ({out['error']})" if out.get("error") else ""))
             self.notes.append(f"local_cupy {op}: -p {self.spec.protocol} -t gpu -s {size} -c {chunk} "
-                              f"--runs {max(3, self.opts.repeat)} --disable-rmm (each side keeps its own memory setup), "
-                              f"on this cluster's {len(cluster.workers)} worker(s)")
+                              f"--runs {max(3, self.opts.repeat)} --disable-rmm (each side keeps its own memory "
+                              f"setup), on this cluster's {len(cluster.workers)} worker(s)")
 
     def _transpose_sum(self, cluster: Cluster, side: int, chunk: int) -> None:
         import operator
@@ -267,5 +266,3 @@ class Measuring:
         finally:
             del x
         self.echo(f"[{self.spec.name}] transpose-sum: {brief(fig, 's')}")
-
-
