@@ -752,3 +752,21 @@ def test_a_wrong_value_is_reported_before_missing_keys():
     with pytest.raises(FactsError) as e:
         F.facts_from_dict({"schema": 2, "gpus": "lots", "packages": [1]}, "facts of the worker")
     assert str(e.value) == "facts of the worker: key 'gpus' must be a list, got 'lots'"
+
+
+def test_package_versions_come_from_the_dist_info_names_first_entry_winning(tmp_path, monkeypatch):
+    """The planning process reads installed versions from the ``NAME-VERSION.dist-info`` names
+    on sys.path, the first entry winning as for importlib.metadata; an absent package is None
+    without asking importlib.metadata, unless an .egg-info or a zip makes the listing incomplete."""
+    from gpudask.facts import probe
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    (first / "Fancy_Pkg-1.2.dist-info").mkdir(parents=True)
+    (second / "fancy.pkg-9.9.dist-info").mkdir(parents=True)
+    (second / "other-3.0.dist-info").mkdir()
+    monkeypatch.setattr("sys.path", [str(first), str(second), str(tmp_path / "missing")])
+    assert probe._dist_info_versions() == ({"fancy-pkg": "1.2", "other": "3.0"}, True)
+    got = probe._probe_packages({"fancy": ["fancy-pkg"], "other": ["nope", "other"], "absent": ["absent"]})
+    assert (got["fancy"], got["other"], got["absent"]) == ("1.2", "3.0", None)
+    (second / "legacy.egg-info").mkdir()
+    assert probe._dist_info_versions()[1] is False  # importlib.metadata is asked for the rest

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -99,12 +100,51 @@ def _probe_net_interfaces() -> dict[str, list[str]]:
     }
 
 
+def _dist_info_versions() -> tuple[dict[str, str], bool]:
+    """Installed distributions' versions by normalized name, read from the names of the
+    ``NAME-VERSION.dist-info`` directories on ``sys.path`` (the first entry wins, as for
+    importlib.metadata), and whether that listing is complete (no ``.egg-info``, no zip or egg
+    on the path: where it is not, importlib.metadata is asked for what it does not hold).
+    ``importlib.metadata.version`` parses each METADATA with the email package and scans the
+    path for each absent name: 0.4-0.8 ms a package, a dozen in every planning process."""
+    import sys
+
+    found: dict[str, str] = {}
+    complete = True
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except FileNotFoundError:
+            continue  # a path hook's name, a zip that is not there
+        except OSError:
+            complete = False  # a zip or an egg on the path
+            continue
+        for name in names:
+            stem = name[:-len(".dist-info")] if name.endswith(".dist-info") else ""
+            if stem.count("-") == 1:
+                dist, version = stem.split("-")
+                found.setdefault(_normalized(dist), version)
+            elif name.endswith(".egg-info"):
+                complete = False
+    return found, complete
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+
+
 def _probe_packages(declared: Mapping[str, Sequence[str]] | None = None) -> dict[str, str | None]:
     import importlib.metadata as md
     import platform
 
+    listed, complete = _dist_info_versions()
+
     def version(dists: Sequence[str]) -> str | None:
         for dist in dists:
+            if _normalized(dist) in listed:
+                return listed[_normalized(dist)]
+            if complete:
+                continue
             try:
                 return md.version(dist)
             except md.PackageNotFoundError:

@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import logging
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -53,6 +54,19 @@ class _Pluggy(pluggy.PluginManager):
         super().__init__(hookspecs.PROJECT)
         self.owner = owner
         self.direct = False  # True while gpudask's own register() calls pluggy's
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        # a plain module: only a function of its __dict__ marked as a hook can be one, and most
+        # of a module's names are not (its imports, its helpers); pluggy's own lookup
+        # (inspect.getattr_static, for descriptors a module has none of) took 5 ms a process
+        if type(plugin) is types.ModuleType:
+            value = plugin.__dict__.get(name)
+            if isinstance(value, types.FunctionType):
+                if not hasattr(value, f"{self.project_name}_impl"):
+                    return None
+            elif not isinstance(value, (staticmethod, classmethod, types.MethodType)):
+                return None
+        return super().parse_hookimpl_opts(plugin, name)
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
         if self.direct:
