@@ -504,3 +504,19 @@ def test_local_cupy_arguments_and_its_failures():
                                      '(assert len(client.scheduler_info(n_workers=-1)["workers"]) > 0)')
     assert dc.error_text("") == "no output"
     assert dc.error_text("RuntimeError: boom\n") == "RuntimeError: boom"
+
+
+@pytest.mark.process
+def test_no_workloads_measures_ready_time_only(tmp_path):
+    """``--no-workloads``: each configuration is launched and timed, nothing else measured
+    (the GPU suite's spill test uses it: the spill launch without the transfers and compute)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDASK_")}
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "gpudask.cli", "bench", "--configs", "tcp", "--repeat", "1",
+                           "--quick", "--no-workloads", "--json"], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    (tcp,) = report["configs"]
+    assert report["settings"]["workloads"] is False and tcp["status"] == "ok", tcp.get("notes")
+    assert tcp["figures"]["ready_s"]["runs"] and not [k for k in tcp["figures"] if k.startswith("transfer_")]

@@ -3,9 +3,9 @@ right total while the worker's GPU memory stays under the limit plus a stated sl
 workload with spilling off runs out of memory (so the first test can fail).
 
 The H200 has 140 GiB, far more than a two-minute test can fill, so the worker is given a
-12 GB "GPU": gpudask's rmm plugin points CuPy at RMM without a pool (``allocator
+6 GB "GPU": gpudask's rmm plugin points CuPy at RMM without a pool (``allocator
 default``: cudaMalloc/cudaFree, so NVML sees live memory, not a cache), and the test wraps
-that resource in RMM's ``LimitingResourceAdaptor`` of 12 GB.  Unspilled arrays are
+that resource in RMM's ``LimitingResourceAdaptor`` of 6 GB (the limit 4 GB: a 10 GB working set).  Unspilled arrays are
 re-created through ``rmm.DeviceBuffer``, so the same limit covers them.
 """
 
@@ -20,8 +20,8 @@ from gpudask_bench.spill import spill_figure  # noqa: E402
 from gpudask_bench.workers import detached  # noqa: E402
 
 GB = 10**9
-LIMIT = 8 * GB
-GPU_SIZE = 12 * GB  # the worker's stand-in GPU
+LIMIT = 4 * GB
+GPU_SIZE = 6 * GB  # the worker's stand-in GPU
 # what the worker holds beyond the limit: its CUDA context and library handles (~0.6 GiB is
 # typical; not measured here), the chunk a task just made before the store moves another
 # one out, and an unspilled chunk (256 MiB each)
@@ -38,7 +38,7 @@ def _cap_device_memory(limit):
 
 
 def _start(cluster, spilling: bool):
-    env = base_env(DASK_GPUDASK__SPILL__DEVICE_MEMORY_LIMIT="8GB" if spilling else "0",
+    env = base_env(DASK_GPUDASK__SPILL__DEVICE_MEMORY_LIMIT=str(LIMIT) if spilling else "0",
                    DASK_GPUDASK__RMM__ALLOCATOR="default")
     cluster.scheduler()
     cluster.worker("--preload", "gpudask", "--nworkers", "1", "--nthreads", "1", env=env)
@@ -90,7 +90,7 @@ def test_gpudask_bench_measures_the_spill_figure_on_both_sides(tmp_path):
 
     # 1 GB: the smallest limit whose 2.5x working set still spills a real amount (the suite's budget)
     out = subprocess.run([sys.executable, "-m", "gpudask.cli", "bench", "--configs", "gpudask,dask-cuda", "--quick",
-                          "--repeat", "1", "--pulls", "1", "--spill-limit", "1GB", "--json"],
+                          "--repeat", "1", "--no-workloads", "--spill-limit", "1GB", "--json"],
                          capture_output=True, text=True, timeout=400, cwd=tmp_path, env=base_env())
     assert out.returncode == 0, out.stderr[-3000:]
     measured = [c for c in json.loads(out.stdout)["configs"] if c["status"] != "skipped"]

@@ -42,7 +42,7 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
                      "chunk_side": opts.sizes[2], "pool_size": opts.pool_size,
                      "spill_limit": opts.spill_limit, "max_seconds": max_seconds,
                      "profile": opts.profile, "ucx_proto_info": opts.proto_info, "pulls": opts.pulls,
-                     "config_env": opts.config_env},
+                     "config_env": opts.config_env, "workloads": opts.workloads},
         "configs": [], "notes": []}
     if not host.tokens:
         report["notes"].append("no GPU visible: NumPy arrays, smaller sizes; ucx configurations get UCX_TLS=tcp")
@@ -150,12 +150,16 @@ def _on_signal(signum: int, frame: Any) -> None:
 @click.option("--config-env", "config_env", multiple=True, metavar="NAME:KEY=VALUE",
               help="More environment for one configuration's processes (scheduler and workers), e.g. "
                    "gpudask:DASK_DISTRIBUTED__COMM__OFFLOAD=False to compare a lever on one side; repeatable.")
+@click.option("--workloads/--no-workloads", default=True, show_default=True,
+              help="Measure transfers and compute on the last launch; --no-workloads: ready time and the "
+                   "spill launch only.")
 @click.option("--show", "show", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Print the table of a previous --json result and exit (runs nothing).")
 def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int, quick: bool, as_json: bool,
                   max_seconds: float | None, profile: bool, proto_info: bool, pool_size: str,
                   spill_limit: str, backend: str, launch_timeout: float, death_timeout: int, log_dir: str | None,
-                  table_file: str | None, pulls: int, config_env: tuple[str, ...], show: str | None) -> None:
+                  table_file: str | None, pulls: int, config_env: tuple[str, ...], workloads: bool,
+                  show: str | None) -> None:
     """Benchmark tcp, ucx-stock, gpudask and dask-cuda side by side on real processes.
 
     Each configuration gets a real `dask scheduler` and N workers as separate processes,
@@ -191,7 +195,8 @@ def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int
     opts = Options(nworkers=nworkers or max(2, len(host.tokens)), nthreads=nthreads, repeat=repeat, quick=quick,
                    pool_size=pool_size, death_timeout=death_timeout, launch_timeout=launch_timeout,
                    profile=profile, proto_info=proto_info, sizes=sizes, user_env=user_env,
-                   spill_limit=_parse_size(spill_limit, "--spill-limit"), pulls=pulls, config_env=extra_env)
+                   spill_limit=_parse_size(spill_limit, "--spill-limit"), pulls=pulls, config_env=extra_env,
+                   workloads=workloads)
 
     def echo(msg: str) -> None:
         click.echo(msg, err=True)

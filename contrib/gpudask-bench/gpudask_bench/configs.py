@@ -57,6 +57,8 @@ class Options:
     pulls: int = 20
     # --config-env: {configuration: more environment for its processes (scheduler and workers)}
     config_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    # --no-workloads: ready time (and the spill launch) only
+    workloads: bool = True
 
 
 @dataclass

@@ -68,7 +68,8 @@ class Runner(Measuring):
                         ready["runs"] = list(ready["warmup"])
                         ready["note"] = "time box: warm-up launch only"
                     try:
-                        self._workloads(cluster)
+                        if self.opts.workloads:
+                            self._workloads(cluster)
                     except (Interrupted, TimeBox):
                         raise
                     except Exception as e:
