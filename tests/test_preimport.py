@@ -3,6 +3,7 @@ that imports it with every error caught (plan tests; the live ones are in test_p
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 
@@ -86,3 +87,21 @@ def test_the_background_import_says_what_failed_and_finds_what_is_imported(tmp_p
     assert preimport.import_all(["json", "raises_runtime"]) == ["raises_runtime"]
     assert preimport.found_imported(["json", "raises_runtime", "no_such_module_y"]) == ["json"]
     assert preimport.in_background(["json"]) is None  # nothing left to import: no thread
+
+
+def test_the_fork_server_keeps_gpudask_modules_but_not_the_package_module(monkeypatch):
+    """The fork server imports gpudask's modules named in its list and leaves the package module
+    out, so a forked worker's own ``import gpudask`` runs its __init__ (which applies its plan);
+    a process that had gpudask already (the nanny importing gpudask_forkserver) keeps it."""
+    import gpudask
+
+    monkeypatch.setenv(gpudask_forkserver.VARIABLE, "gpudask.errors")
+    gpudask_forkserver._preimport()
+    assert sys.modules["gpudask"] is gpudask  # had it: kept
+    monkeypatch.delitem(sys.modules, "gpudask")  # a fork server: gpudask not imported yet
+    monkeypatch.delitem(sys.modules, "gpudask.errors")
+    monkeypatch.setenv(gpudask_forkserver.VARIABLE, "gpudask.errors")
+    gpudask_forkserver._preimport()
+    assert "gpudask" not in sys.modules and "gpudask.errors" in sys.modules
+    fresh = importlib.import_module("gpudask")  # what the forked worker's import runs
+    assert fresh is not gpudask and fresh.errors is sys.modules["gpudask.errors"]  # bound on first use
