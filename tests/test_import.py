@@ -7,6 +7,7 @@ Each entry point is imported first in a fresh interpreter, as it is in real use.
 
 from __future__ import annotations
 
+import importlib
 import json
 import pathlib
 import subprocess
@@ -64,3 +65,13 @@ def test_the_runtime_imports_neither_pytest_nor_the_bench_nor_gpudask_testing():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT / "docs")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [[], False]
+
+
+def test_the_checks_package_names_every_export_once_and_each_resolves():
+    """``gpudask.checks`` imports its modules on first use: its table of where each name lives,
+    its ``__all__`` and the names themselves agree (a name added to one and not the other fails here)."""
+    import gpudask.checks as checks
+
+    assert sorted(checks._WHERE) == sorted(checks.__all__)
+    for name in checks.__all__:
+        assert getattr(checks, name) is getattr(importlib.import_module(checks._WHERE[name]), name)
