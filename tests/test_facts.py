@@ -399,8 +399,12 @@ def test_probe_this_host():
     except md.PackageNotFoundError:
         pass
     else:
-        # the tcp plugin's section: what the real ucx_info of libucx lists (UCX over TCP here)
-        found = U.transports(with_sections(f))
+        # the tcp plugin's section: what the real ucx_info of libucx lists (UCX over TCP here), probed
+        # where the UCX packages the tcp plugin names are installed
+        from gpudask.plugins.ucx import tcp
+
+        assert U.transports(with_sections(f)) is None  # the core's packages alone name no UCX
+        found = U.transports(with_sections(F.probe_facts(tcp.gpudask_facts_packages())))
         assert found and "tcp" in found and found == sorted(set(found))
     assert "ucx_transports" not in f.to_dict() and f.section("ucx_info") is None  # the core probes no UCX
     # what was probed is a valid schema-2 file

@@ -99,14 +99,15 @@ def test_a_bad_declaration_is_refused_in_one_line(plugins, message):
 @pytest.mark.filterwarnings("ignore:unknown gpudask setting")  # rmm disabled after its defaults were registered here
 def test_the_package_list_is_the_plugins(monkeypatch):
     """The core probes the packages it runs on; each plugin names the ones it reads
-    (gpudask_facts_packages): rmm rmm and torch, tcp the UCX packages, scheduler-parity what it
+    (gpudask_facts_packages): rmm rmm and torch, tcp the UCX packages (libucx since ucx_info's probe reads it), scheduler-parity what it
     compares -- the keys a probe had before."""
     from gpudask.facts.probe import CORE_PACKAGES
 
     assert set(CORE_PACKAGES) == {"dask", "distributed", "nvidia-ml-py", "gpudask"}
     inputs = bootstrap.inputs()
     assert set(inputs.facts.packages) == {"python", "dask", "distributed", "nvidia-ml-py", "gpudask", "cupy", "rmm",
-                                          "cudf", "dask-cudf", "ucxx", "distributed-ucxx", "numba", "dask-cuda", "torch"}
+                                          "cudf", "dask-cudf", "ucxx", "libucx", "distributed-ucxx", "numba", "dask-cuda",
+                                          "torch"}
     wanted = inputs.manager.facts_packages()
     assert wanted["rmm"] == ["rmm", "rmm-cu12", "rmm-cu13"] and "distributed-ucxx" in wanted
     bootstrap.reset()

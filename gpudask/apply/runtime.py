@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import pathlib
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,19 +181,34 @@ def set_cli_interface(interface: str) -> str:
 def protocol_from(address: str | None, scheduler_file: str | None, wait: bool = False,
                   timeout: float | None = None) -> str | None:
     """The scheme of ``address``, or of the address in ``scheduler_file``; with ``wait``, a file
-    not written yet is waited for as distributed's ``json_load_robust`` does (None: no end)."""
+    not written yet is waited for, up to ``timeout`` seconds (None: no end)."""
     if scheduler_file and not address:
-        try:
-            if os.path.exists(scheduler_file) and not os.path.isfile(scheduler_file):
-                raise OSError("not a regular file")  # a FIFO would block this read for ever
-            if wait:
-                from distributed.utils import json_load_robust
-
-                address = json_load_robust(scheduler_file, timeout=timeout).get("address")
-            else:
-                address = json.loads(pathlib.Path(scheduler_file).read_text()).get("address")
-        except (OSError, ValueError, TimeoutError, AttributeError, RecursionError):
-            address = None
+        address = _address_in(scheduler_file, wait, timeout)
     from gpudask.checks import scheme
 
     return scheme(address)
+
+
+# how often a file not written yet is looked for: distributed's json_load_robust sleeps 0.1 s, which
+# made a worker command started beside its scheduler find the file 50 ms late on average (issue 41)
+_POLL_S = 0.01
+
+
+def _address_in(scheduler_file: str, wait: bool, timeout: float | None) -> str | None:
+    """The address a scheduler file holds; None when it holds none (or ``timeout`` passed)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            if os.path.exists(scheduler_file) and not os.path.isfile(scheduler_file):
+                return None  # a FIFO would block the read for ever
+            address = json.loads(pathlib.Path(scheduler_file).read_text()).get("address")
+            return address if isinstance(address, str) else None
+        except FileNotFoundError:
+            pass
+        except ValueError:
+            pass  # being written: read it again
+        except (OSError, AttributeError, RecursionError):
+            return None
+        if not wait or (deadline is not None and time.monotonic() >= deadline):
+            return None
+        time.sleep(_POLL_S)

@@ -87,7 +87,8 @@ def _probed(plugin: str, section: FactsSection, facts: Facts) -> Any:
     runs once per process, as the core's own probe (the process state's ``probed_sections``;
     gpudask.facts.clear_cache forgets them)."""
     probed = session.current().probed_sections
-    key = (section.name, section.probe, facts.hostname, tuple((g.index, g.uuid, g.pci_bus_id) for g in facts.gpus))
+    key = (section.name, section.probe, facts.hostname, tuple((g.index, g.uuid, g.pci_bus_id) for g in facts.gpus),
+           tuple(sorted(facts.packages.items())))
     if key not in probed:
         try:
             probed[key] = section.probe(facts)

@@ -40,8 +40,9 @@ def parse_timeout(value: Any) -> float | None:
 
 @hookimpl
 def gpudask_facts_packages() -> dict[str, list[str]]:
-    # a ucx:// plan needs distributed-ucxx (gpudask_validate says which one is missing)
-    return {"ucxx": ["ucxx", "ucxx-cu12", "ucxx-cu13"],
+    # a ucx:// plan needs distributed-ucxx (gpudask_validate says which one is missing); ucx_info's
+    # transports are probed where ucxx or libucx is installed
+    return {"ucxx": ["ucxx", "ucxx-cu12", "ucxx-cu13"], "libucx": ["libucx", "libucx-cu12", "libucx-cu13"],
             "distributed-ucxx": ["distributed-ucxx", "distributed-ucxx-cu12", "distributed-ucxx-cu13"]}
 
 

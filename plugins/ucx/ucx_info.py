@@ -67,7 +67,10 @@ def supports(facts: Facts, transport: str) -> bool | None:
 
 
 def probe(facts: Facts) -> dict[str, Any]:
-    return {"transports": probe_ucx_transports()}
+    # the core has read the UCX packages' versions (the tcp plugin's gpudask_facts_packages):
+    # asking importlib.metadata again cost 6 ms a planning process, for its email parser
+    installed = any(facts.packages.get(key) is not None for key in ("ucxx", "libucx"))
+    return {"transports": probe_ucx_transports(installed)}
 
 
 SECTIONS = [FactsSection(SECTION, SCHEMA, probe)]
@@ -106,18 +109,21 @@ def _ucx_info_commands() -> list[tuple[str, dict[str, str]]]:
     return found
 
 
-def probe_ucx_transports() -> list[str] | None:
-    """UCX transports `ucx_info -d` lists, or None when UCX is missing or fails."""
+def probe_ucx_transports(installed: bool | None = None) -> list[str] | None:
+    """UCX transports `ucx_info -d` lists, or None when UCX is missing or fails; ``installed``:
+    whether a UCX package is (None: ask importlib.metadata)."""
     import importlib.metadata as md
 
-    def installed(dist: str) -> bool:
+    def present(dist: str) -> bool:
         try:
             md.version(dist)
             return True
         except md.PackageNotFoundError:
             return False
 
-    if not any(installed(d) for d in _UCX_DISTS):
+    if installed is None:
+        installed = any(present(d) for d in _UCX_DISTS)
+    if not installed:
         return None
     found, cached = _cache_read("transports")
     if found:

@@ -2,7 +2,7 @@
 plain and preloaded, launched in turn (plain, preloaded, plain, ...), each timed from the
 scheduler's launch until the scheduler has registered every worker.
 
-    python -m gpudask_bench.startup --pairs 20 [--nworkers 2] [--facts host.json] [--json out.json]
+    python -m gpudask_bench.startup --pairs 20 [--nworkers 2] [--facts host.json] [--scheduler-first] [--json out.json]
 
 Interleaving pairs keeps the ratio meaningful on a machine whose speed drifts (other jobs): the
 figure is the median of the pair ratios.  ``--facts`` describes the host (``GPUDASK_FACTS``) for
@@ -38,10 +38,12 @@ def last_registration(scheduler_log: str, nworkers: int) -> float | None:
     return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
 
 
-def _launch(preload: bool, nworkers: int, env: dict[str, str], timeout: float) -> float:
+def _launch(preload: bool, nworkers: int, env: dict[str, str], timeout: float, scheduler_first: bool = False) -> float:
     """One cluster launch; the seconds from the scheduler's launch until it has registered
     ``nworkers`` workers, from the scheduler's log (the client's ``wait_for_workers`` asks every
-    0.1 s, which would round each launch up); the client's time only if the log says nothing."""
+    0.1 s, which would round each launch up); the client's time only if the log says nothing.
+    ``scheduler_first``: the worker command is launched once the scheduler has written its file,
+    and timed from its own launch (nothing of its start overlaps the scheduler's)."""
     from distributed import Client
 
     extra = ["--preload", "gpudask"] if preload else []
@@ -54,15 +56,15 @@ def _launch(preload: bool, nworkers: int, env: dict[str, str], timeout: float) -
             procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                                        "--port", "0", "--no-dashboard", "--scheduler-file", sched_file, *extra],
                                       start_new_session=True, **{**common, "stderr": log})]  # type: ignore[call-overload]
+        if scheduler_first:
+            _wait_for(sched_file, t0, timeout)
+            wall0, t0 = time.time(), time.perf_counter()
         procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
                                        sched_file, "--nworkers", str(nworkers), "--nthreads", "1",
                                        "--no-dashboard", *extra],
                                       start_new_session=True, **common))  # type: ignore[call-overload]
         try:
-            while not os.path.exists(sched_file):
-                if time.perf_counter() - t0 > timeout:
-                    raise TimeoutError("the scheduler wrote no scheduler file")
-                time.sleep(0.01)
+            _wait_for(sched_file, t0, timeout)
             with Client(scheduler_file=sched_file, timeout=timeout) as client:
                 client.wait_for_workers(nworkers, timeout=timeout)
                 seen = time.perf_counter() - t0
@@ -81,6 +83,13 @@ def _launch(preload: bool, nworkers: int, env: dict[str, str], timeout: float) -
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, 9)
                     p.wait()
+
+
+def _wait_for(sched_file: str, t0: float, timeout: float) -> None:
+    while not os.path.exists(sched_file):
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError("the scheduler wrote no scheduler file")
+        time.sleep(0.01)
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -118,6 +127,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=int, default=1, help="pairs run first and not counted")
     parser.add_argument("--facts", help="a facts file describing the host (GPUDASK_FACTS) for both sides")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds one launch may take")
+    parser.add_argument("--scheduler-first", action="store_true",
+                        help="launch each worker command once its scheduler is up, timed from its own launch")
     parser.add_argument("--json", help="write the runs and figures to this file")
     args = parser.parse_args(argv)
     env = dict(os.environ)
@@ -129,15 +140,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plain: list[float] = []
     preloaded: list[float] = []
     for i in range(args.warmup + args.pairs):
-        a = _launch(False, args.nworkers, env, args.timeout)
-        b = _launch(True, args.nworkers, env, args.timeout)
+        a = _launch(False, args.nworkers, env, args.timeout, args.scheduler_first)
+        b = _launch(True, args.nworkers, env, args.timeout, args.scheduler_first)
         if i >= args.warmup:
             plain.append(a)
             preloaded.append(b)
             print(f"pair {i - args.warmup + 1}: plain {a:.3f} s, preloaded {b:.3f} s, ratio {b / a:.3f}",
                   flush=True)
     report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
-              "nworkers": args.nworkers, "facts": args.facts, "bytecode": bytecode(), "loadavg_before": load_before,
+              "nworkers": args.nworkers, "scheduler_first": args.scheduler_first, "facts": args.facts,
+              "bytecode": bytecode(), "loadavg_before": load_before,
               "loadavg_after": os.getloadavg(), **summarize(plain, preloaded), "runs": {"plain": plain,
                                                                                        "preloaded": preloaded}}
     r, p, q = report["ratio"], report["plain_s"], report["preloaded_s"]
