@@ -15,6 +15,9 @@ import sys
 import time
 import urllib.request
 
+# distributed's defaults enter dask.config at its import: imported before _isolated saves the config,
+# or the first test to import it leaves the next ones a config without them (KeyError: 'distributed')
+import distributed  # noqa: F401
 import pytest
 
 import gpudask_prometheus as plugin
