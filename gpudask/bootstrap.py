@@ -140,7 +140,7 @@ def from_plan(doc: PlanDocument) -> PlanInputs:
     """The plan inputs of a worker process, taken from the host plan its parent wrote:
     the parent's facts (validated there) and its resolved settings, with their sources,
     as they are -- no config file read, no facts probed or validated, no setting parsed.
-    Only the plugin manager is built, from the plugins the settings select, since this
+    Only the plugin manager is built, with the plugins the parent loaded, since this
     process calls their apply hooks."""
     from gpudask.config import CORE_OPTIONS, Settings, register_defaults
     from gpudask.plugin.manager import PluginManager
@@ -148,7 +148,7 @@ def from_plan(doc: PlanDocument) -> PlanInputs:
     env, config = user_view(doc.user_values)
     settings = Settings(CORE_OPTIONS, config=config, environ=env)
     settings.take_resolved(doc.settings)
-    manager = PluginManager.from_environment(core=settings)
+    manager = PluginManager.from_plan_plugins(doc.plugins, core=settings)
     options = manager.config_options()
     settings.add_options(options)
     settings.take_resolved(doc.settings)

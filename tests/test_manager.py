@@ -356,3 +356,47 @@ def test_an_entry_points_distribution_is_pluggys_record(tmp_path, monkeypatch):
     (extra,) = [p for p in m.plugins if p.name == "extra"]
     assert [(d.metadata["name"]) for obj, d in m._pm.list_plugin_distributions() if obj is extra.obj] == ["gpudask-extra"]
     assert extra.distribution == "gpudask-extra"
+
+
+# ------------------------------------------------------ a worker loads what its parent loaded
+def _listed(manager):
+    return [(p.name, p.priority, p.source, p.distribution, p.hooks) for p in manager.plugins]
+
+
+def _core():
+    from gpudask.config import CORE_OPTIONS, Settings
+
+    return Settings(CORE_OPTIONS)
+
+
+def test_a_worker_loads_the_plugins_its_parent_listed_without_scanning_distributions(monkeypatch):
+    import importlib.metadata
+
+    monkeypatch.setenv("GPUDASK_DISABLE_PLUGINS", "spill")
+    parent = PluginManager.from_environment(extra=[make_plugin("mine", gpudask_plan_process=lambda plan: None)])
+    listed = [p.to_dict() for p in parent.plugins]
+    monkeypatch.delenv("GPUDASK_DISABLE_PLUGINS")  # the parent's choice stands, not this process's lists
+
+    def scanned():
+        raise AssertionError("the installed distributions were scanned")
+
+    monkeypatch.setattr(importlib.metadata, "distributions", scanned)
+    worker = PluginManager.from_plan_plugins(listed, core=_core())
+    # the built-ins the parent loaded, as they were; the object it registered itself is not here
+    assert _listed(worker) == [row for row in _listed(parent) if row[0] != "mine"]
+    assert "spill" not in worker.names() and "mine" not in worker.names()
+    # entries that are not a gpudask plugin's are passed over
+    assert PluginManager.from_plan_plugins([{"name": ["x"]}, {"name": "nope", "source": "builtin"}],
+                                           core=_core()).names() == []
+
+
+def test_a_worker_loads_an_entry_point_its_parent_loaded(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, "gpudask-extra", {"extra": "gpudask_extra_mod"},
+                       {"gpudask_extra_mod": "from gpudask.pluginapi import hookimpl\nname = 'extra'\npriority = 300\n"
+                                             "@hookimpl\ndef gpudask_plan_process(plan):\n    plan.note('x', 'y')\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("GPUDASK_LOAD_PLUGINS", "extra")
+    parent = PluginManager.from_environment()
+    monkeypatch.delenv("GPUDASK_LOAD_PLUGINS")
+    worker = PluginManager.from_plan_plugins([p.to_dict() for p in parent.plugins], core=_core())
+    assert _listed(worker) == _listed(parent) and "extra" in worker.names()

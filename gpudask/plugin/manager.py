@@ -30,7 +30,7 @@ from gpudask.plugin.hookcall import PluginStopped, call_isolated
 from gpudask.plugin.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
                                   ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
                                   LoadedPlugin, declared, pluggy_target, refused_option, select,
-                                  unknown_hook)
+                                  trace_wanted, unknown_hook)
 
 logger = logging.getLogger("distributed.gpudask")
 
@@ -125,6 +125,34 @@ class PluginManager:
             named = getattr(obj, "name", None)
             if named and not manager._pm.is_blocked(named):
                 manager.register(obj, source="registered")
+        return manager
+
+    @classmethod
+    def from_plan_plugins(cls: type[_M], plugins: Iterable[Mapping[str, Any]], core: Settings) -> _M:
+        """The plugins a planning process loaded (its host plan's ``plugins``), loaded again in
+        a worker process it started: the built-ins by name, entry points by name.  The parent
+        chose them (:func:`~gpudask.plugin.registration.select`, its enable and disable lists
+        checked); the installed distributions are scanned only when one of them is an entry
+        point (the scan is 4 ms of a worker's start).  Plugin objects the parent registered
+        itself are not loaded here, as :meth:`from_environment` did not.
+
+        :raises PluginError: a plugin that cannot be loaded (one line)."""
+        manager = cls()
+        if trace_wanted(core):
+            manager.enable_tracing()
+        modules = dict(BUILTIN_PLUGINS)
+        for plugin in plugins:
+            name, source = plugin.get("name"), plugin.get("source")
+            if not isinstance(name, str):
+                continue  # no plugin gpudask listed (parse_document checks that each entry is an object)
+            if source == "builtin" and name in modules:
+                try:
+                    obj = importlib.import_module(modules[name])
+                except Exception as e:  # noqa: BLE001 - any import failure is reported the same way
+                    raise PluginError(name, BUILTIN_DISTRIBUTION, "import", e) from e
+                manager.register(obj, name=name, source="builtin", distribution=BUILTIN_DISTRIBUTION)
+            elif source == "entry point":
+                manager._load_entry_point(name, plugin.get("distribution"))
         return manager
 
     def _load_entry_point(self, name: str, dist: str | None) -> None:

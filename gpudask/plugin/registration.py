@@ -128,6 +128,11 @@ class Selection:
     entry_points: tuple[tuple[str, str | None], ...]  # (name, distribution) of the entry points to load
 
 
+def trace_wanted(core: Settings) -> bool:
+    """Trace every hook call (``gpudask.plugins.trace``, ``$GPUDASK_TRACE_PLUGINS``)?"""
+    return bool(core["gpudask.plugins.trace"] or _env_flag("GPUDASK_TRACE_PLUGINS"))
+
+
 def select(extra: Iterable[Any] = (), core: Settings | None = None) -> Selection:
     """Which plugins load, from the enable/disable lists, autoload, ``$GPUDASK_LOAD_PLUGINS`` and
     the installed entry points; ``extra``: the plugin objects registered besides.
@@ -142,7 +147,7 @@ def select(extra: Iterable[Any] = (), core: Settings | None = None) -> Selection
     # entry points loaded whether or not autoload is on (pytest's ``-p NAME``): a test
     # session turns autoload off and still loads the plugin it tests
     load = parse_name_list(os.environ.get("GPUDASK_LOAD_PLUGINS"))
-    trace = bool(core["gpudask.plugins.trace"] or _env_flag("GPUDASK_TRACE_PLUGINS"))
+    trace = trace_wanted(core)
 
     third_party = _third_party_entry_points()
     known = {n for n, _ in BUILTIN_PLUGINS} | set(third_party) | {getattr(p, "name", "") for p in extra}
