@@ -133,10 +133,7 @@ _DEFAULTS: dict[str, Any] | None = None
 def _dask_defaults() -> dict[str, Any]:
     global _DEFAULTS
     if _DEFAULTS is None:
-        import dask.config
+        from gpudask.config_files import dask_defaults
 
-        merged: dict[str, Any] = {}
-        for d in dask.config.defaults:
-            dask.config.update(merged, d, priority="new")
-        _DEFAULTS = merged
+        _DEFAULTS = dask_defaults()
     return _DEFAULTS
