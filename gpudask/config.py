@@ -279,7 +279,7 @@ class Settings:
         opt = self.options.get(key)
         if opt is None:
             raise KeyError(f"gpudask has no option {key!r}")
-        raw, source = self._raw(key), "dask config"
+        raw = self._raw(key)
         if raw is _MISSING or raw == opt.default:
             raw, source = opt.default, "default"
             for legacy in opt.legacy:

@@ -132,7 +132,7 @@ def _check_yaml_graph(node: Any, where: str) -> None:
         sizes[key], depths[key] = size, depth
 
 
-def read_toml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
+def read_toml(path: pathlib.Path, where: str) -> dict[str, Any]:
     """Read a gpudask.toml: top-level tables are dask config namespaces.
 
     ``[gpudask.rmm] pool-size = "4GB"`` and ``[distributed.comm.ucx] nvlink = true``
@@ -143,7 +143,6 @@ def read_toml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only
         import tomli as tomllib
-    where = where or str(path)
     text = _read_text(path, where)
     try:
         data = tomllib.loads(text)
@@ -159,11 +158,10 @@ def read_toml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
     return dict(data)
 
 
-def read_yaml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
+def read_yaml(path: pathlib.Path, where: str) -> dict[str, Any]:
     """Read a dask YAML config file: a mapping of dask config namespaces (or nothing)."""
     import yaml
 
-    where = where or str(path)
     text = _read_text(path, where)
     loader = yaml.SafeLoader(text)
     try:
