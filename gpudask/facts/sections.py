@@ -115,30 +115,26 @@ def with_sections(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) ->
 
 
 def _raise_if_invalid(facts: Facts, plugin: str, section: FactsSection, value: Any) -> None:
-    error = section_error(facts.where(), section, value, plugin) or _check_error(facts, section, value, plugin)
+    """``value`` against the section's schema, then the section's own check against the core's facts."""
+    error = section_error(facts.where(), section, value, plugin)
     if error is not None:
         raise error
+    if section.check is None:
+        return
+    try:
+        found = section.check(value, facts)
+    except Exception as e:  # noqa: BLE001 - a check's failure names its plugin
+        raise PluginError(plugin, None, f"the check of facts section {section.name!r}", e) from e
+    if found is not None:
+        path, accepted, got = found
+        raise FactsError(f"{_fail(facts.where(), _key(['sections', section.name, *path]), accepted, got)} "
+                         f"(facts section of plugin {plugin!r})")
 
 
 def _probe_and_check(plugin: str, section: FactsSection, facts: Facts) -> Any:
     value = _probed(plugin, section, facts)
     _raise_if_invalid(facts, plugin, section, value)
     return value
-
-
-def _check_error(facts: Facts, section: FactsSection, value: Any, plugin: str) -> FactsError | None:
-    """The section's own check of ``value`` against the core's facts, as one line, or None."""
-    if section.check is None:
-        return None
-    try:
-        found = section.check(value, facts)
-    except Exception as e:  # noqa: BLE001 - a check's failure names its plugin
-        raise PluginError(plugin, None, f"the check of facts section {section.name!r}", e) from e
-    if found is None:
-        return None
-    path, accepted, got = found
-    return FactsError(f"{_fail(facts.where(), _key(['sections', section.name, *path]), accepted, got)} "
-                      f"(facts section of plugin {plugin!r})")
 
 
 def summaries(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> list[str]:
