@@ -124,7 +124,7 @@ def parse_name_list(value: Any) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
+        value = value.split(",")
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return [v.strip() for v in value if v.strip()]
     raise ValueError("a list of names or a comma-separated string")
@@ -167,7 +167,6 @@ CORE_OPTIONS = [
            "past this the check reports a check-timeout finding naming the slow plugin (its result, when it comes, "
            "replaces it).", lambda v: _positive_seconds(v), "a positive number of seconds or a duration such as \"5s\""),
 ]
-
 
 
 def _positive_seconds(value: Any) -> float:
@@ -280,7 +279,7 @@ class Settings:
         opt = self.options.get(key)
         if opt is None:
             raise KeyError(f"gpudask has no option {key!r}")
-        raw, source = self._raw(key), "dask config"
+        raw = self._raw(key)
         if raw is _MISSING or raw == opt.default:
             raw, source = opt.default, "default"
             for legacy in opt.legacy:
@@ -295,9 +294,8 @@ class Settings:
             value = opt.parse(raw)
         except (ValueError, TypeError, OverflowError, RecursionError) as e:
             # OverflowError: "1e400GB" is float infinity, which no size or count can be
-            if isinstance(e, (OverflowError, RecursionError)):
-                e = ValueError(opt.accepts)
-            raise ConfigError(f"{key} = {shown(raw)} (from {source}) is not valid; accepted: {e or opt.accepts}") from None
+            accepted = opt.accepts if isinstance(e, (OverflowError, RecursionError)) else e
+            raise ConfigError(f"{key} = {shown(raw)} (from {source}) is not valid; accepted: {accepted}") from None
         setting = Setting(key, value, source, raw if raw is not value and raw != value else None)
         self._cache[key] = setting
         return setting

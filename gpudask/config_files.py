@@ -27,39 +27,36 @@ MAX_CONFIG_BYTES = 1 << 20  # a gpudask.toml / YAML config file larger than this
 MAX_CONFIG_NODES = 100_000  # values (mappings, lists and scalars), aliases counted as expanded
 MAX_CONFIG_DEPTH = 32  # mappings and lists inside each other (dask's own config nests 6 deep)
 _NAMESPACES = ("gpudask", "distributed", "distributed-ucxx", "dask", "array")
+_ACCEPTED_FILE = "accepted: a regular TOML or YAML file"
+
 
 def toml_path() -> pathlib.Path | None:
     """The gpudask.toml in effect: ``$GPUDASK_CONFIG`` or ``./gpudask.toml``."""
     named = os.environ.get("GPUDASK_CONFIG")
-    if named:
-        path = pathlib.Path(named)
-        check_config_file(path, f"GPUDASK_CONFIG={named}")
-        return path
-    local = pathlib.Path.cwd() / "gpudask.toml"
-    if not os.path.lexists(local):
+    path = pathlib.Path(named) if named else pathlib.Path.cwd() / "gpudask.toml"
+    if not named and not os.path.lexists(path):
         return None
-    check_config_file(local, str(local))
-    return local
+    check_config_file(path, f"GPUDASK_CONFIG={named}" if named else str(path))
+    return path
 
 
 def check_config_file(path: pathlib.Path, where: str) -> None:
     """Refuse, in one line, a config file that is missing, not a regular file (a directory,
     a FIFO, a symlink loop) or larger than :data:`MAX_CONFIG_BYTES`."""
-    accepted = "accepted: a regular TOML or YAML file"
     try:
         st = os.stat(path)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise ConfigError(f"{where}: a symlink loop; {accepted}") from None
+            raise ConfigError(f"{where}: a symlink loop; {_ACCEPTED_FILE}") from None
         if e.errno == errno.ENOENT:
-            raise ConfigError(f"{where}: no such file; {accepted}") from None
-        raise ConfigError(f"{where}: cannot read it ({e.strerror}); {accepted}") from None
+            raise ConfigError(f"{where}: no such file; {_ACCEPTED_FILE}") from None
+        raise ConfigError(f"{where}: cannot read it ({e.strerror}); {_ACCEPTED_FILE}") from None
     if stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{where}: a directory, not a file; {accepted}")
+        raise ConfigError(f"{where}: a directory, not a file; {_ACCEPTED_FILE}")
     if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{where}: not a regular file (a FIFO, socket or device); {accepted}")
+        raise ConfigError(f"{where}: not a regular file (a FIFO, socket or device); {_ACCEPTED_FILE}")
     if st.st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{where}: {st.st_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit; {accepted}")
+        raise ConfigError(f"{where}: {st.st_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit; {_ACCEPTED_FILE}")
 
 
 def _read_text(path: pathlib.Path, where: str) -> str:
@@ -71,8 +68,7 @@ def _read_text(path: pathlib.Path, where: str) -> str:
         with os.fdopen(fd, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
         if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{where}: over the {MAX_CONFIG_BYTES}-byte limit; accepted: a regular TOML or YAML "
-                              "file")
+            raise ConfigError(f"{where}: over the {MAX_CONFIG_BYTES}-byte limit; {_ACCEPTED_FILE}")
         return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{where}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
@@ -136,7 +132,7 @@ def _check_yaml_graph(node: Any, where: str) -> None:
         sizes[key], depths[key] = size, depth
 
 
-def read_toml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
+def read_toml(path: pathlib.Path, where: str) -> dict[str, Any]:
     """Read a gpudask.toml: top-level tables are dask config namespaces.
 
     ``[gpudask.rmm] pool-size = "4GB"`` and ``[distributed.comm.ucx] nvlink = true``
@@ -147,7 +143,6 @@ def read_toml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only
         import tomli as tomllib
-    where = where or str(path)
     text = _read_text(path, where)
     try:
         data = tomllib.loads(text)
@@ -163,11 +158,10 @@ def read_toml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
     return dict(data)
 
 
-def read_yaml(path: pathlib.Path, where: str | None = None) -> dict[str, Any]:
+def read_yaml(path: pathlib.Path, where: str) -> dict[str, Any]:
     """Read a dask YAML config file: a mapping of dask config namespaces (or nothing)."""
     import yaml
 
-    where = where or str(path)
     text = _read_text(path, where)
     loader = yaml.SafeLoader(text)
     try:
@@ -247,10 +241,8 @@ def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
     if extra_file:
         files.append((pathlib.Path(extra_file), f"--config {extra_file}"))
     for path, where in files:
-        if str(path).endswith((".yaml", ".yml")):
-            doc = read_yaml(path, where)
-        else:
-            doc = read_toml(path, where)
+        read = read_yaml if str(path).endswith((".yaml", ".yml")) else read_toml
+        doc = read(path, where)
         for key in flatten(doc):
             name = key.replace("_", "-")
             value = dask.config.get(key, config=doc)
@@ -270,16 +262,17 @@ def _not_chosen(key: str) -> bool:
     import dask.config
 
     current = dask.config.get(key, default=None)
-    return current is None or current == _default_of(key)
+    return current is None or current == dask.config.get(key, default=None, config=dask_defaults())
 
 
-def _default_of(key: str) -> Any:
+def dask_defaults() -> dict[str, Any]:
+    """dask's config defaults as they are now (every registered default merged), nobody's settings."""
     import dask.config
 
     merged: dict[str, Any] = {}
     for d in dask.config.defaults:
         dask.config.update(merged, d, priority="new")
-    return dask.config.get(key, default=None, config=merged)
+    return merged
 
 
 def flatten(tree: Any, prefix: str = "") -> list[str]:

@@ -166,11 +166,9 @@ def fingerprint(value: Any) -> bytes | None:
     keys 256 identical facts dicts of ~1000 items each (docs/benchmarks.md, scale)."""
     try:
         import msgpack  # distributed's own wire format: installed wherever distributed is
-    except ImportError:  # pragma: no cover - distributed depends on it
-        return None
-    try:
+
         key: bytes = msgpack.packb(value, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError):  # other types, too deep, too large an int
+    except (ImportError, TypeError, ValueError, OverflowError):  # no msgpack; other types, too deep, too large an int
         return None
     return key
 

@@ -40,12 +40,8 @@ def text(value: Any, limit: int = MAX_STR) -> str:
     """``value`` as an exact ``str`` of at most ``limit`` characters: a string (or str
     subclass) as its characters, anything else as ``str(value)`` -- plugin code: call it
     inside the hook's isolation."""
-    if isinstance(value, str):
-        out = str.__str__(value)
-    else:
-        shown = str(value)
-        out = str.__str__(shown) if isinstance(shown, str) else type_name(value)
-    return cut(out, limit)
+    # str() of anything else is a str (or a subclass: read as its characters too)
+    return cut(str.__str__(value if isinstance(value, str) else str(value)), limit)
 
 
 def cut(text: str, limit: int) -> str:

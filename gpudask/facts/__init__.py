@@ -61,9 +61,9 @@ def get_facts(path: str | os.PathLike[str] | None = None,
 
 
 def clear_cache() -> None:
-    from gpudask.facts.sections import clear_probed
+    from gpudask import session
 
-    clear_probed()
+    session.current().probed_sections.clear()  # the plugins' sections (gpudask.facts.sections)
     _cached_file.cache_clear()
     _cached_env.cache_clear()
     _cached_probe.cache_clear()

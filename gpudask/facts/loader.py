@@ -88,18 +88,14 @@ def _schema_error(where: str, data: Any) -> FactsError | None:
     key = fingerprint(data)
     if key is not None and key in valid:
         return None
-    error = _first_schema_error(where, data)
-    if error is None and key is not None and len(valid) < 256:
-        valid.add(key)
-    return error
-
-
-def _first_schema_error(where: str, data: Any) -> FactsError | None:
     if isinstance(data, dict) and type(data.get("schema")) is int and data["schema"] == 1:
         # the pre-release format (plugins' facts as GPU and top-level keys): not read any more
         return FactsError(f"{where}: key 'schema' is 1, a format gpudask no longer reads; rewrite the file as "
                           f"schema {SCHEMA_VERSION} (the plugins' facts move into 'sections': docs/facts.md)")
-    return remembered_error(schema(), _validator, data, where)
+    error = remembered_error(schema(), _validator, data, where)
+    if error is None and key is not None and len(valid) < 256:
+        valid.add(key)
+    return error
 
 
 def remembered_error(schema: Any, validator: Callable[[], Any], data: Any, where: str,

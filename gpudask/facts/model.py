@@ -147,16 +147,10 @@ def _match_entry(facts: Facts, entry: str, key: str) -> GPU:
         parent = entry[len("MIG-"):].split("/")[0].lower()
         found = [g for g in facts.gpus if g.uuid.lower() == parent]
     elif entry.startswith("MIG-"):
-        found = [
-            g
-            for g in facts.gpus
-            if any(str(i.get("uuid", "")).lower().startswith(entry.lower()) for i in g.mig.get("instances", []))
-        ]
+        found = [g for g in facts.gpus
+                 if any(str(i.get("uuid", "")).lower().startswith(entry.lower()) for i in g.mig.get("instances", []))]
     if len(found) == 1:
         return found[0]
     what = "is ambiguous" if found else "names no GPU"
-    raise FactsError(
-        f"{facts.where()}: {key} entry {entry!r} {what} "
-        f"(accepted: an index among {facts.known_indices()}, a 'GPU-<uuid>' or a 'MIG-<uuid>' of this host, "
-        f"or '' for none)"
-    )
+    raise FactsError(f"{facts.where()}: {key} entry {entry!r} {what} (accepted: an index among "
+                     f"{facts.known_indices()}, a 'GPU-<uuid>' or a 'MIG-<uuid>' of this host, or '' for none)")

@@ -94,10 +94,8 @@ def _probe_net_interfaces() -> dict[str, list[str]]:
 
     import psutil  # a dependency of distributed; imported here to keep module import light
 
-    return {
-        name: [a.address for a in addrs if a.family == socket.AF_INET]
-        for name, addrs in sorted(psutil.net_if_addrs().items())
-    }
+    return {name: [a.address for a in addrs if a.family == socket.AF_INET]
+            for name, addrs in sorted(psutil.net_if_addrs().items())}
 
 
 def _dist_info_versions() -> tuple[dict[str, str], bool]:
@@ -229,20 +227,18 @@ def _probe_gpus(session: NVMLSession) -> tuple[str | None, int | None, list[GPU]
         if not cpus and sysdev:
             cpus = _parse_cpulist(read_sysfs(os.path.join(sysdev, "local_cpulist")))
 
-        gpus.append(
-            GPU(
-                index=i,
-                uuid=_text(nv("nvmlDeviceGetUUID", h, default="")),
-                name=_text(nv("nvmlDeviceGetName", h, default="")),
-                memory_total=int(mem.total) if mem is not None else 0,
-                compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
-                pci_bus_id=bus,
-                pci_path=sysfs_realpath(sysdev) if sysdev else None,
-                numa_node=numa,
-                cpu_affinity=cpus,
-                mig=_probe_mig(pynvml, nv, h),
-            )
-        )
+        gpus.append(GPU(
+            index=i,
+            uuid=_text(nv("nvmlDeviceGetUUID", h, default="")),
+            name=_text(nv("nvmlDeviceGetName", h, default="")),
+            memory_total=int(mem.total) if mem is not None else 0,
+            compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
+            pci_bus_id=bus,
+            pci_path=sysfs_realpath(sysdev) if sysdev else None,
+            numa_node=numa,
+            cpu_affinity=cpus,
+            mig=_probe_mig(pynvml, nv, h),
+        ))
     return (_text(driver) if driver is not None else None), cuda, gpus
 
 
@@ -256,14 +252,10 @@ def _probe_mig(pynvml: Any, nv: Any, h: Any) -> dict[str, Any]:
             if mh is None:
                 continue  # an empty slot
             mem = nv("nvmlDeviceGetMemoryInfo", mh)
-            instances.append(
-                {
-                    "uuid": _text(nv("nvmlDeviceGetUUID", mh, default="")),
-                    "memory_total": int(mem.total) if mem is not None else 0,
-                    "gpu_instance_id": nv("nvmlDeviceGetGpuInstanceId", mh),
-                    "compute_instance_id": nv("nvmlDeviceGetComputeInstanceId", mh),
-                }
-            )
+            instances.append({"uuid": _text(nv("nvmlDeviceGetUUID", mh, default="")),
+                              "memory_total": int(mem.total) if mem is not None else 0,
+                              "gpu_instance_id": nv("nvmlDeviceGetGpuInstanceId", mh),
+                              "compute_instance_id": nv("nvmlDeviceGetComputeInstanceId", mh)})
     return {"enabled": enabled, "instances": instances}
 
 

@@ -78,10 +78,6 @@ def check_declared(plugin: str, distribution: str | None, result: Any, taken: Ma
     return out
 
 
-def clear_probed() -> None:
-    session.current().probed_sections.clear()
-
-
 def _probed(plugin: str, section: FactsSection, facts: Facts) -> Any:
     """The section probed in this process, by (name, probe, the host's core facts): a probe
     runs once per process, as the core's own probe (the process state's ``probed_sections``;
@@ -106,46 +102,39 @@ def with_sections(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) ->
     deferred: dict[str, Callable[[], Any]] = {}
     for plugin, section in declared:
         if section.name in sections:
-            value = sections[section.name]
+            _raise_if_invalid(facts, plugin, section, sections[section.name])
         elif facts.described:
             continue  # the file does not describe it: None for the plugin
-        elif not section.decides:
-            # probed when read (facts.section), in the process that reads it
+        elif section.decides:
+            sections[section.name] = _probe_and_check(plugin, section, facts)
+        else:  # probed when read (facts.section), in the process that reads it
             deferred[section.name] = functools.partial(_probe_and_check, plugin, section, facts)
-            continue
-        else:
-            value = sections[section.name] = _probed(plugin, section, facts)
-        _raise_if_invalid(facts, plugin, section, value)
     if sections == facts.sections and not deferred:
         return facts
     return replace(facts, sections=sections, deferred=deferred)
 
 
 def _raise_if_invalid(facts: Facts, plugin: str, section: FactsSection, value: Any) -> None:
-    error = section_error(facts.where(), section, value, plugin) or _check_error(facts, section, value, plugin)
+    """``value`` against the section's schema, then the section's own check against the core's facts."""
+    error = section_error(facts.where(), section, value, plugin)
     if error is not None:
         raise error
+    if section.check is None:
+        return
+    try:
+        found = section.check(value, facts)
+    except Exception as e:  # noqa: BLE001 - a check's failure names its plugin
+        raise PluginError(plugin, None, f"the check of facts section {section.name!r}", e) from e
+    if found is not None:
+        path, accepted, got = found
+        raise FactsError(f"{_fail(facts.where(), _key(['sections', section.name, *path]), accepted, got)} "
+                         f"(facts section of plugin {plugin!r})")
 
 
 def _probe_and_check(plugin: str, section: FactsSection, facts: Facts) -> Any:
     value = _probed(plugin, section, facts)
     _raise_if_invalid(facts, plugin, section, value)
     return value
-
-
-def _check_error(facts: Facts, section: FactsSection, value: Any, plugin: str) -> FactsError | None:
-    """The section's own check of ``value`` against the core's facts, as one line, or None."""
-    if section.check is None:
-        return None
-    try:
-        found = section.check(value, facts)
-    except Exception as e:  # noqa: BLE001 - a check's failure names its plugin
-        raise PluginError(plugin, None, f"the check of facts section {section.name!r}", e) from e
-    if found is None:
-        return None
-    path, accepted, got = found
-    return FactsError(f"{_fail(facts.where(), _key(['sections', section.name, *path]), accepted, got)} "
-                      f"(facts section of plugin {plugin!r})")
 
 
 def summaries(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> list[str]:
@@ -164,13 +153,9 @@ def summaries(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> lis
 
 def section_error(where: str, section: FactsSection, value: Any, plugin: str) -> FactsError | None:
     """The first place ``value`` leaves the section's schema, as one line, or None."""
-    error = remembered_error(dict(section.schema), lambda: _validator(section.schema), value, where,
+    error = remembered_error(dict(section.schema), lambda: strict_validator()(dict(section.schema)), value, where,
                              ["sections", section.name])
     return None if error is None else FactsError(f"{error} (facts section of plugin {plugin!r})")
-
-
-def _validator(schema: Mapping[str, Any]) -> Any:
-    return strict_validator()(dict(schema))
 
 
 def _schema_problem(schema: Mapping[str, Any]) -> str | None:

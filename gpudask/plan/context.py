@@ -7,7 +7,7 @@ changes what the plan was built from.  Only the warnings list grows.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -74,7 +74,11 @@ class PlanContext:
         try:
             return self.settings.get(key)
         except KeyError:
-            raise GpudaskError(_undeclared(key, self.settings.options)) from None
+            import difflib
+
+            close = difflib.get_close_matches(key, sorted(self.settings.options), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "is the plugin that declares it disabled?"
+            raise GpudaskError(f"no loaded plugin declares the option {key!r}; {hint}") from None
 
     def value(self, key: str) -> Any:
         """``require(key).value``: the parsed value of an option a plugin declares."""
@@ -91,14 +95,6 @@ class PlanContext:
         value = dask.config.get(key, default=None, config=dict(self.user_config))
         base = dask.config.get(key, default=None, config=_dask_defaults())
         return default if value is None or value == base else value
-
-
-def _undeclared(key: str, declared: Iterable[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(key, sorted(declared), n=1)
-    hint = f"did you mean {close[0]!r}?" if close else "is the plugin that declares it disabled?"
-    return f"no loaded plugin declares the option {key!r}; {hint}"
 
 
 _ATOMS = (str, int, float, bool, bytes, type(None))
@@ -133,10 +129,7 @@ _DEFAULTS: dict[str, Any] | None = None
 def _dask_defaults() -> dict[str, Any]:
     global _DEFAULTS
     if _DEFAULTS is None:
-        import dask.config
+        from gpudask.config_files import dask_defaults
 
-        merged: dict[str, Any] = {}
-        for d in dask.config.defaults:
-            dask.config.update(merged, d, priority="new")
-        _DEFAULTS = merged
+        _DEFAULTS = dask_defaults()
     return _DEFAULTS

@@ -95,8 +95,7 @@ class HostPlan:
     def for_role(self, role: str, index: int | None = None) -> ProcessPlan:
         if role == "worker":
             return self.workers[(index or 0) % len(self.workers)]
-        plans = {"scheduler": self.scheduler, "nanny": self.nanny, "client": self.client}
-        return plans[role]
+        return {"scheduler": self.scheduler, "nanny": self.nanny, "client": self.client}[role]
 
     def to_dict(self) -> dict[str, Any]:
         """What ``gpudask info --json`` prints."""
@@ -157,9 +156,8 @@ def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
         raise PlanFileError(f"{where}: {said}, which this gpudask does not read; {_ACCEPTED} (a planning "
                             "process and its workers must run the same gpudask)")
     _expect(doc, "protocol", str, "a string", where)
-    _expect(doc, "nworkers", int, "an integer >= 1", where)
-    if isinstance(doc["nworkers"], bool) or doc["nworkers"] < 1:
-        raise _wrong(where, "nworkers", doc["nworkers"], "an integer >= 1")
+    if not isinstance(doc.get("nworkers"), int) or isinstance(doc["nworkers"], bool) or doc["nworkers"] < 1:
+        raise _wrong(where, "nworkers", doc.get("nworkers"), "an integer >= 1")
     _expect(doc, "facts_origin", str, "a string", where)
     _expect_list(doc, "plugins", dict, "a list of objects", where)
     _expect_list(doc, "warnings", str, "a list of strings", where)

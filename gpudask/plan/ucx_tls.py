@@ -85,8 +85,7 @@ def check_user_tls(value: str | None, host_transports: list[str] | None) -> None
         names[0] = names[0][1:]
     bad = [n for n in names if n.split(":", 1)[0].rstrip("\\") not in known]
     if bad:
-        offered = (f"this host's UCX offers {', '.join(sorted(host_transports))}; "
-                   if host_transports else "")
+        offered = f"this host's UCX offers {', '.join(sorted(host_transports))}; " if host_transports else ""
         raise ConfigError(f"UCX_TLS={value!r:.200} names unknown transport(s) {', '.join(repr(b) for b in bad)}; "
                           f"accepted: {offered}UCX's names {', '.join(sorted(UCX_TLS_NAMES))}, comma-separated "
                           "(a leading ^ excludes)")
