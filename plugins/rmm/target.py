@@ -66,9 +66,7 @@ def share_of(total: int, workers: int, fraction: float = DEFAULT_FRACTION) -> in
 
 def share_maximum(total: int, workers: int) -> int | None:
     """A shared GPU's default pool stops growing at its share of :data:`SHARED_MAXIMUM_FRACTION` (None: one worker)."""
-    if workers <= 1:
-        return None
-    return int(SHARED_MAXIMUM_FRACTION * total / workers) // ALIGNMENT * ALIGNMENT
+    return None if workers <= 1 else share_of(total, workers, SHARED_MAXIMUM_FRACTION)
 
 
 def resolve(value: float | int, target: Target) -> int:
