@@ -252,10 +252,6 @@ def shown(ctx: PlanContext, key: str) -> str:
     return f"{key} = {raw!r} (from {setting.source})"
 
 
-def explicit(ctx: PlanContext, key: str) -> bool:
-    return ctx.require(key).explicit
-
-
 def allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | None:
     if s.allocator == "async":
         return "async"
