@@ -137,16 +137,15 @@ def own_gpu(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, int] | None:
 
 
 # -- apply ---------------------------------------------------------------------------
-def existing_context() -> Any:
-    """NVML's view of this process's CUDA context (never creates one): ``CudaDeviceInfo`` or None."""
+def _nvml_context() -> Any:
+    """NVML's ``has_cuda_context()`` for this process (never creates one); None when NVML fails."""
     from distributed.diagnostics import nvml
 
     try:
-        found = nvml.has_cuda_context()  # type: ignore[no-untyped-call]  # distributed is untyped
+        return nvml.has_cuda_context()  # type: ignore[no-untyped-call]  # distributed is untyped
     except Exception as e:  # noqa: BLE001 - NVML errors must not stop a process
         logger.debug("gpudask: NVML could not list CUDA contexts: %s", e)
         return None
-    return found.device_info if found.has_context else None
 
 
 def _describe(info: Any) -> str:
@@ -199,7 +198,8 @@ def report(ctx: PlanContext, plan: ProcessPlan, message: str) -> None:
 
 def check_existing(ctx: PlanContext, plan: ProcessPlan, when: str) -> None:
     """Report a CUDA context this process should not have at this point."""
-    info = existing_context()
+    found = _nvml_context()
+    info = found.device_info if found is not None and found.has_context else None  # CudaDeviceInfo
     if info is None:
         return
     if plan.role == "worker":
@@ -320,13 +320,9 @@ def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict
     """A scheduler's CUDA context where its plan has it (NVML: creates none)."""
     if plan.role not in ("scheduler", "nanny") or not ctx.gpus or ctx.facts.described:
         return None
-    from distributed.diagnostics import nvml
-
-    try:
-        found = nvml.has_cuda_context()  # type: ignore[no-untyped-call]  # distributed is untyped
-    except Exception as e:  # noqa: BLE001 - NVML missing or failing: nothing to compare
-        logger.debug("gpudask: NVML could not list CUDA contexts: %s", e)
-        return None
+    found = _nvml_context()
+    if found is None:
+        return None  # NVML missing or failing: nothing to compare
     info = found.device_info if found.has_context else None
     return compare_context(ctx, plan, _uuid_of(info) if info is not None else None)
 

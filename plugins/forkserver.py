@@ -138,15 +138,10 @@ def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
     os.register_at_fork(before=functools.partial(_before_fork, where))
 
 
-def ucx_initialized() -> bool:
-    """Has this process initialised UCX through distributed-ucxx?  (Never imports it.)"""
-    module = sys.modules.get("distributed_ucxx.ucxx")
-    return module is not None and getattr(module, "ucxx", None) is not None
-
-
 def _before_fork(where: str) -> None:
-    if not ucx_initialized():
-        return
+    module = sys.modules.get("distributed_ucxx.ucxx")  # never imported here
+    if module is None or getattr(module, "ucxx", None) is None:
+        return  # this process has not initialised UCX through distributed-ucxx
     try:
         stack = "".join(traceback.format_stack(limit=9)[:-1]).rstrip()  # without this frame
         logger.warning("gpudask: %s (pid %d) is forking after UCX initialised: if UCX opened an InfiniBand device "

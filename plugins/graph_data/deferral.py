@@ -95,23 +95,19 @@ def _nbytes(value: Any) -> int:
     return nbytes if isinstance(nbytes, int) else 0
 
 
-def _resolve(module: str, name: str) -> Any:
+def load_global(module: str, name: str) -> Any:
+    """What a :class:`DeferredGlobal` is where it is unpickled outside a graph read: the global."""
     obj: Any = importlib.import_module(module)
     for part in name.split("."):  # a qualified name: Class.method
         obj = getattr(obj, part)
     return obj
 
 
-def load_global(module: str, name: str) -> Any:
-    """What a :class:`DeferredGlobal` is where it is unpickled outside a graph read: the global."""
-    return _resolve(module, name)
-
-
 def call_deferred(module: str, name: str, args: Sequence[Any], state: Any = None) -> Any:
     """Make the call the scheduler deferred: in the worker that runs the task, on its GPU.
 
     (In a graph the scheduler reads, :class:`DeferringUnpickler` keeps this call deferred too.)"""
-    obj = _resolve(module, name)(*args)
+    obj = load_global(module, name)(*args)
     if state is not None:
         setstate = getattr(obj, "__setstate__", None)
         if setstate is not None:

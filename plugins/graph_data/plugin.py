@@ -110,13 +110,10 @@ def _reading_graph(original: Any) -> Any:
         token = deferral.READING_GRAPH.set(True)
         try:
             result = original(**kwargs)
-            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                result = await result
-            return result
+            return (await result) if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future) else result
         finally:
             deferral.READING_GRAPH.reset(token)
 
-    update_graph.__name__ = "update_graph"
     return update_graph
 
 

@@ -93,21 +93,19 @@ def parse_pool_size(value: Any) -> float | int | bool | None:
     return False if size == 0 else size
 
 
-def parse_optional_size(value: Any) -> float | int | None:
-    """A size or null; zero is refused (a zero maximum or scheduler pool means nothing)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-        return None
-    size = _parse_size(value)
-    if size == 0:
-        raise ValueError("a size greater than 0 or null: " + SIZE_FORM)
-    return size
-
-
 def parse_threshold(value: Any) -> float | int | None:
     """A size or null; zero is allowed (release everything at each synchronisation)."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
     return _parse_size(value)
+
+
+def parse_optional_size(value: Any) -> float | int | None:
+    """A size or null; zero is refused (a zero maximum or scheduler pool means nothing)."""
+    size = parse_threshold(value)
+    if size == 0:
+        raise ValueError("a size greater than 0 or null: " + SIZE_FORM)
+    return size
 
 
 def parse_workers_per_gpu(value: Any) -> int | None:
@@ -252,10 +250,6 @@ def shown(ctx: PlanContext, key: str) -> str:
     if setting.explicit and ctx.user_config:
         raw = dask.config.get(where, default=setting.value, config=dict(ctx.user_config))
     return f"{key} = {raw!r} (from {setting.source})"
-
-
-def explicit(ctx: PlanContext, key: str) -> bool:
-    return ctx.require(key).explicit
 
 
 def allocator_kind(s: RmmSettings, want_pool: bool, managed: bool) -> str | None:

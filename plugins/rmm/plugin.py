@@ -14,7 +14,7 @@ from gpudask.pluginapi import ConfigError, FactsSection, hookimpl, tls_enables
 from . import facts as rmm_facts
 from . import report as rmm_report
 from . import setup as rmm_setup
-from .options import (SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings, allocator_kind, explicit, gib, options,
+from .options import (SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings, allocator_kind, gib, options,
                       parse_pool_size, read_settings, shown)
 from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, reset_ucxx_keys, resolve,
                      default_initial, share_maximum, share_record, target_of)
@@ -215,7 +215,7 @@ def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
     want_pool, by_default, reasons = _want_pool(ctx, s, fast)
     kind = allocator_kind(s, want_pool, managed)
     asked = [k for k in ("gpudask.rmm.track-allocations", "gpudask.rmm.log-directory", "gpudask.rmm.libraries")
-             if explicit(ctx, k)]
+             if ctx.require(k).explicit]
     if kind is None and asked:
         # dask-cuda honours these without a pool too: RMM's default resource, with them
         kind = "default"
@@ -230,7 +230,7 @@ def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
         what = f"an RMM {kind} allocator on {target.label} of {who}"
         if not by_default:
             key = next((k for k in ("gpudask.rmm.pool-size", "gpudask.rmm.allocator", "gpudask.rmm.maximum-pool-size",
-                                    "gpudask.rmm.managed-memory") if explicit(ctx, k)), "gpudask.rmm.allocator")
+                                    "gpudask.rmm.managed-memory") if ctx.require(k).explicit), "gpudask.rmm.allocator")
             raise ConfigError(f"{shown(ctx, key)} asks for {what}, but rmm is not installed "
                               f"(pip install rmm-cu12 or rmm-cu13)")
         ctx.warn(f"UCX uses {_fast_text(fast)} but rmm is not installed: no RMM pool in workers "
@@ -306,7 +306,7 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
         maximum = resolve(s.maximum, target)
         check_fits(ctx, "gpudask.rmm.maximum-pool-size", maximum, target, who, shared=False)
         if initial is not None and maximum < initial:
-            if explicit(ctx, "gpudask.rmm.pool-size"):
+            if ctx.require("gpudask.rmm.pool-size").explicit:
                 raise ConfigError(
                     f"{shown(ctx, 'gpudask.rmm.maximum-pool-size')} = {maximum} bytes is below "
                     f"{shown(ctx, 'gpudask.rmm.pool-size')} = {initial} bytes on {target.label} of {who}; "
@@ -355,7 +355,6 @@ def _torch_through_rmm(s: RmmSettings, plan: ProcessPlan) -> bool:
 
 @hookimpl
 def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] | None:
-    """Build the planned memory resource in this worker process (or report why not)."""
     return rmm_setup.setup(ctx, plan)
 
 
@@ -367,7 +366,6 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
 
 @hookimpl
 def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
-    """The RMM resource and pool size in place in this worker, read back (proof of effect)."""
     return rmm_setup.applied_state(ctx, plan)
 
 
@@ -381,5 +379,4 @@ def gpudask_report_rows(plan: Mapping[str, Any],
 @hookimpl
 def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
                             subject: ProcessSide | None) -> list[Finding] | None:
-    """A worker whose default pool had to start smaller than planned (report.fitted_findings)."""
     return rmm_report.fitted_findings(subject)

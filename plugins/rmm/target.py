@@ -48,9 +48,8 @@ def target_of(ctx: PlanContext, plan: ProcessPlan) -> Target | None:
             return None
     instances = gpu.mig.get("instances", []) if gpu.mig.get("enabled") else []
     if instances:
-        chosen = next((i for i in instances if plan.gpu and i.get("uuid") == plan.gpu), None)
-        if chosen is None:  # CUDA shows a process one MIG instance: the first
-            chosen = instances[0]
+        # not named by the plan: CUDA shows a process one MIG instance, the first
+        chosen = next((i for i in instances if plan.gpu and i.get("uuid") == plan.gpu), instances[0])
         memory = int(chosen.get("memory_total") or 0)
         label = (f"MIG instance {chosen.get('uuid')} of GPU {gpu.index} ({gpu.name}, {gib(memory)})")
         return Target(label, memory, chosen.get("uuid"), gpu.index)
@@ -66,9 +65,7 @@ def share_of(total: int, workers: int, fraction: float = DEFAULT_FRACTION) -> in
 
 def share_maximum(total: int, workers: int) -> int | None:
     """A shared GPU's default pool stops growing at its share of :data:`SHARED_MAXIMUM_FRACTION` (None: one worker)."""
-    if workers <= 1:
-        return None
-    return int(SHARED_MAXIMUM_FRACTION * total / workers) // ALIGNMENT * ALIGNMENT
+    return None if workers <= 1 else share_of(total, workers, SHARED_MAXIMUM_FRACTION)
 
 
 def resolve(value: float | int, target: Target) -> int:

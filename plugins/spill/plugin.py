@@ -127,17 +127,14 @@ def gpudask_config_options() -> list[Option]:
 
 
 # --------------------------------------------------------------------------- checks
-def _raw(ctx: PlanContext, key: str) -> Any:
+def _shown(ctx: PlanContext, key: str) -> str:
     import dask.config
 
     setting = ctx.require(key)
-    if not setting.explicit:
-        return setting.value
-    return dask.config.get(key, default=setting.value, config=dict(ctx.user_config or {}))
-
-
-def _shown(ctx: PlanContext, key: str) -> str:
-    return f"{key} = {_raw(ctx, key)!r} (from {ctx.require(key).source})"
+    raw = setting.value
+    if setting.explicit:
+        raw = dask.config.get(key, default=setting.value, config=dict(ctx.user_config or {}))
+    return f"{key} = {raw!r} (from {setting.source})"
 
 
 @hookimpl

@@ -195,23 +195,20 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
 
     gpu, _ = process_gpu(ctx, plan)
     if gpu is None:
-        if ports and plan.role in ("nanny", "scheduler"):
+        if plan.role in ("nanny", "scheduler"):
             plan.note("all InfiniBand ports", f"the {plan.role} process moves no GPU data: UCX may use every "
                                               f"active port ({', '.join(map(port_label, ports))})")
         return
     if plan.role == "scheduler":
         plan.set_env("UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES", "cuda", "CUDA allocations the scheduler receives "
                                                                  "relayed frames into are registered whole, once")
-        if ports:
-            plan.note("all InfiniBand ports", "the scheduler talks to every worker and client: UCX may use every "
-                                              f"active port ({', '.join(map(port_label, ports))})")
+        plan.note("all InfiniBand ports", "the scheduler talks to every worker and client: UCX may use every "
+                                          f"active port ({', '.join(map(port_label, ports))})")
         return
     plan.set_env("UCX_MAX_RNDV_RAILS", "1", "a large GPU transfer uses one rail, the port chosen for this GPU, "
                                            "not every port of the host")
     plan.set_env("UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES", "cuda", "CUDA allocations (an RMM pool) are registered with "
                                                              "the InfiniBand card whole, once")
-    if not ports:
-        return
     if explicit_devices:
         if plan.role != "worker":
             return

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 from gpudask.pluginapi import FactsSection, StateDirError, plugin_state, read_private, state_dir, write_atomic
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from gpudask.pluginapi import Facts
 
 logger = logging.getLogger("distributed.gpudask")
@@ -205,20 +207,23 @@ def _cache_write(kind: str, value: Any, extra: str = "") -> None:
         pass
 
 
-def _run_ucx_info() -> list[str] | None:
+def _runs(args: list[str], base: dict[str, str], override: dict[str, str] | None = None) -> Iterator[Any]:
+    """``ucx_info *args`` from each place it may be, in order, for as long as the caller asks (one that
+    cannot run is skipped); its environment: ``base``, that place's own variables, then ``override``."""
     import subprocess
 
     for exe, extra_env in _ucx_info_commands():
-        env = dict(os.environ, **extra_env)
-        # We want what the host can do, not what this process selected or sees.
-        for var in ("UCX_TLS", "UCX_NET_DEVICES", "CUDA_VISIBLE_DEVICES"):
-            env.pop(var, None)
         try:
-            out = subprocess.run(
-                [exe, "-d"], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=UCX_INFO_TIMEOUT_S
-            )
+            yield subprocess.run([exe, *args], env={**base, **extra_env, **(override or {})}, stdin=subprocess.DEVNULL,
+                                 capture_output=True, text=True, timeout=UCX_INFO_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError):
             continue
+
+
+def _run_ucx_info() -> list[str] | None:
+    # We want what the host can do, not what this process selected or sees.
+    host = {k: v for k, v in os.environ.items() if k not in ("UCX_TLS", "UCX_NET_DEVICES", "CUDA_VISIBLE_DEVICES")}
+    for out in _runs(["-d"], host):
         if out.returncode != 0:
             continue
         transports = sorted(set(re.findall(r"^#\s*Transport:\s*(\S+)", out.stdout, re.MULTILINE)))
@@ -259,16 +264,8 @@ def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | Non
 
 
 def _run_ucx_unused(names: dict[str, str]) -> list[tuple[str, str | None]] | None:
-    import subprocess
-
-    for exe, extra_env in _ucx_info_commands():
-        env = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")}
-        env.update(extra_env, **names, UCX_WARN_UNUSED_ENV_VARS="y")
-        try:
-            out = subprocess.run([exe, "-e", "-u", "t"], env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                                 text=True, timeout=UCX_INFO_TIMEOUT_S)
-        except (OSError, subprocess.SubprocessError):
-            continue
+    no_ucx = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")}
+    for out in _runs(["-e", "-u", "t"], no_ucx, dict(names, UCX_WARN_UNUSED_ENV_VARS="y")):
         found = re.findall(r"unused environment variable: (UCX_\w+)(?: \(maybe: (UCX_\w+)\?\))?",
                            out.stdout + out.stderr)
         return [(name, maybe or None) for name, maybe in found if name in names]
