@@ -29,23 +29,21 @@ from gpudask.errors import GpudaskError
 from gpudask.findings import Finding, worst
 from gpudask.plan import cpu_ranges
 from gpudask.printable import printable
-from gpudask.textwidth import terminal_width, wrap_text
+from gpudask.textwidth import wrap_text
 
 ADDRESS_FORMS = "tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT, or --scheduler-file FILE"
 
 
 def _fetch_scheduler_report(client: Any) -> dict[str, Any]:
-    report: dict[str, Any]
     try:
-        report = client.run_on_scheduler(report_on_scheduler)
+        return client.run_on_scheduler(report_on_scheduler)
     except Exception as first:  # noqa: BLE001
         # pickled functions refused (distributed.scheduler.pickle: false)? the handler
         # of an installed check needs no pickle
         try:
-            report = client.sync(client.scheduler.gpudask_check, sides=True)
+            return client.sync(client.scheduler.gpudask_check, sides=True)
         except Exception:  # noqa: BLE001
             raise first from None
-    return report
 
 
 def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
@@ -123,8 +121,6 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
                   width: int | None = -1) -> str:
     """``gpudask check`` without ``--json``; ``table`` renders headers and rows as text; prose
     is wrapped to ``width`` (-1: the terminal's)."""
-    if width == -1:
-        width = terminal_width()
     sched = report.get("scheduler") or {}
     gpus = sched.get("gpus")
     origin = sched.get("facts_origin")
