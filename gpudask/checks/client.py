@@ -142,8 +142,7 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
     else:
         lines.append("no workers connected")
     lines += [wrap_text(printable(f"refused: {address}"), width) for address in report.get("refused") or {}]
-    groups = _grouped_findings(report.get("findings") or [], numbers)
-    for where, found in groups.items():
+    for where, found in _grouped_findings(report.get("findings") or [], numbers).items():
         lines += ["", wrap_text(printable(f"{where}:"), width)]
         for f in found:
             lines.append(wrap_text(printable(f"  {f['severity']}: [{f.get('plugin') or 'gpudask'}] {f.get('message')}"),
