@@ -28,10 +28,7 @@ _WHERE = {
     **dict.fromkeys(["SEVERITIES", "Finding", "worst"], "gpudask.findings"),
 }
 
-__all__ = ["ACTIONS", "ACTION_KEY", "CLIENT_WARN_TOPIC", "EVENT_TOPIC", "EXTRA_KEY", "HANDLER", "PLUGIN_NAME",
-           "PUBLISHED_KEY", "SEVERITIES", "Finding", "SchedulerCheck", "check", "check_cli", "evaluate_worker",
-           "format_report", "install", "local_side", "plan_here", "report_on_scheduler", "run_check", "run_hooks",
-           "scheme", "side_from_published", "worst"]
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:

@@ -29,23 +29,21 @@ from gpudask.errors import GpudaskError
 from gpudask.findings import Finding, worst
 from gpudask.plan import cpu_ranges
 from gpudask.printable import printable
-from gpudask.textwidth import terminal_width, wrap_text
+from gpudask.textwidth import wrap_text
 
 ADDRESS_FORMS = "tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT, or --scheduler-file FILE"
 
 
 def _fetch_scheduler_report(client: Any) -> dict[str, Any]:
-    report: dict[str, Any]
     try:
-        report = client.run_on_scheduler(report_on_scheduler)
+        return client.run_on_scheduler(report_on_scheduler)
     except Exception as first:  # noqa: BLE001
         # pickled functions refused (distributed.scheduler.pickle: false)? the handler
         # of an installed check needs no pickle
         try:
-            report = client.sync(client.scheduler.gpudask_check, sides=True)
+            return client.sync(client.scheduler.gpudask_check, sides=True)
         except Exception:  # noqa: BLE001
             raise first from None
-    return report
 
 
 def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
@@ -123,8 +121,6 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
                   width: int | None = -1) -> str:
     """``gpudask check`` without ``--json``; ``table`` renders headers and rows as text; prose
     is wrapped to ``width`` (-1: the terminal's)."""
-    if width == -1:
-        width = terminal_width()
     sched = report.get("scheduler") or {}
     gpus = sched.get("gpus")
     origin = sched.get("facts_origin")
@@ -146,8 +142,7 @@ def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[
     else:
         lines.append("no workers connected")
     lines += [wrap_text(printable(f"refused: {address}"), width) for address in report.get("refused") or {}]
-    groups = _grouped_findings(report.get("findings") or [], numbers)
-    for where, found in groups.items():
+    for where, found in _grouped_findings(report.get("findings") or [], numbers).items():
         lines += ["", wrap_text(printable(f"{where}:"), width)]
         for f in found:
             lines.append(wrap_text(printable(f"  {f['severity']}: [{f.get('plugin') or 'gpudask'}] {f.get('message')}"),

@@ -101,10 +101,9 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
 
         return client.sync(run)
 
-    info = client.scheduler_info()
+    known = sorted(client.scheduler_info().get("workers") or {})
     address = client.scheduler.address
     protocol = parse_address(address)[0]
-    known = sorted(info.get("workers") or {})
     report: dict[str, Any] = {"time": time.time(), "scheduler": address, "protocol": protocol,
                               "timeout": timeout, "workers": [], "array": None, "paths": [], "status": "failed"}
 

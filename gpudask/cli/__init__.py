@@ -52,15 +52,11 @@ def main() -> None:
     """gpudask: stock dask scheduler/worker, set up for GPUs by plugins."""
 
 
-_facts_option = click.option("--facts", "facts", type=click.Path(dir_okay=False),
-                             help="Describe the host with a facts file (schema 2) instead of probing it.")
-_config_option = click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-                              help="A gpudask.toml (or dask YAML) file merged over the config in effect.")
-
-
 @main.command()
-@_facts_option
-@_config_option
+@click.option("--facts", "facts", type=click.Path(dir_okay=False),
+              help="Describe the host with a facts file (schema 2) instead of probing it.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="A gpudask.toml (or dask YAML) file merged over the config in effect.")
 @click.option("--protocol", default="tcp", show_default=True, help="tcp, ucx or ucxx.")
 @click.option("--nworkers", type=click.IntRange(min=1), default=None,
               help="Workers on this host (default: one per visible GPU, at least 1).")

@@ -264,8 +264,6 @@ def display_warnings(host: HostPlan) -> list[str]:
 
 def plan_summary(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
     """The short answer: host, one table of workers, what differs from stock, the command lines."""
-    if width == -1:
-        width = terminal_width()
     head = [_host(host), f"driver {host.facts.driver_version or 'none'}{_facts_words(host)}; protocol "
             f"{host.protocol}, {host.nworkers} worker(s)"]
     if not host.facts.visible_gpus():
@@ -291,8 +289,6 @@ def _short_uuids_in(text: str, host: HostPlan) -> str:
 def plan_table(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
     """Everything: the workers, every process's settings and decisions with their reasons, each
     said once under the processes that share it (:mod:`gpudask.cli.said_once`)."""
-    if width == -1:
-        width = terminal_width()
     out = [wrap_text("\n".join(_header(host)), width), "", _worker_table(host, width)]
     shared = _table_columns(host)[1]
     if shared and len(host.workers) > 1:
