@@ -12,6 +12,15 @@ from gpudask.testing.processes import ProcessCluster, wait_for_scheduler_file
 from gpudask_bench.workers import detached, getpid
 
 
+def read_lines(path: str) -> list[str] | None:
+    """The lines of a log file; None when it cannot be read (not written yet, removed)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()
+    except OSError:
+        return None
+
+
 class Cluster:
     """The processes of one configuration (a scheduler, one or more worker CLIs) and a client."""
 
@@ -38,12 +47,9 @@ class Cluster:
     def log_tail(self, lines: int = 12) -> str:
         out = []
         for path in self.logs():
-            try:
-                with open(path, errors="replace") as f:
-                    tail = f.read().splitlines()[-lines:]
-            except OSError:
-                continue
-            out.append(f"--- {os.path.basename(path)}\n" + "\n".join(tail))
+            text = read_lines(path)
+            if text is not None:
+                out.append(f"--- {os.path.basename(path)}\n" + "\n".join(text[-lines:]))
         return "\n".join(out)
 
     def start(self, timeout: float) -> float:

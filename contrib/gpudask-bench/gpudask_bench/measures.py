@@ -10,7 +10,7 @@ import statistics
 import time
 from typing import Any
 
-from gpudask_bench.cluster import Cluster
+from gpudask_bench.cluster import Cluster, read_lines
 from gpudask_bench.configs import MiB, Host
 
 # gpudask logs under distributed's logger (gpudask.apply.preload), so `dask worker`'s
@@ -131,12 +131,7 @@ def profile_launch(cluster: Cluster) -> dict[str, Any]:
     roles = cluster.roles()
     events: dict[int, dict[str, float]] = {}
     for path in cluster.logs():
-        try:
-            with open(path, errors="replace") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            continue
-        for line in lines:
+        for line in read_lines(path) or []:
             m = _LOG_LINE.match(line)
             if not m or not m.group(2):
                 continue

@@ -76,8 +76,7 @@ class Runner(Measuring):
                         self._failed("workloads", e)
             finally:
                 t_stop = time.perf_counter()
-                self.strays += cluster.stop()
-                self.keep_logs(cluster, i)
+                self._stop(cluster, i)
                 self.echo(f"[{self.spec.name}] teardown {time.perf_counter() - t_stop:.1f} s")
             if last:
                 break
@@ -86,9 +85,7 @@ class Runner(Measuring):
                 self._spill()
             else:
                 self.notes.append("no spill figure: it needs CuPy arrays on a GPU")
-        finish(ready)
-        for fig in self.figures.values():
-            finish(fig)
+        finish(*self.figures.values())  # ready_s among them
         self.result["figures"] = self.figures
         self.result["notes"] = self.notes
         if self.opts.profile:
@@ -112,8 +109,7 @@ class Runner(Measuring):
             self.launches += 1
             return cluster
         except Exception as e:
-            self.strays += cluster.stop()
-            self.keep_logs(cluster, i)
+            self._stop(cluster, i)
             if isinstance(e, Interrupted):
                 raise
             self.result["status"] = "failed" if i == 0 else "partial"
@@ -152,8 +148,7 @@ class Runner(Measuring):
         except Exception as e:  # e.g. CUDA out of memory: the workers did not spill
             self._failed("spill", e)
         finally:
-            self.strays += cluster.stop()
-            self.keep_logs(cluster, "spill")
+            self._stop(cluster, "spill")
         peaks = [d["peak_worker_gpu_bytes"] for d in details if d.get("peak_worker_gpu_bytes")]
         if peaks:
             peak = self.figures["spill_peak_worker_gpu_MiB"] = figure("spill: peak worker GPU memory", "MiB", LOWER)
@@ -162,7 +157,9 @@ class Runner(Measuring):
         if details:
             self.result["spill"] = details[-1]
 
-    def keep_logs(self, cluster: Cluster, i: int | str) -> None:
+    def _stop(self, cluster: Cluster, i: int | str) -> None:
+        """Stop launch ``i``'s processes; keep its logs in --log-dir."""
+        self.strays += cluster.stop()
         if not self.log_dir:
             return
         dest = os.path.join(self.log_dir, self.spec.name, f"launch-{i}")
