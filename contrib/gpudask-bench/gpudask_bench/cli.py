@@ -225,8 +225,3 @@ def _parse_size(value: str, option: str) -> int:
         raise click.BadParameter(f"{value!r}: accepted: a number of bytes or a size such as 4GB (0: none)",
                                  param_hint=option)
     return int(size)
-
-
-def bench_main(args: list[str]) -> None:
-    """Entry point of ``gpudask bench`` (the CLI passes its arguments through)."""
-    bench_command.main(args=list(args), prog_name="gpudask bench")
