@@ -52,8 +52,8 @@ class Cluster:
                 out.append(f"--- {os.path.basename(path)}\n" + "\n".join(text[-lines:]))
         return "\n".join(out)
 
-    def start(self, timeout: float) -> float:
-        """Launch everything, wait for all workers; return the ready time in seconds."""
+    def start(self, timeout: float) -> None:
+        """Launch everything, wait for all workers; ``ready_s``: how long that took."""
         from distributed import Client
 
         env = self.processes.env
@@ -80,7 +80,6 @@ class Cluster:
                     raise TimeoutError(f"{have} of {self.opts.nworkers} workers after {timeout:.0f} s") from None
         self.ready_s = time.perf_counter() - t0
         self.workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
-        return self.ready_s
 
     def _check_alive(self) -> None:
         for p in self.popens:

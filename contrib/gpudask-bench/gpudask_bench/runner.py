@@ -18,14 +18,10 @@ __all__ = ["Interrupted", "Runner", "TimeBox", "finish"]
 
 
 class Runner(Measuring):
-    """Measures one configuration within its time box."""
-
     def __init__(self, spec: Spec, host: Host, opts: Options, workdir: str, deadline: float,
                  echo: Callable[[str], None], log_dir: str | None = None):
         self.spec, self.host, self.opts, self.workdir = spec, host, opts, workdir
-        self.log_dir = log_dir
-        self.deadline = deadline
-        self.echo = echo
+        self.log_dir, self.deadline, self.echo = log_dir, deadline, echo
         self.figures: dict[str, dict[str, Any]] = {}
         self.notes: list[str] = list(spec.notes)
         self.result: dict[str, Any] = {"name": spec.name, "protocol": spec.protocol, "status": "ok",

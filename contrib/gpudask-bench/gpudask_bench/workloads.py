@@ -1,8 +1,4 @@
-"""What one launch of a configuration measures, within the configuration's time box.
-
-:class:`Measuring` holds the time box and these workloads; :class:`~gpudask_bench.runner.Runner`
-adds the launches (and the spill launch) of the configuration around them.
-"""
+"""What one launch of a configuration measures, within the configuration's time box."""
 
 from __future__ import annotations
 
@@ -42,7 +38,6 @@ class Measuring:
 
     # -- time box ----------------------------------------------------------------------
     def _failed(self, what: str, e: Exception) -> None:
-        """A step that failed: the result is partial, the notes and the progress say why."""
         self.result["status"] = "partial"
         self.notes.append(f"{what} failed: {type(e).__name__}: {e}")
         self.echo(f"[{self.spec.name}] {what} failed: {type(e).__name__}: {e}")
@@ -51,8 +46,6 @@ class Measuring:
         return self.deadline - time.perf_counter()
 
     def timeout(self, at_least: float) -> float:
-        """A timeout for one step: what the time box leaves (plus a margin), never below
-        ``at_least``, never more than 10 minutes."""
         return min(600.0, max(at_least, self.left() + 10.0))
 
     def _loop(self, fig: dict[str, Any], run: Callable[[], float | None], warmup: bool = True,
