@@ -218,10 +218,8 @@ class RawRunner:
             bw_fig["warmup"] = [row["nbytes"] / t / 1e9 for t in row["warmup"]]
             t_fig["note"] = row.get("note")
             # one buffer sent and received is also the ceiling of a pull of that size
-            for kind in ("s", "GBps"):
-                pulled = dict(self.figures[f"transfer_{label}_{kind}"])
-                pulled["label"] = pulled["label"].replace("transfer", "pull", 1)
-                self.figures[f"pull_{label}_{kind}"] = pulled
+            for kind, fig in (("s", t_fig), ("GBps", bw_fig)):
+                self.figures[f"pull_{label}_{kind}"] = {**fig, "label": fig["label"].replace("transfer", "pull", 1)}
             if row.get("verified") is False:
                 # bytes that did not arrive intact make the figure meaningless: keep it, say so
                 self.result["status"] = "partial"
