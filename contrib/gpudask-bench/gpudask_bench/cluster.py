@@ -74,18 +74,15 @@ class Cluster:
                 self.client.wait_for_workers(self.opts.nworkers, timeout=step)
                 break
             except TimeoutError:
-                self._check_alive()
+                for p in self.popens:
+                    if p.poll() is not None:
+                        what = "scheduler" if p is self.scheduler else "worker CLI"
+                        raise RuntimeError(f"{what} exited with {p.returncode}")
                 if time.perf_counter() > deadline:
                     have = len(self.client.scheduler_info(n_workers=-1)["workers"])
                     raise TimeoutError(f"{have} of {self.opts.nworkers} workers after {timeout:.0f} s") from None
         self.ready_s = time.perf_counter() - t0
         self.workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
-
-    def _check_alive(self) -> None:
-        for p in self.popens:
-            if p.poll() is not None:
-                what = "scheduler" if p is self.scheduler else "worker CLI"
-                raise RuntimeError(f"{what} exited with {p.returncode}")
 
     def collect_pids(self) -> None:
         pid_of = detached(getpid)
