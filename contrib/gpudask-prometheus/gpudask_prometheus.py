@@ -80,8 +80,6 @@ _FAMILIES = {
 
 
 class _Families:
-    """Metric families built from published dicts, one sample per worker."""
-
     def __init__(self, prefix: str, extra_labels: list[str]):
         from prometheus_client.core import GaugeMetricFamily
 
@@ -121,15 +119,12 @@ class _Families:
         late = published.get("late") or {}
         f["restart"].add_metric(values, float(len(late.get("needs_restart") or [])))
 
-    def families(self) -> list[Any]:
-        return list(self.by_name.values())
-
 
 def worker_metrics(published: dict[str, Any], namespace: str | None = None) -> list[Any]:
     """The metric families a worker exports, from what its gpudask published."""
     fam = _Families(f"{namespace or _namespace()}_worker", [])
     fam.add(published, {})
-    return fam.families()
+    return list(fam.by_name.values())
 
 
 def cluster_metrics(workers: dict[str, Any], namespace: str | None = None) -> list[Any]:
@@ -165,7 +160,7 @@ def cluster_metrics(workers: dict[str, Any], namespace: str | None = None) -> li
             status.add_metric([address], float(level))
     for key, n in counts.items():
         running.add_metric([key], float(n))
-    return [*fam.families(), running, findings, status]
+    return [*fam.by_name.values(), running, findings, status]
 
 
 class _Collector:

@@ -99,10 +99,8 @@ def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] 
     global _RESULT
     if _RESULT is not None:
         return {**_RESULT, "already_set_up": True}
-    result = _setup(ctx, plan)
-    result["pid"] = os.getpid()
-    _RESULT = result
-    return result
+    _RESULT = {**_setup(ctx, plan), "pid": os.getpid()}
+    return _RESULT
 
 
 def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:

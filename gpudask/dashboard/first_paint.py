@@ -45,9 +45,7 @@ def _show(key: str, value: Any) -> str:
         return _bytes(value)
     if isinstance(value, list):
         return ", ".join(map(_js_string, value))
-    if value is None:
-        return "\u2014"
-    return _js_string(value)
+    return _js_string(value)  # never None: _kv leaves those out
 
 
 def _js_string(value: Any) -> str:

@@ -101,8 +101,7 @@ def _present(probe: dict[str, Any] | None, connected: set[str]) -> dict[str, Any
         return probe
     workers = probe.get("workers") or []
     here = [w for w in workers if w in connected]
-    gone = len(workers) - len(here)
-    return {**probe, "workers": here, "workers_left": gone}
+    return {**probe, "workers": here, "workers_left": len(workers) - len(here)}
 
 
 def last_probe(scheduler: Any) -> dict[str, Any] | None:

@@ -15,12 +15,3 @@ its clusters with :mod:`gpudask.testing.processes`, the process helper the tests
 Importing it is cheap: numpy, cupy, dask, distributed, psutil and pynvml are imported
 inside the functions that use them.
 """
-
-from __future__ import annotations
-
-
-def bench_main(args: list[str]) -> None:
-    """Entry point of ``gpudask bench`` (the CLI passes its arguments through)."""
-    from gpudask_bench.cli import bench_main as main
-
-    main(args)

@@ -59,7 +59,7 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
             os.makedirs(workdir, exist_ok=True)
             # a cluster's commands, why it is skipped, or None: the raw column (no cluster, its own runner)
             sched_file = os.path.join(workdir, "scheduler.json")
-            spec: Spec | str | None = (raw_ucxx.skip_reason(host) if name == raw_ucxx.NAME
+            spec: Spec | str | None = (raw_ucxx.skip_reason() if name == raw_ucxx.NAME
                                        else build_spec(name, host, opts, sched_file, workdir))
             todo.append((name, workdir, spec))
         runnable = sum(1 for _, _, spec in todo if not isinstance(spec, str))
@@ -70,13 +70,12 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
                 echo(f"[{name}] skipped: {spec}")
                 continue
             left = end - time.perf_counter()
+            share = left / runnable
+            runnable -= 1
             if left < 20:
                 results.append(_skipped(name, "time box: --max-seconds spent before this configuration"))
                 echo(f"[{name}] skipped: time box")
-                runnable -= 1
                 continue
-            share = left / runnable
-            runnable -= 1
             runner: Runner | raw_ucxx.RawRunner
             if spec is None:
                 # placed like the gpudask workers; compared with them when they ran before it
@@ -88,8 +87,7 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
                 results.append(runner.run())
             except Interrupted:
                 runner.result.update({"status": "interrupted", "figures": runner.figures, "notes": runner.notes})
-                for fig in runner.figures.values():
-                    finish(fig)
+                finish(*runner.figures.values())
                 results.append(runner.result)
                 results += [_skipped(rest, "interrupted") for rest, _, _ in todo]
                 raise
@@ -227,8 +225,3 @@ def _parse_size(value: str, option: str) -> int:
         raise click.BadParameter(f"{value!r}: accepted: a number of bytes or a size such as 4GB (0: none)",
                                  param_hint=option)
     return int(size)
-
-
-def bench_main(args: list[str]) -> None:
-    """Entry point of ``gpudask bench`` (the CLI passes its arguments through)."""
-    bench_command.main(args=list(args), prog_name="gpudask bench")

@@ -12,6 +12,15 @@ from gpudask.testing.processes import ProcessCluster, wait_for_scheduler_file
 from gpudask_bench.workers import detached, getpid
 
 
+def read_lines(path: str) -> list[str] | None:
+    """The lines of a log file; None when it cannot be read (not written yet, removed)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()
+    except OSError:
+        return None
+
+
 class Cluster:
     """The processes of one configuration (a scheduler, one or more worker CLIs) and a client."""
 
@@ -38,16 +47,13 @@ class Cluster:
     def log_tail(self, lines: int = 12) -> str:
         out = []
         for path in self.logs():
-            try:
-                with open(path, errors="replace") as f:
-                    tail = f.read().splitlines()[-lines:]
-            except OSError:
-                continue
-            out.append(f"--- {os.path.basename(path)}\n" + "\n".join(tail))
+            text = read_lines(path)
+            if text is not None:
+                out.append(f"--- {os.path.basename(path)}\n" + "\n".join(text[-lines:]))
         return "\n".join(out)
 
-    def start(self, timeout: float) -> float:
-        """Launch everything, wait for all workers; return the ready time in seconds."""
+    def start(self, timeout: float) -> None:
+        """Launch everything, wait for all workers; ``ready_s``: how long that took."""
         from distributed import Client
 
         env = self.processes.env
@@ -68,19 +74,15 @@ class Cluster:
                 self.client.wait_for_workers(self.opts.nworkers, timeout=step)
                 break
             except TimeoutError:
-                self._check_alive()
+                for p in self.popens:
+                    if p.poll() is not None:
+                        what = "scheduler" if p is self.scheduler else "worker CLI"
+                        raise RuntimeError(f"{what} exited with {p.returncode}")
                 if time.perf_counter() > deadline:
                     have = len(self.client.scheduler_info(n_workers=-1)["workers"])
                     raise TimeoutError(f"{have} of {self.opts.nworkers} workers after {timeout:.0f} s") from None
         self.ready_s = time.perf_counter() - t0
         self.workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
-        return self.ready_s
-
-    def _check_alive(self) -> None:
-        for p in self.popens:
-            if p.poll() is not None:
-                what = "scheduler" if p is self.scheduler else "worker CLI"
-                raise RuntimeError(f"{what} exited with {p.returncode}")
 
     def collect_pids(self) -> None:
         pid_of = detached(getpid)

@@ -89,9 +89,7 @@ def run(scheduler_file: str, protocol: str, operation: str, size: int, chunk: in
     if log:
         with open(log, "w") as f:
             f.write(" ".join(cmd) + f"\n--- exit {rc}\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
-    result = parse(stdout)
-    result["returncode"] = rc
-    result["argv"] = cmd[3:]
+    result = {**parse(stdout), "returncode": rc, "argv": cmd[3:]}
     if rc != 0 or not result["runs"]:
         result["error"] = f"timed out after {timeout:.0f} s" if rc is None else error_text(stderr)
     return result

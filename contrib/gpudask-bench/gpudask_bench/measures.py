@@ -10,7 +10,7 @@ import statistics
 import time
 from typing import Any
 
-from gpudask_bench.cluster import Cluster
+from gpudask_bench.cluster import Cluster, read_lines
 from gpudask_bench.configs import MiB, Host
 
 # gpudask logs under distributed's logger (gpudask.apply.preload), so `dask worker`'s
@@ -117,13 +117,6 @@ _STAGES = {"scheduler": ("start", "gpudask", "listen"),
            "worker": ("start", "gpudask", "listen", "registered")}
 
 
-def _parse_log_time(text: str) -> float | None:
-    try:
-        return datetime.datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    except ValueError:
-        return None
-
-
 def profile_launch(cluster: Cluster) -> dict[str, Any]:
     """Per-process timestamps of one launch, in seconds after the launch: process start
     -> gpudask imported (its startup line) -> listening -> registered with the scheduler."""
@@ -131,17 +124,13 @@ def profile_launch(cluster: Cluster) -> dict[str, Any]:
     roles = cluster.roles()
     events: dict[int, dict[str, float]] = {}
     for path in cluster.logs():
-        try:
-            with open(path, errors="replace") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            continue
-        for line in lines:
+        for line in read_lines(path) or []:
             m = _LOG_LINE.match(line)
             if not m or not m.group(2):
                 continue
-            t = _parse_log_time(m.group(1))
-            if t is None:
+            try:
+                t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
                 continue
             pid, logger, msg = int(m.group(2)), m.group(3), m.group(5)
             ev = events.setdefault(pid, {})

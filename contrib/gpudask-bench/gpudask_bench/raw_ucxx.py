@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from gpudask.testing import processes
+from gpudask_bench.cluster import read_lines
 from gpudask_bench.configs import Host, Options, base_env, has_module
 from gpudask_bench.measures import proto_info
 from gpudask_bench.report import HIGHER, LOWER, brief, figure, finish, size_label
@@ -29,11 +30,8 @@ _NOT_MEASURED = ("ready, (x + x.T).sum() and GPU memory outside workers are not 
                  "no cluster, two plain ucxx processes")
 
 
-def skip_reason(host: Host) -> str | None:
-    """Why the column cannot run here, or None."""
-    if not has_module("ucxx"):
-        return "ucxx (distributed-ucxx) is not installed"
-    return None
+def skip_reason() -> str | None:
+    return None if has_module("ucxx") else "ucxx (distributed-ucxx) is not installed"
 
 
 def _interface_ip(interface: str) -> str | None:
@@ -157,8 +155,7 @@ class RawRunner:
             self.echo(f"[{NAME}] failed: {type(e).__name__}: {e}")
         finally:
             self._stop()
-        for fig in self.figures.values():
-            finish(fig)
+        finish(*self.figures.values())
         self.notes.append(_NOT_MEASURED)
         self.result.update({"figures": self.figures, "notes": self.notes})
         return self.result
@@ -221,10 +218,8 @@ class RawRunner:
             bw_fig["warmup"] = [row["nbytes"] / t / 1e9 for t in row["warmup"]]
             t_fig["note"] = row.get("note")
             # one buffer sent and received is also the ceiling of a pull of that size
-            for kind in ("s", "GBps"):
-                pulled = dict(self.figures[f"transfer_{label}_{kind}"])
-                pulled["label"] = pulled["label"].replace("transfer", "pull", 1)
-                self.figures[f"pull_{label}_{kind}"] = pulled
+            for kind, fig in (("s", t_fig), ("GBps", bw_fig)):
+                self.figures[f"pull_{label}_{kind}"] = {**fig, "label": fig["label"].replace("transfer", "pull", 1)}
             if row.get("verified") is False:
                 # bytes that did not arrive intact make the figure meaningless: keep it, say so
                 self.result["status"] = "partial"
@@ -238,11 +233,9 @@ class RawRunner:
     def _log_tail(self, lines: int = 8) -> str:
         out = []
         for name in ("peer-a.log", "peer-b.log"):
-            try:
-                with open(os.path.join(self.workdir, name), errors="replace") as f:
-                    out.append(f"{name}: " + " | ".join(f.read().splitlines()[-lines:]))
-            except OSError:
-                continue
+            text = read_lines(os.path.join(self.workdir, name))
+            if text is not None:
+                out.append(f"{name}: " + " | ".join(text[-lines:]))
         return "; ".join(out)
 
     def _stop(self) -> None:

@@ -27,10 +27,11 @@ def _best_median(fig: dict[str, Any]) -> tuple[float, float] | None:
     return ((min(runs) if fig["better"] == LOWER else max(runs)), statistics.median(runs)) if runs else None
 
 
-def finish(fig: dict[str, Any]) -> None:
-    found = _best_median(fig)
-    if found:
-        fig["best"], fig["median"] = found
+def finish(*figs: dict[str, Any]) -> None:
+    for fig in figs:
+        found = _best_median(fig)
+        if found:
+            fig["best"], fig["median"] = found
 
 
 def brief(fig: dict[str, Any], unit: str) -> str:

@@ -18,14 +18,10 @@ __all__ = ["Interrupted", "Runner", "TimeBox", "finish"]
 
 
 class Runner(Measuring):
-    """Measures one configuration within its time box."""
-
     def __init__(self, spec: Spec, host: Host, opts: Options, workdir: str, deadline: float,
                  echo: Callable[[str], None], log_dir: str | None = None):
         self.spec, self.host, self.opts, self.workdir = spec, host, opts, workdir
-        self.log_dir = log_dir
-        self.deadline = deadline
-        self.echo = echo
+        self.log_dir, self.deadline, self.echo = log_dir, deadline, echo
         self.figures: dict[str, dict[str, Any]] = {}
         self.notes: list[str] = list(spec.notes)
         self.result: dict[str, Any] = {"name": spec.name, "protocol": spec.protocol, "status": "ok",
@@ -76,8 +72,7 @@ class Runner(Measuring):
                         self._failed("workloads", e)
             finally:
                 t_stop = time.perf_counter()
-                self.strays += cluster.stop()
-                self.keep_logs(cluster, i)
+                self._stop(cluster, i)
                 self.echo(f"[{self.spec.name}] teardown {time.perf_counter() - t_stop:.1f} s")
             if last:
                 break
@@ -86,9 +81,7 @@ class Runner(Measuring):
                 self._spill()
             else:
                 self.notes.append("no spill figure: it needs CuPy arrays on a GPU")
-        finish(ready)
-        for fig in self.figures.values():
-            finish(fig)
+        finish(*self.figures.values())  # ready_s among them
         self.result["figures"] = self.figures
         self.result["notes"] = self.notes
         if self.opts.profile:
@@ -112,8 +105,7 @@ class Runner(Measuring):
             self.launches += 1
             return cluster
         except Exception as e:
-            self.strays += cluster.stop()
-            self.keep_logs(cluster, i)
+            self._stop(cluster, i)
             if isinstance(e, Interrupted):
                 raise
             self.result["status"] = "failed" if i == 0 else "partial"
@@ -152,8 +144,7 @@ class Runner(Measuring):
         except Exception as e:  # e.g. CUDA out of memory: the workers did not spill
             self._failed("spill", e)
         finally:
-            self.strays += cluster.stop()
-            self.keep_logs(cluster, "spill")
+            self._stop(cluster, "spill")
         peaks = [d["peak_worker_gpu_bytes"] for d in details if d.get("peak_worker_gpu_bytes")]
         if peaks:
             peak = self.figures["spill_peak_worker_gpu_MiB"] = figure("spill: peak worker GPU memory", "MiB", LOWER)
@@ -162,7 +153,9 @@ class Runner(Measuring):
         if details:
             self.result["spill"] = details[-1]
 
-    def keep_logs(self, cluster: Cluster, i: int | str) -> None:
+    def _stop(self, cluster: Cluster, i: int | str) -> None:
+        """Stop launch ``i``'s processes; keep its logs in --log-dir."""
+        self.strays += cluster.stop()
         if not self.log_dir:
             return
         dest = os.path.join(self.log_dir, self.spec.name, f"launch-{i}")

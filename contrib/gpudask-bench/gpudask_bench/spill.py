@@ -109,8 +109,7 @@ def expected_total(elems: int, chunks: int) -> float:
     return float(elems * sum(i % FILL_VALUES + 1 for i in range(chunks)))
 
 
-def spill_figure(client: Any, limit_bytes: int, *, factor: float = 2.5, chunk_bytes: int | None = None,
-                 sample_interval: float = 0.02) -> dict[str, Any]:
+def spill_figure(client: Any, limit_bytes: int, *, chunk_bytes: int | None = None) -> dict[str, Any]:
     """Run the workload once on ``client``'s workers; the figure and what it was measured on.
 
     ``limit_bytes`` (the workers' device memory limit) sizes the working set, every chunk held at
@@ -120,8 +119,8 @@ def spill_figure(client: Any, limit_bytes: int, *, factor: float = 2.5, chunk_by
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     if not workers:
         raise RuntimeError("spill_figure: the cluster has no workers")
-    elems, chunks = plan_chunks(limit_bytes, len(workers), factor, chunk_bytes)
-    pids = client.run(detached(_w_start_sampler), interval=sample_interval)
+    elems, chunks = plan_chunks(limit_bytes, len(workers), chunk_bytes=chunk_bytes)
+    pids = client.run(detached(_w_start_sampler), interval=0.02)  # NVML every 20 ms
     futures: list[Any] = []
     try:
         start = time.perf_counter()

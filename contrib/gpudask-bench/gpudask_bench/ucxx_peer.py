@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import sys
@@ -22,17 +23,8 @@ _PING = -1  # request index: the handshake, answered with the checksums
 _STOP = -2  # request index: the receiver is done
 
 
-def _xp(backend: str) -> Any:
-    if backend == "cupy":
-        import cupy
-
-        return cupy
-    import numpy
-
-    return numpy
-
-
-def _init_ucxx(backend: str) -> Any:
+def _init_ucxx(backend: str) -> tuple[Any, Any]:
+    """ucxx, initialised, and the array module of ``backend``."""
     if backend == "cupy":
         # the CUDA context exists before UCX starts, on the first visible GPU, as
         # distributed-ucxx's init_once and ucxx's own send_recv benchmark make it
@@ -51,7 +43,7 @@ def _init_ucxx(backend: str) -> Any:
     # is set (distributed_ucxx.ucxx.init_once): the same here, so only the dask layer differs
     mode = None if "UCXPY_PROGRESS_MODE" in os.environ else "blocking"
     ucxx.init(env_takes_precedence=True, progress_mode=mode)
-    return ucxx
+    return ucxx, importlib.import_module(backend)  # --backend is numpy or cupy: the array module's name
 
 
 def _describe(ucxx: Any, backend: str) -> dict[str, Any]:
@@ -92,8 +84,7 @@ def _sync(xp: Any) -> None:
 async def serve(args: argparse.Namespace) -> None:
     import numpy
 
-    ucxx = _init_ucxx(args.backend)
-    xp = _xp(args.backend)
+    ucxx, xp = _init_ucxx(args.backend)
     # random bytes, so a transport cannot take a shortcut on constant data; the same
     # generator the bench's dask workers use for their arrays
     buffers = [xp.random.default_rng(i).random(n // 8).view(xp.uint8) for i, n in enumerate(args.sizes)]
@@ -127,8 +118,7 @@ async def serve(args: argparse.Namespace) -> None:
 async def fetch(args: argparse.Namespace) -> None:
     import numpy
 
-    ucxx = _init_ucxx(args.backend)
-    xp = _xp(args.backend)
+    ucxx, xp = _init_ucxx(args.backend)
     deadline = time.monotonic() + args.max_seconds
     ep = await ucxx.create_endpoint(args.host, args.port)
     request = numpy.empty(1, dtype=numpy.int64)

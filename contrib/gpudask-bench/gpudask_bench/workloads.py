@@ -1,8 +1,4 @@
-"""What one launch of a configuration measures, within the configuration's time box.
-
-:class:`Measuring` holds the time box and these workloads; :class:`~gpudask_bench.runner.Runner`
-adds the launches (and the spill launch) of the configuration around them.
-"""
+"""What one launch of a configuration measures, within the configuration's time box."""
 
 from __future__ import annotations
 
@@ -42,7 +38,6 @@ class Measuring:
 
     # -- time box ----------------------------------------------------------------------
     def _failed(self, what: str, e: Exception) -> None:
-        """A step that failed: the result is partial, the notes and the progress say why."""
         self.result["status"] = "partial"
         self.notes.append(f"{what} failed: {type(e).__name__}: {e}")
         self.echo(f"[{self.spec.name}] {what} failed: {type(e).__name__}: {e}")
@@ -51,8 +46,6 @@ class Measuring:
         return self.deadline - time.perf_counter()
 
     def timeout(self, at_least: float) -> float:
-        """A timeout for one step: what the time box leaves (plus a margin), never below
-        ``at_least``, never more than 10 minutes."""
         return min(600.0, max(at_least, self.left() + 10.0))
 
     def _loop(self, fig: dict[str, Any], run: Callable[[], float | None], warmup: bool = True,
@@ -167,10 +160,9 @@ class Measuring:
                                                                  HIGHER)
         consume, incoming = remote.detached(remote.consume), remote.detached(remote.incoming)
         timeout = self.timeout(max(30.0, nbytes / 1e8))  # 10 s per GB at worst
-        seq = iter(range(1_000_000))
 
         def once() -> float:
-            i = next(seq)
+            i = len(t_fig["warmup"]) + len(t_fig["runs"])  # the array's seed; 0: the warm-up (unless --quick)
             tag = uuid.uuid4().hex[:8]
             src = self._source(cluster, nbytes, i, f"bench-src-{label}-{tag}", timeout)
             t0 = time.perf_counter()
@@ -184,9 +176,7 @@ class Measuring:
                 total = sum(e["total"] for e in entries)
                 duration = sum(e["duration"] for e in entries)
                 bw = total / duration / 1e9 if duration > 0 else None
-            is_warm = not self.opts.quick and not t_fig["warmup"] and not t_fig["runs"]
-            (bw_fig["warmup"] if is_warm else bw_fig["runs"]).append(bw)
-            del src, dst
+            (bw_fig["warmup"] if i == 0 and not self.opts.quick else bw_fig["runs"]).append(bw)
             return elapsed
 
         self._loop(t_fig, once, estimate=nbytes / 1e9)
@@ -257,9 +247,7 @@ class Measuring:
             t0 = time.perf_counter()
             fut = client.compute(total)
             fut.result(timeout=self.timeout(60.0))
-            elapsed = time.perf_counter() - t0
-            del fut
-            return elapsed
+            return time.perf_counter() - t0  # fut released after the clock stops
 
         try:
             self._loop(fig, once, estimate=1.0)
