@@ -133,7 +133,7 @@ class PluginManager:
         a worker process it started: the built-ins by name, entry points by name.  The parent
         chose them (:func:`~gpudask.plugin.registration.select`, its enable and disable lists
         checked); the installed distributions are scanned only when one of them is an entry
-        point (the scan is 4 ms of a worker's start).  Plugin objects the parent registered
+        point (reading every distribution's entry points: 3 ms of a worker's start).  Plugin objects the parent registered
         itself are not loaded here, as :meth:`from_environment` did not.
 
         :raises PluginError: a plugin that cannot be loaded (one line)."""
