@@ -69,11 +69,7 @@ def restore_user_values(host: HostPlan) -> None:
     applied for itself (inherited environment, the nanny's dask config)."""
     import dask.config
 
-    for name, value in host.user_values.env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    bootstrap.put_env(os.environ, host.user_values.env)
     for key, value in host.user_values.config.items():
         dask.config.set({key: value})
 

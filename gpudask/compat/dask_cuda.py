@@ -125,9 +125,7 @@ def take_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
     settings: dict[str, Any] = {}
     names: dict[str, str] = {}
     for arg in known.arguments.values():
-        if arg.name not in kwargs:
-            continue
-        given = kwargs.pop(arg.name)
+        given = kwargs.pop(arg.name, None)
         if given is not None:  # None: dask-cuda's "not given"
             arg.take(given, f"{arg.name}={given!r}", arg.name, settings, names)
     return settings, names
