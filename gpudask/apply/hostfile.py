@@ -59,8 +59,7 @@ def load() -> HostPlan | None:
     text = statedir.read_private(path, "host plan")
     if text is None:
         return None  # the parent is gone, wrote nothing, or the file is not safe: the worker plans for itself
-    where = f"the host plan {path} (${PLAN_ENV})"
-    doc = parse_document(text, where)
+    doc = parse_document(text, f"the host plan {path} (${PLAN_ENV})")
     return HostPlan.from_document(doc, bootstrap.from_plan(doc))
 
 

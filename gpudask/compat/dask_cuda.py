@@ -183,9 +183,7 @@ def cli_options() -> list[CliOption]:
 
     inputs = bootstrap.inputs()
     found: dict[str, CliOption] = {}
-    loaded_options = list(inputs.settings.options.values())
-    options, _modules = _unloaded_builtins(inputs)
-    for group, loaded in ((loaded_options, True), (options, False)):
+    for group, loaded in ((list(inputs.settings.options.values()), True), (_unloaded_builtins(inputs)[0], False)):
         for option in group:
             spelling = getattr(option, "dask_cuda_option", None)
             if isinstance(spelling, str) and spelling.startswith("--") and spelling not in found:
