@@ -236,8 +236,7 @@ def take_cli_argv(argv: list[str] | tuple[str, ...], command: str) -> tuple[dict
                               f"dask {command} options, and dask-cuda's worker options {accepted}")
     command_obj = click.Command("dask_setup", params=click_params())
     try:
-        ctx = command_obj.make_context("dask_setup", list(argv), allow_extra_args=False,
-                                       help_option_names=[])
+        ctx = command_obj.make_context("dask_setup", list(argv), allow_extra_args=False, help_option_names=[])
     except click.UsageError as e:
         raise ConfigError(f"{where} {' '.join(argv)}: {e.format_message().rstrip('.')}") from None
     settings: dict[str, Any] = {}
