@@ -17,7 +17,7 @@ import json
 import os
 import pathlib
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 
 from gpudask import session
@@ -42,18 +42,14 @@ _LOCK = threading.RLock()  # the scheduler check plans off the event loop, in th
 
 
 def inputs(facts_path: str | os.PathLike[str] | None = None, config_file: str | os.PathLike[str] | None = None,
-           extra_plugins: Iterable[Any] = (), user_env: Mapping[str, str] | None = None,
-           user_config: Mapping[str, Any] | None = None, kept: UserValues | None = None) -> PlanInputs:
+           extra_plugins: Iterable[Any] = (), user_env: Mapping[str, str] | None = None) -> PlanInputs:
     """The plan inputs of this process (built once per distinct set of inputs).
 
-    ``user_env`` / ``user_config``: the user's environment and dask config, when the caller
-    knows them better than this process (left out: the user's view of this process).
-    ``kept``: the user's values of what a planning parent applied (a worker process reading
-    its host plan); left out, those :func:`keep_user_values` recorded in this process."""
+    ``user_env``: the user's environment, when the caller knows it better than this process
+    (left out: the user's view of this process, :func:`user_view`)."""
     extras = tuple(extra_plugins)
-    return cast(PlanInputs, _cached("plan_inputs", lambda: _key(facts_path, config_file, extras, user_env,
-                                                                 user_config, kept),
-                                    lambda: _build(facts_path, config_file, extras, user_env, user_config, kept)))
+    return cast(PlanInputs, _cached("plan_inputs", lambda: _key(facts_path, config_file, extras, user_env),
+                                    lambda: _build(facts_path, config_file, extras, user_env)))
 
 
 def _cached(name: str, key_of: Callable[[], str], build: Callable[[], Any]) -> Any:
@@ -78,14 +74,13 @@ def _cached(name: str, key_of: Callable[[], str], build: Callable[[], Any]) -> A
 def plan_host(protocol: str | None = None, nworkers: int | None = None,
               facts_path: str | os.PathLike[str] | None = None, config_file: str | os.PathLike[str] | None = None,
               extra_plugins: Iterable[Any] = (), user_interface: str | None = None,
-              user_env: Mapping[str, str] | None = None, user_config: Mapping[str, Any] | None = None,
-              planner: str | None = None) -> HostPlan:
+              user_env: Mapping[str, str] | None = None, planner: str | None = None) -> HostPlan:
     """The plan for every process of this (or the described) host: what ``gpudask info``
     prints and what a scheduler, nanny host or worker applies.  ``planner``: the role of
     the process planning (:attr:`gpudask.plan.PlanContext.planner`)."""
     check_protocol(protocol or "tcp")
     check_nworkers(nworkers)
-    return build_plan(inputs(facts_path, config_file, extra_plugins, user_env, user_config), protocol or "tcp",
+    return build_plan(inputs(facts_path, config_file, extra_plugins, user_env), protocol or "tcp",
                       nworkers, user_interface, planner)
 
 
@@ -113,14 +108,20 @@ def user_view(kept: UserValues | None = None) -> tuple[dict[str, str], dict[str,
     kept = kept if kept is not None else session.current().kept
     env = dict(os.environ)
     config = snapshot(dask.config.config)
-    for name, value in (kept.env.items() if kept is not None else ()):
+    if kept is not None:
+        put_env(env, kept.env)
+        for key, value in kept.config.items():
+            dask.config.set({key: value}, config=config)
+    return env, config
+
+
+def put_env(env: MutableMapping[str, str], values: Mapping[str, str | None]) -> None:
+    """Set each variable of ``values`` in ``env`` (``os.environ``, or a copy); None: unset it."""
+    for name, value in values.items():
         if value is None:
             env.pop(name, None)
         else:
             env[name] = value
-    for key, value in (kept.config.items() if kept is not None else ()):
-        dask.config.set({key: value}, config=config)
-    return env, config
 
 
 def reset() -> None:
@@ -156,11 +157,11 @@ def from_plan(doc: PlanDocument) -> PlanInputs:
     return PlanInputs(doc.facts, settings, manager, env, config)
 
 
-def manager(config_file: str | os.PathLike[str] | None = None, extra_plugins: Iterable[Any] = ()) -> PluginManager:
+def manager() -> PluginManager:
     """The plugin manager of this process -- the one its plan inputs hold, built once with
     the settings -- without reading facts: ``gpudask status`` and the ``/gpudask`` page ask
     the plugins for their report rows through it."""
-    return _plugins(config_file, tuple(extra_plugins), None, None, None).manager
+    return _plugins(None, (), None).manager
 
 
 class _Plugins:
@@ -173,23 +174,20 @@ class _Plugins:
 
 
 def _plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any, ...],
-             user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
-             kept: UserValues | None) -> _Plugins:
+             user_env: Mapping[str, str] | None) -> _Plugins:
     """The plugins and settings for these inputs (facts aside), built once per process."""
-    return cast(_Plugins, _cached("plugins", lambda: _key(None, config_file, extras, user_env, user_config, kept),
-                                  lambda: _build_plugins(config_file, extras, user_env, user_config, kept)))
+    return cast(_Plugins, _cached("plugins", lambda: _key(None, config_file, extras, user_env),
+                                  lambda: _build_plugins(config_file, extras, user_env)))
 
 
 def _build_plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any, ...],
-                   user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
-                   kept: UserValues | None) -> _Plugins:
+                   user_env: Mapping[str, str] | None) -> _Plugins:
     from gpudask.config import CORE_OPTIONS, Settings, load_dask_config, register_defaults, warn_unknown
     from gpudask.plugin.manager import PluginManager
 
     load_dask_config(config_file)
-    env, config = user_view(kept)
+    env, config = user_view()
     env = dict(user_env) if user_env is not None else env
-    config = snapshot(user_config) if user_config is not None else config
     # one Settings: the core's options decide which plugins load, the plugins add theirs
     settings = Settings(CORE_OPTIONS, config=config, environ=env)
     manager = PluginManager.from_environment(extras, core=settings)
@@ -198,21 +196,19 @@ def _build_plugins(config_file: str | os.PathLike[str] | None, extras: tuple[Any
     # before the plugins' defaults are merged in: they would replace a section given one value
     settings.check_sections()
     register_defaults(options)
-    if user_config is None:
-        config = user_view(kept)[1]  # with the plugins' defaults, as dask.config.get sees them
-        settings.read_config(config)
+    config = user_view()[1]  # with the plugins' defaults, as dask.config.get sees them
+    settings.read_config(config)
     warn_unknown(settings.validate_all())
     session.count("bootstrap")
     return _Plugins(manager, settings, env, config)
 
 
 def _build(facts_path: str | os.PathLike[str] | None, config_file: str | os.PathLike[str] | None,
-           extras: tuple[Any, ...], user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
-           kept: UserValues | None) -> PlanInputs:
+           extras: tuple[Any, ...], user_env: Mapping[str, str] | None) -> PlanInputs:
     from gpudask.facts import get_facts
     from gpudask.facts.sections import with_sections
 
-    plugins = _plugins(config_file, extras, user_env, user_config, kept)
+    plugins = _plugins(config_file, extras, user_env)
     session.count("facts read")
     # the core's facts, then the plugins' own sections (read from a described host, probed on a real one)
     facts = with_sections(get_facts(facts_path, plugins.manager.facts_packages()), plugins.manager.facts_sections())
@@ -220,12 +216,11 @@ def _build(facts_path: str | os.PathLike[str] | None, config_file: str | os.Path
 
 
 def _key(facts_path: str | os.PathLike[str] | None, config_file: str | os.PathLike[str] | None,
-         extras: tuple[Any, ...], user_env: Mapping[str, str] | None, user_config: Mapping[str, Any] | None,
-         kept: UserValues | None) -> str:
+         extras: tuple[Any, ...], user_env: Mapping[str, str] | None) -> str:
     """What the inputs depend on, as one string: the paths (and the files' identity), the
     extra plugins (by identity: the cache keeps them alive), the user's view, and the
     variables the plugin manager reads from the process itself."""
-    env, config = user_view(kept)
+    env, config = user_view()
     files = [config_file, os.environ.get("GPUDASK_CONFIG"), pathlib.Path.cwd() / "gpudask.toml"]
     parts = [
         os.fspath(facts_path) if facts_path is not None else None,
@@ -234,7 +229,7 @@ def _key(facts_path: str | os.PathLike[str] | None, config_file: str | os.PathLi
         [_file_identity(f) for f in files],
         sorted((k, v) for k, v in (user_env if user_env is not None else env).items() if k not in _BOOKKEEPING),
         sorted((k, v) for k, v in os.environ.items() if k.startswith("GPUDASK_") and k not in _BOOKKEEPING),
-        _text(user_config if user_config is not None else config),
+        _text(config),
     ]
     return hashlib.sha256(_text(parts).encode()).hexdigest()
 

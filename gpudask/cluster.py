@@ -34,20 +34,6 @@ from gpudask.errors import ConfigError, GpudaskError, PluginError
 
 PRELOAD = "gpudask"
 
-def _nested(settings: dict[str, Any]) -> dict[str, Any]:
-    """{"a.b.c": v} -> {"a": {"b": {"c": v}}} (the form of a Nanny's ``config``), by dask's own
-    dotted-key setter writing into a fresh dict (the global config is not touched)."""
-    out: dict[str, Any] = {}
-    dask.config.set(settings, config=out)
-    return out
-
-
-def _client_session(protocol: str, n_workers: int | None) -> Any:
-    """The client's gpudask session for ``protocol`` (applied in this process)."""
-    from gpudask.apply.preload import initialize
-
-    return initialize(protocol=protocol, nworkers=n_workers)
-
 
 def _protocol_name(protocol: str | None) -> str:
     if protocol is not None and not isinstance(protocol, str):
@@ -121,7 +107,9 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
     check_nworkers(n_workers, "n_workers")  # before planning: 2.5 or 10**7 plan nothing
     name = _protocol_name(protocol)
     _check_tls(name, kwargs)
-    s = _client_session(name, n_workers)
+    from gpudask.apply.preload import initialize
+
+    s = initialize(protocol=name, nworkers=n_workers)  # the client's session, applied in this process
     gpus = s.host.facts.visible_gpus()
     n = n_workers if n_workers is not None else max(1, len(gpus))  # n_workers checked above
     if threads_per_worker is None and gpus:
@@ -222,8 +210,11 @@ class LocalGPUCluster(LocalCluster):
             kwargs["preload"] = _merged_preload(kwargs.get("preload")) + [i.strip() for i in items if i.strip()]
         if settings:
             # the plan (made in this process) and every worker process see the settings;
-            # the user's own dask config outside this cluster is left as it was
-            kwargs["config"] = dask.config.merge(_nested(settings), kwargs.get("config") or {})
+            # the user's own dask config outside this cluster is left as it was.  A Nanny's
+            # config is nested ({"a": {"b": v}}): dask's dotted-key setter writes into a fresh dict
+            nested: dict[str, Any] = {}
+            dask.config.set(settings, config=nested)
+            kwargs["config"] = dask.config.merge(nested, kwargs.get("config") or {})
         from gpudask.config import forget_source, label_source
 
         for key, value in settings.items():  # reasons and errors name the keyword, not "dask config"

@@ -59,8 +59,7 @@ def load() -> HostPlan | None:
     text = statedir.read_private(path, "host plan")
     if text is None:
         return None  # the parent is gone, wrote nothing, or the file is not safe: the worker plans for itself
-    where = f"the host plan {path} (${PLAN_ENV})"
-    doc = parse_document(text, where)
+    doc = parse_document(text, f"the host plan {path} (${PLAN_ENV})")
     return HostPlan.from_document(doc, bootstrap.from_plan(doc))
 
 
@@ -69,11 +68,7 @@ def restore_user_values(host: HostPlan) -> None:
     applied for itself (inherited environment, the nanny's dask config)."""
     import dask.config
 
-    for name, value in host.user_values.env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    bootstrap.put_env(os.environ, host.user_values.env)
     for key, value in host.user_values.config.items():
         dask.config.set({key: value})
 

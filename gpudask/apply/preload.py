@@ -34,7 +34,7 @@ def on_import() -> None:
         _fail_here(lambda: process.start_worker(worker_init_locals()), cli)
     elif imported_by_distributed_preload():  # --preload, --preload-nanny: before listen()
         if cli is not None:
-            _take_preload_argv(cli.preload, cli.preload_argv, cli.command, cli)
+            _take_preload_argv(cli)
         _fail_here(lambda: process.start(role, cli), cli)
     else:
         # imported late in a running server (e.g. while unpickling a plugin registered by
@@ -55,32 +55,24 @@ def on_import() -> None:
         logger.warning("gpudask: %s", warning)
 
 
-def _takes_argv(preload: Any, argv: Any) -> bool:
-    """Are the preload arguments gpudask's?  distributed passes them to the one preload whose
-    ``dask_setup`` is a click command: gpudask's, unless another preload is listed and none
-    of the arguments is an option gpudask knows (the user's own click preload keeps them)."""
-    from gpudask.compat import dask_cuda
-
-    if not argv or not all(isinstance(a, str) for a in argv):
-        return False
-    names = [preload] if isinstance(preload, str) else list(preload or [])
-    others = [n for n in names if n != "gpudask"]
-    return not others or any(dask_cuda.known_option(a) for a in argv)
-
-
-def _take_preload_argv(preload: Any, argv: Any, command: str, cli: runtime.CliArgs | None) -> None:
+def _take_preload_argv(cli: runtime.CliArgs) -> None:
     """dask-cuda's worker options given after ``--preload gpudask`` (``--rmm-pool-size 1GB``):
     each becomes its gpudask setting in this process's dask config before it plans (a nanny
     passes it on to its workers), and ``dask_setup`` becomes the click command distributed
-    hands the arguments to."""
+    hands the arguments to.  distributed passes them to the one preload whose ``dask_setup``
+    is a click command: gpudask's, unless another preload is listed and none of the arguments
+    is an option gpudask knows (the user's own click preload keeps them)."""
     global dask_setup
-    if not _takes_argv(preload, argv):
+    from gpudask.compat import dask_cuda
+
+    argv, command = cli.preload_argv, cli.command
+    others = [n for n in cli.preload if n != "gpudask"]
+    if not argv or (others and not any(dask_cuda.known_option(a) for a in argv)):
         return
 
     def take() -> None:
         import dask.config
 
-        from gpudask.compat import dask_cuda
         from gpudask.config import label_source
 
         settings, given_as = dask_cuda.take_cli_argv(list(argv), command)

@@ -110,9 +110,9 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
         if role in ("nanny", "client"):
             # the worker processes this one starts read their plan there (and never plan)
             hostfile.publish(host, always=role == "nanny")
-        if role in ("nanny", "client") and session.plan.multiprocessing_method == "forkserver":
-            _start_forkserver(session.manager.preimport(host.facts, "worker", host.protocol)
-                              + _gpudask_modules(session))
+            if session.plan.multiprocessing_method == "forkserver":
+                _start_forkserver(session.manager.preimport(host.facts, "worker", host.protocol)
+                                  + _gpudask_modules(session))
     return session
 
 
@@ -316,11 +316,7 @@ def _start_forkserver(preimport_modules: list[str]) -> None:
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        bootstrap.put_env(os.environ, saved)
 
 
 # the fork server listens on <multiprocessing's temp dir>/listener-XXXXXXXX: a Unix socket, whose

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 # which worker of the host am I: its own module (the slot holds), named here as before
-from gpudask.apply.slots import claim_worker_slot as claim_worker_slot
 from gpudask.apply.slots import worker_index as worker_index
 
 logger = logging.getLogger("distributed.gpudask")
@@ -45,10 +44,8 @@ class CliArgs:
         """The protocol of the scheduler this command serves or joins, if it can be known:
         ``dask worker --scheduler-file F`` waits for F as distributed does (up to
         ``--death-timeout``); ``dask scheduler`` writes F, so an old F says nothing."""
-        if self.protocol:
+        if self.protocol or self.command != "worker":
             return self.protocol
-        if self.command != "worker":
-            return None
         return protocol_from(self.scheduler_address, self.scheduler_file, wait=True, timeout=self.death_timeout)
 
 
@@ -203,10 +200,8 @@ def _address_in(scheduler_file: str, wait: bool, timeout: float | None) -> str |
                 return None  # a FIFO would block the read for ever
             address = json.loads(pathlib.Path(scheduler_file).read_text()).get("address")
             return address if isinstance(address, str) else None
-        except FileNotFoundError:
-            pass
-        except ValueError:
-            pass  # being written: read it again
+        except (FileNotFoundError, ValueError):
+            pass  # not written yet, or being written: read it again
         except (OSError, AttributeError, RecursionError):
             return None
         if not wait or (deadline is not None and time.monotonic() >= deadline):

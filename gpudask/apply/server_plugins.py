@@ -78,12 +78,9 @@ class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
     async def setup(self, worker: Any) -> None:
         current = session.current()
         preloaded = current is not None and current.role == "worker" and current.applied
-        if preloaded:
-            s = current
-        else:
-            # planning probes the host (NVML, ucx_info): keep the event loop free
-            s = await asyncio.to_thread(_plan_worker, worker)
-        report = _worker_report(worker.address, s.plan.index, preloaded)
+        # planning probes the host (NVML, ucx_info): keep the event loop free
+        s = current if preloaded else await asyncio.to_thread(_plan_worker, worker)
+        report = _report(preloaded, worker=worker.address, index=s.plan.index)
         needs, late = running.missing_in_running_process(s.plan, s.ctx, worker.address,
                                                        running.read_at_start(s.manager))
         if not preloaded:
@@ -156,23 +153,19 @@ class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
 
 def _plan_worker(worker: Any) -> Any:
     """A plan-only session for this running worker process (it changes nothing in it)."""
-    from gpudask.apply.process import Session, plan_host
-
     from gpudask import session as process_state
+    from gpudask.apply import hostfile
 
     state = process_state.current()
     if state.late_index is None:
         # $GPUDASK_WORKER_INDEX, or the lowest free number of this host's group (held
         # until the process exits; a restarted worker of the same nanny gets it back)
         state.late_index = runtime.worker_index(str(worker.nanny) if worker.nanny else None)
-    index = state.late_index
-    from gpudask.apply import hostfile
-
     host = hostfile.load()  # the plan this worker's parent made, when it made one
     if host is None:
         protocol = (_scheme(getattr(worker.scheduler, "address", None)) or _scheme(worker.address) or "tcp")
-        host = plan_host(protocol, None, planner="worker")  # only what this worker applies
-    return Session("worker", host, host.for_role("worker", index))
+        host = session.plan_host(protocol, None, planner="worker")  # only what this worker applies
+    return session.Session("worker", host, host.for_role("worker", state.late_index))
 
 
 class NannyPlugin(_dp.NannyPlugin):
@@ -239,8 +232,7 @@ class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
         current = session.current()
         preloaded = current is not None and current.role == "scheduler" and current.applied
         s = current if preloaded else await asyncio.to_thread(_plan_scheduler, _scheme(scheduler.address))
-        report: dict[str, Any] = {"scheduler": scheduler.address, "preloaded": preloaded,
-                                  "applied": [WHOLE_PLAN] if preloaded else [], "needs_restart": [], "notes": []}
+        report = _report(preloaded, scheduler=scheduler.address)
         needs, late = running.missing_in_running_process(s.plan, s.ctx, scheduler.address,
                                                        running.read_at_start(s.manager))
         if not preloaded:
@@ -306,15 +298,14 @@ class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
 
 
 def _plan_scheduler(protocol: str | None) -> Any:
-    from gpudask.apply.process import Session, plan_host
-
-    host = plan_host(protocol)
-    return Session("scheduler", host, host.for_role("scheduler"))
+    host = session.plan_host(protocol)
+    return session.Session("scheduler", host, host.for_role("scheduler"))
 
 
-def _worker_report(address: str, index: int | None, preloaded: bool) -> dict[str, Any]:
-    return {"worker": address, "index": index, "preloaded": preloaded,
-            "applied": [WHOLE_PLAN] if preloaded else [], "needs_restart": [], "notes": []}
+def _report(preloaded: bool, **server: Any) -> dict[str, Any]:
+    """A server's report, ``server`` first: its address (and a worker's index)."""
+    return {**server, "preloaded": preloaded, "applied": [WHOLE_PLAN] if preloaded else [], "needs_restart": [],
+            "notes": []}
 
 
 def _worker_status(dask_worker: Any = None) -> dict[str, Any]:
@@ -324,8 +315,8 @@ def _worker_status(dask_worker: Any = None) -> dict[str, Any]:
         return report
     s = session.current()
     if s is not None and s.role == "worker" and s.applied:
-        return _worker_report(dask_worker.address, s.plan.index, True)
-    report = _worker_report(dask_worker.address, None, False)
+        return _report(True, worker=dask_worker.address, index=s.plan.index)
+    report = _report(False, worker=dask_worker.address, index=None)
     report["notes"].append("gpudask is not running in this worker: no --preload gpudask, no gpudask.WorkerPlugin "
                            "registered")
     return report

@@ -15,11 +15,6 @@ from typing import Any
 from gpudask import session as process_state
 
 
-def _who(session: Any) -> str:
-    plan = session.plan
-    return plan.role + (f" {plan.index}" if plan.index is not None else "")
-
-
 def plugin_of(plan: Any, decision_prefix: str) -> str | None:
     """The plugin that made ``plan``'s first decision starting with ``decision_prefix``
     (``"UCX_TLS="``, ``"memory:"``), or None."""
@@ -83,7 +78,7 @@ def _ucx_config() -> dict[str, str] | None:
 def find_mismatches(session: Any, live: dict[str, Any]) -> list[dict[str, Any]]:
     """Every planned value the live process (``live``, from :func:`read`) does not have."""
     plan, ctx = session.plan, session.ctx
-    who = _who(session)
+    who = plan.role + (f" {plan.index}" if plan.index is not None else "")
     out: list[dict[str, Any]] = []
 
     def differs(key: str, planned: Any, actual: Any, plugin: str | None) -> None:

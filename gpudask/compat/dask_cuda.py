@@ -125,9 +125,7 @@ def take_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
     settings: dict[str, Any] = {}
     names: dict[str, str] = {}
     for arg in known.arguments.values():
-        if arg.name not in kwargs:
-            continue
-        given = kwargs.pop(arg.name)
+        given = kwargs.pop(arg.name, None)
         if given is not None:  # None: dask-cuda's "not given"
             arg.take(given, f"{arg.name}={given!r}", arg.name, settings, names)
     return settings, names
@@ -185,9 +183,7 @@ def cli_options() -> list[CliOption]:
 
     inputs = bootstrap.inputs()
     found: dict[str, CliOption] = {}
-    loaded_options = list(inputs.settings.options.values())
-    options, _modules = _unloaded_builtins(inputs)
-    for group, loaded in ((loaded_options, True), (options, False)):
+    for group, loaded in ((list(inputs.settings.options.values()), True), (_unloaded_builtins(inputs)[0], False)):
         for option in group:
             spelling = getattr(option, "dask_cuda_option", None)
             if isinstance(spelling, str) and spelling.startswith("--") and spelling not in found:
@@ -240,8 +236,7 @@ def take_cli_argv(argv: list[str] | tuple[str, ...], command: str) -> tuple[dict
                               f"dask {command} options, and dask-cuda's worker options {accepted}")
     command_obj = click.Command("dask_setup", params=click_params())
     try:
-        ctx = command_obj.make_context("dask_setup", list(argv), allow_extra_args=False,
-                                       help_option_names=[])
+        ctx = command_obj.make_context("dask_setup", list(argv), allow_extra_args=False, help_option_names=[])
     except click.UsageError as e:
         raise ConfigError(f"{where} {' '.join(argv)}: {e.format_message().rstrip('.')}") from None
     settings: dict[str, Any] = {}

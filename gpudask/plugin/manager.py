@@ -18,7 +18,7 @@ import logging
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BUILTIN_DISTRIBUTION", "BUILTIN_PLUGINS", "DEFAULT_PRIORITY", "ENTRY_POINT_GROUP", "ESSENTIAL_PLUGINS",
            "HOOKS", "MAX_PRIORITY", "MIN_PRIORITY", "REFUSED_HOOKIMPL_OPTIONS", "LoadedPlugin", "PluginManager"]
-
-_M = TypeVar("_M", bound="PluginManager")
 
 
 class _Pluggy(pluggy.PluginManager):
@@ -90,8 +88,8 @@ class PluginManager:
         self._observe: Callable[[str, str, float], None] | None = None
 
     @classmethod
-    def from_environment(cls: type[_M], extra: Iterable[Any] = (), broken: list[PluginError] | None = None,
-                         core: Settings | None = None) -> _M:
+    def from_environment(cls, extra: Iterable[Any] = (), broken: list[PluginError] | None = None,
+                         core: Settings | None = None) -> PluginManager:
         """Load the plugins :func:`~gpudask.plugin.registration.select` chooses.
 
         A plugin that cannot be loaded raises :class:`PluginError`, or with ``broken`` (a list)
@@ -128,7 +126,7 @@ class PluginManager:
         return manager
 
     @classmethod
-    def from_plan_plugins(cls: type[_M], plugins: Iterable[Mapping[str, Any]], core: Settings) -> _M:
+    def from_plan_plugins(cls, plugins: Iterable[Mapping[str, Any]], core: Settings) -> PluginManager:
         """The plugins a planning process loaded (its host plan's ``plugins``), loaded again in
         a worker process it started: the built-ins by name, entry points by name.  The parent
         chose them (:func:`~gpudask.plugin.registration.select`, its enable and disable lists

@@ -69,7 +69,7 @@ def plan_for(facts: str | os.PathLike[str], protocol: str = "ucx", nworkers: int
     FILE --protocol P --json`` prints (``plan.to_dict()``)."""
     import dask.config
 
-    from gpudask.bootstrap import plan_host
+    from gpudask.bootstrap import plan_host, put_env
 
     path = os.fspath(facts)
     if not os.path.exists(path) and os.sep not in path:
@@ -80,7 +80,4 @@ def plan_for(facts: str | os.PathLike[str], protocol: str = "ucx", nworkers: int
         with dask.config.set(dict(config or {})):
             return plan_host(protocol, nworkers, facts_path=path, extra_plugins=tuple(plugins))
     finally:  # only this variable as it was (planning may set others: they stay)
-        if before is None:
-            os.environ.pop(_AUTOLOAD, None)
-        else:
-            os.environ[_AUTOLOAD] = before
+        put_env(os.environ, {_AUTOLOAD: before})

@@ -233,5 +233,4 @@ class ProcessCluster:
 
     def stop(self) -> list[int]:
         """Stop every process of the cluster; returns the pids that survived SIGKILL."""
-        survivors = stop(self.procs, self.grace)
-        return survivors
+        return stop(self.procs, self.grace)
