@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -82,3 +83,25 @@ def test_importing_the_kit_imports_no_more_of_gpudask():
             "print(sorted(m for m in set(sys.modules) - before if m.startswith(('gpudask', 'dask', 'distributed'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "['gpudask.testing', 'gpudask.testing.plans']"
+
+
+@pytest.mark.process
+def test_stop_leaves_alone_a_process_that_got_a_stopped_ones_pid(tmp_path):
+    """A process started by the kit that exited and was reaped gives its pid back to the kernel;
+    stopping its cluster later signalled whatever process had that pid (on a busy CI machine, a
+    worker of another test, which died with an empty log).  Its own live processes still stop."""
+    from gpudask.testing.processes import spawn, stop
+
+    gone = spawn(["true"], os.environ, tmp_path / "gone.log", tmp_path)
+    gone.wait(timeout=30)
+    time.sleep(0.1)  # a reused pid comes after a wrap of the pid space: a later start (ticks of 10 ms)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)  # not the kit's
+    mine = spawn(["sleep", "60"], os.environ, tmp_path / "mine.log", tmp_path)
+    try:
+        gone.pid = other.pid  # as if the kernel had given the reaped pid to that process
+        assert stop([gone, mine], grace=0.2) == []
+        assert mine.poll() is not None
+        assert other.poll() is None  # the other process lives on
+    finally:
+        other.kill()
+        other.wait()

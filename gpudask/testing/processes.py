@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,9 @@ LOOPBACK = "127.0.0.1"
 
 _LIVE: list[subprocess.Popen[bytes]] = []  # every process started here and not yet stopped
 _PRCTL: Any = None
+# each process started here -> its start time: once it has exited and been reaped, and its group
+# is empty, the kernel may give its pid to an unrelated new process
+_STARTED: weakref.WeakKeyDictionary[subprocess.Popen[bytes], float | None] = weakref.WeakKeyDictionary()
 
 
 def dask_command(*args: str) -> list[str]:
@@ -77,7 +81,40 @@ def spawn(argv: list[str], env: Mapping[str, str], log_path: str | os.PathLike[s
                                 cwd=str(cwd), start_new_session=True,
                                 preexec_fn=_set_pdeathsig if _PRCTL else None)
     _LIVE.append(proc)
+    _STARTED[proc] = _start_time(proc.pid)
     return proc
+
+
+def _start_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def _ours(p: subprocess.Popen[bytes]) -> Any:
+    """``p``'s process (psutil), or None when it is gone or its pid is another process's now:
+    once a process has been reaped and its group is empty, the kernel gives its pid again (on a
+    busy machine soon: pid_max 32768), and signalling it then hit a test of another xdist worker."""
+    import psutil
+
+    try:
+        proc = psutil.Process(p.pid)
+        started = proc.create_time()
+    except psutil.Error:
+        return None
+    if p in _STARTED:
+        # start times tick in 10 ms; a pid comes back only after the pid space has wrapped
+        return proc if started == _STARTED[p] else None
+    return proc if p.returncode is None else None  # not started by spawn(): ours until Popen reaped it
+
+
+def _our_group(p: subprocess.Popen[bytes]) -> bool:
+    """May ``os.killpg(p.pid)`` be sent?  Its leader ours, or gone: while members are left the
+    group's id is not given to a new process."""
+    return _ours(p) is not None or _start_time(p.pid) is None
 
 
 def stop(popens: list[subprocess.Popen[bytes]], grace: float = 1.0) -> list[int]:
@@ -87,16 +124,18 @@ def stop(popens: list[subprocess.Popen[bytes]], grace: float = 1.0) -> list[int]
 
     procs: dict[int, Any] = {}
     for p in popens:
+        root = _ours(p)
+        if root is None:
+            continue
         try:
-            root = psutil.Process(p.pid)
             procs[root.pid] = root
             for c in root.children(recursive=True):
                 procs[c.pid] = c
         except psutil.Error:
             pass
-    groups = {p.pid for p in popens}
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pgid in groups:
+        # asked again each round: waiting may have reaped a leader, whose pid is then free
+        for pgid in {p.pid for p in popens if _our_group(p)}:
             try:
                 os.killpg(pgid, sig)
             except (ProcessLookupError, PermissionError):
