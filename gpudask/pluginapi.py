@@ -34,7 +34,8 @@ from __future__ import annotations
 from dask.utils import format_bytes, parse_bytes
 
 from gpudask.config import Option, choice, parse_bool, parse_name_list, parse_optional_bool, parse_optional_float
-from gpudask.compat.distributed import (P2P_RECHUNK_TRANSFER_PREFIX, offload_threshold, set_offload_threshold, unwrap_handler, unwrap_report,
+from gpudask.compat.distributed import (P2P_RECHUNK_TRANSFER_PREFIX, add_worker_metric, offload_threshold,
+                                        set_offload_threshold, unwrap_handler, unwrap_report,
                                         wrap_direct_default, wrap_graph_submission, wrap_handler,
                                         wrap_pickle_family_loads, wrap_report)
 from gpudask.errors import ConfigError, GpudaskError, PluginError
@@ -77,4 +78,5 @@ __all__ = [
     # distributed's internals a plugin relies on (gpudask.compat.distributed, contract-tested)
     "start_ucx", "wrap_handler", "unwrap_handler", "wrap_report", "unwrap_report", "offload_threshold", "set_offload_threshold",
     "P2P_RECHUNK_TRANSFER_PREFIX", "wrap_graph_submission", "wrap_direct_default", "wrap_pickle_family_loads",
+    "add_worker_metric",
 ]

@@ -110,6 +110,40 @@ def test_the_client_coroutines_run_and_gather_on_a_real_cluster():
     assert gathered == [[6], [6]]
 
 
+def test_a_metric_added_while_a_heartbeat_awaits_a_metric_leaves_the_worker_running():
+    """distributed's Worker.get_metrics iterates over worker.metrics and awaits an awaitable
+    metric on the way; gpudask's WorkerPlugin, registered on a running worker, adds its metrics
+    meanwhile.  Before: the dict changed in place, "RuntimeError: dictionary changed size during
+    iteration" in the heartbeat, and distributed closed the worker (CI, 2026-12-03)."""
+    from distributed import Scheduler, Worker
+
+    async def main():
+        async with Scheduler(dashboard_address=":0", port=0) as scheduler, \
+                Worker(scheduler.address, nthreads=1, dashboard=False) as worker:
+            waiting, release = asyncio.Event(), asyncio.Event()
+
+            async def slow(_worker):
+                waiting.set()
+                await release.wait()
+                return 1
+
+            compat.add_worker_metric(worker, "slow", slow)
+            heartbeat = asyncio.create_task(worker.get_metrics())
+            await waiting.wait()  # the iteration over worker.metrics is suspended in slow()
+            assert compat.add_worker_metric(worker, "gpudask-test", lambda _worker: 2)
+            release.set()
+            during = await heartbeat
+            after = await worker.get_metrics()
+            kept = compat.add_worker_metric(worker, "gpudask-test", lambda _worker: 3)  # there: it stays
+            replaced = compat.add_worker_metric(worker, "slow", lambda _worker: 4, replace=True)
+            return during, after, kept, replaced, await worker.get_metrics()
+
+    during, after, kept, replaced, last = asyncio.run(main())
+    assert during["slow"] == 1 and after["gpudask-test"] == 2
+    assert kept and replaced and last["gpudask-test"] == 2 and last["slow"] == 4
+    assert compat.add_worker_metric(object(), "x", lambda _worker: 0) is False  # no metrics: a nanny
+
+
 def test_the_scheduler_handlers_the_relay_wraps_exist_and_are_put_back():
     from distributed import Scheduler
 

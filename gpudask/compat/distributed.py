@@ -234,3 +234,17 @@ def set_offload_threshold(value: Any) -> None:
     import distributed.comm.utils as comm_utils
 
     comm_utils.OFFLOAD_THRESHOLD = value
+
+
+def add_worker_metric(worker: Any, name: str, metric: Callable[[Any], Any], replace: bool = False) -> bool:
+    """Add ``metric`` to ``worker.metrics`` as ``name`` (one of that name already there stays,
+    unless ``replace``); False when the server has no metrics (a nanny).  The dict is replaced, not changed: a
+    heartbeat iterates over it and awaits each awaitable metric on the way, and a WorkerPlugin
+    registered on a running worker adds its metric while that heartbeat waits (before:
+    "RuntimeError: dictionary changed size during iteration", and distributed closed the worker)."""
+    metrics = getattr(worker, "metrics", None)
+    if not isinstance(metrics, dict):
+        return False
+    if replace or name not in metrics:
+        worker.metrics = {**metrics, name: metric}
+    return True

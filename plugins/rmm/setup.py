@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import GpudaskError, host_lock
+from gpudask.pluginapi import GpudaskError, add_worker_metric, host_lock
 
 from . import fit, options, shares, target
 from .options import DEFAULT_FRACTION
@@ -249,10 +249,9 @@ def _point_library(lib: str) -> str:
 
 
 def add_metric(plan: ProcessPlan, server: Any) -> None:
-    metrics = getattr(server, "metrics", None)
-    if plan.role != "worker" or not isinstance(metrics, dict) or type(server).__name__ == "Nanny":
+    if plan.role != "worker" or type(server).__name__ == "Nanny":
         return
-    metrics.setdefault("gpudask-rmm", _metric)
+    add_worker_metric(server, "gpudask-rmm", _metric)
 
 
 def _metric(worker: Any = None) -> dict[str, Any] | None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import ConfigError, Option, hookimpl, parse_bool, parse_bytes, workers_sharing_gpu
+from gpudask.pluginapi import (ConfigError, Option, add_worker_metric, hookimpl, parse_bool, parse_bytes,
+                               workers_sharing_gpu)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -284,4 +285,4 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     # Worker.data reads the memory manager's; the state machine keeps its own reference
     manager.data = store
     server.state.data = store
-    server.metrics[METRIC] = store.metrics  # distributed calls a metric with the worker
+    add_worker_metric(server, METRIC, store.metrics, replace=True)  # distributed calls it with the worker
