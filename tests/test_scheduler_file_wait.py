@@ -1,5 +1,6 @@
 """``dask worker --scheduler-file F`` started beside its scheduler: gpudask waits for F to learn
-the protocol (gpudask.apply.runtime.protocol_from), polling every 10 ms, bounded by the timeout."""
+the protocol (gpudask.apply.runtime.protocol_from), polling every 10 ms (every 0.1 s, as distributed,
+after the first 2 s), bounded by the timeout."""
 
 from __future__ import annotations
 
@@ -64,3 +65,22 @@ def test_a_fifo_is_not_read(tmp_path):
 
 def test_an_address_given_wins_over_the_file(tmp_path):
     assert runtime.protocol_from("ucxx://h:1", str(tmp_path / "never.json"), wait=True, timeout=None) == "ucxx"
+
+
+def test_after_the_first_seconds_it_looks_as_often_as_distributed(tmp_path, monkeypatch):
+    """A scheduler file on a shared file system is looked for by every node's worker command:
+    fast looks only at first, then one every 0.1 s (what distributed's own wait does)."""
+    real_sleep, slept = time.sleep, []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(runtime, "_FAST_S", 0.1)
+    monkeypatch.setattr(runtime.time, "sleep", sleep)
+    path = tmp_path / "scheduler.json"
+    writer = _write_later(path, json.dumps({"address": "tcp://127.0.0.1:1"}), 0.5)
+    assert runtime.protocol_from(None, str(path), wait=True, timeout=10) == "tcp"
+    writer.join()
+    waits = [s for s in slept if s in (runtime._POLL_S, runtime._SLOW_POLL_S)]
+    assert waits[0] == 0.01 and waits[-1] == 0.1 and waits.count(0.1) >= 2

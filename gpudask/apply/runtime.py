@@ -187,13 +187,16 @@ def protocol_from(address: str | None, scheduler_file: str | None, wait: bool = 
 
 
 # how often a file not written yet is looked for: distributed's json_load_robust sleeps 0.1 s, which
-# made a worker command started beside its scheduler find the file 50 ms late on average (issue 41)
-_POLL_S = 0.01
+# made a worker command started beside its scheduler find the file 50 ms late on average (issue 41);
+# after _FAST_S of waiting, as often as distributed: on a shared file system every node's worker
+# command looks for the file, and its metadata server answers each look
+_POLL_S, _FAST_S, _SLOW_POLL_S = 0.01, 2.0, 0.1
 
 
 def _address_in(scheduler_file: str, wait: bool, timeout: float | None) -> str | None:
     """The address a scheduler file holds; None when it holds none (or ``timeout`` passed)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout
     while True:
         try:
             if os.path.exists(scheduler_file) and not os.path.isfile(scheduler_file):
@@ -206,4 +209,4 @@ def _address_in(scheduler_file: str, wait: bool, timeout: float | None) -> str |
             return None
         if not wait or (deadline is not None and time.monotonic() >= deadline):
             return None
-        time.sleep(_POLL_S)
+        time.sleep(_POLL_S if time.monotonic() - start < _FAST_S else _SLOW_POLL_S)
