@@ -1,30 +1,20 @@
-"""Each GPU worker's host memory limit: the host's memory split between its workers.
+"""Each GPU worker's host memory limit: the host's memory split between its workers, as
+dask-cuda's ``dask cuda worker`` (and ``LocalGPUCluster``) give it; an explicit ``--memory-limit`` wins.
 
-``dask worker --nthreads 1`` gives every worker distributed's ``auto`` limit,
-``nthreads / CPUs`` of the host's memory -- 8 GiB on a 32-CPU, 256 GiB host -- and
-distributed counts GPU objects (CuPy arrays) against it: above 0.6 of it they go to
-disk.  dask-cuda's ``dask cuda worker`` (and gpudask's ``LocalGPUCluster``) give each
-worker ``host memory / workers``; this plugin does the same for stock ``dask worker``.
-Measured on two H200s (lab/device-runs/2026-11-30-dc-local-cupy-x2.md): with the
-``auto`` limit dask-cuda's ``local_cupy`` dot took 27-31 s on gpudask workers against
-3 s on dask-cuda's, its arrays read back from disk before every transfer.
-
-An explicit ``--memory-limit`` (any value but distributed's ``auto`` one) wins.
-
-The worker also tells its nanny (distributed's ``run`` handler): the nanny restarts its
-worker above ``distributed.worker.memory.terminate`` (95 %) of the nanny's *own* limit,
-which stays ``auto`` otherwise -- on a 16-CPU H200 host with ``--nthreads 1``, 1/16 of the
-host for a worker allowed all of it, so the nanny killed it every few seconds once the
-host copies of spilled GPU objects (and pinned buffers, which count in RSS) passed 7.5 GiB.
+distributed's ``auto`` limit is ``nthreads / CPUs`` of the host (8 GiB of a 32-CPU, 256 GiB host
+with ``--nthreads 1``) and it counts GPU objects against it: above 0.6 they went to disk, and
+dask-cuda's ``local_cupy`` dot took 27-31 s instead of 3 s (lab/device-runs/2026-11-30-dc-local-cupy-x2.md).
+The nanny is told too: it restarts its worker above ``distributed.worker.memory.terminate`` of
+its *own* limit, which stays ``auto`` otherwise (on a 16-CPU H200 host it killed the worker every
+few seconds once host copies of spilled GPU objects and pinned buffers passed 7.5 GiB).
 """
 
 from __future__ import annotations
 
 import logging
-
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import Option, format_bytes, hookimpl
+from gpudask.pluginapi import Option, choice, format_bytes, hookimpl
 
 if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
@@ -38,18 +28,12 @@ LIMIT = "gpudask.worker-memory.limit"
 logger = logging.getLogger("distributed.gpudask")
 
 
-def _parse(value: object) -> str:
-    text = str(value).strip().lower()
-    if text in ("auto", "distributed"):
-        return text
-    raise ValueError("auto | distributed")
-
-
 @hookimpl
 def gpudask_config_options() -> list[Option]:
     return [Option(LIMIT, "auto", "Host memory limit of each GPU worker: auto (the host's memory split between "
                    "its workers, as dask cuda worker does) or distributed (distributed's own default, nthreads/CPUs "
-                   "of it). An explicit --memory-limit always wins.", _parse, "auto | distributed")]
+                   "of it). An explicit --memory-limit always wins.", choice("auto", "distributed"),
+                   "auto | distributed")]
 
 
 @hookimpl
@@ -95,10 +79,7 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
 
 
 def _set_nanny_limit(limit: int, auto: int | None, dask_worker: object = None) -> bool:
-    """Run in the nanny (distributed's ``run`` handler): its memory monitor restarts the
-    worker above ``distributed.worker.memory.terminate`` of the nanny's *own* limit, which
-    ``dask worker`` set to the ``auto`` one; a worker allowed more than that would be
-    killed before it ever spills (host copies of spilled GPU objects, pinned buffers)."""
+    """Run in the nanny (distributed's ``run`` handler): the worker's limit becomes the nanny's."""
     manager = getattr(dask_worker, "memory_manager", None)
     if manager is None or getattr(manager, "memory_limit", None) != auto:
         return False  # --memory-limit given to the nanny: it wins

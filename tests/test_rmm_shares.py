@@ -228,8 +228,7 @@ def test_no_wait_when_enough_is_free_or_nvml_cannot_tell():
 
 
 def test_short_memory_names_who_holds_it_in_one_line():
-    found = shares.holders([(11, 600 * 2**20), (12, 70 * GiB), (13, None)], {12: "gpudask worker 0 of pid-99"})
-    text = shares.holders_text(found)
+    text = shares.holders_text([(11, 600 * 2**20), (12, 70 * GiB), (13, None)], {12: "gpudask worker 0 of pid-99"})
     assert text.startswith("pid 12 (gpudask worker 0 of pid-99) 71680 MiB, pid 11 (") and "pid 13" in text
     section = {"allocator": "pool", "initial_pool_size": 40 * GiB, "maximum_pool_size": None, "gpu": "GPU-x",
                "fit_to_free": False}

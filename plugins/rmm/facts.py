@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import FactsSection, nvml_session
+from gpudask.pluginapi import FactsSection, hookimpl, nvml_session
 
 from . import shares
 
@@ -134,4 +134,7 @@ def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
     return None
 
 
-SECTIONS = [FactsSection(SECTION, SCHEMA, probe, check=check)]
+@hookimpl
+def gpudask_facts_sections() -> list[FactsSection]:
+    """Device memory free on each GPU when the facts were read."""
+    return [FactsSection(SECTION, SCHEMA, probe, check=check)]

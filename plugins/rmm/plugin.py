@@ -9,22 +9,19 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import ConfigError, FactsSection, hookimpl, tls_enables
+from gpudask.pluginapi import ConfigError, hookimpl, tls_enables
 
-from . import facts as rmm_facts
-from . import report as rmm_report
-from . import setup as rmm_setup
+# hooks of this plugin defined beside what they call (pluggy reads this module's names)
+from .facts import gpudask_facts_sections  # noqa: F401
 from .options import (SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings, allocator_kind, gib, options,
                       parse_pool_size, read_settings, shown)
 from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, reset_ucxx_keys, resolve,
                      default_initial, share_maximum, share_record, target_of)
+from .report import gpudask_report_rows, gpudask_scheduler_check  # noqa: F401
+from .setup import gpudask_applied_state, gpudask_server_setup, gpudask_setup_memory  # noqa: F401
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
-    from distributed import Nanny, Scheduler, Worker
-
-    from gpudask.pluginapi import Facts, Finding, Option, PlanContext, ProcessPlan, ProcessSide
+    from gpudask.pluginapi import Facts, Option, PlanContext, ProcessPlan
 
 name = "rmm"
 # distributed-ucxx reads its rmm keys, and their legacy distributed.rmm.* names, once: when
@@ -47,12 +44,6 @@ SECTION_KEYS = ("allocator", "initial_pool_size", "maximum_pool_size", "gpu")
 # libraries another plugin points at RMM's current resource (torch-rmm: ["torch"]), so a
 # default pool need not be capped for them.
 REQUEST_ALLOCATES_THROUGH = "allocates_through"
-
-
-@hookimpl
-def gpudask_facts_sections() -> list[FactsSection]:
-    """Device memory free on each GPU when the facts were read (:mod:`.facts`)."""
-    return list(rmm_facts.SECTIONS)
 
 
 @hookimpl
@@ -351,32 +342,3 @@ def _torch_through_rmm(s: RmmSettings, plan: ProcessPlan) -> bool:
     """Will PyTorch allocate from the pool (gpudask.rmm.libraries, or another plugin's ``allocates_through``)?"""
     return "torch" in s.libraries or any("torch" in (asked.get(REQUEST_ALLOCATES_THROUGH) or ())
                                          for asked in plan.requests_for(name).values())
-
-
-@hookimpl
-def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] | None:
-    return rmm_setup.setup(ctx, plan)
-
-
-@hookimpl
-def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
-    """Add a ``gpudask-rmm`` worker metric: allocator, initial and current pool size."""
-    rmm_setup.add_metric(plan, server)
-
-
-@hookimpl
-def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
-    return rmm_setup.applied_state(ctx, plan)
-
-
-@hookimpl
-def gpudask_report_rows(plan: Mapping[str, Any],
-                        published: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
-    """The ``pool`` column: the planned initial size against the pool in place."""
-    return rmm_report.rows(plan, published)
-
-
-@hookimpl
-def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
-                            subject: ProcessSide | None) -> list[Finding] | None:
-    return rmm_report.fitted_findings(subject)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import Finding
+from gpudask.pluginapi import Finding, hookimpl
 
 if TYPE_CHECKING:
-    from gpudask.pluginapi import ProcessSide
+    from gpudask.pluginapi import PlanContext, ProcessSide
 
 SECTION = "rmm"
 
@@ -23,7 +23,10 @@ def _size(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def rows(plan: Mapping[str, Any], published: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+@hookimpl
+def gpudask_report_rows(plan: Mapping[str, Any],
+                        published: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+    """The ``pool`` column: the planned initial size against the pool in place."""
     section = _mapping(_mapping(plan, "sections"), SECTION)
     allocator = section.get("allocator")
     if not isinstance(allocator, str):
@@ -48,7 +51,9 @@ def rows(plan: Mapping[str, Any], published: Mapping[str, Any] | None) -> list[d
     return [row]
 
 
-def fitted_findings(subject: ProcessSide | None) -> list[Finding]:
+@hookimpl
+def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
+                            subject: ProcessSide | None) -> list[Finding] | None:
     """A worker whose default pool had to start smaller than planned (its GPU shared with other processes)."""
     memory = subject.get("memory") if isinstance(subject, dict) else None
     report = memory.get("rmm") if isinstance(memory, dict) else None

@@ -9,12 +9,14 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import GpudaskError, add_worker_metric, host_lock
+from gpudask.pluginapi import GpudaskError, add_worker_metric, hookimpl, host_lock
 
 from . import fit, options, shares, target
 from .options import DEFAULT_FRACTION
 
 if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
+
     from gpudask.pluginapi import PlanContext, ProcessPlan
 
 logger = logging.getLogger("distributed.gpudask")
@@ -23,7 +25,8 @@ _MR: Any = None  # the memory resource in use (for the metric); None: nothing bu
 _REPORT: dict[str, Any] | None = None  # the last report, whatever happened (JSON-compatible)
 
 
-def setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
+@hookimpl
+def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
     """Build the planned memory resource in this worker process, or report why not (called once per process)."""
     global _REPORT
     _REPORT = _setup(ctx, plan)
@@ -88,7 +91,7 @@ def _fit(memory: dict[str, Any], who: str) -> tuple[dict[str, Any], str | None]:
         return memory, None
     holding = None
     if memory["initial_pool_size"] > found[0] - fit.reserve(found[1]):  # short: name who holds it
-        holding = shares.holders_text(shares.holders(shares.gpu_processes(str(gpu)), shares.known_workers()))
+        holding = shares.holders_text(shares.gpu_processes(str(gpu)), shares.known_workers())
     return fit.fit(memory, found[0], found[1], who, holding)
 
 
@@ -248,7 +251,9 @@ def _point_library(lib: str) -> str:
         return f"not pointed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-def add_metric(plan: ProcessPlan, server: Any) -> None:
+@hookimpl
+def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
+    """Add a ``gpudask-rmm`` worker metric: allocator, initial and current pool size."""
     if plan.role != "worker" or type(server).__name__ == "Nanny":
         return
     add_worker_metric(server, "gpudask-rmm", _metric)
@@ -270,7 +275,8 @@ _RESOURCE_OF = {"pool": "PoolMemoryResource", "async": "CudaAsyncMemoryResource"
                 "default": "CudaMemoryResource"}
 
 
-def applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
+@hookimpl
+def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
     """The RMM resource in place in this process, read back, against the plan."""
     import sys
 

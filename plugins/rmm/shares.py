@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpudask.pluginapi import nvml_session, read_private, state_dir, write_atomic
@@ -129,13 +129,6 @@ def _workers_per_gpu(text: str, hostname: str, started: set[int]) -> dict[str, i
 
 
 # --------------------------------------------------------------------------- who holds memory
-@dataclass
-class Holder:
-    pid: int
-    used: int | None  # bytes; None when NVML does not say (some containers)
-    what: str = ""  # "gpudask worker 0 of pid 123", "python", ...
-
-
 def gpu_processes(uuid: str) -> list[tuple[int, int | None]] | None:
     """(pid, bytes used) of every process with a context on the GPU, from NVML; None when NVML cannot tell."""
     with nvml_session() as nvml:
@@ -167,20 +160,17 @@ def _what(pid: int) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)[:60]
 
 
-def holders(processes: list[tuple[int, int | None]] | None, workers: Mapping[int, str] | None = None) -> list[Holder]:
-    """The processes holding memory on a GPU, largest first, named (``workers``: pid -> gpudask worker)."""
-    out = [Holder(pid, used, (workers or {}).get(pid) or _what(pid)) for pid, used in processes or []]
-    return sorted(out, key=lambda h: -(h.used or 0))
-
-
-def holders_text(found: list[Holder] | None, limit: int = 8) -> str:
-    """``pid 123 (gpudask worker 0) 35840 MiB, pid 456 (python) 512 MiB`` or why none is named."""
-    if found is None:
+def holders_text(processes: list[tuple[int, int | None]] | None, workers: Mapping[int, str] | None = None,
+                 limit: int = 8) -> str:
+    """``pid 123 (gpudask worker 0 of pid-99) 35840 MiB, pid 456 (python) 512 MiB``: the processes holding
+    memory on a GPU (``gpu_processes``), largest first, named (``workers``: pid -> gpudask worker); or why none is."""
+    if processes is None:
         return "NVML cannot list the processes on this GPU"
-    if not found:
+    if not processes:
         return "NVML lists no process on this GPU (processes of other containers are not listed)"
-    parts = [f"pid {h.pid} ({h.what}) " + (f"{h.used // 2**20} MiB" if h.used is not None else "? MiB")
-             for h in found[:limit]]
+    found = sorted(processes, key=lambda p: -(p[1] or 0))
+    parts = [f"pid {pid} ({(workers or {}).get(pid) or _what(pid)}) "
+             + (f"{used // 2**20} MiB" if used is not None else "? MiB") for pid, used in found[:limit]]
     more = f", and {len(found) - limit} more" if len(found) > limit else ""
     return ", ".join(parts) + more
 
@@ -238,7 +228,6 @@ class Waited:
     total: int
     seconds: float
     why_stopped: str  # "enough free", "nothing being released", "time limit"
-    readings: list[int] = field(default_factory=list)
 
 
 def wait_for_memory(read: Callable[[], tuple[int, int] | None], needed: int, timeout: float,
@@ -251,14 +240,13 @@ def wait_for_memory(read: Callable[[], tuple[int, int] | None], needed: int, tim
     if first is None:
         return None
     free, total = first
-    readings = [free]
     last_growth = start
     while free < needed:
         now = clock()
         if now - start >= timeout:
-            return Waited(free, total, now - start, "time limit", readings)
+            return Waited(free, total, now - start, "time limit")
         if now - last_growth >= SETTLE and not leaving():
-            return Waited(free, total, now - start, "nothing being released", readings)
+            return Waited(free, total, now - start, "nothing being released")
         sleep(POLL)
         found = read()
         if found is None:
@@ -266,5 +254,4 @@ def wait_for_memory(read: Callable[[], tuple[int, int] | None], needed: int, tim
         if found[0] > free:
             last_growth = clock()
         free, total = found
-        readings.append(free)
-    return Waited(free, total, clock() - start, "enough free" if free >= needed else "unreadable", readings)
+    return Waited(free, total, clock() - start, "enough free" if free >= needed else "unreadable")

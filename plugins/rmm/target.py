@@ -164,12 +164,12 @@ def default_initial(ctx: PlanContext, plan: ProcessPlan, target: Target, reasons
                  f"RMM pool is {gib(initial)} ({DEFAULT_FRACTION:g} of the "
                  f"GPU / {n}); workers started earlier keep their larger pool until they restart "
                  "(gpudask.rmm.workers-per-gpu declares the count for every command from the start)")
-    from .shares import holders, holders_text
+    from .shares import holders_text
 
     if target.free is not None and target.free - reserve(target.memory) < initial:
         reasons.append(f"GPU {target.index} has {gib(target.free)} free now, less than this pool: the worker waits "
                        f"(gpudask.rmm.release-wait) for memory being released when it starts; holding it: "
-                       f"{holders_text(holders(target.processes)) if target.processes is not None else 'unknown'}")
+                       f"{holders_text(target.processes) if target.processes is not None else 'unknown'}")
     return initial, n
 
 
