@@ -60,11 +60,11 @@ class DeferredCall:
 
     __slots__ = ("module", "name", "args", "state")
 
-    def __init__(self, module: str, name: str, args: tuple[Any, ...]):
+    def __init__(self, module: str, name: str, args: Sequence[Any], state: Any = None):
         self.module = module
         self.name = name
-        self.args = args
-        self.state: Any = None
+        self.args = tuple(args)
+        self.state = state
 
     def __setstate__(self, state: Any) -> None:  # pickle's BUILD on the deferred object
         self.state = state
@@ -132,15 +132,8 @@ class DeferringUnpickler(pickle.Unpickler):
         if is_deferred(module, self.deferred):
             return DeferredGlobal(module, name)
         if module == __name__ and name == "call_deferred":
-            return _call_deferred_here
+            return DeferredCall  # met in a graph the scheduler reads: it stays deferred
         return super().find_class(module, name)
-
-
-def _call_deferred_here(module: str, name: str, args: Sequence[Any], state: Any = None) -> DeferredCall:
-    """:func:`call_deferred` met in a graph the scheduler reads: it stays deferred."""
-    deferred = DeferredCall(module, name, tuple(args))
-    deferred.state = state
-    return deferred
 
 
 def deferring_pickle_loads(original: Callable[[dict[str, Any], list[Any]], Any],

@@ -41,19 +41,16 @@ class Lifter:
         self.deferred_modules = tuple(deferred_modules)
         self.prefix = prefix
         self.found: dict[str, Any] = {}  # key -> object, to scatter
-        self._by_id: dict[int, str] = {}
-        self.refs: dict[str, Any] = {}  # key -> the TaskRef the rewritten graph holds
+        self._refs: dict[int, Any] = {}  # id(object) -> the TaskRef the rewritten graph holds
 
     def _ref(self, obj: Any) -> Any:
         from dask._task_spec import TaskRef
 
-        key = self._by_id.get(id(obj))
-        if key is None:
+        if id(obj) not in self._refs:  # found kept obj alive: its id is not reused meanwhile
             key = f"{self.prefix}-{len(self.found)}"
-            self._by_id[id(obj)] = key
             self.found[key] = obj
-            self.refs[key] = TaskRef(key)
-        return self.refs[key]
+            self._refs[id(obj)] = TaskRef(key)
+        return self._refs[id(obj)]
 
     def large(self, obj: Any) -> bool:
         n = device_nbytes(obj, self.deferred_modules)
@@ -93,12 +90,9 @@ class Lifter:
     def graph_value(self, key: Any, value: Any) -> Any:
         from dask._task_spec import Alias, DataNode, Task
 
-        if isinstance(value, DataNode):
-            value = value.value
-            if not self.large(value):
-                return None
-        if self.large(value):
-            return Alias(key, self._ref(value).key)
+        inner = value.value if isinstance(value, DataNode) else value
+        if self.large(inner):
+            return Alias(key, self._ref(inner).key)
         if isinstance(value, Task):
             new = self.task(value)
             return None if new is value else new

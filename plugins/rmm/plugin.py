@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import ConfigError, hookimpl, tls_enables
+from gpudask.pluginapi import ConfigError, hookimpl, parse_bytes, tls_enables
 
 # hooks of this plugin defined beside what they call (pluggy reads this module's names)
 from .facts import gpudask_facts_sections  # noqa: F401
@@ -91,27 +91,20 @@ def gpudask_validate(ctx: PlanContext) -> None:
     if s.maximum is not None and s.pool_size is False:
         raise ConfigError(f"{shown(ctx, 'gpudask.rmm.maximum-pool-size')} needs a pool, but "
                           f"{shown(ctx, 'gpudask.rmm.pool-size')} turns it off")
-    # both sizes of the same kind can be compared without a GPU
-    if _same_kind(s.pool_size, s.maximum) and s.maximum < s.pool_size:
+    # two fractions, or two byte counts, compare without a GPU
+    if type(s.pool_size) is type(s.maximum) and type(s.maximum) in (int, float) and s.maximum < s.pool_size:
         raise ConfigError(f"{shown(ctx, 'gpudask.rmm.maximum-pool-size')} is below "
                           f"{shown(ctx, 'gpudask.rmm.pool-size')}; accepted: a maximum >= the initial size")
 
 
-def _same_kind(a: Any, b: Any) -> bool:
-    return (isinstance(a, float) and isinstance(b, float)) or (
-        type(a) is int and type(b) is int)
-
-
 @hookimpl
 def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
+    if plan.role == "scheduler":
+        reset_ucxx_keys(ctx, plan, keep=_plan_scheduler(ctx, plan) or _scheduler_ucxx_pool(ctx, plan))
+        return
+    reset_ucxx_keys(ctx, plan)  # a nanny host or a client never has a pool
     if plan.role == "worker":
-        reset_ucxx_keys(ctx, plan)
         _plan_worker(ctx, plan)
-    elif plan.role == "scheduler":
-        kept = _plan_scheduler(ctx, plan) or _scheduler_ucxx_pool(ctx, plan)
-        reset_ucxx_keys(ctx, plan, keep=kept)
-    else:  # nanny host and client: never a pool
-        reset_ucxx_keys(ctx, plan)
 
 
 def _plan_scheduler(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, ...]:
@@ -168,8 +161,6 @@ def _scheduler_ucxx_pool(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, ...]
         problem = "rmm is not installed on the scheduler (distributed-ucxx would only warn)"
     size = None
     if problem is None:
-        from dask.utils import parse_bytes
-
         try:
             size = int(parse_bytes(next(iter(user.values()))))
         except (ValueError, TypeError, KeyError):
@@ -216,7 +207,11 @@ def _plan_worker(ctx: PlanContext, plan: ProcessPlan) -> None:
         plan.note("memory: none", "; ".join(reasons))
         return
     initial, maximum, threshold, share = _sizes(ctx, plan, s, target, who, kind, want_pool, by_default, reasons)
-    _refuse_what_fails_at_run_time(ctx, s, target, who, kind, managed, fast)
+    if managed and "cuda_ipc" in fast:  # refused here, not when the first transfer fails
+        key = "gpudask.rmm.allocator" if s.allocator == "managed" else "gpudask.rmm.managed-memory"
+        raise ConfigError(f"{shown(ctx, key)}: CUDA managed memory cannot be sent over NVLink (UCX cuda_ipc) "
+                          f"on {target.label} of {who}; accepted: allocator pool/async without managed memory, "
+                          f"or UCX without cuda_ipc")
     if not ctx.facts.packages.get("rmm"):
         what = f"an RMM {kind} allocator on {target.label} of {who}"
         if not by_default:
@@ -327,15 +322,6 @@ def _sizes(ctx: PlanContext, plan: ProcessPlan, s: RmmSettings, target: Target, 
         reasons.append(f"{shown(ctx, 'gpudask.rmm.release-threshold')} = {threshold} bytes")
     share = share_record(target, shared, s.workers_per_gpu, s.maximum is not None, initial, maximum)
     return initial, maximum, threshold, share
-
-
-def _refuse_what_fails_at_run_time(ctx: PlanContext, s: RmmSettings, target: Target, who: str, kind: str, managed: bool,
-                                   fast: list[str]) -> None:
-    if managed and "cuda_ipc" in fast:
-        key = "gpudask.rmm.allocator" if s.allocator == "managed" else "gpudask.rmm.managed-memory"
-        raise ConfigError(f"{shown(ctx, key)}: CUDA managed memory cannot be sent over NVLink (UCX cuda_ipc) "
-                          f"on {target.label} of {who}; accepted: allocator pool/async without managed memory, "
-                          f"or UCX without cuda_ipc")
 
 
 def _torch_through_rmm(s: RmmSettings, plan: ProcessPlan) -> bool:
