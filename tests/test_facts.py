@@ -659,7 +659,7 @@ def test_probe_with_fake_nvml(tmp_path, monkeypatch):
     assert f.section("nvlink") == {"peers": {"0": [1], "1": [0], "2": [3], "3": [2]}}
     assert [NF.peers(f, g.index) for g in f.gpus] == [[1], [0], [3], [2]]
     assert f.section("rmm") == {"memory_free": {str(i): (70 - i) * 2**30 for i in range(4)}}
-    assert RF.memory_free(f, 2) == 68 * 2**30
+    assert RF.of_gpu(f, 2)[0] == 68 * 2**30
     assert with_sections(F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed")) == f
 
 

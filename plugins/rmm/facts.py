@@ -68,26 +68,16 @@ SCHEMA: dict[str, Any] = {
 }
 
 
-def memory_free(facts: Facts, index: int) -> int | None:
-    section = facts.section(SECTION)
-    if section is None:
-        return None
-    free = section["memory_free"].get(str(index))
-    return None if free is None else int(free)
-
-
-def other_workers(facts: Facts, index: int) -> dict[int, int]:
+def of_gpu(facts: Facts, index: int) -> tuple[int | None, dict[int, int], list[tuple[int, int | None]] | None]:
+    """GPU ``index``'s (bytes free, {pid of another gpudask command: its workers on it}, (pid, bytes) of the
+    processes NVML listed on it); None: not known."""
     section = facts.section(SECTION) or {}
-    found = (section.get("other_workers") or {}).get(str(index)) or {}
-    return {int(pid): int(n) for pid, n in found.items()}
-
-
-def processes(facts: Facts, index: int) -> list[tuple[int, int | None]] | None:
-    section = facts.section(SECTION) or {}
+    free = section.get("memory_free", {}).get(str(index))
+    others = (section.get("other_workers") or {}).get(str(index)) or {}
     found = (section.get("processes") or {}).get(str(index))
-    if found is None:
-        return None
-    return [(int(p["pid"]), None if p.get("used") is None else int(p["used"])) for p in found]
+    return (None if free is None else int(free), {int(pid): int(n) for pid, n in others.items()},
+            None if found is None else [(int(p["pid"]), None if p.get("used") is None else int(p["used"]))
+                                        for p in found])
 
 
 def probe(facts: Facts) -> dict[str, Any]:

@@ -200,11 +200,11 @@ def _build(rmm: Any, memory: dict[str, Any]) -> Any:
 
 
 def _upstreams(mr: Any) -> Iterator[Any]:
-    seen = 0
-    while mr is not None and seen < 16:
+    for _ in range(16):  # a chain of adaptors, bounded
+        if mr is None:
+            return
         yield mr
         mr = getattr(mr, "upstream_mr", None)
-        seen += 1
 
 
 def _chain(mr: Any) -> str:

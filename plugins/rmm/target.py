@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import ConfigError, process_gpu, tls_enables, workers_sharing_gpu
 
-from .facts import memory_free, other_workers, processes
+from .facts import of_gpu
 from .fit import reserve
 from .options import ALIGNMENT, DEFAULT_FRACTION, SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, gib, shown
 
@@ -55,8 +55,7 @@ def target_of(ctx: PlanContext, plan: ProcessPlan) -> Target | None:
         return Target(label, memory, chosen.get("uuid"), gpu.index)
     shared = max(1, len(workers_sharing_gpu(ctx, plan)))
     label = f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}, {gib(gpu.memory_total)})"
-    return Target(label, int(gpu.memory_total), gpu.uuid, gpu.index, shared, memory_free(ctx.facts, gpu.index),
-                  other_workers(ctx.facts, gpu.index), processes(ctx.facts, gpu.index))
+    return Target(label, int(gpu.memory_total), gpu.uuid, gpu.index, shared, *of_gpu(ctx.facts, gpu.index))
 
 
 def share_of(total: int, workers: int, fraction: float = DEFAULT_FRACTION) -> int:
