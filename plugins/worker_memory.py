@@ -53,15 +53,13 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 @hookimpl
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
-    share = plan.sections.get(name, {}).get("host_memory_fraction")
-    from distributed import Worker
+    from distributed import Worker, system
+    from distributed.worker_memory import parse_memory_limit
 
+    share = plan.sections.get(name, {}).get("host_memory_fraction")
     if plan.role != "worker" or not share or not isinstance(server, Worker):
         return  # the nanny (--preload-nanny) has its own limit: _tell_nanny below
     manager = server.memory_manager
-    from distributed import system
-    from distributed.worker_memory import parse_memory_limit
-
     auto = parse_memory_limit("auto", server.state.nthreads, logger=logger)
     if manager.memory_limit != auto:
         return  # --memory-limit (or memory_limit=...) given: it wins

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import Option, parse_bool, parse_name_list
+from gpudask.pluginapi import Option, hookimpl, parse_bool, parse_name_list
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
@@ -155,7 +155,8 @@ def parse_log_directory(value: Any) -> str | None:
     raise ValueError("a directory path or null")
 
 
-def options() -> list[Option]:
+@hookimpl
+def gpudask_config_options() -> list[Option]:
     return [
         Option("gpudask.rmm.pool-size", None,
                "Initial RMM pool size of each worker: bytes ('4GB', '4GiB') or a fraction of its GPU (0.5); "

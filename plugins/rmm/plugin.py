@@ -13,15 +13,15 @@ from gpudask.pluginapi import ConfigError, hookimpl, parse_bytes, tls_enables
 
 # hooks of this plugin defined beside what they call (pluggy reads this module's names)
 from .facts import gpudask_facts_sections  # noqa: F401
-from .options import (SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings, allocator_kind, gib, options,
-                      parse_pool_size, read_settings, shown)
+from .options import (SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings, allocator_kind, gib,
+                      gpudask_config_options, parse_pool_size, read_settings, shown)  # noqa: F401
 from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, reset_ucxx_keys, resolve,
                      default_initial, share_maximum, share_record, target_of)
 from .report import gpudask_report_rows, gpudask_scheduler_check  # noqa: F401
 from .setup import gpudask_applied_state, gpudask_server_setup, gpudask_setup_memory  # noqa: F401
 
 if TYPE_CHECKING:
-    from gpudask.pluginapi import Facts, Option, PlanContext, ProcessPlan
+    from gpudask.pluginapi import Facts, PlanContext, ProcessPlan
 
 name = "rmm"
 # distributed-ucxx reads its rmm keys, and their legacy distributed.rmm.* names, once: when
@@ -58,10 +58,6 @@ def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str
     if role != "worker" or not facts.visible_gpus() or facts.packages.get("rmm") is None:
         return None
     return ["rmm", "rmm.allocators.cupy"]
-
-@hookimpl
-def gpudask_config_options() -> list[Option]:
-    return options()
 
 
 @hookimpl
