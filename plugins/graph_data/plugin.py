@@ -6,6 +6,7 @@ clients (metadata ``["gpudask", "graph-data"]``) to gather and scatter ``direct=
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import weakref
@@ -135,12 +136,8 @@ def _rewrite(client: Any, expr: Any) -> tuple[Any, Any]:
     if state.client is None or _on_event_loop() or getattr(client, "asynchronous", False):
         return expr, None
     try:
-        prefix = f"gpudask-arg-{client.id}-{next(state.counter)}"
-
-        def scatter(found: dict[str, Any]) -> dict[str, Any]:
-            return client.scatter(found, direct=True, hash=False)  # type: ignore[no-any-return]
-
-        return lifting.lift(expr, scatter, *state.client, prefix)
+        scatter = functools.partial(client.scatter, direct=True, hash=False)
+        return lifting.lift(expr, scatter, *state.client, f"gpudask-arg-{client.id}-{next(state.counter)}")
     except Exception as e:  # noqa: BLE001 - the graph goes as it is, the user's call is not broken
         logger.warning("gpudask: large GPU objects stay in this graph (%s: %s)", type(e).__name__, e)
         return expr, None

@@ -55,9 +55,7 @@ def gpudask_report_rows(plan: Mapping[str, Any],
 def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
                             subject: ProcessSide | None) -> list[Finding] | None:
     """A worker whose default pool had to start smaller than planned (its GPU shared with other processes)."""
-    memory = subject.get("memory") if isinstance(subject, dict) else None
-    report = memory.get("rmm") if isinstance(memory, dict) else None
-    fitted = report.get("fitted") if isinstance(report, dict) else None
+    fitted = _mapping(_mapping(subject, "memory"), SECTION).get("fitted")
     if not isinstance(fitted, str):
         return []
     return [Finding("warning", "pool-fitted",
