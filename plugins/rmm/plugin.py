@@ -15,10 +15,10 @@ from gpudask.pluginapi import ConfigError, hookimpl, parse_bytes, tls_enables
 from .facts import gpudask_facts_sections  # noqa: F401
 from .options import (SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings, allocator_kind, gib,
                       gpudask_config_options, parse_pool_size, read_settings, shown)  # noqa: F401
-from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, reset_ucxx_keys, resolve,
-                     default_initial, share_maximum, share_record, target_of)
 from .report import gpudask_report_rows, gpudask_scheduler_check  # noqa: F401
 from .setup import gpudask_applied_state, gpudask_server_setup, gpudask_setup_memory  # noqa: F401
+from .target import (TRANSPORT_NAMES, Target, check_fits, describe_size, fast_transports, reset_ucxx_keys, resolve,
+                     default_initial, share_maximum, share_record, target_of)
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import Facts, PlanContext, ProcessPlan
