@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import Option, hookimpl, parse_bool, parse_name_list
+from gpudask.pluginapi import Option, hookimpl, parse_bool, parse_bytes, parse_name_list
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import PlanContext, ProcessPlan
@@ -41,28 +41,21 @@ def _parse_size(value: Any) -> float | int:
         raise ValueError(SIZE_FORM)
     if isinstance(value, str):
         text = value.strip()
-        if not text:
-            raise ValueError(SIZE_FORM)
-        if text.endswith("%"):
-            try:
-                number = float(text[:-1]) / 100
-            except ValueError:
-                raise ValueError(SIZE_FORM) from None
-            if not 0 <= number <= 1:
-                raise ValueError("a percentage from 0% to 100%, or " + SIZE_FORM)
-            return number if number else 0
+        percent = text.endswith("%")
         try:
-            number = float(text)
+            number = float(text[:-1]) / 100 if percent else float(text)
         except ValueError:
-            from dask.utils import parse_bytes
-
+            if percent or not text:
+                raise ValueError(SIZE_FORM) from None
             try:
                 nbytes = parse_bytes(text)
             except (ValueError, KeyError, TypeError):
                 raise ValueError(SIZE_FORM) from None
             if nbytes < 0:
-                raise ValueError("a non-negative size: " + SIZE_FORM)
+                raise ValueError("a non-negative size: " + SIZE_FORM) from None
             return int(nbytes)
+        if percent and not 0 <= number <= 1:
+            raise ValueError("a percentage from 0% to 100%, or " + SIZE_FORM)
     else:
         number = float(value)
     if math.isnan(number) or math.isinf(number):
@@ -73,7 +66,7 @@ def _parse_size(value: Any) -> float | int:
         return 0
     if number <= 1:
         return float(number)
-    if number < 2**20 and not (isinstance(value, str) and text.strip().isdigit() and len(text) > 6):
+    if number < 2**20 and not (isinstance(value, str) and text.isdigit() and len(text) > 6):
         # a bare number is bytes: 2 means two bytes, which is almost certainly not meant
         raise ValueError(f"{SIZE_FORM} -- {value!r} would be {int(number)} bytes (a bare number is bytes): did "
                          f"you mean '{value}GB' or {number / 10 ** len(str(int(number))):g} (a fraction)?")
