@@ -1,29 +1,20 @@
-"""Dask defaults that break on GPU data, changed where the graph is built.
+"""Dask defaults that break on GPU data, changed where the graph is built; a value the user set wins.
 
-* ``array.rechunk.method``: dask picks P2P rechunking for large rechunks whenever a
-  distributed client exists; P2P fails on CuPy-backed arrays ("P2P ... failed during
-  transfer phase", seen on an H200 over tcp and ucx).  The method is read where the graph
-  is *built* -- ``dask.array.rechunk`` at the call (``_choose_rechunk_method``), or the
-  array-expr ``Rechunk._lower`` at ``optimize()`` -- which is the client, and a worker
-  when a task builds graphs itself (``worker_client``).  The scheduler only materialises
-  graphs whose method is already chosen.  So the client plan and the GPU worker plans
-  get ``"tasks"``.
-* ``dataframe.shuffle.method``: P2P shuffling goes through pyarrow tables and is not
-  supported for cuDF data (dask-cudf accepts tasks and explicit-comms only).  Chosen at
-  lowering (``get_default_shuffle_method``), i.e. in the client's ``optimize()``; set
-  to ``"tasks"`` where cuDF is installed.
-* ``distributed.comm.offload`` for GPU workers over UCX (``gpudask.comm.offload-threshold``).
-  distributed hands (de)serialisation of messages above it to a thread, counting GPU frames
-  too: a 64 MiB GPU pull took 1.83 ms with the hand-off, 0.77 without (H200,
-  docs/benchmarks.md).  It reads the threshold once, at import of ``distributed.comm.utils``
-  -- before a worker's plan applies -- so the value is copied into ``OFFLOAD_THRESHOLD`` at
+* ``array.rechunk.method``: dask picks P2P for large rechunks whenever a distributed client
+  exists, and P2P fails on CuPy-backed arrays.  The method is read where the graph is built
+  (``dask.array.rechunk`` at the call, array-expr's ``Rechunk._lower`` at ``optimize()``): the
+  client, and a worker whose tasks build graphs (``worker_client``); so they get ``"tasks"``.
+* ``dataframe.shuffle.method``: P2P shuffles go through pyarrow and do not support cuDF data;
+  chosen at lowering (the client's ``optimize()``): ``"tasks"`` where cuDF is installed.
+* ``distributed.comm.offload`` for GPU workers over UCX (``gpudask.comm.offload-threshold``):
+  distributed hands (de)serialisation above it to a thread, GPU frames too (a 64 MiB GPU pull:
+  1.83 ms, 0.77 without, H200).  It reads the value once, when ``distributed.comm.utils`` is
+  imported -- before a worker's plan applies -- so it is copied into ``OFFLOAD_THRESHOLD`` at
   server setup.
 
-A value the user set (``dask.config`` / YAML / ``DASK_ARRAY__RECHUNK__METHOD``) always wins.
-
-A client that does not import gpudask keeps dask's default.  On the scheduler this plugin
-installs :class:`gpudask.plugins.dask_defaults.p2p.P2PRechunkWarning`: a client whose graph
-rechunks with P2P while GPU workers are connected gets one warning naming the fix.
+A client that does not import gpudask keeps dask's defaults: on the scheduler,
+:class:`~gpudask.plugins.dask_defaults.p2p.P2PRechunkWarning` warns one whose graph rechunks with
+P2P while GPU workers are connected.
 """
 
 from __future__ import annotations

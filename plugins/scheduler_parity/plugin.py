@@ -1,11 +1,10 @@
 """The scheduler has what the workers need (GPU, driver, CUDA, packages).
 
 The scheduler deserialises data now and then (arguments passed directly to ``client.submit``,
-the meta of cuDF-backed collections, graphs) and, over UCX, allocates device buffers for the GPU
-frames it relays; the client deserialises what it gathers.  This plugin compares two processes'
-published facts; the check runner that calls it is the core's.  A scheduler without a GPU is a
-supported shape: on a UCX scheduler that cannot receive GPU frames it installs
-:class:`~gpudask.plugins.scheduler_parity.relay.RelayGuard`.
+graphs) and, over UCX, allocates device buffers for the GPU frames it relays; the client
+deserialises what it gathers.  The scheduler check (the core's runner) compares two processes'
+published facts here.  A scheduler without a GPU is a supported shape: a UCX one that cannot
+receive GPU frames gets :class:`~gpudask.plugins.scheduler_parity.relay.RelayGuard`.
 """
 
 from __future__ import annotations
