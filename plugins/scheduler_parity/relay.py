@@ -198,14 +198,8 @@ class RelayGuard(SchedulerPlugin):
     def gpu_keys(self, keys: Any) -> list[Any]:
         """Of ``keys``, those whose result is a GPU object held by a GPU worker."""
         tasks = self.scheduler.tasks
-        out = []
-        for key in keys:
-            ts = tasks.get(key)
-            if ts is None or not gpu_type(getattr(ts, "type", None)):
-                continue
-            if any(ws.address in self.gpu_workers for ws in (ts.who_has or ())):
-                out.append(key)
-        return out
+        return [key for key in keys if (ts := tasks.get(key)) is not None and gpu_type(getattr(ts, "type", None))
+                and any(ws.address in self.gpu_workers for ws in (ts.who_has or ()))]
 
     def _wrap(self, original: Any) -> Any:
 
@@ -233,7 +227,8 @@ class RelayGuard(SchedulerPlugin):
         """distributed's handler runs as it is; only what it reports while it runs is looked at."""
 
         async def update_graph(**kwargs: Any) -> Any:
-            token = _CALL.set(_Call(str(kwargs.get("client", "")), set(kwargs.get("keys") or ())))  # a str in distributed
+            call = _Call(str(kwargs.get("client", "")), set(kwargs.get("keys") or ()))  # client: a str in distributed
+            token = _CALL.set(call)
             try:
                 result = original(**kwargs)
                 return (await result) if inspect.isawaitable(result) else result
