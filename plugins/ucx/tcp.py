@@ -164,8 +164,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     if mode(ctx) == UCX_AUTO:
         _ucx_auto(ctx, plan)
         return
-    support = ucx_info.supports(ctx.facts, "tcp")
-    detected = support is not False
+    detected = ucx_info.supports(ctx.facts, "tcp") is not False
     detect_why = ("the base transport of every UCX process: connections and fallback"
                   if detected else "this host's UCX has no tcp transport")
     on, why, _ = decide(ctx, TCP, "tcp", detected, detect_why,
