@@ -1,27 +1,16 @@
 """The CUDA-context-first check: no stray context before UCX, the worker's context on its own GPU.
 
-UCX (through distributed-ucxx) must find the worker's CUDA context on the worker's own
-GPU when it initialises at the first ``listen()``.  A context that exists before --
-created by a module-level ``import cudf``, a library that touches CUDA on import, or a
-preload listed before gpudask -- was made before gpudask set ``CUDA_VISIBLE_DEVICES``:
-it sits on the wrong GPU (usually GPU 0), holds memory there, and UCX is set up for it.
+A CUDA context that exists before gpudask set ``CUDA_VISIBLE_DEVICES`` (a module-level ``import
+cudf``, a library that touches CUDA on import, a preload listed before gpudask) sits on the wrong
+GPU, holds memory there, and UCX, initialising at the first ``listen()``, is set up for it.  In
+every process gpudask runs in, this plugin looks for one through NVML (which never creates one) and
+says which device, which process, the likely cause and the fix (``gpudask.context.on-existing``).
+In workers and the scheduler it sets ``RAPIDS_NO_INITIALIZE=1`` and, when UCX will need a context,
+creates it first on the process's own GPU with cuda.core (what ucxx uses), checking the device
+UUID.  Nothing touching a device runs on a described host (``GPUDASK_FACTS``).
 
-In every process gpudask runs in (worker, nanny host, scheduler, and a client through
-``gpudask.initialize()``) this plugin looks for an existing context through NVML --
-which never creates one -- and says which device, which process, the likely cause and
-the fix (``gpudask.context.on-existing``: warn or error).  In workers and the scheduler
-it sets ``RAPIDS_NO_INITIALIZE=1`` and, when UCX will need a context (cuda transports in
-``UCX_TLS`` or ``create-cuda-context``), creates it on the process's own GPU before UCX
-does (a worker's pinned GPU; the scheduler's device 0 of its visible GPUs: it relays GPU
-frames), with cuda.core (what ucxx uses), and checks the device UUID.  A scheduler or
-nanny host whose plan has a context (UCX needs one there) is not reported for having
-it.  Nothing here runs on a described host (``GPUDASK_FACTS``): its GPUs are not this
-machine's.
-
-Its plan section, for the scheduler and the nanny host of a GPU host, says which GPU
-their CUDA context is planned on (``plan.sections["cuda-context"]["context_gpu"]``: a
-UUID, or None for no context); its ``gpudask_applied_state`` compares that with the
-context NVML finds (a worker's context is compared with its plan's GPU by the core).
+Its plan section, for the scheduler and the nanny host of a GPU host, is the GPU their context is
+planned on (``context_gpu``: a UUID, or None); ``gpudask_applied_state`` compares it with NVML's.
 """
 
 from __future__ import annotations
@@ -42,6 +31,7 @@ name = "cuda-context"
 priority = 40
 
 ON_EXISTING = "gpudask.context.on-existing"
+CONTEXT_GPU = "context_gpu"  # this plugin's section: the GPU a scheduler's / nanny host's context is on
 CREATE_KEYS = ("distributed-ucxx.create-cuda-context", "distributed.comm.ucx.create-cuda-context")
 
 logger = logging.getLogger("distributed.gpudask")
@@ -56,15 +46,14 @@ def gpudask_config_options() -> list[Option]:
 
 # -- plan ----------------------------------------------------------------------------
 def ucx_wants_context(env: dict[str, str], config_get: Any) -> bool:
-    """distributed-ucxx's own rule (``init_once``): a context before UCX when create-cuda-context
-    is true or UCX_TLS names a cuda transport."""
+    """distributed-ucxx's own rule (``init_once``): a context when create-cuda-context is true or UCX_TLS names a
+    cuda transport."""
     return any(config_get(key) is True for key in CREATE_KEYS) or ucxx_creates_cuda_context(env.get("UCX_TLS"))
 
 
 @hookimpl
 def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str] | None:
-    """cuda.core, which makes a GPU worker's context: imported by its fork server (the import
-    opens no context)."""
+    """cuda.core, which makes a GPU worker's context: imported by its fork server (the import opens none)."""
     return ["cuda.core"] if role == "worker" and facts.visible_gpus() else None
 
 
@@ -89,13 +78,14 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role == "client" or not ctx.gpus:
         return
     if plan.role in ("scheduler", "nanny"):
-        planned = planned_context_gpu(ctx, plan)
+        # distributed-ucxx's rule (init_once): a context on device 0 of CUDA_VISIBLE_DEVICES when UCX needs one
+        planned = str(ctx.gpus[0].uuid) if planned_context(ctx, plan) else None
         plan.set_section({CONTEXT_GPU: planned},
                          "UCX needs one here (UCX_TLS names a cuda transport or create-cuda-context is set), on "
                          "device 0 of CUDA_VISIBLE_DEVICES" if planned else
                          "no CUDA context in this process: UCX needs none here", f"CUDA context: {planned or 'none'}")
     own = own_gpu(ctx, plan)
-    if own is not None and ctx.uses_ucx and planned_context(ctx, plan):
+    if own is not None and planned_context(ctx, plan):
         plan.note(f"CUDA context on {own[0]} before UCX",
                   "created at import on device 0 of CUDA_VISIBLE_DEVICES, its UUID checked"
                   + ("; to receive relayed GPU frames (about 520 MiB on an H200)" if plan.role == "scheduler" else ""))
@@ -104,31 +94,14 @@ def gpudask_plan_memory(ctx: PlanContext, plan: ProcessPlan) -> None:
                   f"the host is described ({ctx.facts.origin}): nothing touching a device runs")
 
 
-CONTEXT_GPU = "context_gpu"  # this plugin's section: the GPU a scheduler's / nanny host's context is on
-
-
-def planned_context_gpu(ctx: PlanContext, plan: ProcessPlan) -> str | None:
-    """The GPU (UUID) the CUDA context of a scheduler or nanny host is planned on, None for no
-    context: distributed-ucxx's own rule (``init_once``), a context on device 0 of
-    CUDA_VISIBLE_DEVICES when UCX needs one -- as the plan (the user's explicit values
-    included) has it."""
-    return str(ctx.gpus[0].uuid) if ctx.uses_ucx and ctx.gpus and planned_context(ctx, plan) else None
-
-
 def planned_context(ctx: PlanContext, plan: ProcessPlan) -> bool:
     """Does UCX create a CUDA context in this process, by its plan (the user's explicit values included)?"""
-    if not ctx.uses_ucx:
-        return False
-
-    def config_get(key: str) -> Any:
-        return plan.config.get(key, ctx.user_dask_config(key))
-
-    return ucx_wants_context(plan.env if "UCX_TLS" in plan.env else dict(ctx.user_env), config_get)
+    env = plan.env if "UCX_TLS" in plan.env else dict(ctx.user_env)
+    return ctx.uses_ucx and ucx_wants_context(env, lambda key: plan.config.get(key, ctx.user_dask_config(key)))
 
 
 def own_gpu(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, int] | None:
-    """(UUID, index) of the GPU this process's CUDA context belongs on: a worker's own GPU,
-    the scheduler's device 0 of its visible GPUs; None elsewhere."""
+    """(UUID, index) of the GPU this process's context belongs on: a worker's own, the scheduler's device 0."""
     if plan.role == "worker" and plan.gpu is not None and plan.gpu_index is not None:  # set_gpu sets both
         return plan.gpu, plan.gpu_index
     if plan.role == "scheduler" and ctx.gpus:
@@ -162,12 +135,14 @@ def _norm(uuid: str) -> str:
 
 
 def _uuids(gpu: Any) -> set[str]:
-    """A GPU's UUID and its MIG instances', normalised (GPU-, MIG- or bare compare equal)."""
+    """A GPU's UUID and its MIG instances', normalised (GPU-, MIG- or bare compare equal); none for no GPU."""
+    if gpu is None:
+        return set()
     return {_norm(gpu.uuid)} | {_norm(str(i["uuid"])) for i in (gpu.mig.get("instances") or []) if i.get("uuid")}
 
 
 def _same_device(uuid: str, plan: ProcessPlan, ctx: PlanContext) -> bool:
-    """Does ``uuid`` (GPU-, MIG- or bare) name the process's own GPU (or its MIG instance's parent)?"""
+    """Does ``uuid`` name the process's own GPU (or its MIG instance's parent)?"""
     own = own_gpu(ctx, plan)
     return own is not None and _norm(uuid) in {_norm(own[0])} | _uuids(ctx.facts.gpu_by_index(own[1]))
 
@@ -203,7 +178,7 @@ def check_existing(ctx: PlanContext, plan: ProcessPlan, when: str) -> None:
     if info is None:
         return
     if plan.role == "worker":
-        if plan.gpu is not None and _same_device(_uuid_of(info), plan, ctx):
+        if _same_device(_uuid_of(info), plan, ctx):
             logger.info("gpudask: worker %s already has a CUDA context %s, on its own GPU", plan.index, when)
             return
         own = f", not on its own GPU {plan.gpu_index} ({plan.gpu})" if plan.gpu else ""
@@ -216,13 +191,13 @@ def check_existing(ctx: PlanContext, plan: ProcessPlan, when: str) -> None:
     elif plan.role == "client":
         report(ctx, plan, f"{_where(plan)} already has a CUDA context on {_describe(info)} {when}: UCX in this "
                           "process is set up for that device, and processes forked from here inherit it.")
-    elif plan.role == "scheduler" and planned_context(ctx, plan) and own_gpu(ctx, plan) is not None:
+    elif plan.role == "scheduler" and planned_context(ctx, plan):  # its own GPU: device 0
         if _same_device(_uuid_of(info), plan, ctx):
             logger.info("gpudask: the scheduler has its CUDA context on its own GPU %s %s (planned: it relays GPU "
                         "frames over UCX)", _describe(info), when)
             return
         report(ctx, plan, f"{_where(plan)} has a CUDA context on {_describe(info)} {when}, not on its own GPU "
-                          f"{own_gpu(ctx, plan)[0]} (device 0 of its visible GPUs).")  # type: ignore[index]
+                          f"{ctx.gpus[0].uuid} (device 0 of its visible GPUs).")
     elif plan.role == "nanny" and planned_context(ctx, plan):
         logger.info("gpudask: the dask worker process hosting the nannies has a CUDA context on %s %s: your "
                     "UCX_TLS / create-cuda-context asks for it (explicit settings win)", _describe(info), when)
@@ -274,8 +249,8 @@ def create_context(ctx: PlanContext, plan: ProcessPlan) -> None:
 
 
 class _OwnContextFilter(logging.Filter):
-    """distributed-ucxx warns about any context that exists before it initialises -- including
-    the one gpudask just made on purpose, on the right GPU.  Drop that one warning only."""
+    """distributed-ucxx warns about any context that exists before it initialises: drop that warning for the one
+    gpudask made on purpose, on the right GPU."""
 
     def __init__(self, uuids: list[str]):
         super().__init__()
@@ -295,23 +270,16 @@ def _quiet_ucxx_about(uuids: list[str]) -> None:
         ucxx_logger.addFilter(_OwnContextFilter(uuids))
 
 
-def _same_gpu(planned: str, actual: str, ctx: PlanContext) -> bool:
-    """``actual`` (NVML: GPU- or MIG- UUID) is the planned GPU or one of its MIG instances."""
-    gpu = next((g for g in ctx.gpus if _norm(g.uuid) == _norm(planned)), None)
-    return _norm(actual) in {_norm(planned)} | (_uuids(gpu) if gpu else set())
-
-
 def compare_context(ctx: PlanContext, plan: ProcessPlan, actual: str | None) -> dict[str, dict[str, Any]] | None:
-    """The planned CUDA context of a scheduler or nanny host (this plugin's section) against
-    ``actual`` (the UUID NVML found, None: no context): ``{"cuda_context": {planned, actual}}``,
-    the two equal when the context is where it was planned (a MIG instance of the planned GPU
-    included); None where this plugin planned nothing."""
+    """``{"cuda_context": {planned, actual}}`` for a scheduler or nanny host: this plugin's section against
+    ``actual`` (the UUID NVML found, None: no context); None where this plugin planned nothing."""
     section = plan.sections.get(name) or {}
     if plan.role not in ("scheduler", "nanny") or CONTEXT_GPU not in section:
         return None
     planned = section[CONTEXT_GPU]
-    if planned and actual and _same_gpu(planned, actual, ctx):
-        actual = planned
+    gpu = next((g for g in ctx.gpus if _norm(g.uuid) == _norm(str(planned))), None)
+    if planned and actual and _norm(actual) in {_norm(planned)} | _uuids(gpu):
+        actual = planned  # a MIG instance of the planned GPU is the planned GPU
     return {"cuda_context": {"planned": planned, "actual": actual}}
 
 

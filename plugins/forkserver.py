@@ -1,22 +1,15 @@
 """The forkserver start method for worker processes: on GPU hosts, and always with InfiniBand.
 
-A process that has opened an InfiniBand device through UCX must not ``fork()``:
-the child shares the parent's registered (pinned) memory copy-on-write, which can
-corrupt data.  With ``--protocol ucx`` the nanny process opens UCX before it starts its
-workers, so on an InfiniBand host the workers are started by a fork server that
-gpudask starts at import time, before UCX exists in the nanny (the core calls
-``multiprocessing.forkserver.ensure_running()``).
+A process that has opened an InfiniBand device through UCX must not ``fork()``: the child shares
+its registered (pinned) memory copy-on-write, which can corrupt data.  With ``--protocol ucx`` the
+nanny opens UCX before it starts its workers, so they are started by a fork server that gpudask
+starts at import, before UCX exists there (the core calls ``ensure_running()``).  On any GPU host it
+is also the faster start: a forked worker finds distributed imported (docs/process-start.md); the
+server never imports CUDA libraries, so workers start as clean as spawned ones.
 
-On any GPU host the fork server is also the faster start: a spawned worker starts an
-interpreter and imports distributed before it can listen; a forked one finds distributed
-imported (the server preloads it) -- measured in docs/process-start.md.  The server is a
-fresh interpreter that never imports CUDA libraries, so workers start as clean as spawned
-ones, and they still apply their own plan (GPU, environment) at their first ``import
-gpudask``.
-
-Opt-in diagnostics (``gpudask.forkserver.diagnose-fork``) set ``UCX_IB_FORK_INIT=n``
-so UCX warns at every ``fork()`` issued after it opened an InfiniBand device, and make
-gpudask say which process forked and from where.
+Opt-in diagnostics (``gpudask.forkserver.diagnose-fork``) set ``UCX_IB_FORK_INIT=n`` so that UCX
+warns at every ``fork()`` after it opened an InfiniBand device, and gpudask says which process
+forked and from where.
 """
 
 from __future__ import annotations
@@ -26,7 +19,6 @@ import logging
 import os
 import sys
 import traceback
-
 from typing import TYPE_CHECKING
 
 from gpudask.pluginapi import Option, hookimpl, parse_bool, parse_optional_bool
@@ -63,8 +55,7 @@ def gpudask_config_options() -> list[Option]:
 
 
 def _active_infiniband(ctx: PlanContext) -> list[str]:
-    """The active InfiniBand ports ("mlx5_0:1"), from the infiniband plugin's facts section
-    (none when that plugin is not loaded or a described host does not say)."""
+    """The active InfiniBand ports ("mlx5_0:1") of the infiniband plugin's facts section, if any."""
     section = ctx.facts.section("infiniband") or {}
     ports = [p for p in section.get("ports", []) if p.get("state") == "ACTIVE" and p.get("link_layer") == "InfiniBand"]
     return [f"{p['name']}:{p['port']}" for p in sorted(ports, key=lambda p: (p["name"], p["port"]))]

@@ -1,14 +1,11 @@
 """One GPU per worker: CUDA_VISIBLE_DEVICES rotated per worker, GPU=1 resource.
 
-Worker ``i`` of a host gets the ``i``-th visible GPU first in its
-``CUDA_VISIBLE_DEVICES`` and the other visible GPUs after it (the rotation dask-cuda
-uses), so every library that looks at device 0 uses the worker's own GPU while peers
-stay reachable for CUDA IPC.  Entries keep the form the user wrote (index, ``GPU-``
-UUID, ``MIG-`` UUID); a MIG instance counts as a GPU of its own.  More workers than
-GPUs share them round-robin, with a warning.
-
-Which worker is number ``i`` is decided by the core (``gpudask.apply.slots.worker_index``):
-restarted workers keep their number, killed ones free it.
+Worker ``i`` of a host gets the ``i``-th visible GPU first in its ``CUDA_VISIBLE_DEVICES`` and
+the other visible GPUs after it (dask-cuda's rotation), so every library that looks at device 0
+uses the worker's own GPU while peers stay reachable for CUDA IPC.  Entries keep the form the
+user wrote (index, ``GPU-`` or ``MIG-`` UUID); a MIG instance counts as a GPU of its own.  More
+workers than GPUs share them round-robin, with a warning.  The core numbers the workers
+(``gpudask.apply.slots.worker_index``): restarted workers keep their number.
 """
 
 from __future__ import annotations
@@ -90,12 +87,6 @@ def _entry_uuid(entry: str, gpu: GPU) -> str:
     return str(instances[0]["uuid"]) if instances else gpu.uuid
 
 
-def rotation(units: list[Unit], index: int) -> list[Unit]:
-    """Worker ``index``'s view: its own unit first, then the others in order."""
-    k = index % len(units)
-    return units[k:] + units[:k]
-
-
 @hookimpl
 def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     if plan.role != "worker" or plan.index is None:  # a worker's plan always has its number
@@ -105,14 +96,14 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
     if not units:
         plan.note("skipped", "no GPU visible")
         return
-    order = rotation(units, plan.index)
-    own = order[0]
-    cvd = ",".join(u.entry for u in order)
     n = len(units)
+    k = plan.index % n
+    own = units[k]
+    cvd = ",".join(u.entry for u in units[k:] + units[:k])  # its own unit first, then the others in order
     user_cvd = ctx.facts.cuda_visible_devices
     source = (f"of CUDA_VISIBLE_DEVICES={user_cvd} (the user's list, entries kept as written)"
               if user_cvd is not None else "of this host")
-    why = f"worker {plan.index} owns {own.label}, visible device {plan.index % n} {source}"
+    why = f"worker {plan.index} owns {own.label}, visible device {k} {source}"
     if n > 1:
         why += "; listed first, the other visible GPUs after it (rotation)"
         if own.uuid.startswith("MIG-"):

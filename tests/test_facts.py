@@ -411,9 +411,9 @@ def test_probe_this_host():
     assert F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed") == f
 
 
-def test_ucx_missing(monkeypatch):
-    monkeypatch.setattr(U, "_UCX_DISTS", ("no-such-ucx-dist",))
-    assert U.probe_ucx_transports() is None
+def test_ucx_missing():
+    # the core's packages name no UCX package: ucx_info is not run
+    assert U.probe(F.probe_facts()) == {"transports": None} and U.probe_ucx_transports(False) is None
 
 
 def test_ucx_info_parsing_and_failure(tmp_path, monkeypatch):
@@ -429,11 +429,11 @@ def test_ucx_info_parsing_and_failure(tmp_path, monkeypatch):
     )
     script.chmod(0o755)
     monkeypatch.setattr(U, "_ucx_info_commands", lambda: [(str(script), {})])
-    assert U.probe_ucx_transports() == ["cuda_copy", "posix", "rc_mlx5", "tcp"]
+    assert U.probe_ucx_transports(True) == ["cuda_copy", "posix", "rc_mlx5", "tcp"]
     monkeypatch.setattr(U, "_ucx_info_commands", lambda: [("/bin/false", {})])
-    assert U.probe_ucx_transports() is None
+    assert U.probe_ucx_transports(True) is None
     monkeypatch.setattr(U, "_ucx_info_commands", lambda: [(str(tmp_path / "missing"), {})])
-    assert U.probe_ucx_transports() is None
+    assert U.probe_ucx_transports(True) is None
 
 
 # ------------------------------------------------------------------ fake sysfs + NVML

@@ -1,3 +1,1 @@
-"""The gpu-dask-defaults plugin: dask defaults that fail on GPU data.  :mod:`.plugin` holds
-its hooks; :mod:`.p2p` the scheduler plugin that warns a plain client once about P2P rechunk.
-"""
+"""The gpu-dask-defaults plugin: hooks in :mod:`.plugin`, the scheduler's P2P rechunk warning in :mod:`.p2p`."""

@@ -63,17 +63,13 @@ class P2PRechunkWarning(SchedulerPlugin):
         if self.scheduler is not None:
             return
         self.scheduler = scheduler
-        for address, ws in list(scheduler.workers.items()):
-            self._see_worker(address, ws)
-
-    def _see_worker(self, address: str, ws: Any) -> None:
-        if worker_has_gpus(getattr(ws, "extra", None)):
-            self.gpu_workers[address] = None
+        for address in list(scheduler.workers):
+            self.add_worker(scheduler, address)
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         ws = scheduler.workers.get(worker)
-        if ws is not None:
-            self._see_worker(worker, ws)
+        if ws is not None and worker_has_gpus(getattr(ws, "extra", None)):
+            self.gpu_workers[worker] = None
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self.gpu_workers.pop(worker, None)

@@ -1,65 +1,81 @@
-"""Dask defaults that break on GPU data, changed where the graph is built.
+"""Dask defaults that break on GPU data, changed where the graph is built; a value the user set wins.
 
-* ``array.rechunk.method``: dask picks P2P rechunking for large rechunks whenever a
-  distributed client exists; P2P fails on CuPy-backed arrays ("P2P ... failed during
-  transfer phase", seen on an H200 over tcp and ucx).  The method is read where the graph
-  is *built* -- ``dask.array.rechunk`` at the call (``_choose_rechunk_method``), or the
-  array-expr ``Rechunk._lower`` at ``optimize()`` -- which is the client, and a worker
-  when a task builds graphs itself (``worker_client``).  The scheduler only materialises
-  graphs whose method is already chosen.  So the client plan and the GPU worker plans
-  get ``"tasks"``.
-* ``dataframe.shuffle.method``: P2P shuffling goes through pyarrow tables and is not
-  supported for cuDF data (dask-cudf accepts tasks and explicit-comms only).  Chosen at
-  lowering (``get_default_shuffle_method``), i.e. in the client's ``optimize()``; set
-  to ``"tasks"`` where cuDF is installed.
+* ``array.rechunk.method``: dask picks P2P for large rechunks whenever a distributed client
+  exists, and P2P fails on CuPy-backed arrays.  The method is read where the graph is built
+  (``dask.array.rechunk`` at the call, array-expr's ``Rechunk._lower`` at ``optimize()``): the
+  client, and a worker whose tasks build graphs (``worker_client``); so they get ``"tasks"``.
+* ``dataframe.shuffle.method``: P2P shuffles go through pyarrow and do not support cuDF data;
+  chosen at lowering (the client's ``optimize()``): ``"tasks"`` where cuDF is installed.
+* ``distributed.comm.offload`` for GPU workers over UCX (``gpudask.comm.offload-threshold``):
+  distributed hands (de)serialisation above it to a thread, GPU frames too (a 64 MiB GPU pull:
+  1.83 ms, 0.77 without, H200).  It reads the value once, when ``distributed.comm.utils`` is
+  imported -- before a worker's plan applies -- so it is copied into ``OFFLOAD_THRESHOLD`` at
+  server setup.
 
-* ``distributed.comm.offload`` for GPU workers over UCX, when ``gpudask.comm.offload-threshold``
-  asks for one, made to take effect in the worker process (:mod:`.offload`).
-
-A value the user set (``dask.config`` / YAML / ``DASK_ARRAY__RECHUNK__METHOD``) always wins.
-
-A client that does not import gpudask keeps dask's default.  On the scheduler this plugin
-installs :class:`gpudask.plugins.dask_defaults.p2p.P2PRechunkWarning`: a client whose graph
-rechunks with P2P while GPU workers are connected gets one warning naming the fix.
+A client that does not import gpudask keeps dask's defaults: on the scheduler,
+:class:`~gpudask.plugins.dask_defaults.p2p.P2PRechunkWarning` warns one whose graph rechunks with
+P2P while GPU workers are connected.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import hookimpl
-
-from . import offload
+from gpudask.pluginapi import Option, hookimpl, offload_threshold, parse_bytes, set_offload_threshold
 
 if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
 
-    from gpudask.pluginapi import Option, PlanContext, ProcessPlan
+    from gpudask.pluginapi import PlanContext, ProcessPlan
 
 name = "gpu-dask-defaults"
 priority = 150
 
 RECHUNK_KEY = "array.rechunk.method"
 SHUFFLE_KEY = "dataframe.shuffle.method"
+OFFLOAD = "gpudask.comm.offload-threshold"
+# Measured on one H200 (2026-12-01, lab/bench/pull-levers.py, medians of 15 in-worker pulls, ms at 1 MiB /
+# 64 MiB / 1 GiB): distributed's 10 MiB 0.71 / 1.45 / 1.99; 512 MiB 0.57 / 0.58 / 1.73; never 0.91 /
+# 0.96 / 1.35; dask cuda worker 0.98 / 1.78 / 2.42.  2 GiB keeps every GPU pull up to 2 GiB inline
+# while a host message above it is still handed to a thread.
+OFFLOAD_DEFAULT = "2GiB"
+OFFLOAD_KEY = "distributed.comm.offload"
 
 
-def _installed(ctx: PlanContext, *packages: str) -> list[str]:
-    return [p for p in packages if ctx.facts.packages.get(p)]
+def parse_threshold(value: Any) -> int | bool | None:
+    """null (distributed's own), false (never offload), or a size in bytes ("512MiB", 2**29)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null", "auto")):
+        return None
+    if value is False or (isinstance(value, str) and value.strip().lower() in ("false", "off", "no")):
+        return False
+    if isinstance(value, bool):
+        raise ValueError("null, false or a size")
+    try:
+        size = int(parse_bytes(value)) if isinstance(value, str) else int(value)
+    except (ValueError, TypeError, OverflowError):
+        size = -1
+    if size <= 0 or size > 2**50:
+        raise ValueError('null (distributed\'s own, 10 MiB), false (never offload), or a size such as "512MiB"')
+    return size
 
 
 @hookimpl
 def gpudask_config_options() -> list[Option]:
-    return [offload.option()]
+    return [Option(OFFLOAD, OFFLOAD_DEFAULT, "distributed.comm.offload for GPU workers over UCX, made to take effect "
+                   "in the worker process: a size (messages larger are (de)serialised in a thread; default 2GiB: GPU "
+                   "pulls up to 2 GiB stay on the event loop), false = never, null = distributed's own (10 MiB).",
+                   parse_threshold, 'a size such as "2GiB", false, or null')]
 
 
 @hookimpl
 def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
-    offload.plan_offload(ctx, plan)
+    if plan.role == "worker":
+        _plan_offload(ctx, plan)
     if plan.role not in ("worker", "client"):
         return
     gpu = bool(ctx.gpus)
-    cupy = _installed(ctx, "cupy")
-    cudf = _installed(ctx, "cudf", "dask-cudf")
+    cupy = [p for p in ("cupy",) if ctx.facts.packages.get(p)]
+    cudf = [p for p in ("cudf", "dask-cudf") if ctx.facts.packages.get(p)]
     if plan.role == "worker" and not gpu:
         plan.note("skipped", "no GPU visible: dask's defaults kept")
         return
@@ -79,6 +95,26 @@ def gpudask_plan_process(ctx: PlanContext, plan: ProcessPlan) -> None:
                          f"data; the method is chosen when the graph is lowered ({lowered})")
 
 
+def _plan_offload(ctx: PlanContext, plan: ProcessPlan) -> None:
+    """A GPU worker over UCX: the threshold asked for, as distributed.comm.offload."""
+    setting = ctx.setting(OFFLOAD)
+    if setting is None or setting.value is None:
+        return
+    if not (ctx.uses_ucx and ctx.gpus):
+        if setting.explicit:  # the default is for GPU workers over UCX: nothing to say elsewhere
+            plan.note(f"{OFFLOAD} not applied", "it is for GPU workers over UCX, whose large messages are GPU frames")
+        return
+    user = ctx.user_dask_config(OFFLOAD_KEY)
+    if user is not None:
+        plan.note(f"{OFFLOAD_KEY} kept at {user!r}", "set by the user (explicit settings win)")
+        return
+    value = setting.value
+    what = "never" if value is False else f"above {value} bytes"
+    plan.set_config(OFFLOAD_KEY, value,
+                    f"{OFFLOAD}={value!r} (from {setting.source}): (de)serialisation handed to a thread {what}; "
+                    "the hand-off doubled a 64 MiB GPU pull on an H200 (1.83 -> 0.77 ms without it)")
+
+
 def _set_unless_user(ctx: PlanContext, plan: ProcessPlan, key: str, value: str, why: str) -> None:
     user = ctx.user_dask_config(key)
     if user is not None:
@@ -94,7 +130,8 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     In a worker: the planned offload threshold, where distributed's comms read it."""
     from distributed import Scheduler
 
-    offload.apply_offload(plan)
+    if plan.role == "worker" and OFFLOAD_KEY in plan.config:
+        set_offload_threshold(plan.config[OFFLOAD_KEY])
     if plan.role != "scheduler" or not isinstance(server, Scheduler):
         return
     from .p2p import NAME, P2PRechunkWarning
@@ -106,4 +143,7 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
 @hookimpl
 def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict[str, Any]] | None:
     """The offload threshold distributed's comms use in this worker, against the plan."""
-    return offload.applied(plan)
+    if plan.role != "worker" or OFFLOAD_KEY not in plan.config:
+        return None
+    return {"distributed.comm.utils.OFFLOAD_THRESHOLD": {"planned": plan.config[OFFLOAD_KEY],
+                                                         "actual": offload_threshold()}}

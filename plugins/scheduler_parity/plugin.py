@@ -1,16 +1,15 @@
 """The scheduler has what the workers need (GPU, driver, CUDA, packages).
 
 The scheduler deserialises data now and then (arguments passed directly to ``client.submit``,
-the meta of cuDF-backed collections, graphs) and, over UCX, allocates device buffers for the GPU
-frames it relays; the client deserialises what it gathers.  This plugin compares two processes'
-published facts; the check runner that calls it is the core's.  A scheduler without a GPU is a
-supported shape: on a UCX scheduler that cannot receive GPU frames it installs
-:class:`~gpudask.plugins.scheduler_parity.relay.RelayGuard`.
+graphs) and, over UCX, allocates device buffers for the GPU frames it relays; the client
+deserialises what it gathers.  The scheduler check (the core's runner) compares two processes'
+published facts here.  A scheduler without a GPU is a supported shape: a UCX one that cannot
+receive GPU frames gets :class:`~gpudask.plugins.scheduler_parity.relay.RelayGuard`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpudask.pluginapi import (Finding, Option, applied_role, facts_from_dict, fingerprint, hookimpl, parse_name_list,
@@ -134,9 +133,12 @@ def _packages(side: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------- comparison
+def F(severity: str, code: str, message: str, details: dict[str, Any]) -> Finding:  # noqa: N802
+    return Finding(severity, code, message, details=details)
+
+
 def _gpu_presence(ref: Mapping[str, Any], other: Mapping[str, Any], protocol: str | None,
-                  ref_gpus: list[dict[str, Any]], other_gpus: list[dict[str, Any]],
-                  F: Callable[..., Finding]) -> list[Finding]:
+                  ref_gpus: list[dict[str, Any]], other_gpus: list[dict[str, Any]]) -> list[Finding]:
     if bool(ref_gpus) == bool(other_gpus):
         return []
     has, lacks = (other, ref) if other_gpus else (ref, other)
@@ -167,7 +169,7 @@ def _gpu_presence(ref: Mapping[str, Any], other: Mapping[str, Any], protocol: st
 
 
 def _driver_and_cuda(ref: Mapping[str, Any], other: Mapping[str, Any], ref_gpus: list[dict[str, Any]],
-                     other_gpus: list[dict[str, Any]], F: Callable[..., Finding]) -> list[Finding]:
+                     other_gpus: list[dict[str, Any]]) -> list[Finding]:
     out: list[Finding] = []
     if not (ref_gpus and other_gpus):
         return out  # a side without a GPU is reported above; its driver does not matter
@@ -204,8 +206,7 @@ def _driver_and_cuda(ref: Mapping[str, Any], other: Mapping[str, Any], ref_gpus:
     return out
 
 
-def _package_versions(ref: Mapping[str, Any], other: Mapping[str, Any], names: list[str],
-                      F: Callable[..., Finding]) -> list[Finding]:
+def _package_versions(ref: Mapping[str, Any], other: Mapping[str, Any], names: list[str]) -> list[Finding]:
     out = []
     ra, ob = _packages(ref), _packages(other)
     for pkg in names:
@@ -237,9 +238,6 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
     if not isinstance(reference, dict) or not isinstance(subject, dict):
         return []  # the runner reports processes without (valid) gpudask data itself
 
-    def F(severity: str, code: str, message: str, details: dict[str, Any] | None = None) -> Finding:  # noqa: N802
-        return Finding(severity, code, message, details=details or {})
-
     ref, other = reference, subject
     protocols = [p for p in (ref.get("protocol"), other.get("protocol")) if isinstance(p, str)]
     protocol = next((p for p in protocols if p in UCX), protocols[0] if protocols else None)
@@ -250,11 +248,11 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
                           f"{other.get('protocol')}; transports and GPU frame handling differ between them",
                           _pair(ref, other, ref.get("protocol"), other.get("protocol"), key="protocol")))
     ref_gpus, other_gpus = _visible_gpus(ref), _visible_gpus(other)
-    findings += _gpu_presence(ref, other, protocol, ref_gpus, other_gpus, F)
-    findings += _driver_and_cuda(ref, other, ref_gpus, other_gpus, F)
+    findings += _gpu_presence(ref, other, protocol, ref_gpus, other_gpus)
+    findings += _driver_and_cuda(ref, other, ref_gpus, other_gpus)
     packages = ctx.setting(PACKAGES_KEY) if ctx is not None else None
     names = list(packages.value) if packages is not None else list(DEFAULT_PACKAGES)
-    findings += _package_versions(ref, other, names, F)
+    findings += _package_versions(ref, other, names)
     return findings
 
 

@@ -8,6 +8,7 @@ import contextvars
 import inspect
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from time import time
 from typing import Any
 
@@ -66,13 +67,13 @@ HOST_SERIALIZERS = ["dask", "pickle", "error"]
 GRAPH_ERROR = "Error during deserialization of the task graph"
 
 
+@dataclass
 class _Call:
     """One update-graph call in flight (a context variable: the stream of one client, no other)."""
 
-    def __init__(self, client: str, keys: Any):
-        self.client = client
-        self.keys = set(keys)
-        self.seen: dict[int, Any] = {}  # id(distributed's Serialize) -> our error_message, or None
+    client: str
+    keys: set[Any]
+    seen: dict[int, Any] = field(default_factory=dict)  # id(distributed's Serialize) -> our error_message, or None
 
 
 _CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("gpudask_relay_update_graph", default=None)
@@ -94,18 +95,18 @@ class RelayGuard(SchedulerPlugin):
 
     def __init__(self, cause: str, protocol: str, has_gpus: Callable[[Any], bool], graphs: bool = False):
         self.cause = cause
-        self.graphs = graphs
-        self._update_graph: Any = None
-        self._report: Any = None
-        self.unreadable: set[str] = set()  # clients that sent a graph this scheduler could not read
         self.protocol = protocol
         self.has_gpus = has_gpus
+        self.graphs = graphs
         self.scheduler: Any = None
+        self._gather: Any = None  # the originals of what start() wraps
+        self._subscribe: Any = None
+        self._update_graph: Any = None
+        self._report: Any = None
         self.gpu_workers: dict[str, None] = {}
         self.listening: set[str] = set()  # clients subscribed to "warn"
         self.warned: set[str] = set()
-        self._gather: Any = None
-        self._subscribe: Any = None
+        self.unreadable: set[str] = set()  # clients that sent a graph this scheduler could not read
 
     # -- life cycle --------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
@@ -160,19 +161,16 @@ class RelayGuard(SchedulerPlugin):
         self.unreadable.discard(client)
         self.listening.discard(client)
 
-    def subscribed(self, topic: Any, client: Any) -> None:
-        """A client subscribed to a topic: its stream is up; "warn" means it shows warnings."""
-        if topic != "warn" or not isinstance(client, str):
-            return
-        self.listening.add(client)
-        if self.gpu_workers:
-            self._warn_later(client)
-
     def _wrap_subscribe(self, original: Any) -> Any:
 
         def subscribe_topic(**kwargs: Any) -> Any:
             result = original(**kwargs)
-            self.subscribed(kwargs.get("topic"), kwargs.get("client"))
+            # the client's stream is up; "warn" means it shows warnings
+            client = kwargs.get("client")
+            if kwargs.get("topic") == "warn" and isinstance(client, str):
+                self.listening.add(client)
+                if self.gpu_workers:
+                    self._warn_later(client)
             return result
 
         return subscribe_topic
@@ -200,14 +198,8 @@ class RelayGuard(SchedulerPlugin):
     def gpu_keys(self, keys: Any) -> list[Any]:
         """Of ``keys``, those whose result is a GPU object held by a GPU worker."""
         tasks = self.scheduler.tasks
-        out = []
-        for key in keys:
-            ts = tasks.get(key)
-            if ts is None or not gpu_type(getattr(ts, "type", None)):
-                continue
-            if any(ws.address in self.gpu_workers for ws in (ts.who_has or ())):
-                out.append(key)
-        return out
+        return [key for key in keys if (ts := tasks.get(key)) is not None and gpu_type(getattr(ts, "type", None))
+                and any(ws.address in self.gpu_workers for ws in (ts.who_has or ()))]
 
     def _wrap(self, original: Any) -> Any:
 
@@ -235,7 +227,8 @@ class RelayGuard(SchedulerPlugin):
         """distributed's handler runs as it is; only what it reports while it runs is looked at."""
 
         async def update_graph(**kwargs: Any) -> Any:
-            token = _CALL.set(_Call(str(kwargs.get("client", "")), kwargs.get("keys") or ()))  # a str in distributed
+            call = _Call(str(kwargs.get("client", "")), set(kwargs.get("keys") or ()))  # client: a str in distributed
+            token = _CALL.set(call)
             try:
                 result = original(**kwargs)
                 return (await result) if inspect.isawaitable(result) else result

@@ -62,7 +62,6 @@ def gpudask_config_options() -> list[Option]:
     ]
 
 
-# -- nearness -------------------------------------------------------------------------
 def _pci_components(path: str | None) -> list[str]:
     if not path:
         return []
@@ -83,12 +82,9 @@ def nearness(gpu: GPU, port: Port) -> tuple[int, int]:
 def _describe(gpu: GPU, port: Port) -> str:
     shared, same_numa = nearness(gpu, port)
     parts = _pci_components(gpu.pci_path)
-    if shared >= 3:
-        return f"{port.name} shares the PCIe switch {parts[shared - 1]} with GPU {gpu.index}"
-    if shared == 2:
-        return f"{port.name} shares the PCIe root port {parts[1]} with GPU {gpu.index}"
-    if shared == 1:
-        return f"{port.name} shares the PCI root complex {parts[0]} with GPU {gpu.index}"
+    if shared:
+        kind = ("PCI root complex", "PCIe root port", "PCIe switch")[min(shared, 3) - 1]
+        return f"{port.name} shares the {kind} {parts[shared - 1]} with GPU {gpu.index}"
     known = gpu.pci_path and port.pci_path
     if same_numa:
         return f"{port.name} shares NUMA node {gpu.numa_node} with GPU {gpu.index}" + \
@@ -118,7 +114,6 @@ def nearest_ports(gpus: list[GPU], ports: list[Port]) -> dict[int, tuple[Port, s
     return out
 
 
-# -- the hook ---------------------------------------------------------------------------
 def _ignored(facts: Facts) -> str:
     out = []
     for d in sorted(all_ports(facts), key=lambda d: (d.name, d.port)):

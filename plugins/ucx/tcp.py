@@ -23,7 +23,6 @@ CONNECT_TIMEOUT = "gpudask.transport.connect-timeout"
 CONNECT_KEY = "distributed.comm.timeouts.connect"
 
 
-# -- parsers -------------------------------------------------------------------------
 def parse_timeout(value: Any) -> float | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
@@ -53,16 +52,14 @@ def _likely_ucx(facts: Facts) -> bool:
 
 @hookimpl
 def gpudask_likely_protocol(facts: Facts) -> str | None:
-    """UCX on a GPU host with distributed-ucxx: the ``dask worker`` started beside its
-    scheduler plans for it while the scheduler starts."""
+    """UCX on a GPU host with distributed-ucxx (a ``dask worker`` beside its scheduler plans for it ahead)."""
     return "ucx" if _likely_ucx(facts) else None
 
 
 @hookimpl
 def gpudask_listen_ahead(ctx: PlanContext, plan: ProcessPlan) -> None:
-    """UCX started now (distributed-ucxx's own ``init_once``, with the plan applied), not at the
-    nanny's first ``listen()``: about 1 s of an H200 host's start, overlapped with the
-    scheduler's."""
+    """UCX started now (distributed-ucxx's own ``init_once``, with the plan applied), not at the nanny's
+    first ``listen()``: about 1 s of an H200 host's start, overlapped with the scheduler's."""
     if ctx.uses_ucx and ctx.facts.packages.get("distributed-ucxx") is not None:
         start_ucx()
 
@@ -108,7 +105,6 @@ def gpudask_config_options() -> list[Option]:
     ]
 
 
-# -- hooks -----------------------------------------------------------------------------
 def ucxx_package(cuda_major: int | None) -> str:
     """What to install for UCX, pinned as gpudask's extras pin it (unpinned, pip may pick an empty 0.44.0)."""
     if cuda_major in (12, 13):
@@ -168,8 +164,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     if mode(ctx) == UCX_AUTO:
         _ucx_auto(ctx, plan)
         return
-    support = ucx_info.supports(ctx.facts, "tcp")
-    detected = support is not False
+    detected = ucx_info.supports(ctx.facts, "tcp") is not False
     detect_why = ("the base transport of every UCX process: connections and fallback"
                   if detected else "this host's UCX has no tcp transport")
     on, why, _ = decide(ctx, TCP, "tcp", detected, detect_why,
@@ -192,12 +187,10 @@ def _quiet_ucx(ctx: PlanContext, plan: ProcessPlan) -> None:
     plan.set_env("UCX_WARN_UNUSED_ENV_VARS", "n",
                  "UCX warns about variables ucxx itself sets (UCX_MEMTYPE_CACHE); gpudask reports the user's "
                  "own unused ones")
-    if plan.role != "scheduler":
-        return  # once per host plan is enough
-    if getattr(ctx, "planner", None) == "worker":
-        # a worker process planning for itself applies only its own part: UCX's view of the
-        # user's variables (a ucx_info run, seconds under load) is for the processes that plan
-        # the host (dask scheduler, the dask worker process, a client, gpudask info)
+    if plan.role != "scheduler" or ctx.planner == "worker":
+        # once per host plan; a worker process planning for itself applies only its own part: UCX's
+        # view of the user's variables (a ucx_info run, seconds under load) is for the processes that
+        # plan the host (dask scheduler, the dask worker process, a client, gpudask info)
         return
     unused = ucx_info.ucx_unused_variables(dict(ctx.user_env))
     for name, maybe in unused or []:

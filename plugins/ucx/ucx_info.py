@@ -1,19 +1,11 @@
 """The tcp plugin's facts: what this host's UCX offers, through UCX's own ``ucx_info``.
 
-Its section of the host's facts (``ctx.facts.section("ucx_info")``)::
-
-    {"transports": ["cma", "cuda_copy", "cuda_ipc", "posix", "rc_mlx5", "self", "tcp", ...]}
-
-the transports ``ucx_info -d`` lists (:func:`probe_ucx_transports`), or ``null`` when UCX is
-not installed or ``ucx_info`` fails.  The plugins of this folder read it through
-:func:`transports` and :func:`supports`; the tcp plugin answers the core's
-``gpudask_ucx_offered`` with it (the names a user's ``UCX_TLS`` may use on this host).  Also
-here: which ``UCX_*`` variables UCX would not use (:func:`ucx_unused_variables`).
-
-``ucx_info`` is found in the libucx wheel first (what ucxx loads), then on ``PATH``; it is
-run with a timeout, and its answers -- and failures, for a while -- are cached per boot in
-the user's private state directory, so every ``dask worker`` start does not pay for it.
-Standard library only at module level.
+Its section (``ctx.facts.section("ucx_info")``) is ``{"transports": [...]}``, the transports
+``ucx_info -d`` lists, or ``null`` when UCX is not installed or ``ucx_info`` fails; the tcp plugin
+answers ``gpudask_ucx_offered`` with it.  Also here: which ``UCX_*`` variables UCX would not use
+(:func:`ucx_unused_variables`).  ``ucx_info`` (the libucx wheel's first, what ucxx loads, then
+``PATH``'s) runs with a timeout; its answers -- and failures, for a while -- are cached per boot in
+the user's private state directory, so that every ``dask worker`` start does not pay for it.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gpudask.pluginapi import FactsSection, StateDirError, plugin_state, read_private, state_dir, write_atomic
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from gpudask.pluginapi import Facts
 
@@ -52,20 +44,15 @@ SCHEMA: dict[str, Any] = {
 
 
 def transports(facts: Facts) -> list[str] | None:
-    """The transports this host's UCX lists, or None when unknown (UCX missing, or a
-    described host that does not say)."""
+    """The transports this host's UCX lists; None when unknown (UCX missing, or a described host that does not say)."""
     section = facts.section(SECTION)
-    if section is None or section["transports"] is None:
-        return None
-    return list(section["transports"])
+    return None if section is None or section["transports"] is None else list(section["transports"])
 
 
 def supports(facts: Facts, transport: str) -> bool | None:
     """Whether this host's UCX lists ``transport`` (``rc`` matches rc_verbs/rc_mlx5); None when unknown."""
     found = transports(facts)
-    if found is None:
-        return None
-    return any(t == transport or t.startswith(transport + "_") for t in found)
+    return None if found is None else any(t == transport or t.startswith(transport + "_") for t in found)
 
 
 def probe(facts: Facts) -> dict[str, Any]:
@@ -77,22 +64,21 @@ def probe(facts: Facts) -> dict[str, Any]:
 
 SECTIONS = [FactsSection(SECTION, SCHEMA, probe)]
 
-
-# How long `ucx_info -d` may take before we give up on listing UCX transports.
+# How long `ucx_info` may take before we give up on it.
 UCX_INFO_TIMEOUT_S = 10
+# A failed ucx_info (missing, crashed, timed out under load) is remembered this long, so that
+# every worker start does not wait for it again; a success for the whole boot.
+UCX_FAILURE_TTL_S = 600.0
 
-# Any of these installed means UCX is available to distributed-ucxx.
-_UCX_DISTS = ("libucx", "libucx-cu12", "libucx-cu13", "ucxx", "ucxx-cu12", "ucxx-cu13")
 
 def _ucx_info_commands() -> list[tuple[str, dict[str, str]]]:
-    """Where `ucx_info` may be: the libucx wheel first (what ucxx loads), then PATH."""
+    """Where `ucx_info` may be, with the variables it needs: the libucx wheel first (what ucxx loads), then PATH."""
     import importlib.util
     import shutil
 
     found = []
     try:
-        # find_spec on a top-level name locates the package without importing it.
-        spec = importlib.util.find_spec("libucx")
+        spec = importlib.util.find_spec("libucx")  # locates the package without importing it
     except (ImportError, ValueError):
         spec = None
     if spec is not None and spec.origin:
@@ -111,36 +97,13 @@ def _ucx_info_commands() -> list[tuple[str, dict[str, str]]]:
     return found
 
 
-def probe_ucx_transports(installed: bool | None = None) -> list[str] | None:
-    """UCX transports `ucx_info -d` lists, or None when UCX is missing or fails; ``installed``:
-    whether a UCX package is (None: ask importlib.metadata)."""
-    import importlib.metadata as md
-
-    def present(dist: str) -> bool:
-        try:
-            md.version(dist)
-            return True
-        except md.PackageNotFoundError:
-            return False
-
-    if installed is None:
-        installed = any(present(d) for d in _UCX_DISTS)
-    if not installed:
-        return None
-    found, cached = _cache_read("transports")
-    if found:
-        return None if cached is None else [str(t) for t in cached]
-    transports = _run_ucx_info()
-    _cache_write("transports", transports)
-    return transports
+def probe_ucx_transports(installed: bool) -> list[str] | None:
+    """UCX transports `ucx_info -d` lists, or None when UCX is missing (``installed`` false) or fails."""
+    found = _cached("transports", _run_ucx_info) if installed else None
+    return None if found is None else [str(t) for t in found]
 
 
-# A failed ucx_info (missing, crashed, timed out under load) is remembered this long, so that
-# every worker start does not wait for it again; a success for the whole boot.
-UCX_FAILURE_TTL_S = 600.0
-
-
-def _ucx_cache_path(kind: str, extra: str = "") -> pathlib.Path | None:
+def _ucx_cache_path(kind: str, extra: str) -> pathlib.Path | None:
     """Where this boot's `ucx_info` answer of ``kind`` is kept, in the private state directory.
 
     `ucx_info` costs ~0.4 s (seconds under load), paid by every `dask worker` start otherwise.
@@ -175,36 +138,29 @@ def _ucx_cache_path(kind: str, extra: str = "") -> pathlib.Path | None:
 _UNSAFE_SAID: list[str] = []
 
 
-def _cache_read(kind: str, extra: str = "") -> tuple[bool, Any]:
-    """``(found, value)`` of a cached ucx_info answer (a failure is ``None``, kept a while)."""
+def _cached(kind: str, run: Callable[[], list[Any] | None], extra: str = "") -> list[Any] | None:
+    """``run()``'s answer, kept for this boot (a failure, None, for :data:`UCX_FAILURE_TTL_S`)."""
     import time
 
     path = _ucx_cache_path(kind, extra)
     text = read_private(path, "ucx_info cache") if path is not None else None
-    if not text:
-        return False, None
-    try:
-        data = json.loads(text)
-        value, at = data["value"], float(data["at"])
-    except (ValueError, KeyError, TypeError):
-        return False, None
-    if value is None and not 0 <= time.time() - at < UCX_FAILURE_TTL_S:
-        return False, None
-    if value is not None and not (isinstance(value, list) and all(isinstance(v, (str, list)) for v in value)):
-        return False, None
-    return True, value
-
-
-def _cache_write(kind: str, value: Any, extra: str = "") -> None:
-    import time
-
-    path = _ucx_cache_path(kind, extra)
-    if path is None:
-        return
-    try:
-        write_atomic(path, json.dumps({"value": value, "at": time.time()}))
-    except OSError:
-        pass
+    if text:
+        try:
+            data = json.loads(text)
+            value, at = data["value"], float(data["at"])
+        except (ValueError, KeyError, TypeError):
+            value, at = None, -1.0
+        if value is None and 0 <= time.time() - at < UCX_FAILURE_TTL_S:
+            return None
+        if isinstance(value, list) and all(isinstance(v, (str, list)) for v in value):
+            return value
+    value = run()
+    if path is not None:
+        try:
+            write_atomic(path, json.dumps({"value": value, "at": time.time()}))
+        except OSError:
+            pass
+    return value
 
 
 def _runs(args: list[str], base: dict[str, str], override: dict[str, str] | None = None) -> Iterator[Any]:
@@ -224,43 +180,31 @@ def _run_ucx_info() -> list[str] | None:
     # We want what the host can do, not what this process selected or sees.
     host = {k: v for k, v in os.environ.items() if k not in ("UCX_TLS", "UCX_NET_DEVICES", "CUDA_VISIBLE_DEVICES")}
     for out in _runs(["-d"], host):
-        if out.returncode != 0:
-            continue
         transports = sorted(set(re.findall(r"^#\s*Transport:\s*(\S+)", out.stdout, re.MULTILINE)))
-        if transports:
+        if out.returncode == 0 and transports:
             return transports
     return None
 
 
-# -- UCX's own view of a set of UCX_* variables ---------------------------------------------------
-
 def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | None]] | None:
-    """The names among ``variables`` (UCX_* the user exported) that UCX would report as
-    unused, with UCX's own suggestion ("maybe: UCX_TLS?"), or None when UCX is not here.
+    """The names among ``variables`` (UCX_* the user exported) that UCX would report as unused, with
+    UCX's own suggestion ("maybe: UCX_TLS?"), or None when UCX is not here.
 
-    Asks UCX itself: ``ucx_info -e -u t`` builds a UCP context with exactly these variables
-    and prints its "unused environment variable" warnings.  gpudask then turns UCX's warning
-    off in the processes it configures (it fires for variables ucxx sets itself) and
-    reports the user's own misspellings in its place.  The answer, or its failure, is kept
-    per host (the private state directory) like :func:`probe_ucx_transports`'s."""
+    Asks UCX itself: ``ucx_info -e -u t`` builds a UCP context with exactly these variables and
+    prints its "unused environment variable" warnings.  gpudask turns UCX's warning off in the
+    processes it configures (it fires for variables ucxx sets itself) and reports the user's own
+    misspellings in its place.  The answer is cached like :func:`probe_ucx_transports`'s."""
     names = {k: v for k, v in variables.items() if k.startswith("UCX_") and k != "UCX_WARN_UNUSED_ENV_VARS"}
     if not names:
         return []
     key = json.dumps(sorted(names.items()))
     known: dict[str, list[tuple[str, str | None]]] = plugin_state("ucx unused variables", dict)  # by variables
-    if key in known:
-        return known[key]
-    found, cached = _cache_read("unused", key)
-    if found:
-        result = None if cached is None else [(str(n), str(m) if m else None) for n, m in cached]
-        if result is not None:
-            known[key] = result
-        return result
-    result = _run_ucx_unused(names)
-    _cache_write("unused", None if result is None else [list(r) for r in result], key)
-    if result is not None:
-        known[key] = result
-    return result
+    if key not in known:
+        found = _cached("unused", lambda: _run_ucx_unused(names), key)
+        if found is None:
+            return None
+        known[key] = [(str(n), str(m) if m else None) for n, m in found]
+    return known[key]
 
 
 def _run_ucx_unused(names: dict[str, str]) -> list[tuple[str, str | None]] | None:
