@@ -1,10 +1,6 @@
 """Config files into dask's config: ``gpudask.toml``, ``--config`` files and gpudask's YAML
 defaults (:func:`load_dask_config`), each refused in one line when it is not a readable,
 regular TOML or YAML file of at most :data:`MAX_CONFIG_BYTES`.
-
-:mod:`gpudask.config` holds what is read from there: the options, their parsers and the
-typed :class:`~gpudask.config.Settings`, which names a value's file through
-:func:`file_value`.
 """
 
 from __future__ import annotations
@@ -30,19 +26,8 @@ _NAMESPACES = ("gpudask", "distributed", "distributed-ucxx", "dask", "array")
 _ACCEPTED_FILE = "accepted: a regular TOML or YAML file"
 
 
-def toml_path() -> pathlib.Path | None:
-    """The gpudask.toml in effect: ``$GPUDASK_CONFIG`` or ``./gpudask.toml``."""
-    named = os.environ.get("GPUDASK_CONFIG")
-    path = pathlib.Path(named) if named else pathlib.Path.cwd() / "gpudask.toml"
-    if not named and not os.path.lexists(path):
-        return None
-    check_config_file(path, f"GPUDASK_CONFIG={named}" if named else str(path))
-    return path
-
-
 def check_config_file(path: pathlib.Path, where: str) -> None:
-    """Refuse, in one line, a config file that is missing, not a regular file (a directory,
-    a FIFO, a symlink loop) or larger than :data:`MAX_CONFIG_BYTES`."""
+    """Refuse, in one line, a config file that is missing, not a regular file or too large."""
     try:
         st = os.stat(path)
     except OSError as e:
@@ -62,8 +47,7 @@ def check_config_file(path: pathlib.Path, where: str) -> None:
 def _read_text(path: pathlib.Path, where: str) -> str:
     check_config_file(path, where)
     try:
-        # non-blocking and bounded: the file checked above may have been swapped for a FIFO
-        # or grown since
+        # non-blocking and bounded: the file may have been swapped for a FIFO or grown since
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         with os.fdopen(fd, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
@@ -81,7 +65,7 @@ def _too_big(where: str, what: str) -> ConfigError:
 
 def check_parsed_size(doc: Any, where: str) -> None:
     """Refuse a parsed config deeper than :data:`MAX_CONFIG_DEPTH` or with more than
-    :data:`MAX_CONFIG_NODES` values (iterative: no recursion limit to hit)."""
+    :data:`MAX_CONFIG_NODES` values (iteratively)."""
     count, stack = 0, [(doc, 1)]
     while stack:
         value, depth = stack.pop()
@@ -95,9 +79,8 @@ def check_parsed_size(doc: Any, where: str) -> None:
 
 
 def _check_yaml_graph(node: Any, where: str) -> None:
-    """Count the values of a composed YAML document as constructing it would produce them,
-    an alias as many times as it is used, without expanding anything: the value count of a
-    node is remembered (by identity) once known."""
+    """Count the values of a composed YAML document as constructing it would make them (an
+    alias as often as it is used) without expanding anything: each node's count is kept by id."""
     import yaml
 
     sizes: dict[int, int] = {}
@@ -133,12 +116,8 @@ def _check_yaml_graph(node: Any, where: str) -> None:
 
 
 def read_toml(path: pathlib.Path, where: str) -> dict[str, Any]:
-    """Read a gpudask.toml: top-level tables are dask config namespaces.
-
-    ``[gpudask.rmm] pool-size = "4GB"`` and ``[distributed.comm.ucx] nvlink = true``
-    both work; a file whose tables are not namespaced (``[rmm]``) is read as the
-    ``gpudask`` namespace, which is the short form the docs show.
-    """
+    """Read a gpudask.toml: top-level tables are dask config namespaces (``[gpudask.rmm]``,
+    ``[distributed.comm.ucx]``); a file without one (``[rmm]``) is the ``gpudask`` namespace."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only
@@ -200,8 +179,8 @@ def _kind(value: Any) -> str:
 
 
 def _check_gpudask_section(from_env: dict[str, Any]) -> None:
-    """The ``gpudask`` config section must be a mapping: ``DASK_GPUDASK='[1,2]'`` (or a dask
-    YAML file with ``gpudask: [1, 2]``) would hide every gpudask setting."""
+    """The ``gpudask`` config section must be a mapping (``DASK_GPUDASK='[1,2]'`` would hide
+    every gpudask setting)."""
     import dask.config
 
     section = dask.config.config.get("gpudask", None)
@@ -213,12 +192,9 @@ def _check_gpudask_section(from_env: dict[str, Any]) -> None:
 
 
 def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
-    """Merge gpudask's YAML defaults, gpudask.toml (and ``extra_file``) into dask.config.
-
-    A file sets a key only where nobody set it explicitly: ``dask.config.set(...)`` and
-    ``DASK_*`` variables (already in dask.config since dask was imported) win over it,
-    as they win over dask's own YAML files.  Safe to call more than once.
-    """
+    """Merge gpudask's YAML defaults, gpudask.toml (and ``extra_file``) into dask.config.  A
+    file sets a key only where nobody set it explicitly (``dask.config.set``, ``DASK_*`` win,
+    as over dask's own YAML files).  Safe to call more than once."""
     import dask.config
     import yaml
 
@@ -236,8 +212,11 @@ def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
         if _not_chosen(name):
             dask.config.set({name: dask.config.get(key, config=from_env)})
     env_keys = {k.replace("_", "-") for k in flatten(from_env)}
-    named = os.environ.get("GPUDASK_CONFIG")
-    files = [(p, f"GPUDASK_CONFIG={named}" if named else str(p)) for p in [toml_path()] if p]
+    # the gpudask.toml in effect: $GPUDASK_CONFIG or ./gpudask.toml
+    named, local = os.environ.get("GPUDASK_CONFIG"), pathlib.Path.cwd() / "gpudask.toml"
+    files = [(pathlib.Path(named), f"GPUDASK_CONFIG={named}")] if named else []
+    if not named and os.path.lexists(local):
+        files.append((local, str(local)))
     if extra_file:
         files.append((pathlib.Path(extra_file), f"--config {extra_file}"))
     for path, where in files:
@@ -266,7 +245,7 @@ def _not_chosen(key: str) -> bool:
 
 
 def dask_defaults() -> dict[str, Any]:
-    """dask's config defaults as they are now (every registered default merged), nobody's settings."""
+    """dask's config defaults as they are now (every registered default merged)."""
     import dask.config
 
     merged: dict[str, Any] = {}

@@ -1,10 +1,7 @@
-"""Facts: what this host is (docs/architecture.md, "Facts"), from one of three places
-(:func:`get_facts`): a facts file (``--facts`` / ``$GPUDASK_FACTS``, a *described* host,
-:mod:`gpudask.facts.loader`); ``$GPUDASK_PROBED_FACTS``, facts as JSON taken as this host's probe
-(gpudask sets it nowhere: it lets a test hand in what a probe finds); or a probe
-(:mod:`gpudask.facts.probe`, the plugins' own sections: :mod:`gpudask.facts.sections`).
-
-Importing this package stays cheap and never touches CUDA.
+"""Facts: what this host is (docs/architecture.md, "Facts"), from a facts file (a *described*
+host, :mod:`~gpudask.facts.loader`), ``$GPUDASK_PROBED_FACTS`` (JSON taken as this host's probe,
+for tests) or a probe (:mod:`~gpudask.facts.probe`; the plugins' sections:
+:mod:`~gpudask.facts.sections`).  Importing this package never touches CUDA.
 """
 
 from __future__ import annotations
@@ -46,8 +43,8 @@ def _cached_probe(packages: tuple[tuple[str, tuple[str, ...]], ...]) -> Facts:
 def get_facts(path: str | os.PathLike[str] | None = None,
               packages: Mapping[str, Sequence[str]] | None = None) -> Facts:
     """Facts for this process, cached: ``path`` > $GPUDASK_FACTS > $GPUDASK_PROBED_FACTS > a
-    probe (``packages``: the plugins', probed beside the core's).  Probed facts take
-    ``cuda_visible_devices`` from this process's environment (a nanny gives each worker its own)."""
+    probe (``packages``: the plugins', beside the core's).  ``cuda_visible_devices`` is this
+    process's (a nanny gives each worker its own)."""
     path = path or os.environ.get("GPUDASK_FACTS") or None
     if path:
         return _cached_file(os.fspath(path))

@@ -1,11 +1,7 @@
-"""Reading a facts file (a described host) against the shipped JSON Schema.
-
-``facts.schema.json`` is the one definition of the format (docs/facts.md); every key has an
-``x-accepts`` text, and an error is one line naming the file, the key path and that text.
-What JSON Schema cannot say (unique GPU indices, CPUs below ``cpu_count``,
-``cuda_visible_devices`` entries) and the bounds are checked here.  Schema 2 keeps the
-plugins' facts in ``sections``; the pre-release schema 1 is refused with one line.
-``jsonschema`` is imported when a file is first read, never at ``import gpudask``.
+"""Reading a facts file (a described host) against ``facts.schema.json``, the one definition
+of the format (docs/facts.md): an error is one line naming the file, the key path and the
+key's ``x-accepts`` text.  What JSON Schema cannot say (references between keys) and the
+bounds are checked here.  ``jsonschema`` is imported when a file is first read.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import re
 import os
 import pathlib
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from gpudask import session
@@ -49,20 +45,14 @@ def schema() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def strict_validator() -> Any:
-    """Draft 2020-12, where an integer is a Python int (JSON Schema counts 1.0 as an
-    integer; a facts file means an int, never a bool): the validator class of the facts
-    schema and of the plugins' facts sections."""
+    """Draft 2020-12 where an integer is a Python int, never 1.0 or a bool: the validator
+    class of the facts schema and of the plugins' facts sections."""
     import jsonschema
 
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine(
         "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
     return jsonschema.validators.extend(base, type_checker=checker)
-
-
-@functools.lru_cache(maxsize=1)
-def _validator() -> Any:
-    return strict_validator()(schema())
 
 
 def _show(value: Any) -> str:
@@ -79,48 +69,29 @@ def _key(path: Iterable[Any]) -> str:
 
 
 def _schema_error(where: str, data: Any) -> FactsError | None:
-    """The first schema violation in ``data`` as a one-line FactsError, or None (data that
-    passed once in this process passes again: the process state's ``valid_facts``)."""
-    from gpudask.findings import fingerprint
-
-    valid = session.current().valid_facts
-    # msgpack, not json.dumps(sort_keys=True): a third of the time, and {1: x} is not {"1": x}
-    key = fingerprint(data)
-    if key is not None and key in valid:
-        return None
+    """The first violation of the facts schema in ``data`` as a one-line FactsError, or None."""
     if isinstance(data, dict) and type(data.get("schema")) is int and data["schema"] == 1:
         # the pre-release format (plugins' facts as GPU and top-level keys): not read any more
         return FactsError(f"{where}: key 'schema' is 1, a format gpudask no longer reads; rewrite the file as "
                           f"schema {SCHEMA_VERSION} (the plugins' facts move into 'sections': docs/facts.md)")
-    error = remembered_error(schema(), _validator, data, where)
-    if error is None and key is not None and len(valid) < 256:
-        valid.add(key)
-    return error
+    return remembered_error(schema(), data, where)
 
 
-def remembered_error(schema: Any, validator: Callable[[], Any], data: Any, where: str,
-                     prefix: Iterable[Any] = ()) -> FactsError | None:
-    """:func:`first_error`, at once None when the same data passed the same schema before on
-    this host (:mod:`gpudask.facts.validated`; ``validator`` is made only when needed)."""
+def remembered_error(schema: Any, data: Any, where: str, prefix: Iterable[Any] = ()) -> FactsError | None:
+    """The first violation of ``schema`` in ``data`` as a one-line FactsError naming ``where``
+    and the key path (under ``prefix``), or None; at once None when the same data passed the
+    same schema before on this host (:mod:`gpudask.facts.validated`)."""
     from gpudask.facts import validated
 
     key = validated.digest(schema, data)
     if validated.passed_before(key):
         return None
     session.count("facts schema")
-    error = first_error(validator(), data, where, prefix)
-    if error is None:
-        validated.remember(key)
-    return error
-
-
-def first_error(validator: Any, data: Any, where: str, prefix: Iterable[Any] = ()) -> FactsError | None:
-    """The first violation of ``validator``'s schema in ``data`` as a one-line FactsError
-    naming ``where`` and the key path (under ``prefix``), or None."""
     # a wrong value before a missing key, the outermost first, keys in a stable order
-    errors = sorted(validator.iter_errors(data),
+    errors = sorted(strict_validator()(schema).iter_errors(data),
                     key=lambda e: (e.validator == "required", len(e.absolute_path), str(list(e.absolute_path))))
     if not errors:
+        validated.remember(key)
         return None
     error = errors[0]
     path = [*prefix, *error.absolute_path]
@@ -163,29 +134,16 @@ def _cross_checks(data: dict[str, Any], where: str, described: bool) -> None:
                 raise _fail(where, f"gpus[{i}].cpu_affinity[{j}]", f"a CPU below cpu_count ({cpu_count})", cpu)
 
 
-def _pair(value: list[int] | None) -> tuple[int, int] | None:
-    return None if value is None else (value[0], value[1])
-
-
 def _build(data: dict[str, Any], origin: str) -> Facts:
     # extra instance keys (gpu_instance_id, ...) are kept; extra GPU keys are not
-    gpus = [GPU(**{f.name: g[f.name] for f in dataclasses.fields(GPU)}
-                | {"compute_capability": _pair(g["compute_capability"]), "cpu_affinity": list(g["cpu_affinity"]),
+    gpus = [GPU(**{f.name: copy.deepcopy(g[f.name]) for f in dataclasses.fields(GPU)}
+                | {"compute_capability": g["compute_capability"] and tuple(g["compute_capability"]),
                    "mig": {"enabled": g["mig"]["enabled"], "instances": copy.deepcopy(g["mig"]["instances"])}})
             for g in data["gpus"]]
-    return Facts(
-        hostname=data["hostname"],
-        cpu_count=data["cpu_count"],
-        driver_version=data["driver_version"],
-        cuda_driver_version=data["cuda_driver_version"],
-        gpus=gpus,
-        net_interfaces={k: list(v) for k, v in data["net_interfaces"].items()},
-        cuda_visible_devices=data.get("cuda_visible_devices"),
-        packages=dict(data["packages"]),
-        sections=copy.deepcopy(dict(data.get("sections") or {})),
-        origin=origin,
-        schema=SCHEMA_VERSION,
-    )
+    return Facts(**{k: data[k] for k in ("hostname", "cpu_count", "driver_version", "cuda_driver_version")},
+                 gpus=gpus, net_interfaces={k: list(v) for k, v in data["net_interfaces"].items()},
+                 cuda_visible_devices=data.get("cuda_visible_devices"), packages=dict(data["packages"]),
+                 sections=copy.deepcopy(dict(data.get("sections") or {})), origin=origin)
 
 
 MAX_FACT_STR = 4096  # characters of one string (a name, a version, an interface)
@@ -247,8 +205,7 @@ def _shape_error(where: str, data: Any) -> FactsError | None:
 def from_dict(data: Any, origin: str, where: str, described: bool, schema_checked: bool = False) -> Facts:
     """Validate parsed JSON and build Facts; errors name ``where`` and the key.  A
     ``described`` host is also checked for CPU numbers and its ``cuda_visible_devices``.
-    ``schema_checked``: a host plan's digest says its writer validated these facts: the JSON
-    Schema is not run again (the bounds and the checks between keys are)."""
+    ``schema_checked``: a host plan's digest says its writer ran the schema (the rest runs)."""
     error = _shape_error(where, data) or (None if schema_checked else _schema_error(where, data))
     if error is None:
         error = _bounds_error(where, data)
@@ -307,7 +264,7 @@ def _check_writers(where: str, st: os.stat_result) -> None:
 
 def _read_regular(where: str) -> str:
     """The text of a regular file of at most MAX_FACTS_BYTES, else one FactsError (opened
-    non-blocking and checked with fstat first: a FIFO or ``/dev/zero`` never ends)."""
+    non-blocking, fstat checked first: a FIFO or ``/dev/zero`` never ends)."""
     try:
         fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:

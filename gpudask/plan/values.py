@@ -1,7 +1,6 @@
 """What a plugin may put into a plan or publish, checked in the hook that made it: a value
-msgpack cannot carry (an integer of 2**64 or more), JSON has no word for (NaN) or a process
-cannot take (an environment variable with ``=`` or NUL in its name) is refused with one line
-naming the plugin, instead of a worker that never registers.
+msgpack cannot carry, JSON has no word for (NaN) or a process cannot take (``=`` in an
+environment variable's name) is refused with one line, instead of a worker that never registers.
 """
 
 from __future__ import annotations
