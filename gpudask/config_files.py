@@ -164,7 +164,7 @@ def read_yaml(path: pathlib.Path, where: str) -> dict[str, Any]:
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise ConfigError(f"{where}: the top level is a {_kind(doc)}; accepted: a mapping of dask config "
+        raise ConfigError(f"{where}: the top level is {kind(doc)}; accepted: a mapping of dask config "
                           f"namespaces ({', '.join(n + ':' for n in _NAMESPACES)})")
     return doc
 
@@ -173,9 +173,10 @@ def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:200]
 
 
-def _kind(value: Any) -> str:
-    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(
-        type(value), type(value).__name__)
+def kind(value: Any) -> str:
+    """What a parsed document's top level is, in words: "a list", "null"."""
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+        type(value), "null" if value is None else f"a {type(value).__name__}")
 
 
 def _check_gpudask_section(from_env: dict[str, Any]) -> None:

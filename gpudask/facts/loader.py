@@ -32,6 +32,9 @@ MAX_FACTS_BYTES = 16 * 2**20
 MAX_FACT_GPUS = 64
 MAX_FACT_ITEMS = 4096  # items of any other list or mapping (CPUs, interfaces, packages)
 MAX_FACT_DEPTH = 16  # lists and mappings inside each other (the schema's deepest is 5)
+MAX_FACT_STR = 4096  # characters of one string (a name, a version, an interface)
+MAX_FACT_INT = 2**53  # bytes, versions, indices: anything larger is not a real host's
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 logger = logging.getLogger("distributed.gpudask")
 
@@ -146,59 +149,42 @@ def _build(data: dict[str, Any], origin: str) -> Facts:
                  sections=copy.deepcopy(dict(data.get("sections") or {})), origin=origin)
 
 
-MAX_FACT_STR = 4096  # characters of one string (a name, a version, an interface)
-MAX_FACT_INT = 2**53  # bytes, versions, indices: anything larger is not a real host's
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-
-
-def _bounds_error(where: str, value: Any, path: tuple[Any, ...] = ()) -> FactsError | None:
-    """What the schema does not bound, everywhere in the file: strings (and keys) of at most
+def _bounds_error(where: str, data: Any) -> FactsError | None:
+    """What the schema does not bound, everywhere in the file, checked iteratively before
+    anything walks ``data`` recursively: nesting, sizes, strings (and keys) of at most
     MAX_FACT_STR characters without control characters (they would reach a terminal),
     integers within +-MAX_FACT_INT."""
-    if isinstance(value, str):
-        if len(value) > MAX_FACT_STR:
-            return _fail(where, _key(path), f"a string of at most {MAX_FACT_STR} characters",
-                         f"{len(value)} characters")
-        if _CONTROL.search(value):
-            return _fail(where, _key(path), "a string without control characters", value)
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate ("\ud800"): no terminal, msgpack or file takes it
-                return _fail(where, _key(path), "a string of Unicode characters (no lone surrogates)",
-                             value.encode("utf-8", "backslashreplace").decode("ascii"))
-    elif isinstance(value, int) and not isinstance(value, bool):
-        if not -MAX_FACT_INT <= value <= MAX_FACT_INT:
-            return _fail(where, _key(path), "an integer of at most 2**53", f"{str(value)[:20]}...")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            error = _bounds_error(where, item, (*path, i))
-            if error is not None:
-                return error
-    elif isinstance(value, dict):
-        for k, item in value.items():
-            error = _bounds_error(where, k, (*path, "<key>")) or _bounds_error(where, item, (*path, k))
-            if error is not None:
-                return error
-    return None
-
-
-def _shape_error(where: str, data: Any) -> FactsError | None:
-    """Nesting and sizes, checked iteratively before anything walks ``data`` recursively."""
     if isinstance(data, dict) and isinstance(data.get("gpus"), list) and len(data["gpus"]) > MAX_FACT_GPUS:
         return _fail(where, "gpus", f"a list of at most {MAX_FACT_GPUS} GPUs", f"{len(data['gpus'])} GPUs")
     stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
     while stack:
         value, path = stack.pop()
-        if not isinstance(value, (list, dict)):
-            continue
-        if len(path) >= MAX_FACT_DEPTH:
-            return _fail(where, _key(path), f"nested at most {MAX_FACT_DEPTH} deep", "deeper")
-        if len(value) > MAX_FACT_ITEMS:
-            return _fail(where, _key(path) or "the top level", f"at most {MAX_FACT_ITEMS} items",
-                         f"{len(value)} items")
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        stack.extend((item, (*path, k if isinstance(k, (int, str)) else "<key>")) for k, item in items)
+        if isinstance(value, str):
+            if len(value) > MAX_FACT_STR:
+                return _fail(where, _key(path), f"a string of at most {MAX_FACT_STR} characters",
+                             f"{len(value)} characters")
+            if _CONTROL.search(value):
+                return _fail(where, _key(path), "a string without control characters", value)
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate ("\ud800"): no terminal, msgpack or file takes it
+                    return _fail(where, _key(path), "a string of Unicode characters (no lone surrogates)",
+                                 value.encode("utf-8", "backslashreplace").decode("ascii"))
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if not -MAX_FACT_INT <= value <= MAX_FACT_INT:
+                return _fail(where, _key(path), "an integer of at most 2**53", f"{str(value)[:20]}...")
+        elif isinstance(value, (list, dict)):
+            if len(path) >= MAX_FACT_DEPTH:
+                return _fail(where, _key(path), f"nested at most {MAX_FACT_DEPTH} deep", "deeper")
+            if len(value) > MAX_FACT_ITEMS:
+                return _fail(where, _key(path) or "the top level", f"at most {MAX_FACT_ITEMS} items",
+                             f"{len(value)} items")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, item in reversed(list(items)):  # popped in the file's order
+                stack.append((item, (*path, k if isinstance(k, (int, str)) else "<key>")))
+                if isinstance(value, dict):
+                    stack.append((k, (*path, "<key>")))
     return None
 
 
@@ -206,9 +192,7 @@ def from_dict(data: Any, origin: str, where: str, described: bool, schema_checke
     """Validate parsed JSON and build Facts; errors name ``where`` and the key.  A
     ``described`` host is also checked for CPU numbers and its ``cuda_visible_devices``.
     ``schema_checked``: a host plan's digest says its writer ran the schema (the rest runs)."""
-    error = _shape_error(where, data) or (None if schema_checked else _schema_error(where, data))
-    if error is None:
-        error = _bounds_error(where, data)
+    error = _bounds_error(where, data) or (None if schema_checked else _schema_error(where, data))
     if error is not None:
         raise error
     _cross_checks(data, where, described)

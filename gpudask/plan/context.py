@@ -5,6 +5,7 @@ captured once per plan (later changes to ``os.environ`` or ``dask.config`` do no
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -116,13 +117,8 @@ def _copied(value: Any) -> Any:
         return value
 
 
-_DEFAULTS: dict[str, Any] | None = None
-
-
+@functools.lru_cache(maxsize=1)
 def _dask_defaults() -> dict[str, Any]:
-    global _DEFAULTS
-    if _DEFAULTS is None:
-        from gpudask.config_files import dask_defaults
+    from gpudask.config_files import dask_defaults
 
-        _DEFAULTS = dask_defaults()
-    return _DEFAULTS
+    return dask_defaults()

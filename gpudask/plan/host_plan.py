@@ -1,11 +1,9 @@
 """The plan of one host, and its file format (``to_json`` / ``from_json``).
 
 A :class:`HostPlan` is what ``gpudask info`` prints and what a planning process hands its
-worker processes in a file, the only thing that crosses to them: it holds what the planning
-process resolved (its settings with their sources), so a worker bootstraps nothing.  The file
-crosses processes, so :func:`parse_document` trusts nothing in it: a JSON object of
-:data:`FORMAT`, at most :data:`MAX_PLAN_BYTES`, every field of the expected type, or one line
-(:class:`PlanFileError`).  Format 1::
+worker processes in a file, with its resolved settings, so a worker bootstraps nothing.
+:func:`parse_document` trusts nothing in the file: every field of the expected type, or one
+line (:class:`PlanFileError`).  Format 1::
 
     {"format": 1, "facts": {...schema 2...}, "facts_origin": "probed" | path,
      "protocol": "ucx", "nworkers": 2, "plugins": [{"name": ..., ...}], "warnings": [str],
@@ -13,8 +11,7 @@ crosses processes, so :func:`parse_document` trusts nothing in it: a JSON object
      "user_values": {"env": {name: str | null}, "config": {key: value}},
      "settings": {key: {"value": ..., "source": str}}, "facts_digest": "sha256 hex"}
 
-``facts_digest`` (:func:`facts_digest`): a reader whose facts have that digest does not run the
-facts schema again; any other facts are validated in full.
+A reader whose facts have the ``facts_digest`` does not run the facts schema again.
 """
 
 from __future__ import annotations
@@ -25,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpudask.config import shown
+from gpudask.config_files import kind
 from gpudask.errors import FactsError, GpudaskError
 from gpudask.plan.model import ROLES, ProcessPlan
 
@@ -44,8 +43,8 @@ class PlanFileError(GpudaskError):
 
 @dataclass(frozen=True)
 class UserValues:
-    """The user's own value of every environment variable and dask config key any process
-    of a plan sets (None: not set), put back by a worker process before it applies its part."""
+    """The user's own value (None: not set) of every variable and dask config key any process
+    of a plan sets, put back by a worker process before it applies its part."""
 
     env: Mapping[str, str | None] = field(default_factory=dict)
     config: Mapping[str, Any] = field(default_factory=dict)
@@ -113,8 +112,7 @@ class HostPlan:
         }
 
     def to_json(self) -> str:
-        """The host plan file (format :data:`FORMAT`); :meth:`from_json` reads it back.  A
-        user's config value JSON cannot hold (an object) is written as its ``str``."""
+        """The host plan file (a config value JSON cannot hold is written as its ``str``)."""
         data = self.to_dict()
         return json.dumps({"format": FORMAT, **data, "user_values": self.user_values.to_dict(),
                            "settings": self.ctx.settings.resolved(), "facts_digest": facts_digest(data["facts"])},
@@ -149,7 +147,7 @@ def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
         at = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
         raise PlanFileError(f"{where}: not valid JSON{at}; {_ACCEPTED}") from None
     if not isinstance(doc, dict):
-        raise PlanFileError(f"{where}: the top level is {_kind(doc)}; {_ACCEPTED}, a JSON object")
+        raise PlanFileError(f"{where}: the top level is {kind(doc)}; {_ACCEPTED}, a JSON object")
     version = doc.get("format")
     if version != FORMAT or isinstance(version, bool):
         said = "has no 'format'" if "format" not in doc else f"has format {_shown(version)}"
@@ -250,13 +248,5 @@ def _wrong(where: str, key: str, value: Any, accepted: str) -> PlanFileError:
     return PlanFileError(f"{where}: key '{key}' is {_shown(value)}; accepted: {accepted}")
 
 
-def _kind(value: Any) -> str:
-    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
-        type(value), "null" if value is None else type(value).__name__)
-
-
 def _shown(value: Any) -> str:
-    if value is None:
-        return "missing (or null)"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return "missing (or null)" if value is None else shown(value)
