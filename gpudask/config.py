@@ -166,6 +166,11 @@ def _positive_seconds(value: Any) -> float:
     return float(seconds)
 
 
+def env_variable(key: str) -> str:
+    """The ``DASK_*`` variable that sets ``key``."""
+    return "DASK_" + key.upper().replace(".", "__").replace("-", "_")
+
+
 def label_source(key: str, value: Any, label: str) -> None:
     """Name where ``key``'s ``value`` came from, instead of "dask config", while it has that value."""
     session.current().labels[key] = (value, label)
@@ -233,8 +238,7 @@ class Settings:
         self._cache = {key: s for key, s in self._cache.items() if self._raws(key) == before[key]}
 
     def _raws(self, key: str) -> list[Any]:
-        opt = self.options.get(key)
-        return [self._raw(k) for k in (key, *(opt.legacy if opt is not None else ()))]
+        return [self._raw(k) for k in (key, *self.options[key].legacy)]
 
     def _raw(self, key: str) -> Any:
         import dask.config
@@ -245,7 +249,7 @@ class Settings:
         labelled = session.current().labels.get(key)
         if labelled is not None and labelled[0] == self._raw(key):
             return labelled[1]
-        env_name = "DASK_" + key.upper().replace(".", "__").replace("-", "_")
+        env_name = env_variable(key)
         if env_name in self._environ:
             return f"${env_name}"
         path, value = file_value(key)

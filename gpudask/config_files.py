@@ -10,6 +10,7 @@ import os
 import pathlib
 import stat
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from gpudask import session
@@ -26,8 +27,8 @@ _NAMESPACES = ("gpudask", "distributed", "distributed-ucxx", "dask", "array")
 _ACCEPTED_FILE = "accepted: a regular TOML or YAML file"
 
 
-def check_config_file(path: pathlib.Path, where: str) -> None:
-    """Refuse, in one line, a config file that is missing, not a regular file or too large."""
+def _read_text(path: pathlib.Path, where: str) -> str:
+    """The text of a config file, refused in one line when missing, not a regular file or too large."""
     try:
         st = os.stat(path)
     except OSError as e:
@@ -42,10 +43,6 @@ def check_config_file(path: pathlib.Path, where: str) -> None:
         raise ConfigError(f"{where}: not a regular file (a FIFO, socket or device); {_ACCEPTED_FILE}")
     if st.st_size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{where}: {st.st_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit; {_ACCEPTED_FILE}")
-
-
-def _read_text(path: pathlib.Path, where: str) -> str:
-    check_config_file(path, where)
     try:
         # non-blocking and bounded: the file may have been swapped for a FIFO or grown since
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -63,56 +60,42 @@ def _too_big(where: str, what: str) -> ConfigError:
                        f"expanded), nested at most {MAX_CONFIG_DEPTH} deep")
 
 
-def check_parsed_size(doc: Any, where: str) -> None:
-    """Refuse a parsed config deeper than :data:`MAX_CONFIG_DEPTH` or with more than
-    :data:`MAX_CONFIG_NODES` values (iteratively)."""
-    count, stack = 0, [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        count += 1
-        if count > MAX_CONFIG_NODES:
-            raise _too_big(where, f"more than {MAX_CONFIG_NODES} values")
-        if isinstance(value, (dict, list)):
-            if depth > MAX_CONFIG_DEPTH:
-                raise _too_big(where, f"nested more than {MAX_CONFIG_DEPTH} deep")
-            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+def _values(value: Any) -> Any:
+    return value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
 
 
-def _check_yaml_graph(node: Any, where: str) -> None:
-    """Count the values of a composed YAML document as constructing it would make them (an
-    alias as often as it is used) without expanding anything: each node's count is kept by id."""
+def _yaml_children(node: Any) -> Any:
     import yaml
 
-    sizes: dict[int, int] = {}
-    depths: dict[int, int] = {}
-    open_nodes: set[int] = set()  # nodes whose children are being counted: met again, a cycle
-    # post-order walk without recursion: (node, children done?)
-    stack: list[tuple[Any, bool]] = [(node, False)]
+    if isinstance(node, yaml.MappingNode):
+        return [c for pair in node.value for c in pair]
+    return node.value if isinstance(node, yaml.SequenceNode) else None
+
+
+def check_parsed_size(doc: Any, where: str, children: Callable[[Any], Any] = _values, expanded: str = "") -> None:
+    """Refuse a parsed config (or, with ``children``, a composed YAML graph, walked as constructing
+    it would expand its aliases) deeper than :data:`MAX_CONFIG_DEPTH`, with more than
+    :data:`MAX_CONFIG_NODES` values, or holding itself; iteratively, at most that many steps."""
+    count, on_path = 0, set()  # on_path: the ids of the containers above (met again: a cycle)
+    stack: list[tuple[Any, int, bool]] = [(doc, 1, False)]
     while stack:
-        current, done = stack.pop()
-        key = id(current)
-        if key in sizes:
+        value, depth, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(value))
             continue
-        if isinstance(current, yaml.ScalarNode):
-            sizes[key], depths[key] = 1, 0
+        count += 1
+        if count > MAX_CONFIG_NODES:
+            raise _too_big(where, f"more than {MAX_CONFIG_NODES} values{expanded}")
+        items = children(value)
+        if items is None:
             continue
-        children = ([c for pair in current.value for c in pair] if isinstance(current, yaml.MappingNode)
-                    else list(current.value))
-        if not done:
-            if key in open_nodes:
-                raise _too_big(where, "an alias inside the node it names (a recursive value)")
-            open_nodes.add(key)
-            stack.append((current, True))
-            stack.extend((c, False) for c in children if id(c) not in sizes)
-            continue
-        open_nodes.discard(key)
-        size = 1 + sum(sizes.get(id(c), 1) for c in children)
-        depth = 1 + max((depths.get(id(c), 0) for c in children), default=0)
-        if size > MAX_CONFIG_NODES:
-            raise _too_big(where, f"more than {MAX_CONFIG_NODES} values once its aliases are expanded")
         if depth > MAX_CONFIG_DEPTH:
             raise _too_big(where, f"nested more than {MAX_CONFIG_DEPTH} deep")
-        sizes[key], depths[key] = size, depth
+        if id(value) in on_path:
+            raise _too_big(where, "an alias inside the node it names (a recursive value)")
+        on_path.add(id(value))
+        stack.append((value, depth, True))
+        stack.extend((item, depth + 1, False) for item in items)
 
 
 def read_toml(path: pathlib.Path, where: str) -> dict[str, Any]:
@@ -144,11 +127,10 @@ def read_yaml(path: pathlib.Path, where: str) -> dict[str, Any]:
     text = _read_text(path, where)
     loader = yaml.SafeLoader(text)
     try:
-        # composed first (a graph: an alias is one more edge to the same node), counted, and
-        # only then constructed
+        # composed (a graph: an alias is one more edge to a node), counted, then constructed
         node = loader.get_single_node()
         if node is not None:
-            _check_yaml_graph(node, where)
+            check_parsed_size(node, where, _yaml_children, " once its aliases are expanded")
         doc = loader.construct_document(node) if node is not None else None
     except RecursionError:
         raise _too_big(where, f"nested more than {MAX_CONFIG_DEPTH} deep") from None
@@ -228,11 +210,9 @@ def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
             value = dask.config.get(key, config=doc)
             previous = session.current().file_values.get(name)
             current = dask.config.get(name, default=None)
-            # explicit elsewhere (a DASK_* variable, or a value that differs from the default
-            # and from what a file set before): keep it
+            # explicit elsewhere (DASK_*, or neither the default nor what a file set before): kept
             if name in env_keys or (not _not_chosen(name) and (previous is None or previous[1] != current)):
                 continue
-            # to name the source (the process state's file_values)
             session.current().file_values[name] = (str(path), value)
             dask.config.set({name: value})
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 MAX_STR = 64 * 1024  # characters of one string (not strict: cut)
-MAX_DEPTH = 32  # nesting (gpudask.plan.values.MAX_DEPTH)
+MAX_DEPTH = 32  # nesting
 MAX_VALUES = 200_000  # values in one result (not strict: the rest left out, counted)
 MAX_STRICT_VALUES = 2_000_000  # values in one result where only plain data is accepted: beyond, refused
 MAX_INT = 2**63 - 1  # what msgpack carries; beyond it, without strict, an int is text

@@ -65,15 +65,13 @@ def option_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def _env_name(key: str) -> str:
-    return "DASK_" + key.upper().replace(".", "__").replace("-", "_")
-
-
 def _value(value: Any) -> str:
     return "`" + json.dumps(value, default=str) + "`"
 
 
 def configuration_markdown() -> str:
+    from gpudask.config import env_variable
+
     rows = option_rows()
     out = [GENERATED_NOTE, "", "# Configuration options", "",
            "Every setting of gpudask's core and built-in plugins, generated from each plugin's",
@@ -95,7 +93,7 @@ def configuration_markdown() -> str:
             out += ["", f"### {r['key']} {{#{_anchor(r['key'])}}}", "", _prose(r["doc"]) or "(no description)", "",
                     f"- default: {_value(r['default'])}",
                     f"- accepts: {_prose(r['accepts'])}",
-                    f"- environment: `{_env_name(r['key'])}`"]
+                    f"- environment: `{env_variable(r['key'])}`"]
             if r["legacy"]:
                 out.append("- legacy keys (used when this key is not set): "
                            + ", ".join(f"`{k}`" for k in r["legacy"]))

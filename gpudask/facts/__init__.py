@@ -7,13 +7,12 @@ for tests) or a probe (:mod:`~gpudask.facts.probe`; the plugins' sections:
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from gpudask.errors import FactsError
-from gpudask.facts.loader import SCHEMA_PATH, facts_from_dict, from_dict, load_facts, schema
+from gpudask.facts.loader import SCHEMA_PATH, facts_from_dict, from_dict, load_facts, parse_json, schema
 from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts
 from gpudask.facts.probe import probe_facts
 
@@ -28,11 +27,7 @@ def _cached_file(path: str) -> Facts:
 
 @functools.lru_cache(maxsize=None)
 def _cached_env(text: str) -> Facts:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FactsError(f"$GPUDASK_PROBED_FACTS: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    return from_dict(data, "probed", "$GPUDASK_PROBED_FACTS", described=False)
+    return from_dict(parse_json(text, "$GPUDASK_PROBED_FACTS"), "probed", "$GPUDASK_PROBED_FACTS", described=False)
 
 
 @functools.lru_cache(maxsize=None)

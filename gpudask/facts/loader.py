@@ -24,8 +24,7 @@ from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, resolve_visible
 
 SCHEMA_PATH = pathlib.Path(__file__).with_name("facts.schema.json")
 
-# A facts file describes one host in a few kilobytes; anything larger is refused unread
-# (docs/facts.md states the limit).
+# a facts file describes one host in a few kilobytes; anything larger is refused unread
 MAX_FACTS_BYTES = 16 * 2**20
 # what the bytes do not bound: the largest hosts have 16 GPUs (and up to 7 MIG instances each);
 # planning goes through every GPU for every worker, so 10 000 GPUs would run for hours
@@ -121,18 +120,16 @@ def _fail(where: str, key: str, expected: str, value: Any) -> FactsError:
 def _cross_checks(data: dict[str, Any], where: str, described: bool) -> None:
     """What the schema cannot say: references between keys.  CPU numbers are checked in
     described files only: a probe reports what NVML says, whatever numbering the kernel uses."""
-    gpus = data["gpus"]
-    indices = [g["index"] for g in gpus]
-    cpu_count = data["cpu_count"]
-    uuids = [g["uuid"] for g in gpus]
+    gpus, cpu_count = data["gpus"], data["cpu_count"]
+    indices, uuids = [g["index"] for g in gpus], [g["uuid"] for g in gpus]
     for i, g in enumerate(gpus):
         if g["index"] in indices[:i]:
             raise _fail(where, f"gpus[{i}].index", "unique among the GPUs", g["index"])
         if g["uuid"] in uuids[:i]:  # one GPU described twice: two workers would share it
             raise _fail(where, f"gpus[{i}].uuid", f"unique among the GPUs (gpus[{uuids.index(g['uuid'])}] has it)",
                         g["uuid"])
-    for i, g in enumerate(gpus):
-        for j, cpu in enumerate(g["cpu_affinity"] if described else []):
+    for i, g in enumerate(gpus if described else []):
+        for j, cpu in enumerate(g["cpu_affinity"]):
             if cpu >= cpu_count:
                 raise _fail(where, f"gpus[{i}].cpu_affinity[{j}]", f"a CPU below cpu_count ({cpu_count})", cpu)
 
@@ -211,9 +208,13 @@ def facts_from_dict(data: Any, origin: str) -> Facts:
 def load_facts(path: str | os.PathLike[str]) -> Facts:
     """Read a facts file (a described host)."""
     where = os.fspath(path)
-    text = _read_regular(where)
+    return from_dict(parse_json(_read_regular(where), where), where, where, described=True)
+
+
+def parse_json(text: str, where: str) -> Any:
+    """Facts JSON as parsed, or one FactsError naming ``where``."""
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise FactsError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     except RecursionError:
@@ -221,7 +222,6 @@ def load_facts(path: str | os.PathLike[str]) -> Facts:
     except ValueError as e:  # an integer of more than 4300 digits
         raise FactsError(f"{where}: invalid JSON: {(str(e).splitlines() or ['?'])[0][:120]}; integers in a facts "
                          "file are at most 2**53") from None
-    return from_dict(data, where, where, described=True)
 
 
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",

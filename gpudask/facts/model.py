@@ -50,8 +50,7 @@ class Facts:
     schema: int = SCHEMA_VERSION
     # the plugins' own facts, by section name (gpudask.facts.sections): read with section()
     sections: dict[str, Any] = field(default_factory=dict)
-    # sections that decide nothing (FactsSection.decides false), not probed yet: each probed
-    # and validated when first read (section()), in the process that reads it
+    # sections that decide nothing (FactsSection.decides false), probed when first read
     deferred: dict[str, Callable[[], Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @property

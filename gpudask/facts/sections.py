@@ -65,10 +65,14 @@ def check_declared(plugin: str, distribution: str | None, result: Any, taken: Ma
                               f"{taken[section.name]!r}'s; accepted: a section name of its own")
         # the built-in plugins' schemas are checked by the test suite (tests/test_facts_sections.py),
         # not again at every start: the meta-schema check is a planning process's costliest step
-        problem = None if distribution == _BUILTIN_DISTRIBUTION else _schema_problem(section.schema)
-        if problem is not None:
-            raise PluginError(plugin, distribution, hook, f"facts section {section.name!r}: its schema is not "
-                              f"valid JSON Schema: {problem}")
+        if distribution != _BUILTIN_DISTRIBUTION:
+            import jsonschema
+
+            try:
+                jsonschema.Draft202012Validator.check_schema(dict(section.schema))
+            except jsonschema.SchemaError as e:
+                raise PluginError(plugin, distribution, hook, f"facts section {section.name!r}: its schema is not "
+                                  f"valid JSON Schema: {' '.join(str(e.message).split())[:200]}") from None
         out.append(section)
     return out
 
@@ -148,13 +152,3 @@ def section_error(where: str, section: FactsSection, value: Any, plugin: str) ->
     """The first place ``value`` leaves the section's schema, as one line, or None."""
     error = remembered_error(dict(section.schema), value, where, ["sections", section.name])
     return None if error is None else FactsError(f"{error} (facts section of plugin {plugin!r})")
-
-
-def _schema_problem(schema: Mapping[str, Any]) -> str | None:
-    import jsonschema
-
-    try:
-        jsonschema.Draft202012Validator.check_schema(dict(schema))
-    except jsonschema.SchemaError as e:
-        return " ".join(str(e.message).split())[:200]
-    return None

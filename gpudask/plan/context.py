@@ -59,10 +59,7 @@ class PlanContext:
     def setting(self, key: str) -> Setting | None:
         """The typed value of option ``key`` with its source (``.value``, ``.source``,
         ``.explicit``), or None when no loaded plugin declares ``key``."""
-        try:
-            return self.settings.get(key)
-        except KeyError:
-            return None
+        return self.settings.get(key) if key in self.settings.options else None
 
     def require(self, key: str) -> Setting:
         """Like :meth:`setting`, but :class:`~gpudask.errors.GpudaskError` (one line naming

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +135,21 @@ class HostPlan:
                    list(doc.warnings), doc.user_values, ctx=ctx)
 
 
+def _list_of(kind: type) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, list) and all(isinstance(v, kind) for v in value)
+
+
+# the plain keys of a host plan file, checked in this order: (test, what is accepted)
+_TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "protocol": (lambda value: isinstance(value, str), "a string"),
+    "nworkers": (lambda value: type(value) is int and value >= 1, "an integer >= 1"),
+    "facts_origin": (lambda value: isinstance(value, str), "a string"),
+    "plugins": (_list_of(dict), "a list of objects"),
+    "warnings": (_list_of(str), "a list of strings"),
+    "workers": (_list_of(dict), "a list of objects"),
+}
+
+
 def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
     """Validate a host plan file and parse its parts.
 
@@ -153,13 +168,9 @@ def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
         said = "has no 'format'" if "format" not in doc else f"has format {_shown(version)}"
         raise PlanFileError(f"{where}: {said}, which this gpudask does not read; {_ACCEPTED} (a planning "
                             "process and its workers must run the same gpudask)")
-    _expect(doc, "protocol", str, "a string", where)
-    if not isinstance(doc.get("nworkers"), int) or isinstance(doc["nworkers"], bool) or doc["nworkers"] < 1:
-        raise _wrong(where, "nworkers", doc.get("nworkers"), "an integer >= 1")
-    _expect(doc, "facts_origin", str, "a string", where)
-    _expect_list(doc, "plugins", dict, "a list of objects", where)
-    _expect_list(doc, "warnings", str, "a list of strings", where)
-    _expect_list(doc, "workers", dict, "a list of objects", where)
+    for key, (ok, accepted) in _TOP_LEVEL.items():
+        if not ok(doc.get(key)):
+            raise _wrong(where, key, doc.get(key), accepted)
     if len(doc["workers"]) != doc["nworkers"]:
         raise PlanFileError(f"{where}: key 'workers' holds {len(doc['workers'])} plans for nworkers "
                             f"{doc['nworkers']}; accepted: one plan per worker")
@@ -231,17 +242,6 @@ def _user_values(data: Any, where: str) -> UserValues:
     if not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in data["env"].items()):
         raise _wrong(where, "user_values.env", data["env"], "an object of strings or nulls")
     return UserValues(dict(data["env"]), dict(data["config"]))
-
-
-def _expect(doc: dict[str, Any], key: str, kind: type, accepted: str, where: str) -> None:
-    if not isinstance(doc.get(key), kind):
-        raise _wrong(where, key, doc.get(key), accepted)
-
-
-def _expect_list(doc: dict[str, Any], key: str, kind: type, accepted: str, where: str) -> None:
-    value = doc.get(key)
-    if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
-        raise _wrong(where, key, value, accepted)
 
 
 def _wrong(where: str, key: str, value: Any, accepted: str) -> PlanFileError:

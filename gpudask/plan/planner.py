@@ -160,9 +160,8 @@ def _explicit_env_wins(ctx: PlanContext, plan: ProcessPlan) -> None:
             plan.env[name] = user
             plan.note(f"{name}={user}", f"set in the environment (explicit settings win; detection chose {planned})")
             continue
-        # distributed-ucxx.environment.<name> is the user's UCX_<NAME>, given through dask config;
-        # an exported UCX_* beats it (distributed-ucxx prefers the environment), so gpudask
-        # exports none of its own there
+        # distributed-ucxx.environment.<name> is the user's UCX_<NAME>; an exported UCX_* would
+        # beat it (distributed-ucxx prefers the environment), so gpudask exports none there
         configured = _ucxx_environment(ctx).get(name)
         if user is None and configured is not None and name.startswith("UCX_"):
             planned = plan.env.pop(name)

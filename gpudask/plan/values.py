@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpudask.errors import GpudaskError
+from gpudask.plaindata import MAX_DEPTH, MAX_INT
 
-MAX_INT = 2**63 - 1  # msgpack and every JSON reader in between carry this much
-MAX_DEPTH = 32
 MAX_ENV_BYTES = 128 * 1024  # Linux's limit on one environment string (MAX_ARG_STRLEN)
 
 
