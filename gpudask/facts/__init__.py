@@ -20,9 +20,7 @@ __all__ = ["GPU", "Facts", "FactsError", "SCHEMA_VERSION", "SCHEMA_PATH", "schem
            "load_facts", "probe_facts", "get_facts", "clear_cache"]
 
 
-@functools.lru_cache(maxsize=None)
-def _cached_file(path: str) -> Facts:
-    return load_facts(path)
+_cached_file = functools.lru_cache(maxsize=None)(load_facts)
 
 
 @functools.lru_cache(maxsize=None)
