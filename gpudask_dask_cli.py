@@ -1,9 +1,6 @@
-"""``dask gpudask ...``: registered in dask's ``dask_cli`` entry point group.
-
-dask loads every ``dask_cli`` entry point whenever ``dask`` runs, including
-``dask worker --preload gpudask``.  This module lives outside the ``gpudask`` package
-so that loading it does not import gpudask early: gpudask must be imported by the
-preload itself, when it can tell which process it is in.
+"""``dask gpudask ...``: registered in dask's ``dask_cli`` entry point group, which dask loads
+whenever ``dask`` runs (``dask worker --preload gpudask`` too).  Outside the ``gpudask`` package:
+gpudask must be imported by the preload itself, when it can tell which process it is in.
 """
 
 import click

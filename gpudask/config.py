@@ -1,23 +1,13 @@
 """Settings: the ``gpudask.*`` namespace of dask's config, plus ``gpudask.toml``.
 
-Where a value comes from, in increasing precedence:
-
-1. the option's default (``gpudask/gpudask.yaml`` for core keys, each plugin's
-   :class:`Option` list for its own);
-2. a *legacy* key users already have (``distributed.comm.ucx.nvlink``,
-   ``distributed.rmm.pool-size`` ...), used only when the gpudask key is not set;
-3. dask's YAML files (``~/.config/dask/*.yaml``, ``DASK_CONFIG``) and
-   ``dask.config.set``;
-4. ``gpudask.toml`` in the working directory, or the file named by
-   ``$GPUDASK_CONFIG``;
-5. ``DASK_GPUDASK__...`` environment variables.
-
-Dask's own machinery does the merging, so ``dask.config.get("gpudask.x")`` works in
-user code too; this module adds the options (:class:`Option`, their parsers, the core's
-:data:`CORE_OPTIONS`), typed parsing (:class:`Settings`), one-line errors, did-you-mean
-warnings and the *source* of each value, which the plan reasons quote.  Reading the
-files into dask's config is :mod:`gpudask.config_files` (its names are importable from
-here too).
+Where a value comes from, in increasing precedence: the option's default (``gpudask.yaml``
+for core keys, each plugin's :class:`Option` list for its own); a *legacy* key users already
+have (``distributed.comm.ucx.nvlink`` ...), used only when the gpudask key is not set; dask's
+YAML files and ``dask.config.set``; ``gpudask.toml`` in the working directory (or
+``$GPUDASK_CONFIG``); ``DASK_GPUDASK__...`` variables.  Dask merges them, so
+``dask.config.get("gpudask.x")`` works in user code too; this module adds the options, typed
+parsing (:class:`Settings`), one-line errors, did-you-mean warnings and each value's *source*,
+which the plan reasons quote.  Reading the files is :mod:`gpudask.config_files`.
 """
 
 from __future__ import annotations
@@ -49,18 +39,14 @@ class Option:
     parse: Callable[[Any], Any] = lambda value: value
     accepts: str = "any value"
     legacy: tuple[str, ...] = ()
-    # the keyword argument of dask-cuda's LocalCUDACluster this setting stands for:
-    # LocalGPUCluster takes it as this setting (docs/migrating-from-dask-cuda.md), its value
-    # turned into the setting's by ``dask_cuda_convert`` (None: as given; a converted None:
-    # not set)
+    # the LocalCUDACluster keyword this setting stands for (LocalGPUCluster takes it:
+    # docs/migrating-from-dask-cuda.md), converted by ``dask_cuda_convert`` (a converted None: not set)
     dask_cuda_kwarg: str | None = None
     dask_cuda_convert: Callable[[Any], Any] | None = None
-    # the ``dask cuda worker`` option this setting stands for, as dask-cuda spells it
-    # (``"--rmm-pool-size"``; a pair ``"--enable-x/--disable-x"`` is a flag): gpudask takes it
-    # on stock ``dask worker`` / ``dask scheduler --preload gpudask`` (converted as the keyword)
+    # the ``dask cuda worker`` option it stands for (``"--rmm-pool-size"``; ``"--enable-x/--disable-x"``
+    # is a flag), taken on stock ``dask worker`` / ``dask scheduler`` (converted as the keyword)
     dask_cuda_option: str | None = None
-    # the setting does something only over UCX (a transport): the dask-cuda option or argument
-    # given with another protocol is named in one warning instead of doing nothing silently
+    # only meaningful over UCX: that option given with another protocol is named in one warning
     ucx_only: bool = False
 
 
@@ -79,8 +65,7 @@ class Setting:
 
 
 def shown(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for one error line: an integer of more than
-    4300 digits has no repr (ValueError), a string may be a megabyte."""
+    """``repr(value)`` cut to ``limit`` characters, for one error line (a huge int has no repr)."""
     try:
         text = repr(value)
     except (ValueError, RecursionError):
@@ -181,9 +166,13 @@ def _positive_seconds(value: Any) -> float:
     return float(seconds)
 
 
+def env_variable(key: str) -> str:
+    """The ``DASK_*`` variable that sets ``key``."""
+    return "DASK_" + key.upper().replace(".", "__").replace("-", "_")
+
+
 def label_source(key: str, value: Any, label: str) -> None:
-    """Name where ``key``'s value ``value`` came from (shown in reasons and errors while the
-    key has that value), instead of "dask config" (held by this process's state)."""
+    """Name where ``key``'s ``value`` came from, instead of "dask config", while it has that value."""
     session.current().labels[key] = (value, label)
 
 
@@ -221,10 +210,8 @@ class Settings:
         self.options.update(added)
 
     def resolved(self) -> dict[str, dict[str, Any]]:
-        """Every option's value and where it came from, as JSON (``{key: {"value", "source"}}``):
-        what a planning process writes into its host plan, so that the processes reading the
-        plan take the values as they are and parse nothing again.  A value JSON does not
-        hold exactly is left out (a reader parses that one itself)."""
+        """Every option's value and source as JSON (``{key: {"value", "source"}}``), for the host
+        plan: its readers parse nothing again.  A value JSON does not hold exactly is left out."""
         out: dict[str, dict[str, Any]] = {}
         for key in self.options:
             setting = self.get(key)
@@ -237,24 +224,21 @@ class Settings:
         return out
 
     def take_resolved(self, resolved: Mapping[str, Mapping[str, Any]]) -> None:
-        """Take ``resolved`` (a planning process's :meth:`resolved`, read from its host plan)
-        as the values of these options: not parsed again.  Keys of options not declared here
-        are ignored; options it lacks are read from the config as usual."""
+        """Take a planning process's :meth:`resolved` as these options' values (keys not
+        declared here are ignored; options it lacks are read from the config)."""
         for key, item in resolved.items():
             if key in self.options:
                 self._cache[key] = Setting(key, item["value"], str(item["source"]))
 
     def read_config(self, config: dict[str, Any]) -> None:
-        """Read from ``config`` from now on (the user's view once the plugins' defaults are in).
-        A value read already stands where ``config`` gives its key (and legacy keys) the same
-        raw value: it is not parsed again."""
+        """Read from ``config`` from now on; a value read already stands where ``config`` gives
+        its key (and legacy keys) the same raw value."""
         before = {key: self._raws(key) for key in self._cache}
         self._config = config
         self._cache = {key: s for key, s in self._cache.items() if self._raws(key) == before[key]}
 
     def _raws(self, key: str) -> list[Any]:
-        opt = self.options.get(key)
-        return [self._raw(k) for k in (key, *(opt.legacy if opt is not None else ()))]
+        return [self._raw(k) for k in (key, *self.options[key].legacy)]
 
     def _raw(self, key: str) -> Any:
         import dask.config
@@ -265,7 +249,7 @@ class Settings:
         labelled = session.current().labels.get(key)
         if labelled is not None and labelled[0] == self._raw(key):
             return labelled[1]
-        env_name = "DASK_" + key.upper().replace(".", "__").replace("-", "_")
+        env_name = env_variable(key)
         if env_name in self._environ:
             return f"${env_name}"
         path, value = file_value(key)
@@ -304,9 +288,8 @@ class Settings:
         return self.get(key).value
 
     def check_sections(self) -> None:
-        """A section of settings given a single value (``rmm = 5`` in gpudask.toml,
-        ``DASK_GPUDASK__RMM=5``) is refused: every option under it would silently fall back
-        to its default."""
+        """Refuse a section of settings given a single value (``rmm = 5``, ``DASK_GPUDASK__RMM=5``):
+        every option under it would silently fall back to its default."""
         for key in self.options:
             parts = key.split(".")
             for depth in range(2, len(parts)):
@@ -342,9 +325,8 @@ _WARNED_ENV = "GPUDASK_WARNED"  # what this process (or the one that started it)
 
 
 def warn_unknown(messages: list[str]) -> None:
-    """``gpudask: warning: ...`` on stderr, once per message: not again in this process, nor
-    in the processes it starts (``dask worker``'s worker processes, a LocalGPUCluster's):
-    they inherit the list of what was said (a short digest of each message)."""
+    """``gpudask: warning: ...`` on stderr, once per message, here and in the processes this one
+    starts (they inherit a digest of each message said)."""
     import hashlib
     import sys
 

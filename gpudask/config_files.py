@@ -1,10 +1,6 @@
 """Config files into dask's config: ``gpudask.toml``, ``--config`` files and gpudask's YAML
 defaults (:func:`load_dask_config`), each refused in one line when it is not a readable,
 regular TOML or YAML file of at most :data:`MAX_CONFIG_BYTES`.
-
-:mod:`gpudask.config` holds what is read from there: the options, their parsers and the
-typed :class:`~gpudask.config.Settings`, which names a value's file through
-:func:`file_value`.
 """
 
 from __future__ import annotations
@@ -14,6 +10,7 @@ import os
 import pathlib
 import stat
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from gpudask import session
@@ -30,19 +27,8 @@ _NAMESPACES = ("gpudask", "distributed", "distributed-ucxx", "dask", "array")
 _ACCEPTED_FILE = "accepted: a regular TOML or YAML file"
 
 
-def toml_path() -> pathlib.Path | None:
-    """The gpudask.toml in effect: ``$GPUDASK_CONFIG`` or ``./gpudask.toml``."""
-    named = os.environ.get("GPUDASK_CONFIG")
-    path = pathlib.Path(named) if named else pathlib.Path.cwd() / "gpudask.toml"
-    if not named and not os.path.lexists(path):
-        return None
-    check_config_file(path, f"GPUDASK_CONFIG={named}" if named else str(path))
-    return path
-
-
-def check_config_file(path: pathlib.Path, where: str) -> None:
-    """Refuse, in one line, a config file that is missing, not a regular file (a directory,
-    a FIFO, a symlink loop) or larger than :data:`MAX_CONFIG_BYTES`."""
+def _read_text(path: pathlib.Path, where: str) -> str:
+    """The text of a config file, refused in one line when missing, not a regular file or too large."""
     try:
         st = os.stat(path)
     except OSError as e:
@@ -57,13 +43,8 @@ def check_config_file(path: pathlib.Path, where: str) -> None:
         raise ConfigError(f"{where}: not a regular file (a FIFO, socket or device); {_ACCEPTED_FILE}")
     if st.st_size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{where}: {st.st_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit; {_ACCEPTED_FILE}")
-
-
-def _read_text(path: pathlib.Path, where: str) -> str:
-    check_config_file(path, where)
     try:
-        # non-blocking and bounded: the file checked above may have been swapped for a FIFO
-        # or grown since
+        # non-blocking and bounded: the file may have been swapped for a FIFO or grown since
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         with os.fdopen(fd, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
@@ -79,66 +60,47 @@ def _too_big(where: str, what: str) -> ConfigError:
                        f"expanded), nested at most {MAX_CONFIG_DEPTH} deep")
 
 
-def check_parsed_size(doc: Any, where: str) -> None:
-    """Refuse a parsed config deeper than :data:`MAX_CONFIG_DEPTH` or with more than
-    :data:`MAX_CONFIG_NODES` values (iterative: no recursion limit to hit)."""
-    count, stack = 0, [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        count += 1
-        if count > MAX_CONFIG_NODES:
-            raise _too_big(where, f"more than {MAX_CONFIG_NODES} values")
-        if isinstance(value, (dict, list)):
-            if depth > MAX_CONFIG_DEPTH:
-                raise _too_big(where, f"nested more than {MAX_CONFIG_DEPTH} deep")
-            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+def _values(value: Any) -> Any:
+    return value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
 
 
-def _check_yaml_graph(node: Any, where: str) -> None:
-    """Count the values of a composed YAML document as constructing it would produce them,
-    an alias as many times as it is used, without expanding anything: the value count of a
-    node is remembered (by identity) once known."""
+def _yaml_children(node: Any) -> Any:
     import yaml
 
-    sizes: dict[int, int] = {}
-    depths: dict[int, int] = {}
-    open_nodes: set[int] = set()  # nodes whose children are being counted: met again, a cycle
-    # post-order walk without recursion: (node, children done?)
-    stack: list[tuple[Any, bool]] = [(node, False)]
+    if isinstance(node, yaml.MappingNode):
+        return [c for pair in node.value for c in pair]
+    return node.value if isinstance(node, yaml.SequenceNode) else None
+
+
+def check_parsed_size(doc: Any, where: str, children: Callable[[Any], Any] = _values, expanded: str = "") -> None:
+    """Refuse a parsed config (or, with ``children``, a composed YAML graph, walked as constructing
+    it would expand its aliases) deeper than :data:`MAX_CONFIG_DEPTH`, with more than
+    :data:`MAX_CONFIG_NODES` values, or holding itself; iteratively, at most that many steps."""
+    count, on_path = 0, set()  # on_path: the ids of the containers above (met again: a cycle)
+    stack: list[tuple[Any, int, bool]] = [(doc, 1, False)]
     while stack:
-        current, done = stack.pop()
-        key = id(current)
-        if key in sizes:
+        value, depth, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(value))
             continue
-        if isinstance(current, yaml.ScalarNode):
-            sizes[key], depths[key] = 1, 0
+        count += 1
+        if count > MAX_CONFIG_NODES:
+            raise _too_big(where, f"more than {MAX_CONFIG_NODES} values{expanded}")
+        items = children(value)
+        if items is None:
             continue
-        children = ([c for pair in current.value for c in pair] if isinstance(current, yaml.MappingNode)
-                    else list(current.value))
-        if not done:
-            if key in open_nodes:
-                raise _too_big(where, "an alias inside the node it names (a recursive value)")
-            open_nodes.add(key)
-            stack.append((current, True))
-            stack.extend((c, False) for c in children if id(c) not in sizes)
-            continue
-        open_nodes.discard(key)
-        size = 1 + sum(sizes.get(id(c), 1) for c in children)
-        depth = 1 + max((depths.get(id(c), 0) for c in children), default=0)
-        if size > MAX_CONFIG_NODES:
-            raise _too_big(where, f"more than {MAX_CONFIG_NODES} values once its aliases are expanded")
         if depth > MAX_CONFIG_DEPTH:
             raise _too_big(where, f"nested more than {MAX_CONFIG_DEPTH} deep")
-        sizes[key], depths[key] = size, depth
+        if id(value) in on_path:
+            raise _too_big(where, "an alias inside the node it names (a recursive value)")
+        on_path.add(id(value))
+        stack.append((value, depth, True))
+        stack.extend((item, depth + 1, False) for item in items)
 
 
 def read_toml(path: pathlib.Path, where: str) -> dict[str, Any]:
-    """Read a gpudask.toml: top-level tables are dask config namespaces.
-
-    ``[gpudask.rmm] pool-size = "4GB"`` and ``[distributed.comm.ucx] nvlink = true``
-    both work; a file whose tables are not namespaced (``[rmm]``) is read as the
-    ``gpudask`` namespace, which is the short form the docs show.
-    """
+    """Read a gpudask.toml: top-level tables are dask config namespaces (``[gpudask.rmm]``,
+    ``[distributed.comm.ucx]``); a file without one (``[rmm]``) is the ``gpudask`` namespace."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only
@@ -165,11 +127,10 @@ def read_yaml(path: pathlib.Path, where: str) -> dict[str, Any]:
     text = _read_text(path, where)
     loader = yaml.SafeLoader(text)
     try:
-        # composed first (a graph: an alias is one more edge to the same node), counted, and
-        # only then constructed
+        # composed (a graph: an alias is one more edge to a node), counted, then constructed
         node = loader.get_single_node()
         if node is not None:
-            _check_yaml_graph(node, where)
+            check_parsed_size(node, where, _yaml_children, " once its aliases are expanded")
         doc = loader.construct_document(node) if node is not None else None
     except RecursionError:
         raise _too_big(where, f"nested more than {MAX_CONFIG_DEPTH} deep") from None
@@ -185,7 +146,7 @@ def read_yaml(path: pathlib.Path, where: str) -> dict[str, Any]:
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise ConfigError(f"{where}: the top level is a {_kind(doc)}; accepted: a mapping of dask config "
+        raise ConfigError(f"{where}: the top level is {kind(doc)}; accepted: a mapping of dask config "
                           f"namespaces ({', '.join(n + ':' for n in _NAMESPACES)})")
     return doc
 
@@ -194,14 +155,15 @@ def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:200]
 
 
-def _kind(value: Any) -> str:
-    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(
-        type(value), type(value).__name__)
+def kind(value: Any) -> str:
+    """What a parsed document's top level is, in words: "a list", "null"."""
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+        type(value), "null" if value is None else f"a {type(value).__name__}")
 
 
 def _check_gpudask_section(from_env: dict[str, Any]) -> None:
-    """The ``gpudask`` config section must be a mapping: ``DASK_GPUDASK='[1,2]'`` (or a dask
-    YAML file with ``gpudask: [1, 2]``) would hide every gpudask setting."""
+    """The ``gpudask`` config section must be a mapping (``DASK_GPUDASK='[1,2]'`` would hide
+    every gpudask setting)."""
     import dask.config
 
     section = dask.config.config.get("gpudask", None)
@@ -213,12 +175,9 @@ def _check_gpudask_section(from_env: dict[str, Any]) -> None:
 
 
 def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
-    """Merge gpudask's YAML defaults, gpudask.toml (and ``extra_file``) into dask.config.
-
-    A file sets a key only where nobody set it explicitly: ``dask.config.set(...)`` and
-    ``DASK_*`` variables (already in dask.config since dask was imported) win over it,
-    as they win over dask's own YAML files.  Safe to call more than once.
-    """
+    """Merge gpudask's YAML defaults, gpudask.toml (and ``extra_file``) into dask.config.  A
+    file sets a key only where nobody set it explicitly (``dask.config.set``, ``DASK_*`` win,
+    as over dask's own YAML files).  Safe to call more than once."""
     import dask.config
     import yaml
 
@@ -236,8 +195,11 @@ def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
         if _not_chosen(name):
             dask.config.set({name: dask.config.get(key, config=from_env)})
     env_keys = {k.replace("_", "-") for k in flatten(from_env)}
-    named = os.environ.get("GPUDASK_CONFIG")
-    files = [(p, f"GPUDASK_CONFIG={named}" if named else str(p)) for p in [toml_path()] if p]
+    # the gpudask.toml in effect: $GPUDASK_CONFIG or ./gpudask.toml
+    named, local = os.environ.get("GPUDASK_CONFIG"), pathlib.Path.cwd() / "gpudask.toml"
+    files = [(pathlib.Path(named), f"GPUDASK_CONFIG={named}")] if named else []
+    if not named and os.path.lexists(local):
+        files.append((local, str(local)))
     if extra_file:
         files.append((pathlib.Path(extra_file), f"--config {extra_file}"))
     for path, where in files:
@@ -248,11 +210,9 @@ def load_dask_config(extra_file: str | os.PathLike[str] | None = None) -> None:
             value = dask.config.get(key, config=doc)
             previous = session.current().file_values.get(name)
             current = dask.config.get(name, default=None)
-            # explicit elsewhere (a DASK_* variable, or a value that differs from the default
-            # and from what a file set before): keep it
+            # explicit elsewhere (DASK_*, or neither the default nor what a file set before): kept
             if name in env_keys or (not _not_chosen(name) and (previous is None or previous[1] != current)):
                 continue
-            # to name the source (the process state's file_values)
             session.current().file_values[name] = (str(path), value)
             dask.config.set({name: value})
 
@@ -266,7 +226,7 @@ def _not_chosen(key: str) -> bool:
 
 
 def dask_defaults() -> dict[str, Any]:
-    """dask's config defaults as they are now (every registered default merged), nobody's settings."""
+    """dask's config defaults as they are now (every registered default merged)."""
     import dask.config
 
     merged: dict[str, Any] = {}

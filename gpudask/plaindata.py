@@ -1,15 +1,11 @@
 """What a plugin hands back, as plain data: the one form gpudask touches after the call.
 
 :func:`plain` copies a value into exact ``str``, ``int``, ``float``, ``bool``, ``None``,
-``list`` and ``dict`` (string keys) -- never a subclass -- bounded in size and depth.  It
-runs inside the hook call's isolation (:func:`gpudask.plugin.hookcall.call_isolated`):
-whatever plugin code the copy still runs (an object's ``__str__``, a mapping's ``items``)
-runs there, bounded in time, never on a scheduler's event loop.  Once copied, formatting,
-pickling, comparing or printing the value runs only the interpreter's own code.
-
-A subclass of a plain type is read through the base type's own methods, so its overrides
-never run.  ``strict`` (a result published as it is) refuses what is not plain
-(:class:`NotPlain`) or over the bounds instead of cutting it.
+``list`` and ``dict`` (string keys), bounded in size and depth, inside the hook call's
+isolation (:func:`gpudask.plugin.hookcall.call_isolated`): whatever plugin code the copy runs
+(a ``__str__``, a mapping's ``items``) runs there, bounded in time.  A subclass of a plain
+type is read through the base type's own methods, so its overrides never run.  ``strict``
+refuses what is not plain (:class:`NotPlain`) or over the bounds instead of cutting it.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 MAX_STR = 64 * 1024  # characters of one string (not strict: cut)
-MAX_DEPTH = 32  # nesting (gpudask.plan.values.MAX_DEPTH)
+MAX_DEPTH = 32  # nesting
 MAX_VALUES = 200_000  # values in one result (not strict: the rest left out, counted)
 MAX_STRICT_VALUES = 2_000_000  # values in one result where only plain data is accepted: beyond, refused
 MAX_INT = 2**63 - 1  # what msgpack carries; beyond it, without strict, an int is text
@@ -37,16 +33,14 @@ def plain(value: Any, *, strict: bool = False) -> Any:
 
 
 def text(value: Any, limit: int = MAX_STR) -> str:
-    """``value`` as an exact ``str`` of at most ``limit`` characters: a string (or str
-    subclass) as its characters, anything else as ``str(value)`` -- plugin code: call it
-    inside the hook's isolation."""
-    # str() of anything else is a str (or a subclass: read as its characters too)
+    """``value`` as an exact ``str`` of at most ``limit`` characters (``str(value)`` runs
+    plugin code: call it inside the hook's isolation)."""
     return cut(str.__str__(value if isinstance(value, str) else str(value)), limit)
 
 
 def cut(text: str, limit: int) -> str:
-    """``text`` or its start and a marker naming how many characters were cut (at most
-    ``limit`` characters in all, so a cut text passes through again unchanged)."""
+    """``text``, or its start and a marker naming how many characters were cut (at most
+    ``limit`` in all: a cut text passes through again unchanged)."""
     if len(text) <= limit:
         return text
     keep = max(limit - 40, 0)
@@ -54,11 +48,9 @@ def cut(text: str, limit: int) -> str:
 
 
 def exception_text(error: BaseException) -> str:
-    """What a plugin raised, as one exact ``str``: a GpudaskError's own line (that type is
-    read by name, without importing it), ``SystemExit(code): ...``, else its type and text.
-    Reading the text runs the exception's ``__str__`` or its code's ``__repr__`` (plugin
-    code): whatever that raises -- ``SystemExit`` or a time bound's interruption included --
-    leaves the type's name alone."""
+    """What a plugin raised, as one exact ``str``: a GpudaskError's own line (the type read
+    by name), ``SystemExit(code): ...``, else its type and text.  Whatever reading the text
+    raises (plugin code; SystemExit and a time bound's interruption too) leaves the type's name."""
     try:
         if any(getattr(k, "__name__", None) == "GpudaskError" and k.__module__ == "gpudask.errors"
                for k in type(error).__mro__):
@@ -74,8 +66,7 @@ def exception_text(error: BaseException) -> str:
 
 
 def type_name(value: Any) -> str:
-    """The name of ``value``'s type, read from the type itself (a metaclass's own
-    ``__name__`` never runs)."""
+    """The name of ``value``'s type (a metaclass's own ``__name__`` never runs)."""
     name = type.__dict__["__name__"].__get__(type(value))
     return str.__str__(name) if isinstance(name, str) else "object"
 

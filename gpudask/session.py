@@ -27,8 +27,6 @@ class ProcessState:
     # where a value gpudask set in dask.config came from (a `dask worker` option, a
     # LocalGPUCluster keyword): key -> (value, words naming it); gpudask.config.label_source
     labels: dict[str, tuple[Any, str]] = field(default_factory=dict)
-    # facts that passed the facts schema in this process, by fingerprint (gpudask.facts.loader)
-    valid_facts: set[bytes] = field(default_factory=set)
     # digests of data that passed a schema in any process of this user on this host, read once
     # from the state directory (gpudask.facts.validated)
     validated: list[str] | None = None

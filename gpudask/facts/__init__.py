@@ -1,22 +1,18 @@
-"""Facts: what this host is (docs/architecture.md, "Facts"), from one of three places
-(:func:`get_facts`): a facts file (``--facts`` / ``$GPUDASK_FACTS``, a *described* host,
-:mod:`gpudask.facts.loader`); ``$GPUDASK_PROBED_FACTS``, facts as JSON taken as this host's probe
-(gpudask sets it nowhere: it lets a test hand in what a probe finds); or a probe
-(:mod:`gpudask.facts.probe`, the plugins' own sections: :mod:`gpudask.facts.sections`).
-
-Importing this package stays cheap and never touches CUDA.
+"""Facts: what this host is (docs/architecture.md, "Facts"), from a facts file (a *described*
+host, :mod:`~gpudask.facts.loader`), ``$GPUDASK_PROBED_FACTS`` (JSON taken as this host's probe,
+for tests) or a probe (:mod:`~gpudask.facts.probe`; the plugins' sections:
+:mod:`~gpudask.facts.sections`).  Importing this package never touches CUDA.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from gpudask.errors import FactsError
-from gpudask.facts.loader import SCHEMA_PATH, facts_from_dict, from_dict, load_facts, schema
+from gpudask.facts.loader import SCHEMA_PATH, facts_from_dict, from_dict, load_facts, parse_json, schema
 from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts
 from gpudask.facts.probe import probe_facts
 
@@ -24,18 +20,12 @@ __all__ = ["GPU", "Facts", "FactsError", "SCHEMA_VERSION", "SCHEMA_PATH", "schem
            "load_facts", "probe_facts", "get_facts", "clear_cache"]
 
 
-@functools.lru_cache(maxsize=None)
-def _cached_file(path: str) -> Facts:
-    return load_facts(path)
+_cached_file = functools.lru_cache(maxsize=None)(load_facts)
 
 
 @functools.lru_cache(maxsize=None)
 def _cached_env(text: str) -> Facts:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FactsError(f"$GPUDASK_PROBED_FACTS: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    return from_dict(data, "probed", "$GPUDASK_PROBED_FACTS", described=False)
+    return from_dict(parse_json(text, "$GPUDASK_PROBED_FACTS"), "probed", "$GPUDASK_PROBED_FACTS", described=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,8 +36,8 @@ def _cached_probe(packages: tuple[tuple[str, tuple[str, ...]], ...]) -> Facts:
 def get_facts(path: str | os.PathLike[str] | None = None,
               packages: Mapping[str, Sequence[str]] | None = None) -> Facts:
     """Facts for this process, cached: ``path`` > $GPUDASK_FACTS > $GPUDASK_PROBED_FACTS > a
-    probe (``packages``: the plugins', probed beside the core's).  Probed facts take
-    ``cuda_visible_devices`` from this process's environment (a nanny gives each worker its own)."""
+    probe (``packages``: the plugins', beside the core's).  ``cuda_visible_devices`` is this
+    process's (a nanny gives each worker its own)."""
     path = path or os.environ.get("GPUDASK_FACTS") or None
     if path:
         return _cached_file(os.fspath(path))

@@ -1,11 +1,7 @@
-"""Reading a facts file (a described host) against the shipped JSON Schema.
-
-``facts.schema.json`` is the one definition of the format (docs/facts.md); every key has an
-``x-accepts`` text, and an error is one line naming the file, the key path and that text.
-What JSON Schema cannot say (unique GPU indices, CPUs below ``cpu_count``,
-``cuda_visible_devices`` entries) and the bounds are checked here.  Schema 2 keeps the
-plugins' facts in ``sections``; the pre-release schema 1 is refused with one line.
-``jsonschema`` is imported when a file is first read, never at ``import gpudask``.
+"""Reading a facts file (a described host) against ``facts.schema.json``, the one definition
+of the format (docs/facts.md): an error is one line naming the file, the key path and the
+key's ``x-accepts`` text.  What JSON Schema cannot say (references between keys) and the
+bounds are checked here.  ``jsonschema`` is imported when a file is first read.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import re
 import os
 import pathlib
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from gpudask import session
@@ -28,14 +24,16 @@ from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, resolve_visible
 
 SCHEMA_PATH = pathlib.Path(__file__).with_name("facts.schema.json")
 
-# A facts file describes one host in a few kilobytes; anything larger is refused unread
-# (docs/facts.md states the limit).
+# a facts file describes one host in a few kilobytes; anything larger is refused unread
 MAX_FACTS_BYTES = 16 * 2**20
 # what the bytes do not bound: the largest hosts have 16 GPUs (and up to 7 MIG instances each);
 # planning goes through every GPU for every worker, so 10 000 GPUs would run for hours
 MAX_FACT_GPUS = 64
 MAX_FACT_ITEMS = 4096  # items of any other list or mapping (CPUs, interfaces, packages)
 MAX_FACT_DEPTH = 16  # lists and mappings inside each other (the schema's deepest is 5)
+MAX_FACT_STR = 4096  # characters of one string (a name, a version, an interface)
+MAX_FACT_INT = 2**53  # bytes, versions, indices: anything larger is not a real host's
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 logger = logging.getLogger("distributed.gpudask")
 
@@ -49,20 +47,14 @@ def schema() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def strict_validator() -> Any:
-    """Draft 2020-12, where an integer is a Python int (JSON Schema counts 1.0 as an
-    integer; a facts file means an int, never a bool): the validator class of the facts
-    schema and of the plugins' facts sections."""
+    """Draft 2020-12 where an integer is a Python int, never 1.0 or a bool: the validator
+    class of the facts schema and of the plugins' facts sections."""
     import jsonschema
 
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine(
         "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
     return jsonschema.validators.extend(base, type_checker=checker)
-
-
-@functools.lru_cache(maxsize=1)
-def _validator() -> Any:
-    return strict_validator()(schema())
 
 
 def _show(value: Any) -> str:
@@ -79,48 +71,29 @@ def _key(path: Iterable[Any]) -> str:
 
 
 def _schema_error(where: str, data: Any) -> FactsError | None:
-    """The first schema violation in ``data`` as a one-line FactsError, or None (data that
-    passed once in this process passes again: the process state's ``valid_facts``)."""
-    from gpudask.findings import fingerprint
-
-    valid = session.current().valid_facts
-    # msgpack, not json.dumps(sort_keys=True): a third of the time, and {1: x} is not {"1": x}
-    key = fingerprint(data)
-    if key is not None and key in valid:
-        return None
+    """The first violation of the facts schema in ``data`` as a one-line FactsError, or None."""
     if isinstance(data, dict) and type(data.get("schema")) is int and data["schema"] == 1:
         # the pre-release format (plugins' facts as GPU and top-level keys): not read any more
         return FactsError(f"{where}: key 'schema' is 1, a format gpudask no longer reads; rewrite the file as "
                           f"schema {SCHEMA_VERSION} (the plugins' facts move into 'sections': docs/facts.md)")
-    error = remembered_error(schema(), _validator, data, where)
-    if error is None and key is not None and len(valid) < 256:
-        valid.add(key)
-    return error
+    return remembered_error(schema(), data, where)
 
 
-def remembered_error(schema: Any, validator: Callable[[], Any], data: Any, where: str,
-                     prefix: Iterable[Any] = ()) -> FactsError | None:
-    """:func:`first_error`, at once None when the same data passed the same schema before on
-    this host (:mod:`gpudask.facts.validated`; ``validator`` is made only when needed)."""
+def remembered_error(schema: Any, data: Any, where: str, prefix: Iterable[Any] = ()) -> FactsError | None:
+    """The first violation of ``schema`` in ``data`` as a one-line FactsError naming ``where``
+    and the key path (under ``prefix``), or None; at once None when the same data passed the
+    same schema before on this host (:mod:`gpudask.facts.validated`)."""
     from gpudask.facts import validated
 
     key = validated.digest(schema, data)
     if validated.passed_before(key):
         return None
     session.count("facts schema")
-    error = first_error(validator(), data, where, prefix)
-    if error is None:
-        validated.remember(key)
-    return error
-
-
-def first_error(validator: Any, data: Any, where: str, prefix: Iterable[Any] = ()) -> FactsError | None:
-    """The first violation of ``validator``'s schema in ``data`` as a one-line FactsError
-    naming ``where`` and the key path (under ``prefix``), or None."""
     # a wrong value before a missing key, the outermost first, keys in a stable order
-    errors = sorted(validator.iter_errors(data),
+    errors = sorted(strict_validator()(schema).iter_errors(data),
                     key=lambda e: (e.validator == "required", len(e.absolute_path), str(list(e.absolute_path))))
     if not errors:
+        validated.remember(key)
         return None
     error = errors[0]
     path = [*prefix, *error.absolute_path]
@@ -147,111 +120,76 @@ def _fail(where: str, key: str, expected: str, value: Any) -> FactsError:
 def _cross_checks(data: dict[str, Any], where: str, described: bool) -> None:
     """What the schema cannot say: references between keys.  CPU numbers are checked in
     described files only: a probe reports what NVML says, whatever numbering the kernel uses."""
-    gpus = data["gpus"]
-    indices = [g["index"] for g in gpus]
-    cpu_count = data["cpu_count"]
-    uuids = [g["uuid"] for g in gpus]
+    gpus, cpu_count = data["gpus"], data["cpu_count"]
+    indices, uuids = [g["index"] for g in gpus], [g["uuid"] for g in gpus]
     for i, g in enumerate(gpus):
         if g["index"] in indices[:i]:
             raise _fail(where, f"gpus[{i}].index", "unique among the GPUs", g["index"])
         if g["uuid"] in uuids[:i]:  # one GPU described twice: two workers would share it
             raise _fail(where, f"gpus[{i}].uuid", f"unique among the GPUs (gpus[{uuids.index(g['uuid'])}] has it)",
                         g["uuid"])
-    for i, g in enumerate(gpus):
-        for j, cpu in enumerate(g["cpu_affinity"] if described else []):
+    for i, g in enumerate(gpus if described else []):
+        for j, cpu in enumerate(g["cpu_affinity"]):
             if cpu >= cpu_count:
                 raise _fail(where, f"gpus[{i}].cpu_affinity[{j}]", f"a CPU below cpu_count ({cpu_count})", cpu)
 
 
-def _pair(value: list[int] | None) -> tuple[int, int] | None:
-    return None if value is None else (value[0], value[1])
-
-
 def _build(data: dict[str, Any], origin: str) -> Facts:
     # extra instance keys (gpu_instance_id, ...) are kept; extra GPU keys are not
-    gpus = [GPU(**{f.name: g[f.name] for f in dataclasses.fields(GPU)}
-                | {"compute_capability": _pair(g["compute_capability"]), "cpu_affinity": list(g["cpu_affinity"]),
+    gpus = [GPU(**{f.name: copy.deepcopy(g[f.name]) for f in dataclasses.fields(GPU)}
+                | {"compute_capability": g["compute_capability"] and tuple(g["compute_capability"]),
                    "mig": {"enabled": g["mig"]["enabled"], "instances": copy.deepcopy(g["mig"]["instances"])}})
             for g in data["gpus"]]
-    return Facts(
-        hostname=data["hostname"],
-        cpu_count=data["cpu_count"],
-        driver_version=data["driver_version"],
-        cuda_driver_version=data["cuda_driver_version"],
-        gpus=gpus,
-        net_interfaces={k: list(v) for k, v in data["net_interfaces"].items()},
-        cuda_visible_devices=data.get("cuda_visible_devices"),
-        packages=dict(data["packages"]),
-        sections=copy.deepcopy(dict(data.get("sections") or {})),
-        origin=origin,
-        schema=SCHEMA_VERSION,
-    )
+    return Facts(**{k: data[k] for k in ("hostname", "cpu_count", "driver_version", "cuda_driver_version")},
+                 gpus=gpus, net_interfaces={k: list(v) for k, v in data["net_interfaces"].items()},
+                 cuda_visible_devices=data.get("cuda_visible_devices"), packages=dict(data["packages"]),
+                 sections=copy.deepcopy(dict(data.get("sections") or {})), origin=origin)
 
 
-MAX_FACT_STR = 4096  # characters of one string (a name, a version, an interface)
-MAX_FACT_INT = 2**53  # bytes, versions, indices: anything larger is not a real host's
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-
-
-def _bounds_error(where: str, value: Any, path: tuple[Any, ...] = ()) -> FactsError | None:
-    """What the schema does not bound, everywhere in the file: strings (and keys) of at most
+def _bounds_error(where: str, data: Any) -> FactsError | None:
+    """What the schema does not bound, everywhere in the file, checked iteratively before
+    anything walks ``data`` recursively: nesting, sizes, strings (and keys) of at most
     MAX_FACT_STR characters without control characters (they would reach a terminal),
     integers within +-MAX_FACT_INT."""
-    if isinstance(value, str):
-        if len(value) > MAX_FACT_STR:
-            return _fail(where, _key(path), f"a string of at most {MAX_FACT_STR} characters",
-                         f"{len(value)} characters")
-        if _CONTROL.search(value):
-            return _fail(where, _key(path), "a string without control characters", value)
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate ("\ud800"): no terminal, msgpack or file takes it
-                return _fail(where, _key(path), "a string of Unicode characters (no lone surrogates)",
-                             value.encode("utf-8", "backslashreplace").decode("ascii"))
-    elif isinstance(value, int) and not isinstance(value, bool):
-        if not -MAX_FACT_INT <= value <= MAX_FACT_INT:
-            return _fail(where, _key(path), "an integer of at most 2**53", f"{str(value)[:20]}...")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            error = _bounds_error(where, item, (*path, i))
-            if error is not None:
-                return error
-    elif isinstance(value, dict):
-        for k, item in value.items():
-            error = _bounds_error(where, k, (*path, "<key>")) or _bounds_error(where, item, (*path, k))
-            if error is not None:
-                return error
-    return None
-
-
-def _shape_error(where: str, data: Any) -> FactsError | None:
-    """Nesting and sizes, checked iteratively before anything walks ``data`` recursively."""
     if isinstance(data, dict) and isinstance(data.get("gpus"), list) and len(data["gpus"]) > MAX_FACT_GPUS:
         return _fail(where, "gpus", f"a list of at most {MAX_FACT_GPUS} GPUs", f"{len(data['gpus'])} GPUs")
     stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
     while stack:
         value, path = stack.pop()
-        if not isinstance(value, (list, dict)):
-            continue
-        if len(path) >= MAX_FACT_DEPTH:
-            return _fail(where, _key(path), f"nested at most {MAX_FACT_DEPTH} deep", "deeper")
-        if len(value) > MAX_FACT_ITEMS:
-            return _fail(where, _key(path) or "the top level", f"at most {MAX_FACT_ITEMS} items",
-                         f"{len(value)} items")
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        stack.extend((item, (*path, k if isinstance(k, (int, str)) else "<key>")) for k, item in items)
+        if isinstance(value, str):
+            if len(value) > MAX_FACT_STR:
+                return _fail(where, _key(path), f"a string of at most {MAX_FACT_STR} characters",
+                             f"{len(value)} characters")
+            if _CONTROL.search(value):
+                return _fail(where, _key(path), "a string without control characters", value)
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate ("\ud800"): no terminal, msgpack or file takes it
+                    return _fail(where, _key(path), "a string of Unicode characters (no lone surrogates)",
+                                 value.encode("utf-8", "backslashreplace").decode("ascii"))
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if not -MAX_FACT_INT <= value <= MAX_FACT_INT:
+                return _fail(where, _key(path), "an integer of at most 2**53", f"{str(value)[:20]}...")
+        elif isinstance(value, (list, dict)):
+            if len(path) >= MAX_FACT_DEPTH:
+                return _fail(where, _key(path), f"nested at most {MAX_FACT_DEPTH} deep", "deeper")
+            if len(value) > MAX_FACT_ITEMS:
+                return _fail(where, _key(path) or "the top level", f"at most {MAX_FACT_ITEMS} items",
+                             f"{len(value)} items")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, item in reversed(list(items)):  # popped in the file's order
+                stack.append((item, (*path, k if isinstance(k, (int, str)) else "<key>")))
+                if isinstance(value, dict):
+                    stack.append((k, (*path, "<key>")))
     return None
 
 
 def from_dict(data: Any, origin: str, where: str, described: bool, schema_checked: bool = False) -> Facts:
     """Validate parsed JSON and build Facts; errors name ``where`` and the key.  A
     ``described`` host is also checked for CPU numbers and its ``cuda_visible_devices``.
-    ``schema_checked``: a host plan's digest says its writer validated these facts: the JSON
-    Schema is not run again (the bounds and the checks between keys are)."""
-    error = _shape_error(where, data) or (None if schema_checked else _schema_error(where, data))
-    if error is None:
-        error = _bounds_error(where, data)
+    ``schema_checked``: a host plan's digest says its writer ran the schema (the rest runs)."""
+    error = _bounds_error(where, data) or (None if schema_checked else _schema_error(where, data))
     if error is not None:
         raise error
     _cross_checks(data, where, described)
@@ -270,9 +208,13 @@ def facts_from_dict(data: Any, origin: str) -> Facts:
 def load_facts(path: str | os.PathLike[str]) -> Facts:
     """Read a facts file (a described host)."""
     where = os.fspath(path)
-    text = _read_regular(where)
+    return from_dict(parse_json(_read_regular(where), where), where, where, described=True)
+
+
+def parse_json(text: str, where: str) -> Any:
+    """Facts JSON as parsed, or one FactsError naming ``where``."""
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise FactsError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     except RecursionError:
@@ -280,7 +222,6 @@ def load_facts(path: str | os.PathLike[str]) -> Facts:
     except ValueError as e:  # an integer of more than 4300 digits
         raise FactsError(f"{where}: invalid JSON: {(str(e).splitlines() or ['?'])[0][:120]}; integers in a facts "
                          "file are at most 2**53") from None
-    return from_dict(data, where, where, described=True)
 
 
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
@@ -307,7 +248,7 @@ def _check_writers(where: str, st: os.stat_result) -> None:
 
 def _read_regular(where: str) -> str:
     """The text of a regular file of at most MAX_FACTS_BYTES, else one FactsError (opened
-    non-blocking and checked with fstat first: a FIFO or ``/dev/zero`` never ends)."""
+    non-blocking, fstat checked first: a FIFO or ``/dev/zero`` never ends)."""
     try:
         fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:

@@ -1,8 +1,6 @@
-"""The facts model: one host's GPUs, interfaces, versions and packages, and the plugins' sections.
-
-Plain dataclasses, read-only by convention (:func:`gpudask.facts.get_facts` hands out
-cached instances).  Only the standard library is imported: this module is loaded in
-every ``dask worker --preload gpudask`` CLI process before UCX is set up.
+"""The facts model: one host's GPUs, interfaces, versions and packages, and the plugins'
+sections.  Plain dataclasses, read-only by convention (:func:`gpudask.facts.get_facts` hands
+out cached instances); standard library only (loaded in every ``dask worker`` CLI process).
 """
 
 from __future__ import annotations
@@ -40,8 +38,6 @@ class GPU:
 
 @dataclass
 class Facts:
-    """One host.  Treat as read-only: :func:`gpudask.facts.get_facts` hands out cached instances."""
-
     hostname: str
     cpu_count: int
     driver_version: str | None
@@ -54,8 +50,7 @@ class Facts:
     schema: int = SCHEMA_VERSION
     # the plugins' own facts, by section name (gpudask.facts.sections): read with section()
     sections: dict[str, Any] = field(default_factory=dict)
-    # sections that decide nothing (FactsSection.decides false), not probed yet: each probed
-    # and validated when first read (section()), in the process that reads it
+    # sections that decide nothing (FactsSection.decides false), probed when first read
     deferred: dict[str, Callable[[], Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -63,9 +58,8 @@ class Facts:
         return self.origin != "probed"
 
     def section(self, name: str) -> Any:
-        """The facts section ``name`` a plugin declared (``gpudask_facts_sections``): probed
-        on a real host, read from a described host's ``sections``; None when the described
-        host does not say.  A section that decides nothing is probed here, when first read."""
+        """The facts section ``name`` a plugin declared (``gpudask_facts_sections``); None when
+        a described host does not say.  A section that decides nothing is probed when first read."""
         if name not in self.sections and name in self.deferred:
             self.sections[name] = self.deferred.pop(name)()
         return self.sections.get(name)

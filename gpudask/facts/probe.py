@@ -1,6 +1,5 @@
-"""Probing this host -- the core's facts -- through NVML, sysfs and ``importlib.metadata``, never
-a CUDA context (safe in the ``dask worker`` CLI process); pynvml and psutil are imported
-inside the probes.  The plugins probe their own (``gpudask_facts_sections``).
+"""Probing this host's core facts through NVML, sysfs and ``importlib.metadata``, never a CUDA
+context (safe in the ``dask worker`` CLI process); pynvml and psutil are imported inside.
 """
 
 from __future__ import annotations
@@ -13,9 +12,6 @@ from typing import Any
 
 from gpudask.facts.model import GPU, Facts
 
-# Where sysfs lives; tests point $GPUDASK_SYSFS_ROOT at a fake tree instead.
-SYSFS_ROOT = "/sys"
-
 # packages[key] = version of the first of these distributions installed; the plugins add theirs
 CORE_PACKAGES: dict[str, tuple[str, ...]] = {name: (name,) for name in ("dask", "distributed", "nvidia-ml-py",
                                                                           "gpudask")}
@@ -23,7 +19,7 @@ CORE_PACKAGES: dict[str, tuple[str, ...]] = {name: (name,) for name in ("dask", 
 
 def sysfs_root() -> str:
     """Where sysfs lives: /sys, or the fake tree $GPUDASK_SYSFS_ROOT names (tests)."""
-    return os.environ.get("GPUDASK_SYSFS_ROOT") or SYSFS_ROOT
+    return os.environ.get("GPUDASK_SYSFS_ROOT") or "/sys"
 
 
 def read_sysfs(path: str) -> str | None:
@@ -99,12 +95,10 @@ def _probe_net_interfaces() -> dict[str, list[str]]:
 
 
 def _dist_info_versions() -> tuple[dict[str, str], bool]:
-    """Installed distributions' versions by normalized name, read from the names of the
-    ``NAME-VERSION.dist-info`` directories on ``sys.path`` (the first entry wins, as for
-    importlib.metadata), and whether that listing is complete (no ``.egg-info``, no zip or egg
-    on the path: where it is not, importlib.metadata is asked for what it does not hold).
-    ``importlib.metadata.version`` parses each METADATA with the email package and scans the
-    path for each absent name: 0.4-0.8 ms a package, a dozen in every planning process."""
+    """Installed versions by normalized name, from the ``NAME-VERSION.dist-info`` directories on
+    ``sys.path`` (the first wins, as for importlib.metadata), and whether that is complete (no
+    ``.egg-info``, zip or egg: else importlib.metadata is asked for the rest).  Not
+    ``importlib.metadata.version``: 0.4-0.8 ms a package, a dozen in every planning process."""
     import sys
 
     found: dict[str, str] = {}
@@ -155,8 +149,7 @@ def _probe_packages(declared: Mapping[str, Sequence[str]] | None = None) -> dict
 
 class NVMLSession:
     """NVML, open for one probe.  ``call(name, *args, default=None)``: an NVML call, or
-    ``default`` where this GPU, driver or binding does not support it (old GPU, VM, MIG, old
-    nvidia-ml-py).  ``module``: pynvml itself, for its constants."""
+    ``default`` where the GPU, driver or binding does not support it.  ``module``: pynvml."""
 
     def __init__(self, module: Any) -> None:
         self.module = module
@@ -197,11 +190,10 @@ def nvml_session() -> Iterator[NVMLSession | None]:
 def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
     """Driver, CUDA driver version and GPUs through NVML (never a CUDA context)."""
     with nvml_session() as session:
-        return (None, None, []) if session is None else _probe_gpus(session)
+        return (None, None, []) if session is None else _probe_gpus(session.module, session.call)
 
 
-def _probe_gpus(session: NVMLSession) -> tuple[str | None, int | None, list[GPU]]:
-    pynvml, nv = session.module, session.call
+def _probe_gpus(pynvml: Any, nv: Any) -> tuple[str | None, int | None, list[GPU]]:
     driver = nv("nvmlSystemGetDriverVersion")
     cuda = nv("nvmlSystemGetCudaDriverVersion")
     ncpu = os.cpu_count() or 1
@@ -260,9 +252,8 @@ def _probe_mig(pynvml: Any, nv: Any, h: Any) -> dict[str, Any]:
 
 
 def probe_facts(packages: Mapping[str, Sequence[str]] | None = None) -> Facts:
-    """Probe this host.  Never creates a CUDA context.  ``packages``: the packages the
-    plugins read, ``{key: distribution names}`` (the first installed one's version), beside
-    the core's own (:data:`CORE_PACKAGES`)."""
+    """Probe this host (never a CUDA context).  ``packages``: the plugins' ``{key: distribution
+    names}`` (the first installed one's version), beside :data:`CORE_PACKAGES`."""
     import socket
 
     driver, cuda, gpus = _probe_nvml()

@@ -1,11 +1,7 @@
-"""Facts a plugin owns: its section of a host's facts (``gpudask_facts_sections``).
-
-On a real host the section's probe reads it; on a described host it is read from the facts
-file's ``{"sections": {name: value}}`` (absent: None, and the plugin says what an unknown fact
-means).  Either way the value is validated with the plugin's JSON Schema fragment and its
-``check`` (one line naming the file or the probe, the key path and the ``x-accepts`` text),
-kept in ``facts.sections[name]`` and read with ``ctx.facts.section(name)``.  ``jsonschema`` is
-imported only when a section is validated.
+"""Facts a plugin owns: its section of a host's facts (``gpudask_facts_sections``), probed on
+a real host, read from a described host's ``{"sections": {name: value}}`` (absent: None);
+validated with the plugin's JSON Schema fragment and its ``check`` (one line naming the file or
+the probe, the key path and the ``x-accepts`` text); read with ``ctx.facts.section(name)``.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudask import session
 from gpudask.errors import FactsError, PluginError
-from gpudask.facts.loader import _fail, _key, remembered_error, strict_validator
+from gpudask.facts.loader import _fail, _key, remembered_error
 
 if TYPE_CHECKING:
     from gpudask.facts.model import Facts
@@ -52,9 +48,8 @@ _BUILTIN_DISTRIBUTION = "gpudask"
 
 
 def check_declared(plugin: str, distribution: str | None, result: Any, taken: Mapping[str, str]) -> list[FactsSection]:
-    """A plugin's ``gpudask_facts_sections`` result, checked: a list of FactsSection with
-    names of their own (``taken``: name -> the plugin that has it) and schemas JSON Schema
-    accepts."""
+    """A plugin's ``gpudask_facts_sections`` result, checked: FactsSections with names of their
+    own (``taken``: name -> the plugin that has it) and valid JSON Schemas."""
     hook = "gpudask_facts_sections"
     out: list[FactsSection] = []
     for section in result or []:
@@ -70,18 +65,21 @@ def check_declared(plugin: str, distribution: str | None, result: Any, taken: Ma
                               f"{taken[section.name]!r}'s; accepted: a section name of its own")
         # the built-in plugins' schemas are checked by the test suite (tests/test_facts_sections.py),
         # not again at every start: the meta-schema check is a planning process's costliest step
-        problem = None if distribution == _BUILTIN_DISTRIBUTION else _schema_problem(section.schema)
-        if problem is not None:
-            raise PluginError(plugin, distribution, hook, f"facts section {section.name!r}: its schema is not "
-                              f"valid JSON Schema: {problem}")
+        if distribution != _BUILTIN_DISTRIBUTION:
+            import jsonschema
+
+            try:
+                jsonschema.Draft202012Validator.check_schema(dict(section.schema))
+            except jsonschema.SchemaError as e:
+                raise PluginError(plugin, distribution, hook, f"facts section {section.name!r}: its schema is not "
+                                  f"valid JSON Schema: {' '.join(str(e.message).split())[:200]}") from None
         out.append(section)
     return out
 
 
 def _probed(plugin: str, section: FactsSection, facts: Facts) -> Any:
-    """The section probed in this process, by (name, probe, the host's core facts): a probe
-    runs once per process, as the core's own probe (the process state's ``probed_sections``;
-    gpudask.facts.clear_cache forgets them)."""
+    """The section probed once per process per (name, probe, the host's core facts), as the
+    core's own probe (the process state's ``probed_sections``)."""
     probed = session.current().probed_sections
     key = (section.name, section.probe, facts.hostname, tuple((g.index, g.uuid, g.pci_bus_id) for g in facts.gpus),
            tuple(sorted(facts.packages.items())))
@@ -96,8 +94,8 @@ def _probed(plugin: str, section: FactsSection, facts: Facts) -> Any:
 
 
 def with_sections(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> Facts:
-    """``facts`` with every declared section: taken from the facts (a described host's file,
-    or facts handed on by a planning parent) or probed on a real host, then validated."""
+    """``facts`` with every declared section, taken from the facts (a file, or a planning
+    parent's) or probed on a real host, and validated."""
     sections = dict(facts.sections)
     deferred: dict[str, Callable[[], Any]] = {}
     for plugin, section in declared:
@@ -115,7 +113,6 @@ def with_sections(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) ->
 
 
 def _raise_if_invalid(facts: Facts, plugin: str, section: FactsSection, value: Any) -> None:
-    """``value`` against the section's schema, then the section's own check against the core's facts."""
     error = section_error(facts.where(), section, value, plugin)
     if error is not None:
         raise error
@@ -153,16 +150,5 @@ def summaries(facts: Facts, declared: Iterable[tuple[str, FactsSection]]) -> lis
 
 def section_error(where: str, section: FactsSection, value: Any, plugin: str) -> FactsError | None:
     """The first place ``value`` leaves the section's schema, as one line, or None."""
-    error = remembered_error(dict(section.schema), lambda: strict_validator()(dict(section.schema)), value, where,
-                             ["sections", section.name])
+    error = remembered_error(dict(section.schema), value, where, ["sections", section.name])
     return None if error is None else FactsError(f"{error} (facts section of plugin {plugin!r})")
-
-
-def _schema_problem(schema: Mapping[str, Any]) -> str | None:
-    import jsonschema
-
-    try:
-        jsonschema.Draft202012Validator.check_schema(dict(schema))
-    except jsonschema.SchemaError as e:
-        return " ".join(str(e.message).split())[:200]
-    return None

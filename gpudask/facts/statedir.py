@@ -1,9 +1,8 @@
 """The per-user state directory (host plans, worker slots, the plugins' probe caches), which
-only its owner may write, as ssh and tmux require of theirs: ``$XDG_RUNTIME_DIR/gpudask`` when
-that is a directory of this user nobody else can write, else ``<tempdir>/gpudask-<uid>``;
-created 0700; refused with one line (:class:`StateDirError`: the path, owner, mode and fix)
-when it is a symlink, another user's, or group/world-writable.  Files are written atomically
-(0600) and read only when they are regular files of this user nobody else can write
+only its owner may write, as ssh requires of its own: ``$XDG_RUNTIME_DIR/gpudask`` when that is
+a directory of this user nobody else can write, else ``<tempdir>/gpudask-<uid>``; created 0700,
+refused with one line (:class:`StateDirError`) when it is a symlink, another user's, or
+group/world-writable.  Files are written atomically (0600) and read only when private
 (:func:`read_private`).  Standard library only: this runs on every worker's start-up path.
 """
 
@@ -118,9 +117,8 @@ def write_atomic(path: pathlib.Path, text: str) -> None:
 
 
 def read_private(path: str | os.PathLike[str], what: str = "gpudask state file") -> str | None:
-    """The text of ``path`` if it is a regular file of this user that only this user can
-    write, in a directory of the same kind; None if it does not exist; None with a warning
-    if it is anything else (it is never trusted)."""
+    """The text of ``path`` if it is a regular file only this user can write, in a directory of
+    the same kind; None if it does not exist; else None with a warning (never trusted)."""
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     try:
@@ -172,9 +170,9 @@ def open_private(path: pathlib.Path, flags: int) -> int:
 
 @contextlib.contextmanager
 def host_lock(name: str, timeout: float = 120.0) -> Iterator[bool]:
-    """Hold an exclusive lock ``name`` shared by this user's gpudask processes on this host
-    (``flock`` in the state directory).  Yields True when held; False (after one warning) when
-    the state directory is unusable or the lock stays taken ``timeout`` s: go on unlocked."""
+    """Hold the exclusive lock ``name`` of this user's gpudask processes on this host (``flock``
+    in the state directory): True when held; False, after a warning, when the state directory
+    is unusable or the lock stays taken ``timeout`` s (go on unlocked)."""
     import fcntl
 
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]

@@ -1,11 +1,8 @@
-"""Schema checks remembered across this user's gpudask processes on one host.
-
-A launch validates the same data in several processes, and again at the next launch; the
-checks are quick, importing ``jsonschema`` is not (about 30 ms before the scheduler listens:
-docs/benchmarks.md).  Data that passed a schema is remembered by a digest of gpudask's
-version, :data:`RULES`, the schema and the data (msgpack bytes) in ``validated.json`` of the
-private state directory; anything else is validated, what fails is never remembered, and
-where the state directory cannot be used nothing is.
+"""Schema checks remembered across this user's gpudask processes on one host: importing
+``jsonschema`` costs about 30 ms before the scheduler listens (docs/benchmarks.md), and a
+launch validates the same data in several processes.  Data that passed is remembered by a
+digest of gpudask's version, :data:`RULES`, the schema and the data in ``validated.json`` of
+the private state directory; what fails is never remembered.
 """
 
 from __future__ import annotations
@@ -65,7 +62,7 @@ def remember(key: str | None) -> None:
 
 
 def _remembered() -> list[str]:
-    """The digests remembered on this host, read once per process (the process state)."""
+    """The digests remembered on this host, read once per process."""
     state = session.current()
     if state.validated is None:
         state.validated = _read()

@@ -1,9 +1,5 @@
-"""The plan stage: what every process of a host gets, and why (docs/architecture.md).
-
-:class:`ProcessPlan` and :class:`Reason` (:mod:`~gpudask.plan.model`), :class:`HostPlan` and its
-file format (:mod:`~gpudask.plan.host_plan`), :class:`PlanInputs`, :class:`PlanContext` (the
-frozen snapshot of a plan's inputs) and :func:`build_plan` (:mod:`~gpudask.plan.planner`, the
-fixed order of the plan hooks).  Pure: building a plan never changes the process.
+"""The plan stage: what every process of a host gets, and why (docs/architecture.md).  Pure:
+building a plan (:func:`build_plan`) never changes the process.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""What the apply stage holds for this process, asked from below it without importing it: the
-role whose plan this process applied (:func:`gpudask.pluginapi.applied_role`) and the plan
-context of its session (the ``/gpudask`` page).  The apply stage registers its answers here
-when imported; where nothing was applied the answers are None.
+"""What the apply stage holds for this process, asked from below it without importing it (it
+registers its answers here when imported; None where nothing was applied).
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ def set_role_source(source: Callable[[], str | None] | None) -> None:
 
 
 def applied_role() -> str | None:
-    """The role whose plan this process applied (``"scheduler"``, ``"nanny"``, ``"worker"``,
-    ``"client"``), or None.  A scheduler or nanny inside a client's process (a LocalCluster)
-    runs with the client's plan: an apply hook checking "this process" asks this first."""
+    """The role whose plan this process applied, or None.  A scheduler or nanny inside a
+    client's process (a LocalCluster) runs with the client's plan."""
     return _SOURCE() if _SOURCE is not None else None
 
 
@@ -36,6 +33,5 @@ def set_context_source(source: Callable[[], PlanContext | None] | None) -> None:
 
 
 def session_context() -> PlanContext | None:
-    """The plan context of this process's gpudask session -- the plan it applied, else the
-    last plan-only session -- or None when it has none."""
+    """The plan context of the plan this process applied, else of its last plan-only session, or None."""
     return _CONTEXT() if _CONTEXT is not None else None

@@ -1,12 +1,11 @@
-"""What a plan hook can read: :class:`PlanContext`, the one frozen snapshot of a plan's inputs
-(facts, typed settings, protocol, number of workers, the user's own environment and dask
-config), captured once per plan: nothing done to ``os.environ`` or ``dask.config`` afterwards
-changes what the plan was built from.  Only the warnings list grows.
+"""What a plan hook can read: :class:`PlanContext`, one frozen snapshot of a plan's inputs,
+captured once per plan (later changes to ``os.environ`` or ``dask.config`` do not reach it).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -35,15 +34,13 @@ class PlanContext:
     user_interface: str | None = None  # `dask worker --interface` given by the user
     # the plugin manager the plan was built with (apply hooks of the same process use it)
     manager: Any = field(default=None, repr=False, compare=False)
-    # the role of the process planning, or None (gpudask info, a check): a worker planning for
-    # itself leaves host-wide work (UCX's view of the user's UCX_* variables) to the others
+    # the role of the process planning, or None (gpudask info, a check): a worker planning
+    # for itself leaves host-wide work to the others
     planner: str | None = None
-    # every process's plan, in the planner's order, for reading their earlier steps' decisions
-    # (ProcessPlan; typed Any: gpudask.plan.model refers to this module)
+    # every process's plan (ProcessPlan), in the planner's order
     plans: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # a snapshot: later changes to os.environ / dask.config do not reach the plan
         object.__setattr__(self, "user_env", MappingProxyType(dict(self.user_env)))
         object.__setattr__(self, "user_config", MappingProxyType(snapshot(self.user_config)))
 
@@ -62,15 +59,11 @@ class PlanContext:
     def setting(self, key: str) -> Setting | None:
         """The typed value of option ``key`` with its source (``.value``, ``.source``,
         ``.explicit``), or None when no loaded plugin declares ``key``."""
-        try:
-            return self.settings.get(key)
-        except KeyError:
-            return None
+        return self.settings.get(key) if key in self.settings.options else None
 
     def require(self, key: str) -> Setting:
-        """Like :meth:`setting`, for an option the calling plugin needs: raises
-        :class:`~gpudask.errors.GpudaskError`, in one line naming ``key``, when no loaded
-        plugin declares it (a typo, or the declaring plugin disabled)."""
+        """Like :meth:`setting`, but :class:`~gpudask.errors.GpudaskError` (one line naming
+        ``key``) when no loaded plugin declares it (a typo, or its plugin disabled)."""
         try:
             return self.settings.get(key)
         except KeyError:
@@ -101,10 +94,8 @@ _ATOMS = (str, int, float, bool, bytes, type(None))
 
 
 def snapshot(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of a dask config: its dicts and lists copied, its plain values shared, any
-    other value deep-copied (kept as it is where it cannot be: a lock, an SSL context).  Not
-    ``copy.deepcopy`` of the whole: a process takes several snapshots as it starts, and deepcopy's
-    memo bookkeeping made them 7 ms of a worker command's start."""
+    """A deep copy of a dask config, its plain values shared, others deep-copied where they can
+    be (a lock cannot).  Not ``copy.deepcopy`` of the whole: its memo cost 7 ms of a start."""
     return {k: _copied(v) for k, v in config.items()}
 
 
@@ -123,13 +114,8 @@ def _copied(value: Any) -> Any:
         return value
 
 
-_DEFAULTS: dict[str, Any] | None = None
-
-
+@functools.lru_cache(maxsize=1)
 def _dask_defaults() -> dict[str, Any]:
-    global _DEFAULTS
-    if _DEFAULTS is None:
-        from gpudask.config_files import dask_defaults
+    from gpudask.config_files import dask_defaults
 
-        _DEFAULTS = dask_defaults()
-    return _DEFAULTS
+    return dask_defaults()

@@ -1,7 +1,6 @@
-"""Which GPU a process of the plan uses, and which workers share it, read from the plan
-(``plan.gpu`` / ``plan.gpu_index``, set by whichever plugin pins GPUs): a worker the plan gives
-no GPU uses CUDA device 0; a client and a scheduler the first visible GPU.  Meaningful once
-``gpudask_plan_process`` has run for every process.  Re-exported by :mod:`gpudask.pluginapi`.
+"""Which GPU a process of the plan uses, and which workers share it, read from ``plan.gpu`` /
+``plan.gpu_index`` (set by whichever plugin pins GPUs; meaningful once ``gpudask_plan_process``
+has run for every process).  Re-exported by :mod:`gpudask.pluginapi`.
 """
 
 from __future__ import annotations
@@ -37,8 +36,8 @@ def process_gpu(ctx: PlanContext, plan: ProcessPlan) -> tuple[GPU | None, str]:
 
 
 def workers_sharing_gpu(ctx: PlanContext, plan: ProcessPlan) -> list[int]:
-    """Numbers of this host's workers that use the GPU ``plan``'s process uses (the same GPU
-    or MIG instance; every worker for an unpinned one: all use CUDA device 0); [] without a GPU."""
+    """Numbers of this host's workers using the GPU (or MIG instance) ``plan``'s process uses:
+    every worker for an unpinned one (all use CUDA device 0); [] without a GPU."""
     gpu, _ = process_gpu(ctx, plan)
     if gpu is None:
         return []

@@ -1,11 +1,9 @@
 """The plan of one host, and its file format (``to_json`` / ``from_json``).
 
 A :class:`HostPlan` is what ``gpudask info`` prints and what a planning process hands its
-worker processes in a file, the only thing that crosses to them: it holds what the planning
-process resolved (its settings with their sources), so a worker bootstraps nothing.  The file
-crosses processes, so :func:`parse_document` trusts nothing in it: a JSON object of
-:data:`FORMAT`, at most :data:`MAX_PLAN_BYTES`, every field of the expected type, or one line
-(:class:`PlanFileError`).  Format 1::
+worker processes in a file, with its resolved settings, so a worker bootstraps nothing.
+:func:`parse_document` trusts nothing in the file: every field of the expected type, or one
+line (:class:`PlanFileError`).  Format 1::
 
     {"format": 1, "facts": {...schema 2...}, "facts_origin": "probed" | path,
      "protocol": "ucx", "nworkers": 2, "plugins": [{"name": ..., ...}], "warnings": [str],
@@ -13,18 +11,19 @@ crosses processes, so :func:`parse_document` trusts nothing in it: a JSON object
      "user_values": {"env": {name: str | null}, "config": {key: value}},
      "settings": {key: {"value": ..., "source": str}}, "facts_digest": "sha256 hex"}
 
-``facts_digest`` (:func:`facts_digest`): a reader whose facts have that digest does not run the
-facts schema again; any other facts are validated in full.
+A reader whose facts have the ``facts_digest`` does not run the facts schema again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpudask.config import shown
+from gpudask.config_files import kind
 from gpudask.errors import FactsError, GpudaskError
 from gpudask.plan.model import ROLES, ProcessPlan
 
@@ -44,8 +43,8 @@ class PlanFileError(GpudaskError):
 
 @dataclass(frozen=True)
 class UserValues:
-    """The user's own value of every environment variable and dask config key any process
-    of a plan sets (None: not set), put back by a worker process before it applies its part."""
+    """The user's own value (None: not set) of every variable and dask config key any process
+    of a plan sets, put back by a worker process before it applies its part."""
 
     env: Mapping[str, str | None] = field(default_factory=dict)
     config: Mapping[str, Any] = field(default_factory=dict)
@@ -113,8 +112,7 @@ class HostPlan:
         }
 
     def to_json(self) -> str:
-        """The host plan file (format :data:`FORMAT`); :meth:`from_json` reads it back.  A
-        user's config value JSON cannot hold (an object) is written as its ``str``."""
+        """The host plan file (a config value JSON cannot hold is written as its ``str``)."""
         data = self.to_dict()
         return json.dumps({"format": FORMAT, **data, "user_values": self.user_values.to_dict(),
                            "settings": self.ctx.settings.resolved(), "facts_digest": facts_digest(data["facts"])},
@@ -137,6 +135,21 @@ class HostPlan:
                    list(doc.warnings), doc.user_values, ctx=ctx)
 
 
+def _list_of(kind: type) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, list) and all(isinstance(v, kind) for v in value)
+
+
+# the plain keys of a host plan file, checked in this order: (test, what is accepted)
+_TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "protocol": (lambda value: isinstance(value, str), "a string"),
+    "nworkers": (lambda value: type(value) is int and value >= 1, "an integer >= 1"),
+    "facts_origin": (lambda value: isinstance(value, str), "a string"),
+    "plugins": (_list_of(dict), "a list of objects"),
+    "warnings": (_list_of(str), "a list of strings"),
+    "workers": (_list_of(dict), "a list of objects"),
+}
+
+
 def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
     """Validate a host plan file and parse its parts.
 
@@ -149,19 +162,15 @@ def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
         at = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
         raise PlanFileError(f"{where}: not valid JSON{at}; {_ACCEPTED}") from None
     if not isinstance(doc, dict):
-        raise PlanFileError(f"{where}: the top level is {_kind(doc)}; {_ACCEPTED}, a JSON object")
+        raise PlanFileError(f"{where}: the top level is {kind(doc)}; {_ACCEPTED}, a JSON object")
     version = doc.get("format")
     if version != FORMAT or isinstance(version, bool):
         said = "has no 'format'" if "format" not in doc else f"has format {_shown(version)}"
         raise PlanFileError(f"{where}: {said}, which this gpudask does not read; {_ACCEPTED} (a planning "
                             "process and its workers must run the same gpudask)")
-    _expect(doc, "protocol", str, "a string", where)
-    if not isinstance(doc.get("nworkers"), int) or isinstance(doc["nworkers"], bool) or doc["nworkers"] < 1:
-        raise _wrong(where, "nworkers", doc.get("nworkers"), "an integer >= 1")
-    _expect(doc, "facts_origin", str, "a string", where)
-    _expect_list(doc, "plugins", dict, "a list of objects", where)
-    _expect_list(doc, "warnings", str, "a list of strings", where)
-    _expect_list(doc, "workers", dict, "a list of objects", where)
+    for key, (ok, accepted) in _TOP_LEVEL.items():
+        if not ok(doc.get(key)):
+            raise _wrong(where, key, doc.get(key), accepted)
     if len(doc["workers"]) != doc["nworkers"]:
         raise PlanFileError(f"{where}: key 'workers' holds {len(doc['workers'])} plans for nworkers "
                             f"{doc['nworkers']}; accepted: one plan per worker")
@@ -235,28 +244,9 @@ def _user_values(data: Any, where: str) -> UserValues:
     return UserValues(dict(data["env"]), dict(data["config"]))
 
 
-def _expect(doc: dict[str, Any], key: str, kind: type, accepted: str, where: str) -> None:
-    if not isinstance(doc.get(key), kind):
-        raise _wrong(where, key, doc.get(key), accepted)
-
-
-def _expect_list(doc: dict[str, Any], key: str, kind: type, accepted: str, where: str) -> None:
-    value = doc.get(key)
-    if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
-        raise _wrong(where, key, value, accepted)
-
-
 def _wrong(where: str, key: str, value: Any, accepted: str) -> PlanFileError:
     return PlanFileError(f"{where}: key '{key}' is {_shown(value)}; accepted: {accepted}")
 
 
-def _kind(value: Any) -> str:
-    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
-        type(value), "null" if value is None else type(value).__name__)
-
-
 def _shown(value: Any) -> str:
-    if value is None:
-        return "missing (or null)"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return "missing (or null)" if value is None else shown(value)

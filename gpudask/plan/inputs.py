@@ -1,5 +1,4 @@
-"""What a plan is computed from: :class:`PlanInputs`, made once per process by the bootstrap
-(:mod:`gpudask.bootstrap`) and only read by the plan stage."""
+"""What a plan is computed from, made once per process by :mod:`gpudask.bootstrap`."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PlanInputs:
-    """The facts, the typed settings, the plugins and the user's own environment and dask
-    config (gpudask's changes in this process taken out) that plans are built from."""
+    """Facts, typed settings, plugins and the user's own environment and dask config
+    (gpudask's changes taken out)."""
 
     facts: Facts
     settings: Settings

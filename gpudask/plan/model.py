@@ -1,6 +1,5 @@
-"""What gpudask decided, per process, and why: a :class:`ProcessPlan` is filled by the plan
-hooks through its ``set_*`` / ``add_*`` methods, each recording a :class:`Reason` naming the
-plugin that decided.  Plain data: printed, applied and published as it is.
+"""What gpudask decided, per process, and why: the plan hooks fill a :class:`ProcessPlan`
+through its ``set_*`` / ``add_*`` methods, each recording a :class:`Reason` naming the plugin.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from typing import Any
 
 from gpudask.errors import GpudaskError
 from gpudask.plaindata import plain, text
+from gpudask.plan.context import snapshot
 from gpudask.plan.values import check_env, check_value
 
 ROLES = ("scheduler", "nanny", "client", "worker")
@@ -159,23 +159,9 @@ class ProcessPlan:
             self.note(f"no UCX transport {name}", why)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "index": self.index,
-            "gpu": self.gpu,
-            "gpu_index": self.gpu_index,
-            "cuda_visible_devices": self.cuda_visible_devices,
-            "env": dict(self.env),
-            "config": dict(self.config),
-            "interface": self.interface,
-            "cpu_affinity": self.cpu_affinity,
-            "sections": {name: dict(values) for name, values in self.sections.items()},
-            "requests": {owner: {k: dict(v) for k, v in asked.items()} for owner, asked in self.requests.items()},
-            "multiprocessing_method": self.multiprocessing_method,
-            "resources": dict(self.resources),
-            "ucx_transports": list(self.ucx_transports),
-            "reasons": [r.to_dict() for r in self.reasons],
-        }
+        """A copy of the published fields (:class:`~gpudask.plan.published.PublishedPlan`)."""
+        published = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr and f.name != "reasons"}
+        return {**snapshot(published), "reasons": [r.to_dict() for r in self.reasons]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ProcessPlan:

@@ -1,8 +1,6 @@
-"""plan inputs (facts, settings, plugins, the user's view) -> HostPlan.  Pure.
-
-The steps, each for every process of the host: ``gpudask_validate`` once,
-``gpudask_plan_process``, ``gpudask_select_transport``, UCX_TLS composed from the plugins'
-contributions, ``gpudask_plan_memory``, ``gpudask_plan_finish``, then the user's explicit
+"""plan inputs -> HostPlan, pure: ``gpudask_validate`` once, then for every process of the
+host ``gpudask_plan_process``, ``gpudask_select_transport``, UCX_TLS composed from the plugins'
+contributions, ``gpudask_plan_memory``, ``gpudask_plan_finish``; last the user's explicit
 environment and ``--interface`` win over what was detected.
 """
 
@@ -23,8 +21,7 @@ if TYPE_CHECKING:
 # gpudask's own bookkeeping variables travel to child processes but are not decisions
 INTERNAL_ENV_PREFIX = "GPUDASK_"
 
-# A plan hook call at least this long is warned about (plugin, hook, seconds).  Plan hooks
-# are plain Python calls in the planning process: nothing can stop one that is slow.
+# a plan hook call at least this long is warned about (nothing can stop a slow one)
 SLOW_PLAN_HOOK_S = 1.0
 PLAN_HOOKS = ("gpudask_validate", "gpudask_plan_process", "gpudask_select_transport", "gpudask_plan_memory",
               "gpudask_plan_finish")
@@ -44,9 +41,8 @@ def check_nworkers(nworkers: Any, name: str = "nworkers") -> None:
 
 def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None = None,
                user_interface: str | None = None, planner: str | None = None) -> HostPlan:
-    """The plan for every process on the host of ``inputs``; never changes the process.
-    ``user_interface``: a ``dask worker --interface`` the user gave (it wins for workers);
-    ``planner``: the role of the process planning (:attr:`PlanContext.planner`).
+    """The plan for every process on the host of ``inputs``.  ``user_interface``: a ``dask worker
+    --interface`` the user gave; ``planner``: :attr:`PlanContext.planner`.
 
     :raises ConfigError: a protocol distributed does not know (one line)."""
     check_protocol(protocol)
@@ -62,7 +58,6 @@ def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None =
 
         # the names this host's UCX offers, as the plugin that probes UCX says (gpudask_ucx_offered)
         check_user_tls(ctx.user_env.get("UCX_TLS"), manager.ucx_offered(facts))
-    # each hook is called once per process of the host, in the planning process only
     plans = [ProcessPlan("scheduler"), ProcessPlan("nanny"), ProcessPlan("client")]
     plans += [ProcessPlan("worker", index=i) for i in range(nworkers)]
     ctx.plans.extend(plans)
@@ -78,8 +73,8 @@ def build_plan(inputs: PlanInputs, protocol: str = "tcp", nworkers: int | None =
 
 
 def check_protocol(protocol: str) -> None:
-    """A protocol distributed knows (its own, the ones packages register, and ucx/ucxx, whose
-    package the transport plugins name when it is missing)."""
+    """A protocol distributed knows (its own, those packages register, and ucx/ucxx, whose
+    missing package the transport plugins name)."""
     import importlib.metadata
 
     from distributed.comm.registry import backends
@@ -165,9 +160,8 @@ def _explicit_env_wins(ctx: PlanContext, plan: ProcessPlan) -> None:
             plan.env[name] = user
             plan.note(f"{name}={user}", f"set in the environment (explicit settings win; detection chose {planned})")
             continue
-        # distributed-ucxx.environment.<name> is the user's UCX_<NAME>, given through dask config;
-        # an exported UCX_* beats it (distributed-ucxx prefers the environment), so gpudask
-        # exports none of its own there
+        # distributed-ucxx.environment.<name> is the user's UCX_<NAME>; an exported UCX_* would
+        # beat it (distributed-ucxx prefers the environment), so gpudask exports none there
         configured = _ucxx_environment(ctx).get(name)
         if user is None and configured is not None and name.startswith("UCX_"):
             planned = plan.env.pop(name)

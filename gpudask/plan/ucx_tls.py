@@ -1,9 +1,5 @@
-"""What a ``UCX_TLS`` value means: UCX's syntax and aliases, and distributed-ucxx's reading of it.
-
-The one parser (:func:`parse_ucx_tls`) and what a value lets UCX use (:func:`tls_enables`), so
-every plugin reads a user's value the same way; the core checks a user's value with
-:func:`check_user_tls`.  Which transports to choose is the plugins'.  Re-exported by
-:mod:`gpudask.pluginapi`.
+"""What a ``UCX_TLS`` value means, in UCX's syntax and aliases and to distributed-ucxx, so every
+plugin reads a user's value the same way.  Re-exported by :mod:`gpudask.pluginapi`.
 """
 
 from __future__ import annotations
@@ -65,12 +61,9 @@ UCX_TLS_NAMES = frozenset({
 
 
 def check_user_tls(value: str | None, host_transports: list[str] | None) -> None:
-    """Refuse, in one line, a UCX_TLS that UCX cannot start with: set but empty (UCX then
-    has no transport: ``UCXXNoElemError``), or naming transports neither UCX's aliases nor
-    this host's UCX (``host_transports``: what the plugins say it offers, when known) have.
-
-    :raises ConfigError:
-    """
+    """:raises ConfigError: one line for a UCX_TLS UCX cannot start with: set but empty
+    (``UCXXNoElemError``), or naming transports neither UCX's names nor ``host_transports``
+    (what the plugins say this host's UCX offers, when known) have."""
     from gpudask.errors import ConfigError
 
     if value is None:

@@ -1,7 +1,6 @@
 """What a plugin may put into a plan or publish, checked in the hook that made it: a value
-msgpack cannot carry (an integer of 2**64 or more), JSON has no word for (NaN) or a process
-cannot take (an environment variable with ``=`` or NUL in its name) is refused with one line
-naming the plugin, instead of a worker that never registers.
+msgpack cannot carry, JSON has no word for (NaN) or a process cannot take (``=`` in an
+environment variable's name) is refused with one line, instead of a worker that never registers.
 """
 
 from __future__ import annotations
@@ -11,9 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpudask.errors import GpudaskError
+from gpudask.plaindata import MAX_DEPTH, MAX_INT
 
-MAX_INT = 2**63 - 1  # msgpack and every JSON reader in between carry this much
-MAX_DEPTH = 32
 MAX_ENV_BYTES = 128 * 1024  # Linux's limit on one environment string (MAX_ARG_STRLEN)
 
 
