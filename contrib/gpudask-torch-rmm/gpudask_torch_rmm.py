@@ -10,7 +10,6 @@ and rmm are imported only inside the worker-side hook.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -109,8 +108,6 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
         return _default(why)
     if ctx.facts.described:
         return _default(f"host described by {ctx.facts.origin}: no real GPU here, PyTorch left alone")
-    if importlib.util.find_spec("torch") is None:
-        return _default("torch cannot be imported in this worker")
     try:
         import torch
         from rmm.allocators.torch import rmm_torch_allocator

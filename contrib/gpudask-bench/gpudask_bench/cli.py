@@ -23,8 +23,8 @@ from gpudask.testing import processes
 from gpudask_bench import raw_ucxx
 from gpudask_bench.configs import (CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, Spec, build_spec, detect_host,
                                    parse_config_env, versions)
-from gpudask_bench.report import add_ratios, add_raw_shares, render_table
-from gpudask_bench.runner import Interrupted, Runner, finish
+from gpudask_bench.report import add_ratios, add_raw_shares, finish, render_table
+from gpudask_bench.runner import Interrupted, Runner
 
 
 def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float | None, log_dir: str | None,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from typing import Any, Callable
@@ -19,8 +18,8 @@ from gpudask.testing import processes
 from gpudask_bench.cluster import read_lines
 from gpudask_bench.configs import Host, Options, base_env, has_module
 from gpudask_bench.measures import proto_info
-from gpudask_bench.report import HIGHER, LOWER, brief, figure, finish, size_label
-from gpudask_bench.runner import Interrupted
+from gpudask_bench.report import brief, finish, size_label, timed_pair
+from gpudask_bench.runner import Interrupted, keep_logs
 
 NAME = "raw-ucxx"
 # run by path through runpy: ``python .../ucxx_peer.py`` would put gpudask_bench/ first on
@@ -210,12 +209,10 @@ class RawRunner:
 
     def _figures(self, info: dict[str, Any]) -> None:
         for row in info["sizes"]:
-            label = size_label(row["nbytes"])
-            t_fig = self.figures[f"transfer_{label}_s"] = figure(f"transfer {label} (end to end)", "s", LOWER)
-            bw_fig = self.figures[f"transfer_{label}_GBps"] = figure(f"transfer {label} (bandwidth)", "GB/s", HIGHER)
-            t_fig["runs"], t_fig["warmup"] = list(row["runs"]), list(row["warmup"])
-            bw_fig["runs"] = [row["nbytes"] / t / 1e9 for t in row["runs"]]
-            bw_fig["warmup"] = [row["nbytes"] / t / 1e9 for t in row["warmup"]]
+            nbytes, label = row["nbytes"], size_label(row["nbytes"])
+            t_fig, bw_fig = timed_pair(self.figures, "transfer", nbytes, "end to end", "bandwidth")
+            for key in ("warmup", "runs"):
+                t_fig[key], bw_fig[key] = list(row[key]), [nbytes / t / 1e9 for t in row[key]]
             t_fig["note"] = row.get("note")
             # one buffer sent and received is also the ceiling of a pull of that size
             for kind, fig in (("s", t_fig), ("GBps", bw_fig)):
@@ -243,10 +240,4 @@ class RawRunner:
             survivors = processes.stop(self.popens, grace=1.0)
             if survivors:
                 self.notes.append(f"processes that survived SIGKILL: {survivors}")
-        if self.log_dir:
-            dest = os.path.join(self.log_dir, NAME)
-            os.makedirs(dest, exist_ok=True)
-            for name in ("peer-a.log", "peer-b.log"):
-                path = os.path.join(self.workdir, name)
-                if os.path.exists(path):
-                    shutil.copy(path, dest)
+        keep_logs(self.log_dir, [os.path.join(self.workdir, f"peer-{x}.log") for x in "ab"], NAME)

@@ -22,6 +22,15 @@ def figure(label: str, unit: str, better: str) -> dict[str, Any]:
             "median": None, "note": None}
 
 
+def timed_pair(figures: dict[str, Any], what: str, nbytes: int, t_what: str,
+               bw_what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The figures ``<what>_<size>_s`` and ``<what>_<size>_GBps``, added to ``figures``."""
+    label = size_label(nbytes)
+    t_fig = figures[f"{what}_{label}_s"] = figure(f"{what} {label} ({t_what})", "s", LOWER)
+    bw_fig = figures[f"{what}_{label}_GBps"] = figure(f"{what} {label} ({bw_what})", "GB/s", HIGHER)
+    return t_fig, bw_fig
+
+
 def _best_median(fig: dict[str, Any]) -> tuple[float, float] | None:
     runs = [r for r in fig["runs"] if r is not None]
     return ((min(runs) if fig["better"] == LOWER else max(runs)), statistics.median(runs)) if runs else None

@@ -87,13 +87,10 @@ def worker_info(dask_worker=None):
     info = {"pid": os.getpid(), "gpudask_loaded": "gpudask" in sys.modules,
             "env": {k: v for k, v in sorted(os.environ.items())
                     if k.startswith("UCX_") or k in ("CUDA_VISIBLE_DEVICES", "RAPIDS_NO_INITIALIZE")}}
-    try:
-        import dask
+    import dask
 
-        cfg = dask.config.get("distributed-ucxx", default=None)
-        info["distributed_ucxx"] = {k: v for k, v in (cfg or {}).items() if k != "version"} or None
-    except Exception as e:  # pragma: no cover - reported, never fatal
-        info["distributed_ucxx"] = f"error: {e}"
+    cfg = dask.config.get("distributed-ucxx", default=None) or {}
+    info["distributed_ucxx"] = {k: v for k, v in cfg.items() if k != "version"} or None
     mod = sys.modules.get("distributed_ucxx.ucxx")
     ucxx = getattr(mod, "ucxx", None) if mod is not None else None
     if ucxx is not None:
