@@ -95,16 +95,12 @@ class Cluster:
         import psutil
 
         roles: dict[int, str] = {}
-        for p in self.popens:
+        for i, p in enumerate(self.popens):
             try:
-                for c in psutil.Process(p.pid).children(recursive=True):
-                    roles[c.pid] = "helper"
+                roles.update((c.pid, "helper") for c in psutil.Process(p.pid).children(recursive=True))
             except psutil.Error:
                 pass
-        for i, p in enumerate(self.popens):
             roles[p.pid] = "nanny" if i else "scheduler"
-        for pid in self.nanny_pids.values():
-            roles[pid] = "nanny"
-        for pid in self.worker_pids.values():
-            roles[pid] = "worker"
+        roles.update((pid, "nanny") for pid in self.nanny_pids.values())
+        roles.update((pid, "worker") for pid in self.worker_pids.values())
         return roles

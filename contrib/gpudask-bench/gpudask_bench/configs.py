@@ -17,10 +17,10 @@ MiB = 2**20
 FULL_SIZES = ((10**6, 64 * 10**6, 10**9), 20000, 2000)
 SMALL_SIZES = ((10**6, 8 * 10**6, 64 * 10**6), 4000, 500)
 
-# environment variables of gpudask's own bookkeeping between its processes: never
-# inherited by the clusters the bench starts
-_GPUDASK_INTERNAL_ENV = ("GPUDASK_PROTOCOL", "GPUDASK_NWORKERS", "GPUDASK_GROUP", "GPUDASK_SHADOWED",
-                         "GPUDASK_PROBED_FACTS", "GPUDASK_WORKER_INDEX")
+# gpudask's bookkeeping between its processes (docs/configuration.md), and the per-process
+# variables: never inherited by the clusters the bench starts
+_GPUDASK_INTERNAL_ENV = ("GPUDASK_HOST_PLAN", "GPUDASK_GROUP", "GPUDASK_WARNED", "GPUDASK_PROBED_FACTS",
+                         "GPUDASK_WORKER_INDEX")
 
 _PROFILE_LOG_FORMAT = "%(asctime)s - %(process)d - %(name)s - %(levelname)s - %(message)s"
 

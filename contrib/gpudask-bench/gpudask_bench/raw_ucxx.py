@@ -19,7 +19,7 @@ from gpudask_bench.cluster import read_lines
 from gpudask_bench.configs import Host, Options, base_env, has_module
 from gpudask_bench.measures import proto_info
 from gpudask_bench.report import brief, finish, size_label, timed_pair
-from gpudask_bench.runner import Interrupted, keep_logs
+from gpudask_bench.runner import keep_logs
 
 NAME = "raw-ucxx"
 # run by path through runpy: ``python .../ucxx_peer.py`` would put gpudask_bench/ first on
@@ -146,8 +146,6 @@ class RawRunner:
     def run(self) -> dict[str, Any]:
         try:
             self._run()
-        except Interrupted:
-            raise
         except Exception as e:
             self.result["status"] = "failed" if not any(f["runs"] for f in self.figures.values()) else "partial"
             self.notes.append(f"{type(e).__name__}: {e}")

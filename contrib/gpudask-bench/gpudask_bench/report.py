@@ -60,13 +60,9 @@ def num(v: float | None) -> str:
         return "-"
     if v == 0:
         return "0"
-    a = abs(v)
-    if a >= 100:
-        return f"{v:.0f}"
-    if a >= 10:
-        return f"{v:.1f}"
-    if a >= 1:
-        return f"{v:.2f}"
+    for at_least, digits in ((100, ".0f"), (10, ".1f"), (1, ".2f")):
+        if abs(v) >= at_least:
+            return f"{v:{digits}}"
     return f"{v:.3g}"
 
 

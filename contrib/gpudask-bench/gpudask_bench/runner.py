@@ -21,8 +21,9 @@ class TimeBox(Exception):
     """The configuration's share of --max-seconds is spent."""
 
 
-class Interrupted(Exception):
-    """SIGTERM / SIGINT: stop measuring, tear down, report what was measured."""
+class Interrupted(BaseException):
+    """SIGTERM / SIGINT: stop measuring, tear down, report what was measured.  Not an
+    ``Exception`` (as KeyboardInterrupt), so that no ``except Exception`` takes it for a failure."""
 
 
 def keep_logs(log_dir: str | None, paths: list[str], *where: str) -> None:
@@ -110,8 +111,6 @@ class Runner:
                     try:
                         if self.opts.workloads:
                             self._workloads(cluster)
-                    except (Interrupted, TimeBox):
-                        raise
                     except Exception as e:
                         self._failed("workloads", e)
             finally:
@@ -147,9 +146,9 @@ class Runner:
             cluster.start(min(self.opts.launch_timeout, max(20.0, self.left())))
             self.launches += 1
             return cluster
-        except Exception as e:
+        except BaseException as e:
             self._stop(cluster, i)
-            if isinstance(e, Interrupted):
+            if not isinstance(e, Exception):
                 raise
             self.result["status"] = "failed" if i == 0 else "partial"
             label = f"launch {i + 1}" if isinstance(i, int) else f"the {i} launch"
@@ -187,8 +186,6 @@ class Runner:
                 self._loop(fig, once, estimate=30.0)
         except TimeBox:
             self.notes.append("time box: no spill run")
-        except Interrupted:
-            raise
         except Exception as e:  # e.g. CUDA out of memory: the workers did not spill
             self._failed("spill", e)
         finally:
@@ -226,8 +223,6 @@ class Runner:
                 self.notes.append(f"time box: skipped {skipped}")
                 self.echo(f"[{self.spec.name}] time box: skipped {skipped}")
                 break
-            except Interrupted:
-                raise
             except Exception as e:
                 self._failed(label, e)
         mem_end = gpu_memory(cluster, self.host)

@@ -1,9 +1,7 @@
 """The spill workload: a CuPy working set larger than the workers' device memory limit.
 
-:func:`spill_figure` runs on gpudask and dask-cuda workers alike, so one function measures both
-sides of the ``spill`` figure (docs/benchmarks.md).  The functions that run on workers are sent
-as detached copies (no importable module), so that stock and dask-cuda workers never import
-gpudask; nothing here imports CuPy, NVML or distributed at module level.
+:func:`spill_figure` measures both sides of the ``spill`` figure (docs/benchmarks.md), on gpudask
+and dask-cuda workers alike: what runs on workers is sent detached (they never import gpudask).
 """
 
 from __future__ import annotations
@@ -12,9 +10,9 @@ import math
 import time
 from typing import Any
 
+from gpudask_bench.configs import MiB
 from gpudask_bench.workers import detached
 
-MiB = 2**20
 FILL_VALUES = 7  # chunk i holds the value i % 7 + 1: the exact total is known in advance
 
 

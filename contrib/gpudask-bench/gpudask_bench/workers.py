@@ -1,9 +1,5 @@
-"""Functions that run on the workers of a benchmarked cluster.
-
-Written as ordinary functions and sent as detached copies (module ``"__main__"``, no
-module globals) so that cloudpickle ships them by value: stock workers never import
-gpudask, which would make them not stock.
-"""
+"""Functions that run on the workers of a benchmarked cluster, sent as :func:`detached` copies
+(no module globals) that cloudpickle ships by value: stock workers never import gpudask."""
 
 from __future__ import annotations
 
