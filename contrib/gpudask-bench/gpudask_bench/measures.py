@@ -19,23 +19,28 @@ GPUDASK_LOGGER = "distributed.gpudask"
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - (?:(\d+) - )?([\w.]+) - (\w+) - (.*)$")
 
 
+def nvml_processes(nvml: Any) -> list[dict[str, Any]] | None:
+    """Compute processes on every GPU, from an open NVML session (or None): pid, GPU index,
+    used MiB.  None when NVML cannot say."""
+    count = nvml.call("nvmlDeviceGetCount") if nvml else None
+    if count is None:
+        return None
+    out = []
+    for i in range(count):
+        h = nvml.call("nvmlDeviceGetHandleByIndex", i)
+        listed = None if h is None else nvml.call("nvmlDeviceGetComputeRunningProcesses", h)
+        if listed is None:
+            return None
+        out += [{"pid": int(p.pid), "gpu": i, "MiB": None if p.usedGpuMemory is None else p.usedGpuMemory / MiB}
+                for p in listed]
+    return out
+
+
 def _nvml_processes() -> list[dict[str, Any]] | None:
-    """Compute processes on every GPU: pid, GPU index, used MiB.  None without NVML."""
     from gpudask.pluginapi import nvml_session
 
     with nvml_session() as nvml:
-        count = nvml.call("nvmlDeviceGetCount") if nvml else None
-        if count is None:
-            return None
-        out = []
-        for i in range(count):
-            h = nvml.call("nvmlDeviceGetHandleByIndex", i)
-            listed = None if h is None else nvml.call("nvmlDeviceGetComputeRunningProcesses", h)
-            if listed is None:
-                return None
-            out += [{"pid": int(p.pid), "gpu": i, "MiB": None if p.usedGpuMemory is None else p.usedGpuMemory / MiB}
-                    for p in listed]
-        return out
+        return nvml_processes(nvml)
 
 
 def _proc_start_epoch(pid: int) -> float | None:

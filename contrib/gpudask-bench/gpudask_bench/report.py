@@ -122,9 +122,7 @@ def render_table(report: dict[str, Any]) -> str:
              f"{s['nworkers']} workers x {s['nthreads']} thread(s), backend {s['backend']}, repeat {s['repeat']}"
              + (", quick" if s["quick"] else "") + (f", max {s['max_seconds']:.0f} s" if s.get("max_seconds") else ""),
              "cells: best / median (median relative to the first configuration)", ""]
-    names = [r["name"] for r in results]
     keys = list(dict.fromkeys(k for r in results for k in r.get("figures") or {}))  # first seen first
-    headers = ["figure", "unit", *names]
     rows = []
     for k in keys:
         label = unit = None
@@ -149,16 +147,14 @@ def render_table(report: dict[str, Any]) -> str:
                                          for r in results]])
     from gpudask.cli.report import table
 
-    lines.append(table(headers, rows))
+    lines.append(table(["figure", "unit", *(r["name"] for r in results)], rows))
     notes = []
     for r in results:
-        for n in r.get("notes") or []:
-            notes.append(f"{r['name']}: {n}")
-        for key, fig in (r.get("figures") or {}).items():
-            if fig.get("note"):
-                notes.append(f"{r['name']}: {fig['label']}: {fig['note']}")
+        figs = (r.get("figures") or {}).values()
+        notes += [f"{r['name']}: {n}" for n in r.get("notes") or []]
+        notes += [f"{r['name']}: {fig['label']}: {fig['note']}" for fig in figs if fig.get("note")]
         shares = [f"{fig['label'].split()[1]} {fig['share_of_raw_median']:.0%}"
-                  for fig in (r.get("figures") or {}).values() if fig.get("share_of_raw_median") is not None]
+                  for fig in figs if fig.get("share_of_raw_median") is not None]
         if shares:
             notes.append(f"{r['name']}: bandwidth median as a share of raw-ucxx's: " + ", ".join(shares))
         mem = (r.get("gpu_memory") or {}).get("after_workloads")
