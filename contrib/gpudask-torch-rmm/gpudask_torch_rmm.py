@@ -1,11 +1,9 @@
 """gpudask plugin ``torch-rmm``: PyTorch's CUDA allocations come from RMM in dask workers.
 
-PyTorch keeps its own caching allocator, which competes with a worker's RMM pool (the ``rmm``
-plugin) for the GPU's memory: this plugin points PyTorch at RMM (``rmm_torch_allocator``) so both
-share the pool.  The plan asks the ``rmm`` plugin, through the plan, to count PyTorch among the
-pool's users and says why per worker; the worker changes the allocator right after rmm built the
-pool, before ``listen()`` and any task: it can only be changed before PyTorch allocates.  torch
-and rmm are imported only inside the worker-side hook.
+PyTorch's own caching allocator competes with a worker's RMM pool (the ``rmm`` plugin) for the
+GPU: this plugin asks rmm, through the plan, to count PyTorch among the pool's users, and points
+PyTorch at ``rmm_torch_allocator`` right after rmm built the pool, before ``listen()`` and any task
+(it can only change before PyTorch allocates).  torch and rmm are imported only in that hook.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ SMALL_SIZES = ((10**6, 8 * 10**6, 64 * 10**6), 4000, 500)
 
 # gpudask's bookkeeping between its processes (docs/configuration.md), and the per-process
 # variables: never inherited by the clusters the bench starts
-_GPUDASK_INTERNAL_ENV = ("GPUDASK_HOST_PLAN", "GPUDASK_GROUP", "GPUDASK_WARNED", "GPUDASK_PROBED_FACTS",
+GPUDASK_INTERNAL_ENV = ("GPUDASK_HOST_PLAN", "GPUDASK_GROUP", "GPUDASK_WARNED", "GPUDASK_PROBED_FACTS",
                          "GPUDASK_WORKER_INDEX")
 
 _PROFILE_LOG_FORMAT = "%(asctime)s - %(process)d - %(name)s - %(levelname)s - %(message)s"
@@ -177,7 +177,7 @@ def _build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir
 
 def base_env(host: Host, opts: Options, protocol: str) -> dict[str, str]:
     user_env = opts.user_env if opts.user_env is not None else os.environ
-    env = {k: v for k, v in user_env.items() if k not in _GPUDASK_INTERNAL_ENV}
+    env = {k: v for k, v in user_env.items() if k not in GPUDASK_INTERNAL_ENV}
     env["PYTHONUNBUFFERED"] = "1"
     env["UCX_WARN_UNUSED_ENV_VARS"] = "n"
     if protocol == "ucx" and not host.tokens:

@@ -329,11 +329,9 @@ class Runner:
                 f"dask-cuda local_cupy {op} {size}^2 chunks {chunk}", "s", LOWER)
             # local_cupy asserts that it sees a worker: never start it on a cluster that lost one
             cluster.client.wait_for_workers(self.opts.nworkers, timeout=self.timeout(30.0))
-            log = None
-            if self.log_dir:
-                os.makedirs(os.path.join(self.log_dir, self.spec.name), exist_ok=True)
-                log = os.path.join(self.log_dir, self.spec.name, f"local_cupy-{op}.txt")
+            log = os.path.join(self.workdir, f"local_cupy-{op}.txt")
             out = dc.run(cluster.sched_file, self.spec.protocol, op, size, chunk, runs, self.timeout(60.0), log=log)
+            keep_logs(self.log_dir, [log], self.spec.name)
             fig["runs"] = out["runs"]
             if out.get("error"):
                 fig["note"] = f"local_cupy {op} failed: {out['error']}"

@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="launch each worker command once its scheduler is up, timed from its own launch")
     parser.add_argument("--json", help="write the runs and figures to this file")
     args = parser.parse_args(argv)
-    env = dict(os.environ)
-    env.pop("GPUDASK_HOST_PLAN", None)
-    env.pop("GPUDASK_GROUP", None)
+    from gpudask_bench.configs import GPUDASK_INTERNAL_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in GPUDASK_INTERNAL_ENV}
     if args.facts:
         env["GPUDASK_FACTS"] = os.path.abspath(args.facts)
     load_before = os.getloadavg()

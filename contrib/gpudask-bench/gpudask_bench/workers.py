@@ -66,13 +66,9 @@ async def pull_times(addr, key, reps, backend, dask_worker=None):
 
 def incoming(key, dask_worker=None):
     """This worker's transfer_incoming_log entries that brought ``key``."""
-    out = []
-    for entry in list(dask_worker.transfer_incoming_log):
-        keys = entry.get("keys") or {}
-        if key in keys:
-            out.append({"duration": float(entry["duration"]), "total": int(entry["total"]),
-                        "bandwidth": float(entry["bandwidth"]), "who": str(entry.get("who"))})
-    return out
+    return [{"duration": float(entry["duration"]), "total": int(entry["total"]),
+             "bandwidth": float(entry["bandwidth"]), "who": str(entry.get("who"))}
+            for entry in list(dask_worker.transfer_incoming_log) if key in (entry.get("keys") or {})]
 
 
 def worker_info(dask_worker=None):
@@ -80,15 +76,14 @@ def worker_info(dask_worker=None):
     import os
     import sys
 
-    info = {"pid": os.getpid(), "gpudask_loaded": "gpudask" in sys.modules,
-            "env": {k: v for k, v in sorted(os.environ.items())
-                    if k.startswith("UCX_") or k in ("CUDA_VISIBLE_DEVICES", "RAPIDS_NO_INITIALIZE")}}
     import dask
 
     cfg = dask.config.get("distributed-ucxx", default=None) or {}
-    info["distributed_ucxx"] = {k: v for k, v in cfg.items() if k != "version"} or None
-    mod = sys.modules.get("distributed_ucxx.ucxx")
-    ucxx = getattr(mod, "ucxx", None) if mod is not None else None
+    info = {"pid": os.getpid(), "gpudask_loaded": "gpudask" in sys.modules,
+            "env": {k: v for k, v in sorted(os.environ.items())
+                    if k.startswith("UCX_") or k in ("CUDA_VISIBLE_DEVICES", "RAPIDS_NO_INITIALIZE")},
+            "distributed_ucxx": {k: v for k, v in cfg.items() if k != "version"} or None}
+    ucxx = getattr(sys.modules.get("distributed_ucxx.ucxx"), "ucxx", None)
     if ucxx is not None:
         for key, read in (("ucx_tls", lambda: ucxx.get_config().get("TLS")),
                           ("active_transports", lambda: sorted(ucxx.get_active_transports()))):
