@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -39,12 +38,8 @@ class Cluster:
         return sorted(str(path) for path in self.processes.logs.values())
 
     def log_tail(self, lines: int = 12) -> str:
-        out = []
-        for path in self.logs():
-            text = read_lines(path)
-            if text is not None:
-                out.append(f"--- {os.path.basename(path)}\n" + "\n".join(text[-lines:]))
-        return "\n".join(out)
+        return "\n".join(f"--- {label}.log\n" + "\n".join(self.processes.log(label).splitlines()[-lines:])
+                         for label in sorted(self.processes.logs))
 
     def start(self, timeout: float) -> None:
         """Launch everything, wait for all workers; ``ready_s``: how long that took."""
