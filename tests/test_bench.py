@@ -520,3 +520,34 @@ def test_no_workloads_measures_ready_time_only(tmp_path):
     (tcp,) = report["configs"]
     assert report["settings"]["workloads"] is False and tcp["status"] == "ok", tcp.get("notes")
     assert tcp["figures"]["ready_s"]["runs"] and not [k for k in tcp["figures"] if k.startswith("transfer_")]
+
+
+@pytest.mark.process
+def test_sigterm_reports_what_was_measured(tmp_path):
+    """SIGTERM during a run: the launch in progress is torn down, the JSON says what was measured
+    and which configurations were not reached, and no process is left."""
+    import signal
+    import time
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDASK_")}
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "gpudask.cli", "bench", "--configs", "tcp,gpudask", "--repeat", "2",
+                             "--backend", "numpy", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path)
+    deadline = time.monotonic() + 90
+    for line in proc.stderr:  # progress: interrupt once the first launch is up
+        if "launch 1: ready" in line or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    report = json.loads(out)
+    assert "interrupted by a signal: partial results" in report["notes"]
+    tcp, gd = report["configs"]
+    assert tcp["status"] == "interrupted" and tcp["figures"]["ready_s"]["warmup"], tcp
+    assert gd["status"] == "skipped" and gd["notes"] == ["interrupted"]
+    time.sleep(1)
+    strays = [p.pid for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get("TMPDIR") == str(tmp_path)]
+    assert not strays

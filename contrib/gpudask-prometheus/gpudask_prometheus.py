@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -110,10 +111,8 @@ class _Families:
             f["cpus"].add_metric(values, float(len(plan["cpu_affinity"])))
         for p in published.get("plugins") or []:
             f["plugin"].add_metric([*values, str(p.get("name")), str(p.get("source"))], float(p.get("priority", 0)))
-        counts: dict[tuple[str, str], int] = {}
-        for r in plan.get("reasons") or []:
-            key = (str(r.get("plugin")), "true" if r.get("decision") == "skipped" else "false")
-            counts[key] = counts.get(key, 0) + 1
+        counts = Counter((str(r.get("plugin")), "true" if r.get("decision") == "skipped" else "false")
+                         for r in plan.get("reasons") or [])
         for (plugin, skipped), n in sorted(counts.items()):
             f["decisions"].add_metric([*values, plugin, skipped], float(n))
         late = published.get("late") or {}
@@ -156,8 +155,7 @@ def cluster_metrics(workers: dict[str, Any], namespace: str | None = None) -> li
             for severity, n in by_severity.items():
                 findings.add_metric([address, severity], float(n))
             levels, state = ["ok", "info", "warning", "error"], check.get("status")
-            level = levels.index(state) if isinstance(state, str) and state in levels else 0
-            status.add_metric([address], float(level))
+            status.add_metric([address], float(levels.index(state) if state in levels else 0))
     for key, n in counts.items():
         running.add_metric([key], float(n))
     return [*fam.by_name.values(), running, findings, status]
@@ -198,7 +196,5 @@ def _collector(kind: str) -> _Collector:
     if kind not in _COLLECTORS:
         import prometheus_client
 
-        collector = _Collector(kind)
-        prometheus_client.REGISTRY.register(collector)
-        _COLLECTORS[kind] = collector
+        prometheus_client.REGISTRY.register(_COLLECTORS.setdefault(kind, _Collector(kind)))
     return _COLLECTORS[kind]

@@ -1,16 +1,13 @@
 """gpudask plugin ``torch-rmm``: PyTorch's CUDA allocations come from RMM in dask workers.
 
-PyTorch keeps its own caching allocator, which competes with a worker's RMM pool (the ``rmm``
-plugin) for the GPU's memory: this plugin points PyTorch at RMM (``rmm_torch_allocator``) so both
-share the pool.  The plan asks the ``rmm`` plugin, through the plan, to count PyTorch among the
-pool's users and says why per worker; the worker changes the allocator right after rmm built the
-pool, before ``listen()`` and any task: it can only be changed before PyTorch allocates.  torch
-and rmm are imported only inside the worker-side hook.
+PyTorch's own caching allocator competes with a worker's RMM pool (the ``rmm`` plugin) for the
+GPU: this plugin asks rmm, through the plan, to count PyTorch among the pool's users, and points
+PyTorch at ``rmm_torch_allocator`` right after rmm built the pool, before ``listen()`` and any task
+(it can only change before PyTorch allocates).  torch and rmm are imported only in that hook.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -109,8 +106,6 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
         return _default(why)
     if ctx.facts.described:
         return _default(f"host described by {ctx.facts.origin}: no real GPU here, PyTorch left alone")
-    if importlib.util.find_spec("torch") is None:
-        return _default("torch cannot be imported in this worker")
     try:
         import torch
         from rmm.allocators.torch import rmm_torch_allocator

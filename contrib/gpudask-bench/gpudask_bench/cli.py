@@ -6,6 +6,7 @@ docs/benchmarks.md describes every figure.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import os
@@ -23,8 +24,8 @@ from gpudask.testing import processes
 from gpudask_bench import raw_ucxx
 from gpudask_bench.configs import (CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, Spec, build_spec, detect_host,
                                    parse_config_env, versions)
-from gpudask_bench.report import add_ratios, add_raw_shares, render_table
-from gpudask_bench.runner import Interrupted, Runner, finish
+from gpudask_bench.report import add_ratios, add_raw_shares, finish, render_table
+from gpudask_bench.runner import Interrupted, Runner
 
 
 def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float | None, log_dir: str | None,
@@ -153,11 +154,9 @@ def _on_signal(signum: int, frame: Any) -> None:
                    "spill launch only.")
 @click.option("--show", "show", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Print the table of a previous --json result and exit (runs nothing).")
-def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int, quick: bool, as_json: bool,
-                  max_seconds: float | None, profile: bool, proto_info: bool, pool_size: str,
-                  spill_limit: str, backend: str, launch_timeout: float, death_timeout: int, log_dir: str | None,
-                  table_file: str | None, pulls: int, config_env: tuple[str, ...], workloads: bool,
-                  show: str | None) -> None:
+def bench_command(configs: str, nworkers: int | None, as_json: bool, max_seconds: float | None, spill_limit: str,
+                  backend: str, log_dir: str | None, table_file: str | None, config_env: tuple[str, ...],
+                  show: str | None, **same: Any) -> None:  # same: the Options fields of the same name
     """Benchmark tcp, ucx-stock, gpudask and dask-cuda side by side on real processes.
 
     Each configuration gets a real `dask scheduler` and N workers as separate processes,
@@ -189,16 +188,11 @@ def bench_command(configs: str, nworkers: int | None, nthreads: int, repeat: int
         os.environ.setdefault("UCX_TLS", "tcp")
     if host.backend == "cupy" and not host.tokens:
         raise click.BadParameter("cupy needs a visible GPU", param_hint="--backend")
-    sizes = FULL_SIZES if host.backend == "cupy" and not quick else SMALL_SIZES
-    opts = Options(nworkers=nworkers or max(2, len(host.tokens)), nthreads=nthreads, repeat=repeat, quick=quick,
-                   pool_size=pool_size, death_timeout=death_timeout, launch_timeout=launch_timeout,
-                   profile=profile, proto_info=proto_info, sizes=sizes, user_env=user_env,
-                   spill_limit=_parse_size(spill_limit, "--spill-limit"), pulls=pulls, config_env=extra_env,
-                   workloads=workloads)
+    sizes = FULL_SIZES if host.backend == "cupy" and not same["quick"] else SMALL_SIZES
+    opts = Options(nworkers=nworkers or max(2, len(host.tokens)), sizes=sizes, user_env=user_env,
+                   spill_limit=_parse_size(spill_limit, "--spill-limit"), config_env=extra_env, **same)
 
-    def echo(msg: str) -> None:
-        click.echo(msg, err=True)
-
+    echo = functools.partial(click.echo, err=True)
     import cloudpickle  # noqa: F401  (distributed needs it; fail here, not in a worker)
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}

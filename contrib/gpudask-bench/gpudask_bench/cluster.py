@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from typing import Any
 
@@ -25,11 +23,10 @@ class Cluster:
     """The processes of one configuration (a scheduler, one or more worker CLIs) and a client."""
 
     def __init__(self, spec: Spec, host: Host, opts: Options, workdir: str):
-        self.spec, self.host, self.opts, self.workdir = spec, host, opts, workdir
+        self.spec, self.opts = spec, opts
         self.processes = ProcessCluster(workdir, env=base_env(host, opts, spec.protocol), grace=1.0)
         self.sched_file = self.processes.scheduler_file
-        self.scheduler: subprocess.Popen | None = None
-        self.worker_clis: list[subprocess.Popen] = []
+        self.popens = self.processes.procs  # the scheduler, then the worker CLIs
         self.client: Any = None
         self.t_launch = 0.0  # time.time() at launch
         self.ready_s: float | None = None
@@ -37,47 +34,34 @@ class Cluster:
         self.worker_pids: dict[str, int] = {}
         self.nanny_pids: dict[str, int] = {}
 
-    @property
-    def popens(self) -> list[subprocess.Popen]:
-        return [p for p in [self.scheduler, *self.worker_clis] if p is not None]
-
     def logs(self) -> list[str]:
-        return sorted(os.path.join(self.workdir, f) for f in os.listdir(self.workdir) if f.endswith(".log"))
+        return sorted(str(path) for path in self.processes.logs.values())
 
     def log_tail(self, lines: int = 12) -> str:
-        out = []
-        for path in self.logs():
-            text = read_lines(path)
-            if text is not None:
-                out.append(f"--- {os.path.basename(path)}\n" + "\n".join(text[-lines:]))
-        return "\n".join(out)
+        return "\n".join(f"--- {label}.log\n" + "\n".join(self.processes.log(label).splitlines()[-lines:])
+                         for label in sorted(self.processes.logs))
 
     def start(self, timeout: float) -> None:
         """Launch everything, wait for all workers; ``ready_s``: how long that took."""
-        from distributed import Client
-
         env = self.processes.env
         t0 = time.perf_counter()
         self.t_launch = time.time()
-        self.scheduler = self.processes.spawn("scheduler", self.spec.scheduler_argv,
-                                              {**env, **self.spec.scheduler_env})
+        self.processes.spawn("scheduler", self.spec.scheduler_argv, {**env, **self.spec.scheduler_env})
         for i, (argv, wenv) in enumerate(self.spec.workers):
-            self.worker_clis.append(self.processes.spawn(f"workers-{i}", argv, {**env, **wenv}))
+            self.processes.spawn(f"workers-{i}", argv, {**env, **wenv})
         deadline = t0 + timeout
         # workers wait for the file themselves; the client needs it complete
         wait_for_scheduler_file(self.sched_file, self.popens, timeout)
-        self.client = Client(scheduler_file=self.sched_file, timeout=max(5.0, deadline - time.perf_counter()),
-                             set_as_default=False)
+        self.client = self.processes.client(max(5.0, deadline - time.perf_counter()), set_as_default=False)
         while True:
             try:
                 step = min(2.0, max(0.1, deadline - time.perf_counter()))
                 self.client.wait_for_workers(self.opts.nworkers, timeout=step)
                 break
             except TimeoutError:
-                for p in self.popens:
+                for i, p in enumerate(self.popens):
                     if p.poll() is not None:
-                        what = "scheduler" if p is self.scheduler else "worker CLI"
-                        raise RuntimeError(f"{what} exited with {p.returncode}")
+                        raise RuntimeError(f"{'worker CLI' if i else 'scheduler'} exited with {p.returncode}")
                 if time.perf_counter() > deadline:
                     have = len(self.client.scheduler_info(n_workers=-1)["workers"])
                     raise TimeoutError(f"{have} of {self.opts.nworkers} workers after {timeout:.0f} s") from None
@@ -106,18 +90,12 @@ class Cluster:
         import psutil
 
         roles: dict[int, str] = {}
-        for p in self.popens:
+        for i, p in enumerate(self.popens):
             try:
-                for c in psutil.Process(p.pid).children(recursive=True):
-                    roles[c.pid] = "helper"
+                roles.update((c.pid, "helper") for c in psutil.Process(p.pid).children(recursive=True))
             except psutil.Error:
                 pass
-        for p in self.worker_clis:
-            roles[p.pid] = "nanny"
-        if self.scheduler is not None:
-            roles[self.scheduler.pid] = "scheduler"
-        for pid in self.nanny_pids.values():
-            roles[pid] = "nanny"
-        for pid in self.worker_pids.values():
-            roles[pid] = "worker"
+            roles[p.pid] = "nanny" if i else "scheduler"
+        roles.update((pid, "nanny") for pid in self.nanny_pids.values())
+        roles.update((pid, "worker") for pid in self.worker_pids.values())
         return roles

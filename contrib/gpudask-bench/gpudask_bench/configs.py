@@ -6,8 +6,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import click
-
 from gpudask.testing.processes import dask_command
 
 # raw-ucxx is not a cluster: two plain ucxx processes (gpudask_bench.raw_ucxx), the
@@ -19,10 +17,10 @@ MiB = 2**20
 FULL_SIZES = ((10**6, 64 * 10**6, 10**9), 20000, 2000)
 SMALL_SIZES = ((10**6, 8 * 10**6, 64 * 10**6), 4000, 500)
 
-# environment variables of gpudask's own bookkeeping between its processes: never
-# inherited by the clusters the bench starts
-_GPUDASK_INTERNAL_ENV = ("GPUDASK_PROTOCOL", "GPUDASK_NWORKERS", "GPUDASK_GROUP", "GPUDASK_SHADOWED",
-                         "GPUDASK_PROBED_FACTS", "GPUDASK_WORKER_INDEX")
+# gpudask's bookkeeping between its processes (docs/configuration.md), and the per-process
+# variables: never inherited by the clusters the bench starts
+GPUDASK_INTERNAL_ENV = ("GPUDASK_HOST_PLAN", "GPUDASK_GROUP", "GPUDASK_WARNED", "GPUDASK_PROBED_FACTS",
+                         "GPUDASK_WORKER_INDEX")
 
 _PROFILE_LOG_FORMAT = "%(asctime)s - %(process)d - %(name)s - %(levelname)s - %(message)s"
 
@@ -174,13 +172,12 @@ def _build_spec(name: str, host: Host, opts: Options, sched_file: str, local_dir
         # dask-cuda's documented scheduler for UCX with automatic transport selection
         return Spec(name, "ucx", scheduler("ucx"), {"DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT": "True"},
                     workers, notes)
-    raise click.BadParameter(f"unknown configuration {name!r}; accepted: {', '.join(CONFIGS)}",
-                             param_hint="--configs")
+    raise ValueError(f"unknown configuration {name!r}")  # the CLI accepts only CONFIGS
 
 
 def base_env(host: Host, opts: Options, protocol: str) -> dict[str, str]:
     user_env = opts.user_env if opts.user_env is not None else os.environ
-    env = {k: v for k, v in user_env.items() if k not in _GPUDASK_INTERNAL_ENV}
+    env = {k: v for k, v in user_env.items() if k not in GPUDASK_INTERNAL_ENV}
     env["PYTHONUNBUFFERED"] = "1"
     env["UCX_WARN_UNUSED_ENV_VARS"] = "n"
     if protocol == "ucx" and not host.tokens:

@@ -1,8 +1,6 @@
-"""dask-cuda's own ``local_cupy`` benchmark as a client of the cluster under test: a client no
-one here wrote (issue 16: its dot ran 10x slower on gpudask workers than on ``dask cuda worker``
-until the worker-memory plugin), against the gpudask and dask-cuda clusters of the same run.
-Figures ``dc_local_cupy_<operation>_s``; its own worker-to-worker bandwidth goes to the notes.
-"""
+"""dask-cuda's own ``local_cupy`` benchmark, a client no one here wrote (issue 16: its dot ran
+10x slower on gpudask workers until the worker-memory plugin), against the gpudask and dask-cuda
+clusters: figures ``dc_local_cupy_<operation>_s``, its own p2p bandwidth in the notes."""
 
 from __future__ import annotations
 
@@ -11,24 +9,24 @@ import subprocess
 import sys
 from typing import Any
 
+from gpudask_bench.configs import has_module
+
 OPERATIONS = ("transpose_sum", "dot", "slice")
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 # local_cupy's (size, chunk) per operation (3.2 GB float64 arrays on a GPU).  A bare
 # "AssertionError" from local_cupy means its client found no worker (a cluster still starting):
 # the caller waits for the workers first, and error_text() keeps the traceback's last frame.
-SIZES = {"transpose_sum": (20000, 2000), "dot": (20000, 2000), "slice": (20000, 2000)}
+SIZES = {op: (20000, 2000) for op in OPERATIONS}
 QUICK_SIZES = {op: (10000, 1000) for op in OPERATIONS}
 
 
 def argv(scheduler_file: str, protocol: str, operation: str, size: int, chunk: int, runs: int) -> list[str]:
     """The local_cupy command for one operation against an existing cluster.
 
-    ``--disable-rmm``: local_cupy leaves the workers' memory setup as their own CLI made it.
-    Without it, on workers that have no dask-cuda ``RMMSetup`` plugin (gpudask's), local_cupy
-    calls ``rmm.reinitialize`` on every worker (a pool of half the GPU's memory each) and on the
-    scheduler, so the gpudask side would run on dask-cuda's memory setup; on ``dask cuda worker``
-    it skips its own setup either way ("RMM already setup on external cluster")."""
+    ``--disable-rmm``: without it local_cupy calls ``rmm.reinitialize`` (half the GPU each) on
+    workers without dask-cuda's ``RMMSetup`` plugin (gpudask's), which would then run on
+    dask-cuda's memory setup; ``dask cuda worker`` keeps its own setup either way."""
     return [sys.executable, "-m", "dask_cuda.benchmarks.local_cupy", "--scheduler-file", scheduler_file,
             "-p", protocol, "-t", "gpu", "-o", operation, "-s", str(size), "-c", str(chunk), "--runs", str(runs),
             "--disable-rmm"]
@@ -52,9 +50,7 @@ def error_text(stderr: str, limit: int = 400) -> str:
 
 
 def available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("dask_cuda") is not None and importlib.util.find_spec("nvtx") is not None
+    return has_module("dask_cuda") and has_module("nvtx")
 
 
 def parse(output: str) -> dict[str, Any]:

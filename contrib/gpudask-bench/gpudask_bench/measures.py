@@ -19,23 +19,28 @@ GPUDASK_LOGGER = "distributed.gpudask"
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - (?:(\d+) - )?([\w.]+) - (\w+) - (.*)$")
 
 
+def nvml_processes(nvml: Any) -> list[dict[str, Any]] | None:
+    """Compute processes on every GPU, from an open NVML session (or None): pid, GPU index,
+    used MiB.  None when NVML cannot say."""
+    count = nvml.call("nvmlDeviceGetCount") if nvml else None
+    if count is None:
+        return None
+    out = []
+    for i in range(count):
+        h = nvml.call("nvmlDeviceGetHandleByIndex", i)
+        listed = None if h is None else nvml.call("nvmlDeviceGetComputeRunningProcesses", h)
+        if listed is None:
+            return None
+        out += [{"pid": int(p.pid), "gpu": i, "MiB": None if p.usedGpuMemory is None else p.usedGpuMemory / MiB}
+                for p in listed]
+    return out
+
+
 def _nvml_processes() -> list[dict[str, Any]] | None:
-    """Compute processes on every GPU: pid, GPU index, used MiB.  None without NVML."""
     from gpudask.pluginapi import nvml_session
 
     with nvml_session() as nvml:
-        count = nvml.call("nvmlDeviceGetCount") if nvml else None
-        if count is None:
-            return None
-        out = []
-        for i in range(count):
-            h = nvml.call("nvmlDeviceGetHandleByIndex", i)
-            listed = None if h is None else nvml.call("nvmlDeviceGetComputeRunningProcesses", h)
-            if listed is None:
-                return None
-            out += [{"pid": int(p.pid), "gpu": i, "MiB": None if p.usedGpuMemory is None else p.usedGpuMemory / MiB}
-                    for p in listed]
-        return out
+        return nvml_processes(nvml)
 
 
 def _proc_start_epoch(pid: int) -> float | None:
@@ -62,28 +67,23 @@ def gpu_memory(cluster: Cluster, host: Host) -> dict[str, Any] | None:
     procs = _nvml_processes()
     if procs is None:
         return _unattributed([], "NVML process query failed")
-    roles = cluster.roles()
-    me = os.getpid()
-    rows, foreign = [], []
-    by_role = {"scheduler": 0.0, "nanny": 0.0}  # the nanny row: the dask worker process(es) and their helpers
-    for p in procs:
-        role = roles.get(p["pid"]) or ("bench client" if p["pid"] == me else None)
-        rows.append({**p, "role": role or "not ours"})
-        if role is None:
-            foreign.append(p)
-        elif role not in ("worker", "bench client") and p["MiB"] is not None:
-            by_role["scheduler" if role == "scheduler" else "nanny"] += p["MiB"]
-    note = None
-    ours = [r for r in rows if r["role"] not in ("not ours", "bench client")]
-    if procs and not ours:
+    roles, me = cluster.roles(), os.getpid()
+    rows = [{**p, "role": roles.get(p["pid"]) or ("bench client" if p["pid"] == me else "not ours")} for p in procs]
+    if procs and all(r["role"] in ("not ours", "bench client") for r in rows):
         # NVML reports pids of another PID namespace (containers): attribution impossible
         return _unattributed(rows, "NVML pids are not this PID namespace's: no attribution")
+    by_role = {"scheduler": 0.0, "nanny": 0.0}  # the nanny row: the dask worker process(es) and their helpers
+    for r in rows:
+        if r["role"] not in ("worker", "bench client", "not ours") and r["MiB"] is not None:
+            by_role["scheduler" if r["role"] == "scheduler" else "nanny"] += r["MiB"]
+    notes = []
     if any(r["role"] == "bench client" for r in rows):
-        note = "the bench client holds a CUDA context (not counted)"
+        notes.append("the bench client holds a CUDA context (not counted)")
+    foreign = sum(r["role"] == "not ours" for r in rows)
     if foreign:
-        note = (note + "; " if note else "") + f"{len(foreign)} other process(es) on the GPUs (not counted)"
+        notes.append(f"{foreign} other process(es) on the GPUs (not counted)")
     return {"outside_workers_MiB": round(sum(by_role.values()), 1), "scheduler_MiB": round(by_role["scheduler"], 1),
-            "nanny_MiB": round(by_role["nanny"], 1), "processes": rows, "note": note}
+            "nanny_MiB": round(by_role["nanny"], 1), "processes": rows, "note": "; ".join(notes) or None}
 
 
 _TL = re.compile(r"\b(tcp|cuda_ipc|cuda_copy|gdr_copy|rc_mlx5|rc_verbs|dc_mlx5|ud_mlx5|ud_verbs|rc|dc|ud|posix|"
@@ -97,15 +97,11 @@ def proto_info(logs: list[str], pids: dict[str, int]) -> dict[str, Any]:
     ``pids`` (a cluster's workers by address, or the raw column's peers)."""
     by_pid: dict[int, set[str]] = {}
     for path in logs:
-        try:
-            with open(path, errors="replace") as f:
-                for line in f:  # "[time] [host:pid:thread]   | 0..inf | zero-copy | cuda_ipc/cuda |"
-                    m = _UCX_PREFIX.search(line)
-                    if m and "|" in line:
-                        for tl, dev in _TL.findall(line):
-                            by_pid.setdefault(int(m.group(1)), set()).add(f"{tl}/{dev}")
-        except OSError:
-            continue
+        for line in read_lines(path) or []:  # "[time] [host:pid:thread]   | 0..inf | zero-copy | cuda_ipc/cuda |"
+            m = _UCX_PREFIX.search(line)
+            if m and "|" in line:
+                for tl, dev in _TL.findall(line):
+                    by_pid.setdefault(int(m.group(1)), set()).add(f"{tl}/{dev}")
     out = {addr: sorted(by_pid.get(pid, set())) for addr, pid in pids.items()}
     if not any(out.values()):
         return {"note": "no UCX_PROTO_INFO lines found in the logs", "workers": out}
@@ -133,7 +129,6 @@ def profile_launch(cluster: Cluster) -> dict[str, Any]:
             except ValueError:
                 continue
             pid, logger, msg = int(m.group(2)), m.group(3), m.group(5)
-            ev = events.setdefault(pid, {})
             stage = None
             if logger == GPUDASK_LOGGER and re.match(r"gpudask \S+ \(", msg):
                 stage = "gpudask"
@@ -142,6 +137,7 @@ def profile_launch(cluster: Cluster) -> dict[str, Any]:
             elif "Registered to:" in msg:
                 stage = "registered"
             if stage:
+                ev = events.setdefault(pid, {})
                 ev[stage] = max(ev.get(stage, 0.0), t - t0)  # several nannies in one process: the last
     per_process = []
     for pid, role in sorted(roles.items()):

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from typing import Any, Callable
 
 from gpudask.testing import processes
-from gpudask_bench.cluster import read_lines
 from gpudask_bench.configs import Host, Options, base_env, has_module
 from gpudask_bench.measures import proto_info
-from gpudask_bench.report import HIGHER, LOWER, brief, figure, finish, size_label
-from gpudask_bench.runner import Interrupted
+from gpudask_bench.report import brief, finish, size_label, timed_pair
+from gpudask_bench.runner import keep_logs
 
 NAME = "raw-ucxx"
 # run by path through runpy: ``python .../ucxx_peer.py`` would put gpudask_bench/ first on
@@ -52,12 +50,10 @@ def _ucxx_options(config: dict[str, Any], env: dict[str, str]) -> tuple[dict[str
     try:
         import dask.config
         from distributed_ucxx.ucxx import _prepare_ucx_config  # its own translation, not a copy of it
-    except ImportError as e:
-        return {}, f"distributed-ucxx's UCX options not derived ({e})"
-    try:
+
         with dask.config.set(config):
             options, environment = _prepare_ucx_config()
-    except Exception as e:  # a private function: report rather than fail the column
+    except Exception as e:  # not installed, or a private function changed: report rather than fail the column
         return {}, f"distributed-ucxx's UCX options not derived ({type(e).__name__}: {e})"
     out = {f"UCX_{k}": str(v) for k, v in options.items()}
     out.update({k: str(v) for k, v in environment.items() if k not in out})
@@ -132,7 +128,7 @@ class RawRunner:
         self.figures: dict[str, dict[str, Any]] = {}
         self.notes: list[str] = []
         self.result: dict[str, Any] = {"name": NAME, "protocol": "ucx", "status": "ok"}
-        self.popens: list[Any] = []
+        self.peers = processes.ProcessCluster(workdir, grace=1.0)  # logs: peer-a.log, peer-b.log
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -147,8 +143,6 @@ class RawRunner:
     def run(self) -> dict[str, Any]:
         try:
             self._run()
-        except Interrupted:
-            raise
         except Exception as e:
             self.result["status"] = "failed" if not any(f["runs"] for f in self.figures.values()) else "partial"
             self.notes.append(f"{type(e).__name__}: {e}")
@@ -172,7 +166,7 @@ class RawRunner:
         ready = os.path.join(self.workdir, "peer-a.json")
         out = os.path.join(self.workdir, "peer-b.json")
         argv_a = self._argv("serve", a["cpus"], "--ready-file", ready)
-        self.popens.append(processes.spawn(argv_a, a["env"], os.path.join(self.workdir, "peer-a.log"), self.workdir))
+        self.peers.spawn("peer-a", argv_a, a["env"])
         info_a = self._wait_for_file(ready, min(60.0, max(10.0, self.left())), "peer A")
         warmup = 0 if self.opts.quick else 1
         # the peer keeps a margin to report and exit; 10 minutes at most without a time box
@@ -181,15 +175,14 @@ class RawRunner:
                             "--repeat", str(self.opts.repeat), "--warmup", str(warmup),
                             "--max-seconds", f"{budget:.1f}", "--out", out)
         self.result["commands"] = {"peers": [" ".join(argv_a[3:]), " ".join(argv_b[3:])]}
-        self.popens.append(processes.spawn(argv_b, b["env"], os.path.join(self.workdir, "peer-b.log"), self.workdir))
+        self.peers.spawn("peer-b", argv_b, b["env"])
         info_b = self._wait_for_file(out, budget + 60.0, "peer B")
         peers = {"peer-a (sends)": info_a, "peer-b (receives)": {k: v for k, v in info_b.items() if k != "sizes"}}
         self.result["transports"] = peers
         if self.opts.proto_info:  # base_env set UCX_PROTO_INFO=y: what UCX chose in each peer
-            logs = [os.path.join(self.workdir, f"peer-{x}.log") for x in "ab"]
-            self.result["proto_info"] = proto_info(logs, {k: int(v["pid"]) for k, v in peers.items()})
+            self.result["proto_info"] = proto_info(self._logs(), {k: int(v["pid"]) for k, v in peers.items()})
         self._figures(info_b)
-        for p in self.popens:  # A exits once B said stop, B once it wrote its file
+        for p in self.peers.procs:  # A exits once B said stop, B once it wrote its file
             try:
                 p.wait(timeout=10)
             except Exception:
@@ -198,7 +191,7 @@ class RawRunner:
     def _wait_for_file(self, path: str, timeout: float, who: str) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while not os.path.exists(path):
-            for p in self.popens:
+            for p in self.peers.procs:
                 if p.poll() is not None and p.returncode != 0:
                     raise RuntimeError(f"a peer exited with {p.returncode}: {self._log_tail()}")
             if time.monotonic() > deadline:
@@ -210,12 +203,10 @@ class RawRunner:
 
     def _figures(self, info: dict[str, Any]) -> None:
         for row in info["sizes"]:
-            label = size_label(row["nbytes"])
-            t_fig = self.figures[f"transfer_{label}_s"] = figure(f"transfer {label} (end to end)", "s", LOWER)
-            bw_fig = self.figures[f"transfer_{label}_GBps"] = figure(f"transfer {label} (bandwidth)", "GB/s", HIGHER)
-            t_fig["runs"], t_fig["warmup"] = list(row["runs"]), list(row["warmup"])
-            bw_fig["runs"] = [row["nbytes"] / t / 1e9 for t in row["runs"]]
-            bw_fig["warmup"] = [row["nbytes"] / t / 1e9 for t in row["warmup"]]
+            nbytes, label = row["nbytes"], size_label(row["nbytes"])
+            t_fig, bw_fig = timed_pair(self.figures, "transfer", nbytes, "end to end", "bandwidth")
+            for key in ("warmup", "runs"):
+                t_fig[key], bw_fig[key] = list(row[key]), [nbytes / t / 1e9 for t in row[key]]
             t_fig["note"] = row.get("note")
             # one buffer sent and received is also the ceiling of a pull of that size
             for kind, fig in (("s", t_fig), ("GBps", bw_fig)):
@@ -230,23 +221,15 @@ class RawRunner:
         if missing:
             self.notes.append("time box: skipped transfer " + ", ".join(missing))
 
+    def _logs(self) -> list[str]:
+        return [str(path) for path in self.peers.logs.values()]
+
     def _log_tail(self, lines: int = 8) -> str:
-        out = []
-        for name in ("peer-a.log", "peer-b.log"):
-            text = read_lines(os.path.join(self.workdir, name))
-            if text is not None:
-                out.append(f"{name}: " + " | ".join(text[-lines:]))
-        return "; ".join(out)
+        return "; ".join(f"{label}.log: " + " | ".join(self.peers.log(label).splitlines()[-lines:])
+                         for label in self.peers.logs)
 
     def _stop(self) -> None:
-        if self.popens:
-            survivors = processes.stop(self.popens, grace=1.0)
-            if survivors:
-                self.notes.append(f"processes that survived SIGKILL: {survivors}")
-        if self.log_dir:
-            dest = os.path.join(self.log_dir, NAME)
-            os.makedirs(dest, exist_ok=True)
-            for name in ("peer-a.log", "peer-b.log"):
-                path = os.path.join(self.workdir, name)
-                if os.path.exists(path):
-                    shutil.copy(path, dest)
+        survivors = self.peers.stop()
+        if survivors:
+            self.notes.append(f"processes that survived SIGKILL: {survivors}")
+        keep_logs(self.log_dir, self._logs(), NAME)

@@ -22,6 +22,15 @@ def figure(label: str, unit: str, better: str) -> dict[str, Any]:
             "median": None, "note": None}
 
 
+def timed_pair(figures: dict[str, Any], what: str, nbytes: int, t_what: str,
+               bw_what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The figures ``<what>_<size>_s`` and ``<what>_<size>_GBps``, added to ``figures``."""
+    label = size_label(nbytes)
+    t_fig = figures[f"{what}_{label}_s"] = figure(f"{what} {label} ({t_what})", "s", LOWER)
+    bw_fig = figures[f"{what}_{label}_GBps"] = figure(f"{what} {label} ({bw_what})", "GB/s", HIGHER)
+    return t_fig, bw_fig
+
+
 def _best_median(fig: dict[str, Any]) -> tuple[float, float] | None:
     runs = [r for r in fig["runs"] if r is not None]
     return ((min(runs) if fig["better"] == LOWER else max(runs)), statistics.median(runs)) if runs else None
@@ -51,13 +60,9 @@ def num(v: float | None) -> str:
         return "-"
     if v == 0:
         return "0"
-    a = abs(v)
-    if a >= 100:
-        return f"{v:.0f}"
-    if a >= 10:
-        return f"{v:.1f}"
-    if a >= 1:
-        return f"{v:.2f}"
+    for at_least, digits in ((100, ".0f"), (10, ".1f"), (1, ".2f")):
+        if abs(v) >= at_least:
+            return f"{v:{digits}}"
     return f"{v:.3g}"
 
 
@@ -117,9 +122,7 @@ def render_table(report: dict[str, Any]) -> str:
              f"{s['nworkers']} workers x {s['nthreads']} thread(s), backend {s['backend']}, repeat {s['repeat']}"
              + (", quick" if s["quick"] else "") + (f", max {s['max_seconds']:.0f} s" if s.get("max_seconds") else ""),
              "cells: best / median (median relative to the first configuration)", ""]
-    names = [r["name"] for r in results]
     keys = list(dict.fromkeys(k for r in results for k in r.get("figures") or {}))  # first seen first
-    headers = ["figure", "unit", *names]
     rows = []
     for k in keys:
         label = unit = None
@@ -144,16 +147,14 @@ def render_table(report: dict[str, Any]) -> str:
                                          for r in results]])
     from gpudask.cli.report import table
 
-    lines.append(table(headers, rows))
+    lines.append(table(["figure", "unit", *(r["name"] for r in results)], rows))
     notes = []
     for r in results:
-        for n in r.get("notes") or []:
-            notes.append(f"{r['name']}: {n}")
-        for key, fig in (r.get("figures") or {}).items():
-            if fig.get("note"):
-                notes.append(f"{r['name']}: {fig['label']}: {fig['note']}")
+        figs = (r.get("figures") or {}).values()
+        notes += [f"{r['name']}: {n}" for n in r.get("notes") or []]
+        notes += [f"{r['name']}: {fig['label']}: {fig['note']}" for fig in figs if fig.get("note")]
         shares = [f"{fig['label'].split()[1]} {fig['share_of_raw_median']:.0%}"
-                  for fig in (r.get("figures") or {}).values() if fig.get("share_of_raw_median") is not None]
+                  for fig in figs if fig.get("share_of_raw_median") is not None]
         if shares:
             notes.append(f"{r['name']}: bandwidth median as a share of raw-ucxx's: " + ", ".join(shares))
         mem = (r.get("gpu_memory") or {}).get("after_workloads")

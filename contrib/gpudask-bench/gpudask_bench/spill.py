@@ -1,20 +1,19 @@
 """The spill workload: a CuPy working set larger than the workers' device memory limit.
 
-:func:`spill_figure` runs on gpudask and dask-cuda workers alike, so one function measures both
-sides of the ``spill`` figure (docs/benchmarks.md).  The functions that run on workers are sent
-as detached copies (no importable module), so that stock and dask-cuda workers never import
-gpudask; nothing here imports CuPy, NVML or distributed at module level.
+:func:`spill_figure` measures both sides of the ``spill`` figure (docs/benchmarks.md), on gpudask
+and dask-cuda workers alike: what runs on workers is sent detached (they never import gpudask).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Any
 
-from gpudask_bench.workers import detached
+from gpudask_bench.configs import MiB
+from gpudask_bench.workers import detached, getpid
 
-MiB = 2**20
 FILL_VALUES = 7  # chunk i holds the value i % 7 + 1: the exact total is known in advance
 
 
@@ -33,58 +32,6 @@ def _w_chunk_sum(x):
 
 def _w_add(*values):
     return float(sum(values))
-
-
-def _w_start_sampler(dask_worker, interval):
-    """Poll NVML for this worker process's GPU memory until stopped; keep the peak."""
-    import os
-    import threading
-
-    state = {"peak": 0, "method": None, "stop": threading.Event(), "samples": 0, "thread": None}
-    dask_worker._spill_bench_sampler = state
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:  # noqa: BLE001 - no driver: the figure has no memory column
-        return os.getpid()
-    pid = os.getpid()
-
-    def own_bytes():
-        for h in handles:
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                if int(p.pid) == pid and p.usedGpuMemory is not None:
-                    return int(p.usedGpuMemory)
-        return None
-
-    def poll():
-        while not state["stop"].is_set():
-            try:
-                used = own_bytes()
-            except pynvml.NVMLError:
-                used = None
-            if used is not None:
-                state["method"] = "nvml process"
-                state["peak"] = max(state["peak"], used)
-                state["samples"] += 1
-            state["stop"].wait(interval)
-
-    state["thread"] = threading.Thread(target=poll, name="spill-bench-nvml", daemon=True)
-    state["thread"].start()
-    return pid
-
-
-def _w_stop_sampler(dask_worker):
-    state = getattr(dask_worker, "_spill_bench_sampler", None)
-    if state is None:
-        return None
-    state["stop"].set()
-    if state["thread"] is not None:
-        state["thread"].join(timeout=5)
-    del dask_worker._spill_bench_sampler
-    return {"peak_bytes": state["peak"] if state["method"] else None, "method": state["method"],
-            "samples": state["samples"]}
 
 
 def _w_spill_metric(dask_worker):
@@ -109,6 +56,24 @@ def expected_total(elems: int, chunks: int) -> float:
     return float(elems * sum(i % FILL_VALUES + 1 for i in range(chunks)))
 
 
+def _sample_peaks(seen: dict[int, dict[str, Any]], interval: float, stop: threading.Event) -> None:
+    """Until ``stop``, every ``interval`` s: the GPU memory NVML attributes to each process of
+    ``seen`` (by pid), its peak kept there.  In the bench's process, not in the workers measured."""
+    from gpudask.pluginapi import nvml_session
+    from gpudask_bench.measures import nvml_processes
+
+    with nvml_session() as nvml:
+        while nvml is not None and not stop.is_set():
+            used: dict[int, int] = {}
+            for p in nvml_processes(nvml) or []:
+                if p["pid"] in seen and p["MiB"] is not None:
+                    used[p["pid"]] = used.get(p["pid"], 0) + round(p["MiB"] * MiB)
+            for pid, n in used.items():
+                s = seen[pid]
+                s.update(peak_bytes=max(s["peak_bytes"] or 0, n), method="nvml process", samples=s["samples"] + 1)
+            stop.wait(interval)
+
+
 def spill_figure(client: Any, limit_bytes: int, *, chunk_bytes: int | None = None) -> dict[str, Any]:
     """Run the workload once on ``client``'s workers; the figure and what it was measured on.
 
@@ -120,7 +85,11 @@ def spill_figure(client: Any, limit_bytes: int, *, chunk_bytes: int | None = Non
     if not workers:
         raise RuntimeError("spill_figure: the cluster has no workers")
     elems, chunks = plan_chunks(limit_bytes, len(workers), chunk_bytes=chunk_bytes)
-    pids = client.run(detached(_w_start_sampler), interval=0.02)  # NVML every 20 ms
+    pids = client.run(detached(getpid))
+    seen = {pid: {"peak_bytes": None, "method": None, "samples": 0} for pid in pids.values()}
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample_peaks, args=(seen, 0.02, stop), name="spill-bench-nvml", daemon=True)
+    sampler.start()  # NVML every 20 ms
     futures: list[Any] = []
     try:
         start = time.perf_counter()
@@ -131,7 +100,8 @@ def spill_figure(client: Any, limit_bytes: int, *, chunk_bytes: int | None = Non
         total = client.submit(detached(_w_add), *sums, pure=False).result()
         elapsed = time.perf_counter() - start
     finally:
-        peaks = client.run(detached(_w_stop_sampler))
+        stop.set()
+        sampler.join(timeout=5)
     metrics = client.run(detached(_w_spill_metric))
     placed = client.who_has(futures)
     per_worker = {w: sum(1 for holders in placed.values() if w in holders) for w in workers}
@@ -149,6 +119,6 @@ def spill_figure(client: Any, limit_bytes: int, *, chunk_bytes: int | None = Non
         "chunk_bytes": elems * 8,
         "chunks": chunks,
         "chunks_per_worker": per_worker,
-        "workers": {w: {"pid": pids.get(w), **(peaks.get(w) or {}), "spill": metrics.get(w)} for w in workers},
-        "peak_worker_gpu_bytes": max((p or {}).get("peak_bytes") or 0 for p in peaks.values()) or None,
+        "workers": {w: {"pid": pids.get(w), **seen.get(pids.get(w), {}), "spill": metrics.get(w)} for w in workers},
+        "peak_worker_gpu_bytes": max((s["peak_bytes"] or 0 for s in seen.values()), default=0) or None,
     }

@@ -28,15 +28,9 @@ def _init_ucxx(backend: str) -> tuple[Any, Any]:
     if backend == "cupy":
         # the CUDA context exists before UCX starts, on the first visible GPU, as
         # distributed-ucxx's init_once and ucxx's own send_recv benchmark make it
-        try:
-            from ucxx._cuda_context import ensure_cuda_context
-        except ImportError:  # an older ucxx: the classic idiom, through CuPy
-            import cupy
+        from ucxx._cuda_context import ensure_cuda_context
 
-            cupy.cuda.Device(0).use()
-            cupy.cuda.runtime.free(0)
-        else:
-            ensure_cuda_context(0)
+        ensure_cuda_context(0)
     import ucxx
 
     # distributed-ucxx initialises ucxx in blocking progress mode unless UCXPY_PROGRESS_MODE

@@ -1,9 +1,5 @@
-"""Functions that run on the workers of a benchmarked cluster.
-
-Written as ordinary functions and sent as detached copies (module ``"__main__"``, no
-module globals) so that cloudpickle ships them by value: stock workers never import
-gpudask, which would make them not stock.
-"""
+"""Functions that run on the workers of a benchmarked cluster, sent as :func:`detached` copies
+(no module globals) that cloudpickle ships by value: stock workers never import gpudask."""
 
 from __future__ import annotations
 
@@ -70,13 +66,9 @@ async def pull_times(addr, key, reps, backend, dask_worker=None):
 
 def incoming(key, dask_worker=None):
     """This worker's transfer_incoming_log entries that brought ``key``."""
-    out = []
-    for entry in list(dask_worker.transfer_incoming_log):
-        keys = entry.get("keys") or {}
-        if key in keys:
-            out.append({"duration": float(entry["duration"]), "total": int(entry["total"]),
-                        "bandwidth": float(entry["bandwidth"]), "who": str(entry.get("who"))})
-    return out
+    return [{"duration": float(entry["duration"]), "total": int(entry["total"]),
+             "bandwidth": float(entry["bandwidth"]), "who": str(entry.get("who"))}
+            for entry in list(dask_worker.transfer_incoming_log) if key in (entry.get("keys") or {})]
 
 
 def worker_info(dask_worker=None):
@@ -84,18 +76,14 @@ def worker_info(dask_worker=None):
     import os
     import sys
 
+    import dask
+
+    cfg = dask.config.get("distributed-ucxx", default=None) or {}
     info = {"pid": os.getpid(), "gpudask_loaded": "gpudask" in sys.modules,
             "env": {k: v for k, v in sorted(os.environ.items())
-                    if k.startswith("UCX_") or k in ("CUDA_VISIBLE_DEVICES", "RAPIDS_NO_INITIALIZE")}}
-    try:
-        import dask
-
-        cfg = dask.config.get("distributed-ucxx", default=None)
-        info["distributed_ucxx"] = {k: v for k, v in (cfg or {}).items() if k != "version"} or None
-    except Exception as e:  # pragma: no cover - reported, never fatal
-        info["distributed_ucxx"] = f"error: {e}"
-    mod = sys.modules.get("distributed_ucxx.ucxx")
-    ucxx = getattr(mod, "ucxx", None) if mod is not None else None
+                    if k.startswith("UCX_") or k in ("CUDA_VISIBLE_DEVICES", "RAPIDS_NO_INITIALIZE")},
+            "distributed_ucxx": {k: v for k, v in cfg.items() if k != "version"} or None}
+    ucxx = getattr(sys.modules.get("distributed_ucxx.ucxx"), "ucxx", None)
     if ucxx is not None:
         for key, read in (("ucx_tls", lambda: ucxx.get_config().get("TLS")),
                           ("active_transports", lambda: sorted(ucxx.get_active_transports()))):
