@@ -1,8 +1,6 @@
-"""The scheduler check: does the scheduler (and the client) match the workers?
-
-The scheduler sometimes deserialises data and, over UCX, receives GPU frames it relays,
-so it needs what the workers have (see docs/scheduler-check.md).  This package runs the
-``gpudask_scheduler_check`` hook; what is compared is up to the plugins.
+"""The scheduler check: do the scheduler and the client match the workers?  The scheduler
+deserialises some data and, over UCX, relays GPU frames, so it needs what the workers have
+(docs/scheduler-check.md); the plugins' ``gpudask_scheduler_check`` hooks compare.
 """
 
 from __future__ import annotations

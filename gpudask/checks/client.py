@@ -13,9 +13,9 @@ from typing import Any
 from distributed import get_client
 
 from gpudask.checks.runner import plan_here, report_on_scheduler
-from gpudask.checks.sides import SEVERITIES, dedupe, local_side, run_hooks, scheme, side_from_published, summary
+from gpudask.checks.sides import dedupe, local_side, run_hooks, scheme, side_from_published, summary
 from gpudask.errors import GpudaskError
-from gpudask.findings import Finding, worst
+from gpudask.findings import SEVERITIES, Finding, worst
 from gpudask.plan import cpu_ranges
 from gpudask.printable import printable
 from gpudask.textwidth import wrap_text

@@ -1,12 +1,9 @@
-"""The scheduler check runner: a ``SchedulerPlugin`` comparing each worker with the scheduler.
-
-Installed by the apply stage (:func:`install`) or registered by a client (``SchedulerCheck()``,
-which then plans the comparison itself); findings and actions: docs/scheduler-check.md.
+"""The scheduler check runner: a ``SchedulerPlugin`` comparing each worker with the scheduler,
+installed by the apply stage (:func:`install`) or registered by a client (docs/scheduler-check.md).
 
 Each worker's comparison runs in a thread (:mod:`gpudask.checks.jobs`), never on the event
-loop; ``add_worker`` waits for it at most :data:`INLINE_WAIT_S` (a normal check, a few ms,
-is done with the registration), not at all once a check was slow.  A plugin that never
-returns keeps its thread (Python cannot stop one); everything else goes on.
+loop; ``add_worker`` waits for it at most :data:`INLINE_WAIT_S` (a normal check takes a few
+ms), not at all once a check was slow.  A plugin that never returns keeps its thread.
 """
 
 from __future__ import annotations
@@ -299,8 +296,7 @@ class SchedulerCheck(SchedulerPlugin):
             out["sides"] = {"scheduler": self.side, "workers": dict(self.sides)}
         return out
 
-    def handle_report(self, sides: bool = False) -> dict[str, Any]:
-        return self.report(sides=bool(sides))
+    handle_report = report  # the scheduler's HANDLER
 
 
 def install(scheduler: Any, manager: Any, ctx: Any, side: dict[str, Any], action: str | None = None) -> SchedulerCheck:
