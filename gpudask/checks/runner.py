@@ -104,23 +104,6 @@ class SchedulerCheck(SchedulerPlugin):
         # a CPU host over tcp: nothing of gpudask's to say at INFO (read once, not per worker)
         self.says_ok = bool(ctx.gpus or ctx.uses_ucx)
 
-    async def _prepare(self, scheduler: Any) -> None:
-        if self.manager is not None:
-            return
-        self.scheduler = scheduler
-        protocol = scheme(scheduler.address)
-        try:
-            # probing the host (NVML, ucx_info) must not block the scheduler's event loop
-            manager, ctx, facts = await asyncio.to_thread(plan_here, protocol, self.extra_plugins)
-        except GpudaskError as e:
-            self.problem = f"gpudask cannot plan on the scheduler, so nothing is checked: {e}"
-            if not self.dry:
-                logger.error("gpudask check: %s", printable(self.problem))
-                scheduler.log_event(EVENT_TOPIC, {"action": "scheduler-check-unavailable", "reason": self.problem})
-            return
-        if self.manager is None:  # install() may have given them meanwhile
-            self.use(scheduler, manager, ctx, local_side(facts, "scheduler", scheduler.address, protocol))
-
     async def start(self, scheduler: Any) -> None:
         if self._started:
             return  # installed on a running scheduler: whoever calls start() first wins
@@ -129,9 +112,21 @@ class SchedulerCheck(SchedulerPlugin):
             scheduler.handlers[HANDLER] = self.handle_report
         # installed by gpudask with the scheduler's own plan, or registered by a client (asked for)
         self.asked_for = self.manager is None
-        await self._prepare(scheduler)
-        if self.manager is None:
-            return
+        if self.asked_for:
+            self.scheduler = scheduler
+            protocol = scheme(scheduler.address)
+            try:
+                # probing the host (NVML, ucx_info) must not block the scheduler's event loop
+                manager, ctx, facts = await asyncio.to_thread(plan_here, protocol, self.extra_plugins)
+            except GpudaskError as e:
+                self.problem = f"gpudask cannot plan on the scheduler, so nothing is checked: {e}"
+                if not self.dry:
+                    logger.error("gpudask check: %s", printable(self.problem))
+                    scheduler.log_event(EVENT_TOPIC, {"action": "scheduler-check-unavailable",
+                                                      "reason": self.problem})
+                return
+            if self.manager is None:  # install() may have given them meanwhile
+                self.use(scheduler, manager, ctx, local_side(facts, "scheduler", scheduler.address, protocol))
         if not self.dry:
             level = logging.INFO if self.says_ok or self.asked_for else logging.DEBUG
             logger.log(level, "gpudask check: scheduler %s (%s) checks its workers; action %s", scheduler.address,
