@@ -1,12 +1,9 @@
 """Findings: what a comparison of two processes (the scheduler check) reports.
 
-A :class:`Finding` is plain data that travels as JSON (scheduler log, dask events,
-``WorkerState.extra``); :func:`json_safe` is how data published by another process is
-read: only JSON-compatible values, bounded in size and depth, never unpickled.
-
-Defined below the plugin manager and the checks stage, so that the manager can turn
-a failing check plugin into a finding without importing the checks stage.  Re-exported
-by :mod:`gpudask.pluginapi` (for plugins) and by the checks stage.
+A :class:`Finding` travels as JSON (scheduler log, dask events, ``WorkerState.extra``);
+:func:`json_safe` reads what another process published: JSON-compatible values only,
+bounded, never unpickled.  A base-stage module, so that the plugin manager can turn a
+failing check plugin into a finding without importing the checks stage.
 """
 
 from __future__ import annotations

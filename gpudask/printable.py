@@ -1,15 +1,7 @@
-"""Text from outside a process, made safe to print on a terminal or write as one log line.
-
-What a worker publishes, what a plugin returns or a file holds may contain terminal escape
-sequences (``ESC [ 2 J`` clears the operator's screen, ``ESC ] 0 ;`` retitles the window),
-newlines that start a forged log line, bidirectional overrides that show text in another
-order, or lone surrogates a terminal cannot encode.  :func:`printable` escapes every such
-character the way Python writes it in a string literal (``\\x1b``, ``\\n``, ``\\u202e``),
-so the text stays readable and nothing of it acts on the terminal or the log.
-
-The CLI's renderers (``gpudask check``, ``gpudask status``, their tables) and gpudask's log
-lines that carry outside strings go through it.
-"""
+"""Text from outside a process (what a worker publishes, a plugin returns, a file holds),
+safe to print on a terminal or write as one log line: terminal escapes (``ESC [ 2 J`` clears
+the screen), newlines that forge a log line, bidirectional overrides and lone surrogates are
+escaped as Python writes them in a literal (``\\x1b``, ``\\n``, ``\\u202e``)."""
 
 from __future__ import annotations
 
@@ -32,5 +24,3 @@ def printable(value: Any) -> str:
     text = value if type(value) is str else str.__str__(value) if isinstance(value, str) else str(value)
     return _UNSAFE.sub(_escape, text)
 
-
-__all__ = ["printable"]

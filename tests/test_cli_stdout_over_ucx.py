@@ -59,7 +59,7 @@ def test_check_probe_and_status_over_ucx_print_only_their_report_on_stdout(clust
 
 
 def test_ucx_is_sent_to_stderr_and_quiet_but_a_users_own_settings_win():
-    from gpudask.checks.client import ucx_output_to_stderr
+    from gpudask.cli.connect import ucx_output_to_stderr
 
     env: dict[str, str] = {}
     ucx_output_to_stderr(env)

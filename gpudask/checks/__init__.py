@@ -1,26 +1,16 @@
-"""The scheduler check: does the scheduler (and the client) match the workers?
-
-The scheduler sometimes deserialises data and, over UCX, receives GPU frames it relays,
-so it needs what the workers have (see docs/scheduler-check.md).  This package runs the
-``gpudask_scheduler_check`` hook; what is compared is up to the plugins.
+"""The scheduler check: do the scheduler and the client match the workers?  The scheduler
+deserialises some data and, over UCX, relays GPU frames, so it needs what the workers have
+(docs/scheduler-check.md); the plugins' ``gpudask_scheduler_check`` hooks compare.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gpudask.checks.client import check, check_cli, format_report, run_check
-    from gpudask.checks.runner import SchedulerCheck, install, plan_here, report_on_scheduler
-    from gpudask.checks.sides import (ACTION_KEY, ACTIONS, CLIENT_WARN_TOPIC, EVENT_TOPIC, EXTRA_KEY, HANDLER,
-                                      PLUGIN_NAME, PUBLISHED_KEY, evaluate_worker, local_side, run_hooks, scheme,
-                                      side_from_published)
-    from gpudask.findings import SEVERITIES, Finding, worst
+from typing import Any
 
 # imported on first use (PEP 562): a worker reads ``checks.published`` and ``scheme`` at start,
 # and the client, runner and probe modules would cost it a dozen imports it never uses
 _WHERE = {
-    **dict.fromkeys(["check", "check_cli", "format_report", "run_check"], "gpudask.checks.client"),
+    **dict.fromkeys(["check", "format_report", "run_check"], "gpudask.checks.client"),
     **dict.fromkeys(["SchedulerCheck", "install", "plan_here", "report_on_scheduler"], "gpudask.checks.runner"),
     **dict.fromkeys(["ACTION_KEY", "ACTIONS", "CLIENT_WARN_TOPIC", "EVENT_TOPIC", "EXTRA_KEY", "HANDLER",
                      "PLUGIN_NAME", "PUBLISHED_KEY", "evaluate_worker", "local_side", "run_hooks", "scheme",

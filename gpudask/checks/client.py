@@ -6,33 +6,19 @@ client deserialises what it gathers, so it should match them too.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import os
-import socket
-import stat
-import sys
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from dask.utils import parse_bytes
-from distributed import Client, get_client
-from distributed.comm.addressing import parse_address, parse_host_port
-from distributed.comm.core import connect
-from distributed.security import Security
+from distributed import get_client
 
 from gpudask.checks.runner import plan_here, report_on_scheduler
-from gpudask.checks.sides import SEVERITIES, dedupe, local_side, run_hooks, scheme, side_from_published, summary
+from gpudask.checks.sides import dedupe, local_side, run_hooks, scheme, side_from_published, summary
 from gpudask.errors import GpudaskError
-from gpudask.findings import Finding, worst
+from gpudask.findings import SEVERITIES, Finding, worst
 from gpudask.plan import cpu_ranges
 from gpudask.printable import printable
 from gpudask.textwidth import wrap_text
-
-ADDRESS_FORMS = "tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT, or --scheduler-file FILE"
-
 
 def _fetch_scheduler_report(client: Any) -> dict[str, Any]:
     try:
@@ -112,9 +98,7 @@ def with_client(remote: dict[str, Any], scheduler_address: str, here: tuple[Any,
     return report
 
 
-def check(client: Any = None, extra_plugins: Iterable[Any] = ()) -> dict[str, Any]:
-    """``gpudask.check(client)``: :func:`run_check`."""
-    return run_check(client, extra_plugins)
+check = run_check  # gpudask.check(client)
 
 
 def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[Any]]], str],
@@ -216,230 +200,3 @@ def _processes(names: list[str], numbers: dict[str, int]) -> str:
         else:
             named.append(("workers " if len(known) > 1 else "worker ") + cpu_ranges(known))
     return ", ".join(named)
-
-
-MAX_SCHEDULER_FILE = 1 << 20  # what `dask scheduler --scheduler-file` writes is a few hundred bytes
-
-
-def read_scheduler_file(path: str, timeout: float = 30.0) -> str:
-    """The ``address`` in a dask scheduler file, read within ``timeout`` seconds (in a thread:
-    a hung network file system).  Only a regular file of at most :data:`MAX_SCHEDULER_FILE`
-    bytes: opened non-blocking (a FIFO waits for a writer for ever), checked with ``fstat``
-    before a byte is read (``/dev/zero`` never ends).
-
-    :raises GpudaskError: one line naming the file, what is wrong and what is accepted.
-    """
-    accepted = "accepted: the JSON file `dask scheduler --scheduler-file` writes"
-    result: list[Any] = []
-
-    def refused(why: str) -> GpudaskError:
-        return GpudaskError(f"--scheduler-file {path}: {why}; {accepted}")
-
-    def unreadable(why: str) -> GpudaskError:
-        return GpudaskError(f"cannot read the scheduler's address from {path}: {why}")
-
-    def read() -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    result.append(refused("not a regular file (a FIFO, socket or device)"))
-                elif st.st_size > MAX_SCHEDULER_FILE:
-                    result.append(refused(f"{st.st_size} bytes, more than a scheduler file holds "
-                                          f"({MAX_SCHEDULER_FILE})"))
-                else:
-                    with os.fdopen(fd, "rb", closefd=False) as f:
-                        result.append(f.read(MAX_SCHEDULER_FILE + 1))
-            finally:
-                os.close(fd)
-        except OSError as e:
-            result.append(unreadable(e.strerror or str(e)))
-
-    reader = threading.Thread(target=read, name="gpudask-scheduler-file", daemon=True)
-    reader.start()
-    reader.join(timeout)
-    if not result:
-        raise refused(f"not read within {timeout:g} s (--timeout)")
-    if isinstance(result[0], GpudaskError):
-        raise result[0]
-    data = result[0]
-    if len(data) > MAX_SCHEDULER_FILE:
-        raise refused(f"more than {MAX_SCHEDULER_FILE} bytes")
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        why = "nested too deep" if isinstance(e, RecursionError) else (str(e).splitlines() or ["?"])[0][:120]
-        raise unreadable(f"not JSON ({why}); {accepted}") from None
-    address = doc.get("address") if isinstance(doc, dict) else None
-    if not isinstance(address, str) or not address:
-        raise unreadable(f"no string 'address' in it; {accepted}")
-    return address
-
-
-def scheduler_address(address: str | None, scheduler_file: str | None, timeout: float = 30.0) -> str:
-    """The scheduler's address, checked for form; :raises GpudaskError: one line."""
-    if scheduler_file:
-        address = read_scheduler_file(scheduler_file, timeout)
-    if not address:
-        raise GpudaskError(f"give the scheduler's address; accepted: {ADDRESS_FORMS}")
-    if len(address) > 1000 or not address.isprintable():
-        raise GpudaskError(f"{address[:60]!r}... is not a scheduler address; accepted: {ADDRESS_FORMS}")
-    try:
-        parse_host_port(parse_address(address)[1])
-    except (ValueError, TypeError) as e:
-        raise GpudaskError(f"{address!r} is not a scheduler address ({e}); accepted: {ADDRESS_FORMS}") from None
-    return address
-
-
-def client_security(target: str) -> Any:
-    """``Client(target, security=...)``'s: distributed's TLS settings for a ``tls://`` scheduler,
-    refused in one line when there are none (``Client`` would raise a TypeError and hang at
-    exit); None for every other scheme."""
-    if scheme(target) != "tls":
-        return None
-    try:
-        security = Security()
-        context = security.get_connection_args("client").get("ssl_context")
-    except Exception as e:  # noqa: BLE001 - a certificate file that is missing or not PEM
-        raise GpudaskError(f"{target}: a TLS scheduler, and distributed's TLS settings cannot be used: "
-                           f"{type(e).__name__}: {(str(e).splitlines() or ['?'])[0][:200]}") from None
-    if context is None:
-        raise GpudaskError(f"{target}: a TLS scheduler, and no TLS settings for this client; accepted: "
-                           "distributed's TLS config (distributed.comm.tls.ca-file, .client.cert and .client.key, "
-                           "e.g. DASK_DISTRIBUTED__COMM__TLS__CA_FILE=...)")
-    return security
-
-
-def unreachable(target: str, error: BaseException) -> GpudaskError:
-    """The line ``gpudask check`` and ``gpudask status`` print when the scheduler cannot be reached."""
-    return GpudaskError(f"cannot reach the scheduler at {target}: {error}")
-
-
-def open_client(target: str, timeout: float) -> Any:
-    """A client of the scheduler at ``target``; GpudaskError when not reached within ``timeout``."""
-    security = client_security(target)
-    ucx_output_to_stderr()
-    try:
-        with deadline(timeout, target):  # a peer that accepts and never answers: one line
-            # plain TCP only: UCX is set up once per process and TLS needs the security
-            # context, both of which Client() does itself
-            if scheme(target) in (None, "tcp"):
-                _probe(target, timeout)  # fails within the timeout, not inside Client()
-            return Client(target, timeout=timeout, set_as_default=False, security=security)
-    except Exception as e:  # noqa: BLE001 - OSError, TimeoutError ...
-        raise unreachable(target, e) from None
-
-
-def _probe(address: str, timeout: float) -> None:
-    """Connect once and hang up: an unreachable TCP scheduler fails here, within ``timeout``,
-    not inside ``Client()`` (whose half-made object hangs at exit)."""
-    host, port = parse_host_port(parse_address(address)[1])
-    try:  # nothing listening: say so now (distributed's connect retries until the timeout)
-        socket.create_connection((host, port), timeout=min(timeout, 5.0)).close()
-    except ConnectionRefusedError:
-        raise OSError("nothing is listening there (connection refused)") from None
-    except OSError:
-        pass  # unreachable or slow: distributed's connect below waits up to the timeout
-
-    async def once() -> None:
-        comm = await connect(address, timeout=timeout)
-        await comm.close()
-
-    asyncio.run(once())
-
-
-def ucx_output_to_stderr(environ: dict[str, str] | Any = os.environ) -> None:
-    """Keep UCX off a client command's stdout, which is its report (``--json`` is read by
-    programs): UCX logs to stdout unless ``UCX_LOG_FILE`` says otherwise when it loads, and
-    warns there about ``UCX_MEMTYPE_CACHE``, which ucxx sets itself (the ucx plugin plans the
-    same ``UCX_WARN_UNUSED_ENV_VARS=n`` for gpudask's servers).  A user's own values win."""
-    environ.setdefault("UCX_LOG_FILE", "stderr")
-    environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
-
-
-MAX_TIMEOUT_S = 7 * 86400.0  # --timeout's upper end: a week
-
-
-def check_timeout(value: float, option: str = "--timeout") -> float:
-    """A command's ``--timeout`` (or ``--path-timeout``), refused in one line when unusable."""
-    if not (isinstance(value, (int, float)) and 0 < value <= MAX_TIMEOUT_S):
-        raise GpudaskError(f"{option} {value:g}: accepted: a number of seconds above 0 and at most "
-                           f"{MAX_TIMEOUT_S:g} (a week)")
-    return float(value)
-
-
-@contextlib.contextmanager
-def deadline(seconds: float, target: str) -> Iterator[None]:
-    """Exit (status 2, one line) when the scheduler at ``target`` has not answered within
-    ``seconds`` plus one: a peer that accepts and never answers cannot hold a command past its
-    ``--timeout``, and Python cannot cancel a blocked call from outside."""
-    def expire() -> None:
-        sys.stderr.write(f"gpudask: error: no answer from the scheduler at {target} within {seconds:g} s "
-                         "(--timeout)\n")
-        sys.stderr.flush()
-        os._exit(2)
-
-    timer = threading.Timer(seconds + 1.0, expire)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-
-
-def check_cli(address: str | None, scheduler_file: str | None, as_json: bool, timeout: float,
-              echo: Callable[..., Any], table: Callable[[list[str], list[list[Any]]], str],
-              probe: bool = False, path_timeout: float = 10.0, workers: str | None = None,
-              payload: str = "64MiB") -> int:
-    """``gpudask check``: 0 without an error finding, 1 with one, 2 when the scheduler cannot be
-    reached.  ``probe``: data through every path instead, 1 when one fails (slow: a warning)."""
-    try:
-        check_timeout(timeout)
-        target = scheduler_address(address, scheduler_file, timeout)
-        chosen = _probe_workers(workers) if probe else None
-        if probe:
-            check_timeout(path_timeout, "--path-timeout")
-            nbytes = _payload(payload)
-        client = open_client(target, timeout)
-    except GpudaskError as e:
-        echo(f"gpudask: error: {printable(e)}", err=True)
-        return 2
-    if probe:
-        from gpudask.checks.probe import format_probe, run_probe
-
-        try:
-            result = run_probe(client, path_timeout, chosen, nbytes)
-        finally:
-            client.close(timeout=path_timeout)
-        echo(json.dumps(result, indent=1, default=str) if as_json else format_probe(result))
-        return 0 if result["status"] in ("ok", "slow") else 1  # slow: a warning, like the check's
-    try:
-        with deadline(timeout, target):
-            report = run_check(client)
-    finally:
-        client.close()
-    echo(json.dumps(report, indent=1, default=str) if as_json else format_report(report, table))
-    return 1 if report["status"] == "error" else 0
-
-
-def _payload(value: str) -> int:
-    """``--payload``: 8 bytes to 4 GiB."""
-    try:
-        nbytes = int(parse_bytes(value))
-    except (ValueError, TypeError, OverflowError):
-        nbytes = -1
-    if not 8 <= nbytes <= 4 * 2**30:
-        raise GpudaskError(f"--payload {value}: accepted: a size from 8 bytes to 4GiB, e.g. 64MiB")
-    return nbytes
-
-
-def _probe_workers(value: str | None) -> list[str] | None:
-    """``--workers SOURCE,DESTINATION`` of ``--probe``."""
-    if value is None:
-        return None
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    if not 1 <= len(items) <= 2:
-        raise GpudaskError(f"--workers {value!r}: accepted: SOURCE or SOURCE,DESTINATION (worker addresses)")
-    return items

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import queue
 import sys
@@ -72,20 +73,20 @@ class Threads:
 
 _THREAD_IDS = itertools.count()
 POOL = Threads(THREADS)
-_JOB_IDS = itertools.count()
 
 
+@dataclasses.dataclass(eq=False)
 class Job:
     """One worker's check, running in a thread."""
 
-    def __init__(self, address: str, ws: Any):
-        self.id = next(_JOB_IDS)
-        self.address, self.ws = address, ws
-        self.submitted = time.monotonic()
-        self.thread: int | None = None  # the thread running it, once started
-        self.future: concurrent.futures.Future[tuple[list[Finding], dict[str, Any] | None]] | None = None
-        self.recorded = threading.Event()  # a first result (or the timeout finding) is recorded
-        self.slow_plugin: str | None = None  # the plugin a timeout finding named
+    address: str
+    ws: Any
+    submitted: float = dataclasses.field(default_factory=time.monotonic)
+    thread: int | None = None  # the thread running it, once started
+    future: concurrent.futures.Future[tuple[list[Finding], dict[str, Any] | None]] | None = None
+    # set once a first result (or the timeout finding) is recorded
+    recorded: threading.Event = dataclasses.field(default_factory=threading.Event)
+    slow_plugin: str | None = None  # the plugin a timeout finding named
 
 
 def read_timeout(ctx: Any) -> float:

@@ -1,10 +1,8 @@
-"""Bounds on what a worker publishes (``WorkerState.extra["gpudask"]``) besides its facts.
-
-The facts are validated whole (:func:`gpudask.checks.sides.side_from_published`); the plan,
-applied state and mismatches are shown and turned into findings, so they are *bounded*
-instead, never refused (docs/scheduler-check.md).  Nothing here raises on odd data, and a
-bounded value passes through again unchanged: every reader bounds what it reads (a mark
-saying "bounded already" could be published by a worker too).
+"""Bounds on what a worker publishes (``WorkerState.extra["gpudask"]``) besides its facts
+(validated whole: :func:`gpudask.checks.sides.side_from_published`): the plan, applied state
+and mismatches are *bounded*, never refused.  Nothing here raises on odd data, and a bounded
+value passes through again unchanged: every reader bounds what it reads (a mark saying
+"bounded already" could be published by a worker too).
 """
 
 from __future__ import annotations

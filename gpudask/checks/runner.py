@@ -1,12 +1,9 @@
-"""The scheduler check runner: a ``SchedulerPlugin`` comparing each worker with the scheduler.
-
-Installed by the apply stage (:func:`install`) or registered by a client (``SchedulerCheck()``,
-which then plans the comparison itself); findings and actions: docs/scheduler-check.md.
+"""The scheduler check runner: a ``SchedulerPlugin`` comparing each worker with the scheduler,
+installed by the apply stage (:func:`install`) or registered by a client (docs/scheduler-check.md).
 
 Each worker's comparison runs in a thread (:mod:`gpudask.checks.jobs`), never on the event
-loop; ``add_worker`` waits for it at most :data:`INLINE_WAIT_S` (a normal check, a few ms,
-is done with the registration), not at all once a check was slow.  A plugin that never
-returns keeps its thread (Python cannot stop one); everything else goes on.
+loop; ``add_worker`` waits for it at most :data:`INLINE_WAIT_S` (a normal check takes a few
+ms), not at all once a check was slow.  A plugin that never returns keeps its thread.
 """
 
 from __future__ import annotations
@@ -107,23 +104,6 @@ class SchedulerCheck(SchedulerPlugin):
         # a CPU host over tcp: nothing of gpudask's to say at INFO (read once, not per worker)
         self.says_ok = bool(ctx.gpus or ctx.uses_ucx)
 
-    async def _prepare(self, scheduler: Any) -> None:
-        if self.manager is not None:
-            return
-        self.scheduler = scheduler
-        protocol = scheme(scheduler.address)
-        try:
-            # probing the host (NVML, ucx_info) must not block the scheduler's event loop
-            manager, ctx, facts = await asyncio.to_thread(plan_here, protocol, self.extra_plugins)
-        except GpudaskError as e:
-            self.problem = f"gpudask cannot plan on the scheduler, so nothing is checked: {e}"
-            if not self.dry:
-                logger.error("gpudask check: %s", printable(self.problem))
-                scheduler.log_event(EVENT_TOPIC, {"action": "scheduler-check-unavailable", "reason": self.problem})
-            return
-        if self.manager is None:  # install() may have given them meanwhile
-            self.use(scheduler, manager, ctx, local_side(facts, "scheduler", scheduler.address, protocol))
-
     async def start(self, scheduler: Any) -> None:
         if self._started:
             return  # installed on a running scheduler: whoever calls start() first wins
@@ -132,9 +112,21 @@ class SchedulerCheck(SchedulerPlugin):
             scheduler.handlers[HANDLER] = self.handle_report
         # installed by gpudask with the scheduler's own plan, or registered by a client (asked for)
         self.asked_for = self.manager is None
-        await self._prepare(scheduler)
-        if self.manager is None:
-            return
+        if self.asked_for:
+            self.scheduler = scheduler
+            protocol = scheme(scheduler.address)
+            try:
+                # probing the host (NVML, ucx_info) must not block the scheduler's event loop
+                manager, ctx, facts = await asyncio.to_thread(plan_here, protocol, self.extra_plugins)
+            except GpudaskError as e:
+                self.problem = f"gpudask cannot plan on the scheduler, so nothing is checked: {e}"
+                if not self.dry:
+                    logger.error("gpudask check: %s", printable(self.problem))
+                    scheduler.log_event(EVENT_TOPIC, {"action": "scheduler-check-unavailable",
+                                                      "reason": self.problem})
+                return
+            if self.manager is None:  # install() may have given them meanwhile
+                self.use(scheduler, manager, ctx, local_side(facts, "scheduler", scheduler.address, protocol))
         if not self.dry:
             level = logging.INFO if self.says_ok or self.asked_for else logging.DEBUG
             logger.log(level, "gpudask check: scheduler %s (%s) checks its workers; action %s", scheduler.address,
@@ -299,8 +291,7 @@ class SchedulerCheck(SchedulerPlugin):
             out["sides"] = {"scheduler": self.side, "workers": dict(self.sides)}
         return out
 
-    def handle_report(self, sides: bool = False) -> dict[str, Any]:
-        return self.report(sides=bool(sides))
+    handle_report = report  # the scheduler's HANDLER
 
 
 def install(scheduler: Any, manager: Any, ctx: Any, side: dict[str, Any], action: str | None = None) -> SchedulerCheck:

@@ -1,9 +1,7 @@
-"""The comparison itself, pure: read what a process published, run the plugins' checks.
-
-Each process is a *side* (:func:`side_from_published`): a worker's from what its gpudask
-published (``WorkerState.extra["gpudask"]``), validated here and never unpickled; the
-scheduler's and the client's from their own facts (:func:`local_side`).  What is compared
-is up to the plugins' ``gpudask_scheduler_check`` hooks.
+"""The comparison itself, pure: each process is a *side*, a worker's from what its gpudask
+published (:func:`side_from_published`: validated, never unpickled), the scheduler's and the
+client's from their own facts (:func:`local_side`); the plugins' ``gpudask_scheduler_check``
+hooks compare them.
 """
 
 from __future__ import annotations
@@ -94,27 +92,22 @@ def _planned_ucx_tls(published: dict[str, Any]) -> str | None:
 def _memory(published: dict[str, Any]) -> dict[str, Any] | None:
     """The memory setup report, by plugin, bounded like every published field."""
     memory = published.get("memory")
-    if not isinstance(memory, dict):
-        return None
-    out = bounds.bound(memory)
-    return out if isinstance(out, dict) else None
+    return bounds.bound(memory) if isinstance(memory, dict) else None
 
 
 def _valid_facts(published: Any, role: str) -> dict[str, Any]:
     """Published facts, validated once per distinct data: the workers of a host (of a cluster,
     often) publish the same facts, and validating them was most of the scheduler's cost per
     joining worker.  The sides share the dict (read-only); 64 hosts' facts are kept."""
-    return process_state.remembered("valid published facts", fingerprint(published),
-                                    lambda: _validated_facts(published, role))
-
-
-def _validated_facts(published: Any, role: str) -> dict[str, Any]:
     from gpudask.facts import facts_from_dict
 
-    try:
-        return facts_from_dict(_json_safe(published), f"facts of the {role}").to_dict()
-    except FactsError as e:
-        raise ValueError(str(e)) from None
+    def validated() -> dict[str, Any]:
+        try:
+            return facts_from_dict(_json_safe(published), f"facts of the {role}").to_dict()
+        except FactsError as e:
+            raise ValueError(str(e)) from None
+
+    return process_state.remembered("valid published facts", fingerprint(published), validated)
 
 
 def _json_safe(data: Any) -> Any:
@@ -281,7 +274,3 @@ def summary(side: dict[str, Any] | None, address: str | None) -> dict[str, Any]:
             "gpus": [g.get("name") for g in facts.get("gpus") or [] if isinstance(g, dict)],
             "driver_version": facts.get("driver_version"), "cuda_driver_version": facts.get("cuda_driver_version")}
 
-
-__all__ = ["ACTIONS", "ACTION_KEY", "CLIENT_WARN_TOPIC", "EVENT_TOPIC", "EXTRA_KEY", "HANDLER", "PLUGIN_NAME",
-           "PUBLISHED_KEY", "SEVERITIES", "dedupe", "describe", "evaluate_worker", "local_side", "read_action",
-           "run_hooks", "scheme", "side_from_published", "summary"]

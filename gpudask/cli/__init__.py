@@ -12,7 +12,23 @@ from gpudask.errors import ConfigError, GpudaskError
 
 
 class _CleanErrors(click.Group):
-    """GpudaskError -> one line on stderr and exit 2; never a traceback."""
+    """GpudaskError -> one line on stderr and exit 2; never a traceback.  Besides its own, the
+    commands that other distributions add through the ``gpudask.commands`` entry point group."""
+
+    def get_command(self, ctx: click.Context, name: str) -> Any:
+        command = super().get_command(ctx, name)
+        ep = _entry_point_commands().get(name) if command is None else None
+        if ep is not None:
+            try:
+                command = ep.load()
+            except Exception as e:  # noqa: BLE001 - `gpudask --help` lists the others; running it says why
+                dist = getattr(ep.dist, "name", None) or "its distribution"
+                _LOAD_ERRORS[name] = (f"`gpudask {name}` ({ep.value}, from {dist}) cannot be loaded: "
+                                      f"{type(e).__name__}: {e}; reinstall {dist}")
+        return command
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(_entry_point_commands()))
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
         # click's own answer to an unknown command is its usage text and an error line; a
@@ -31,6 +47,28 @@ class _CleanErrors(click.Group):
 
             click.echo(f"gpudask: error: {printable(e)}", err=True)  # one line, whatever the text holds
             sys.exit(2)
+
+
+# Commands that other distributions of this project add: name -> (distribution, where it is
+# in gpudask's source tree)
+OPTIONAL_COMMANDS = {"bench": ("gpudask-bench", "./contrib/gpudask-bench")}
+_LOAD_ERRORS: dict[str, str] = {}  # entry point commands that failed to load: name -> why
+
+
+def _entry_point_commands() -> dict[str, Any]:
+    import importlib.metadata
+
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group="gpudask.commands")}
+
+
+def _unknown_command(ctx: click.Context, name: str) -> str:
+    if name in _LOAD_ERRORS:
+        return _LOAD_ERRORS[name]
+    if name in OPTIONAL_COMMANDS:
+        dist, source = OPTIONAL_COMMANDS[name]
+        return (f"`gpudask {name}` comes with the {dist} distribution, which is not installed: "
+                f"python -m pip install {source} (in gpudask's source tree)")
+    return f"no command {name!r}; accepted: {', '.join(main.list_commands(ctx))}"
 
 
 def _printable_output() -> None:
@@ -163,7 +201,7 @@ def demo(nworkers: int | None, protocol: str, as_json: bool, keep: float) -> Non
         click.echo(json.dumps(report, indent=1, default=str))
 
 
-def _scheduler_options(command: Any) -> Any:
+def scheduler_options(command: Any) -> Any:
     """The scheduler, for every command that needs one: ADDRESS, --address ADDRESS or --scheduler-file FILE."""
     command = click.option("--scheduler-file", default=None, type=click.Path(dir_okay=False),
                            help="A dask scheduler file (what `dask scheduler --scheduler-file` wrote).")(command)
@@ -172,19 +210,8 @@ def _scheduler_options(command: Any) -> Any:
     return click.argument("address", required=False)(command)
 
 
-def _one_scheduler(address: str | None, address_option: str | None, scheduler_file: str | None) -> str | None:
-    """The address given, or None for the scheduler file; two different ones are refused."""
-    accepted = "accepted: one of ADDRESS, --address ADDRESS, --scheduler-file FILE"
-    if address and address_option and address != address_option:
-        raise GpudaskError(f"two scheduler addresses given ({address!r} and --address {address_option!r}); {accepted}")
-    address = address or address_option
-    if address and scheduler_file:
-        raise GpudaskError(f"both an address ({address!r}) and --scheduler-file given; {accepted}")
-    return address
-
-
 @main.command()
-@_scheduler_options
+@scheduler_options
 @click.option("--json", "as_json", is_flag=True,
               help="The findings as JSON (with --probe: the paths) instead of the table.")
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the scheduler.")
@@ -201,18 +228,61 @@ def check(address: str | None, address_option: str | None, scheduler_file: str |
     """Compare the scheduler, its workers and this client (exit 1 on an error finding);
     --probe: move data through every path instead.  The scheduler: ADDRESS, --address ADDRESS
     or --scheduler-file FILE."""
-    from gpudask.checks import check_cli
+    from gpudask.checks.client import format_report, run_check
+    from gpudask.cli.connect import check_timeout, deadline, open_client, target
     from gpudask.cli.report import table
 
     if workers is not None and not probe:
         raise GpudaskError("--workers goes with --probe")
-    address = _one_scheduler(address, address_option, scheduler_file)
-    sys.exit(check_cli(address, scheduler_file, as_json, timeout, click.echo, table, probe, path_timeout, workers,
-                       payload))
+    address = target(address, address_option, scheduler_file, timeout)
+    if probe:
+        chosen = _probe_workers(workers)
+        check_timeout(path_timeout, "--path-timeout")
+        nbytes = _payload(payload)
+    client = open_client(address, timeout)
+    if probe:
+        from gpudask.checks.probe import format_probe, run_probe
+
+        try:
+            result = run_probe(client, path_timeout, chosen, nbytes)
+        finally:
+            client.close(timeout=path_timeout)
+        click.echo(json.dumps(result, indent=1, default=str) if as_json else format_probe(result))
+        sys.exit(0 if result["status"] in ("ok", "slow") else 1)  # slow: a warning, like the check's
+    try:
+        with deadline(timeout, address):
+            report = run_check(client)
+    finally:
+        client.close()
+    click.echo(json.dumps(report, indent=1, default=str) if as_json else format_report(report, table))
+    sys.exit(1 if report["status"] == "error" else 0)
+
+
+def _payload(value: str) -> int:
+    """``--payload``: 8 bytes to 4 GiB."""
+    from dask.utils import parse_bytes
+
+    try:
+        nbytes = int(parse_bytes(value))
+    except (ValueError, TypeError, OverflowError):
+        nbytes = -1
+    if not 8 <= nbytes <= 4 * 2**30:
+        raise GpudaskError(f"--payload {value}: accepted: a size from 8 bytes to 4GiB, e.g. 64MiB")
+    return nbytes
+
+
+def _probe_workers(value: str | None) -> list[str] | None:
+    """``--workers SOURCE,DESTINATION`` of ``--probe``."""
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not 1 <= len(items) <= 2:
+        raise GpudaskError(f"--workers {value!r}: accepted: SOURCE or SOURCE,DESTINATION (worker addresses)")
+    return items
 
 
 @main.command()
-@_scheduler_options
+@scheduler_options
 @click.option("--json", "as_json", is_flag=True, help="Every worker's planned and actual state as JSON.")
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the scheduler.")
 def status(address: str | None, address_option: str | None, scheduler_file: str | None, as_json: bool,
@@ -220,65 +290,15 @@ def status(address: str | None, address_option: str | None, scheduler_file: str 
     """The running cluster, one row per worker: GPU, transports, pool, CPUs, start method, planned
     against actual (exit 1 when a plan did not take effect or a worker published a malformed
     field).  The scheduler: ADDRESS, --address ADDRESS or --scheduler-file FILE."""
-    from gpudask.checks.client import check_timeout, deadline, open_client, scheduler_address, unreachable
+    from gpudask.cli.connect import deadline, open_client, target, unreachable
     from gpudask.cli.report import table
     from gpudask.cli.status import cluster_status, format_status
 
-    check_timeout(timeout)
-    target = scheduler_address(_one_scheduler(address, address_option, scheduler_file), scheduler_file, timeout)
+    address = target(address, address_option, scheduler_file, timeout)
     try:
-        with open_client(target, timeout) as client, deadline(timeout, target):
+        with open_client(address, timeout) as client, deadline(timeout, address):
             result = cluster_status(client)
     except OSError as e:
-        raise unreachable(target, e) from None
+        raise unreachable(address, e) from None
     click.echo(json.dumps(result, indent=1, default=str) if as_json else format_status(result, table))
     sys.exit(1 if result["mismatches"] or result["problems"] else 0)
-
-
-# Commands that other distributions of this project add through the `gpudask.commands` entry
-# point group: name -> (distribution, where it is in gpudask's source tree)
-OPTIONAL_COMMANDS = {"bench": ("gpudask-bench", "./contrib/gpudask-bench")}
-_LOAD_ERRORS: dict[str, str] = {}  # entry point commands that failed to load: name -> why
-
-
-def _entry_point_commands() -> dict[str, Any]:
-    import importlib.metadata
-
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group="gpudask.commands")}
-
-
-_builtin_get, _builtin_list = main.get_command, main.list_commands
-
-
-def _get_command(ctx: click.Context, name: str) -> Any:
-    command = _builtin_get(ctx, name)
-    if command is None:
-        ep = _entry_point_commands().get(name)
-        if ep is not None:
-            try:
-                command = ep.load()
-            except Exception as e:  # noqa: BLE001 - `gpudask --help` lists the others; running it says why
-                dist = getattr(ep.dist, "name", None) or "its distribution"
-                _LOAD_ERRORS[name] = (f"`gpudask {name}` ({ep.value}, from {dist}) cannot be loaded: "
-                                      f"{type(e).__name__}: {e}; reinstall {dist}")
-                return None
-    return command
-
-
-def _unknown_command(ctx: click.Context, name: str) -> str:
-    if name in _LOAD_ERRORS:
-        return _LOAD_ERRORS[name]
-    if name in OPTIONAL_COMMANDS:
-        dist, source = OPTIONAL_COMMANDS[name]
-        return (f"`gpudask {name}` comes with the {dist} distribution, which is not installed: "
-                f"python -m pip install {source} (in gpudask's source tree)")
-    return f"no command {name!r}; accepted: {', '.join(_list_commands(ctx))}"
-
-
-def _list_commands(ctx: click.Context) -> list[str]:
-    return sorted(set(_builtin_list(ctx)) | set(_entry_point_commands()))
-
-
-main.get_command = _get_command  # type: ignore[method-assign]
-main.list_commands = _list_commands  # type: ignore[method-assign]
-

@@ -1,9 +1,6 @@
-"""Readable tables of plans and plugins (the non-JSON output of the CLI).
-
-Tables fit the terminal: a cell too wide for its column wraps inside it (at a comma,
-space, colon, slash, underscore or dash when it can), so nothing is lost.  Output to a
-pipe or a file keeps whole lines (``grep`` sees every value on one line) unless
-``COLUMNS`` says how wide to be.
+"""Readable tables of plans and plugins (the CLI's non-JSON output).  Tables fit the
+terminal: a cell too wide wraps inside its column (at a comma, space, colon, slash, underscore
+or dash when it can); to a pipe or a file, lines stay whole unless ``COLUMNS`` is set.
 """
 
 from __future__ import annotations

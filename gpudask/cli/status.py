@@ -1,9 +1,6 @@
-"""``gpudask status``: the running cluster, one row per worker, planned against actual.
-
-Every worker with gpudask publishes its plan and its *applied state* (:mod:`gpudask.apply.state`);
-a difference is a *mismatch* (the plan did not take effect).  What it published is another
-process's data: every string is printed escaped (``\\x1b``, never sent to the terminal) and
-cut, and a field of the wrong shape is one ``warning:`` line, never a traceback.
+"""``gpudask status``: the running cluster, one row per worker, its plan against its *applied
+state* (:mod:`gpudask.apply.state`); a difference is a *mismatch*.  What a worker published is
+printed escaped and cut, and a field of the wrong shape is one ``warning:`` line.
 """
 
 from __future__ import annotations
@@ -43,16 +40,12 @@ def _gib(n: Any) -> str:
     return escaped(n)
 
 
-def _kind(value: Any) -> str:
-    return type(value).__name__
-
-
 def _mapping(source: Mapping[str, Any], key: str, where: str, problems: list[str]) -> dict[str, Any]:
     value = source.get(key)
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        problems.append(f"{where}{key} is a {_kind(value)}, not a mapping: ignored")
+        problems.append(f"{where}{key} is a {type(value).__name__}, not a mapping: ignored")
         return {}
     return dict(value)
 
@@ -62,7 +55,7 @@ def _mismatches(published: Mapping[str, Any], problems: list[str]) -> list[dict[
     if raw is None:
         return []
     if not isinstance(raw, (list, tuple)):  # msgpack hands lists over as tuples
-        problems.append(f"mismatches is a {_kind(raw)}, not a list: ignored")
+        problems.append(f"mismatches is a {type(raw).__name__}, not a list: ignored")
         return []
     out = []
     for n, m in enumerate(raw):
@@ -95,7 +88,7 @@ def worker_row(address: str, info: Any, manager: Any = None) -> dict[str, Any]:
     problems: list[str] = []
     published: Any = info.get("gpudask") if isinstance(info, Mapping) else None
     if published is not None and not isinstance(published, Mapping):
-        problems.append(f"gpudask is a {_kind(published)}, not a mapping: ignored")
+        problems.append(f"gpudask is a {type(published).__name__}, not a mapping: ignored")
         published = {}
     published = dict(published or {})
     plan = _mapping(published, "plan", "", problems)
@@ -115,7 +108,7 @@ def worker_row(address: str, info: Any, manager: Any = None) -> dict[str, Any]:
             cpus[side] = None
     index = plan.get("index")
     if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
-        problems.append(f"plan.index is a {_kind(index)}, not an integer: ignored")
+        problems.append(f"plan.index is a {type(index).__name__}, not an integer: ignored")
         index = None
     return {
         "worker": address,

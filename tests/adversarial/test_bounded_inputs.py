@@ -269,7 +269,7 @@ def test_the_timeout_bounds_the_read_of_a_scheduler_file(tmp_path, monkeypatch):
     blocks) ends at --timeout with one line."""
     import threading
 
-    from gpudask.checks.client import read_scheduler_file
+    from gpudask.cli.connect import read_scheduler_file
     from gpudask.errors import GpudaskError
 
     path = tmp_path / "scheduler.json"
