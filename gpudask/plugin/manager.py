@@ -118,12 +118,10 @@ class PluginManager:
 
     @classmethod
     def from_plan_plugins(cls, plugins: Iterable[Mapping[str, Any]], core: Settings) -> PluginManager:
-        """The plugins a planning process loaded (its host plan's ``plugins``), loaded again in
-        a worker process it started: the built-ins by name, entry points by name.  The parent
-        chose them (:func:`~gpudask.plugin.registration.select`, its enable and disable lists
-        checked); the installed distributions are scanned only when one of them is an entry
-        point (reading every distribution's entry points: 3 ms of a worker's start).  Plugin objects the parent registered
-        itself are not loaded here, as :meth:`from_environment` did not.
+        """The plugins a planning process loaded (its host plan's ``plugins``), loaded again by
+        name in a worker process it started, as the parent chose them (its enable and disable
+        lists applied).  The installed distributions are scanned only for an entry point (3 ms
+        of a worker's start); objects the parent registered itself are not loaded.
 
         :raises PluginError: a plugin that cannot be loaded (one line)."""
         manager = cls()
@@ -238,8 +236,8 @@ class PluginManager:
 
     def _call(self, hook_name: str, plan: ProcessPlan | Mapping[str, Any] | None = None, isolate: bool = False,
               **kwargs: Any) -> list[tuple[LoadedPlugin, Any]]:
-        """Call each implementation in priority order.  With ``isolate`` a failing plugin's
-        PluginError is returned as its result instead of stopping the others."""
+        """Each implementation's result, in priority order; with ``isolate`` a failing plugin's
+        PluginError is its result instead of stopping the others."""
         if plan is not None:
             kwargs = dict(kwargs, plan=plan)
         # a ProcessPlan being built or applied (not a published plan's dict): its reasons name
