@@ -243,32 +243,23 @@ def take_cli_argv(argv: list[str] | tuple[str, ...], command: str) -> tuple[dict
     return settings, names
 
 
-def owners() -> dict[str, str]:
-    """Which loaded plugin declares each setting: ``{key: plugin name}``."""
-    from gpudask import bootstrap
-
-    out: dict[str, str] = {}
-    for plugin in bootstrap.inputs().manager.plugins:
-        for option in _options_of(plugin.obj):
-            key = getattr(option, "key", None)
-            if isinstance(key, str):
-                out.setdefault(key, plugin.name)
-    return out
-
-
 def without_effect(host: Any, given_as: dict[str, str]) -> list[str]:
     """The arguments given that do nothing here: a UCX-only setting (``Option.ucx_only``) with
     another protocol, and those whose plugin skipped every worker of ``host``'s plan (no GPU
     visible, ...): one line each, naming the argument and why."""
     from gpudask import bootstrap
 
-    options = bootstrap.inputs().settings.options
+    inputs = bootstrap.inputs()
+    options = inputs.settings.options
     ucx_only = [given for key, given in given_as.items() if getattr(options.get(key), "ucx_only", False)]
     lines = []
     if ucx_only and host.protocol not in ("ucx", "ucxx"):
         lines.append(f"{', '.join(ucx_only)} {'has' if len(ucx_only) == 1 else 'have'} no effect: the protocol is "
                      f"{host.protocol}, and UCX transports apply only over UCX (--protocol ucx, a ucx:// scheduler)")
-    declared = owners()
+    declared: dict[str, str] = {}  # setting -> the loaded plugin declaring it
+    for loaded in inputs.manager.plugins:
+        for option in _options_of(loaded.obj):
+            declared.setdefault(option.key, loaded.name)
     by_plugin: dict[tuple[str, str], list[str]] = {}
     for key, given in given_as.items():
         if given in ucx_only and lines:

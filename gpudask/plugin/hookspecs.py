@@ -68,14 +68,12 @@ def gpudask_config_options() -> list[Option]:
     processes, every worker process (its settings are read there, its plan comes from its
     parent), the ``gpudask`` commands, ``LocalGPUCluster``'s dask-cuda arguments, the docs build.
 
-    :return: a list of :class:`gpudask.pluginapi.Option`, keys under ``gpudask.``
-        (``gpudask.<plugin-name>.<option>`` by convention).  Each carries its default, a
-        one-line description (for the configuration reference), a parser that turns raw
-        values into typed ones and raises :class:`ValueError` with the accepted form, and
-        optional ``legacy`` keys (other dask config keys honoured when the gpudask key is not
-        set explicitly).  Plugins read values with ``ctx.require(key)`` or ``ctx.value(key)``
-        (one line naming the key when no loaded plugin declares it), or ``ctx.setting(key)``
-        (None then) for another plugin's option.
+    :return: a list of :class:`gpudask.pluginapi.Option` (default, one-line description,
+        parser raising :class:`ValueError` with the accepted form, optional ``legacy`` dask
+        config keys), keys under ``gpudask.`` (``gpudask.<plugin-name>.<option>`` by
+        convention).  Plugins read values with ``ctx.require(key)`` or ``ctx.value(key)`` (one
+        line naming the key when no loaded plugin declares it), or ``ctx.setting(key)`` (None
+        then) for another plugin's option.
 
     **Combined:** all plugins' lists, after gpudask's core options.  **Failure:** raising, or
     returning something that is not an ``Option`` under ``gpudask.``, stops the process (one
@@ -91,18 +89,14 @@ def gpudask_facts_sections() -> list[FactsSection] | None:
     and before ``gpudask_validate``.  **Called in:** every process that builds plan inputs:
     the planning processes, every worker process, ``gpudask info`` / ``check``, ``LocalGPUCluster``.
 
-    :return: a list of :class:`gpudask.pluginapi.FactsSection` ``(name, schema, probe)``, or
-        None.  On a real host ``probe(facts)`` (the core's facts: GPUs, interfaces, versions)
-        runs once per process that probes; on a described host the value is the facts file's
-        ``{"sections": {name: ...}}``.  Either way it is checked against ``schema`` (a JSON
-        Schema fragment; its ``x-accepts`` texts are what the error says is accepted), handed
-        on with the facts (a nanny's workers, the published facts) and read with
-        ``ctx.facts.section(name)`` -- None when a described host does not say.
-
-        Optional fields: ``check(value, facts)``, what the schema cannot say;
-        ``summary(value)``, words for ``gpudask info``; ``decides=False`` for a section no
-        decision depends on: probed (and validated) on a real host only when first read, in
-        the process that reads it.
+    :return: a list of :class:`gpudask.pluginapi.FactsSection` ``(name, schema, probe)``
+        (optional ``check``, ``summary``, ``decides``: its docstring says), or None.  On a real
+        host ``probe(facts)`` (the core's facts: GPUs, interfaces, versions) runs once per
+        process that probes; on a described host the value is the facts file's ``{"sections":
+        {name: ...}}``.  Either way it is checked against ``schema`` (a JSON Schema fragment;
+        its ``x-accepts`` texts are what the error says is accepted), handed on with the facts
+        (a nanny's workers, the published facts) and read with ``ctx.facts.section(name)`` --
+        None when a described host does not say.
 
     **Combined:** the sections of all plugins, each name owned by one plugin.  **Failure:**
     raising, returning something that is not a ``FactsSection``, a name another plugin owns,
@@ -135,12 +129,11 @@ def gpudask_preimport(facts: Facts, role: str, protocol: str | None) -> list[str
     import them ahead of time, off the start's critical path.
 
     **When:** once the plan inputs are built: with ``role="nanny"`` and ``protocol=None`` by the
-    ``dask worker`` process that waits for the scheduler's file (the protocol follows the
-    scheduler, not known yet: name what a likely protocol needs); with ``role="worker"`` and the
-    plan's protocol by a process that starts a fork server for its worker processes (the server
-    imports them before it forks any); again in each forked worker, to say which it found
-    imported.  **Called in:** the nanny host, a client starting a ``LocalGPUCluster`` and their
-    forked workers, on a host planned for forkserver.
+    ``dask worker`` process waiting for the scheduler's file (name what a likely protocol
+    needs); with ``role="worker"`` by a process starting a fork server for its workers (imported
+    before it forks any), and in each forked worker, to say which it found imported.
+    **Called in:** the nanny host, a client starting a ``LocalGPUCluster`` and their forked
+    workers, on a host planned for forkserver.
 
     :param facts: the host's facts (GPUs, installed packages, the plugins' sections).
     :param role: ``"nanny"`` or ``"worker"``.
@@ -162,13 +155,12 @@ def gpudask_likely_protocol(facts: Facts) -> str | None:
     """Name the protocol this host's scheduler most likely listens on, so that a ``dask worker``
     started before its scheduler can plan and apply for it while it waits.
 
-    **When:** once the plan inputs are built, by a ``dask worker`` process (nanny host) whose
-    ``--scheduler-file`` is not written yet and that was given no ``--protocol``.  gpudask then
-    plans and applies for that protocol (fork server started, host plan published,
-    ``gpudask_listen_ahead`` called) and waits for the file.  If the scheduler listens on
-    another protocol, the process's environment and dask config are put back as the user had
-    them and it plans again, with one info line.  ``gpudask.start.plan-ahead: false`` turns it
-    off.  **Called in:** the nanny host only.
+    **When:** once the plan inputs are built, by a ``dask worker`` process (nanny host) given no
+    ``--protocol`` whose ``--scheduler-file`` is not written yet.  gpudask plans and applies for
+    that protocol (fork server, host plan, ``gpudask_listen_ahead``) while it waits for the
+    file; if the scheduler listens on another, the environment and dask config are put back as
+    the user had them and it plans again, with one info line.  ``gpudask.start.plan-ahead:
+    false`` turns it off.  **Called in:** the nanny host only.
 
     :param facts: the host's facts (GPUs, installed packages, the plugins' sections).
     :return: a protocol name of distributed's (``"ucx"``, ``"tcp"``), or None: no guess.
@@ -294,8 +286,8 @@ def gpudask_context_init(ctx: PlanContext, plan: ProcessPlan) -> None:
     ``LocalCluster``), gpudask's ``WorkerPlugin`` / ``SchedulerPlugin`` on a running server.
 
     Implementations detect existing contexts (without creating one), create the worker's
-    context on its own GPU when UCX needs it, and verify it.  When the facts are described
-    (``ctx.facts.described``) nothing touching a real device may run.
+    context on its own GPU when UCX needs it, and verify it; nothing touching a real device
+    may run when the facts are described (``ctx.facts.described``).
 
     :return: None (ignored).
 
@@ -312,10 +304,8 @@ def gpudask_listen_ahead(ctx: PlanContext, plan: ProcessPlan) -> None:
     **When:** an apply hook, called once, right after the process applied a plan made ahead for
     the protocol ``gpudask_likely_protocol`` named (``ctx.protocol``), before it waits for the
     scheduler's file, unless another ``--preload`` follows gpudask's (its import may still
-    change what the transport reads); the process listens on that protocol later only if the
-    scheduler does.  **Called in:** the nanny host only, and never on a described host's
-    hardware it does not have (``ctx.facts.described``: a real process still starts there, so
-    what runs must work on the machine at hand).
+    change what the transport reads).  **Called in:** the nanny host only; on a described host
+    (``ctx.facts.described``) too, so what runs must work on the machine at hand.
 
     Work done here must leave the process as its own ``listen()`` would: the same settings read
     (the plan's environment and config are applied), nothing that the real listen does twice.
@@ -334,13 +324,11 @@ def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] 
 
     **When:** an apply hook, called right after ``gpudask_context_init`` when a worker process
     applies its plan (before the first connection and task), or in a running worker when
-    gpudask's ``WorkerPlugin`` is registered and the worker uses the GPU its plan names.
-    Called **once per process**: every later request (a second ``WorkerPlugin``, another
-    preload) gets the reports kept, so a plugin never builds a pool twice.  **Called in:**
-    worker processes: a nanny's worker started with ``--preload gpudask`` (or
-    ``--preload-nanny gpudask``), a ``dask worker --no-nanny --preload gpudask``, any process
-    running a ``Worker`` gpudask's ``WorkerPlugin`` is registered on (a thread-based worker in a
-    client's process included).  Never in a scheduler, a nanny host, or a client's plan.
+    gpudask's ``WorkerPlugin`` is registered and the worker uses the GPU its plan names; **once
+    per process** (a later request gets the reports kept: a pool is never built twice).
+    **Called in:** worker processes (``--preload gpudask``, ``--preload-nanny gpudask``,
+    ``--no-nanny``, or a ``Worker`` gpudask's ``WorkerPlugin`` is registered on, a thread-based
+    worker in a client's process included); never in a scheduler, a nanny host or a client.
 
     :return: a JSON-compatible dict describing what was set up (published in the worker's
         startup information under ``gpudask.memory.<plugin name>``), or None.
@@ -363,9 +351,9 @@ def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler 
     ``WorkerPlugin`` (``Worker.setup``) or ``SchedulerPlugin`` (its ``start``) is registered.
     **Called in:** a ``dask scheduler`` (``--preload gpudask`` or ``SchedulerPlugin``); each
     worker process (``--preload gpudask``, ``--preload-nanny gpudask`` or ``WorkerPlugin``); a
-    nanny only with ``--preload-nanny gpudask`` (not ``NannyPlugin``); a scheduler or worker
-    inside a client's process started with ``preload=["gpudask"]`` (with that process's plan
-    for the role).  Never in the ``dask worker`` CLI's own process, nor in a client.
+    nanny only with ``--preload-nanny gpudask`` (not ``NannyPlugin``); a scheduler or worker in
+    a client's process started with ``preload=["gpudask"]``.  Never in the ``dask worker`` CLI's
+    process, nor a client.
 
     :return: None (ignored).
 
@@ -398,10 +386,9 @@ def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict
     **When:** an apply hook, called once per server right after ``gpudask_server_setup`` in
     gpudask's ``dask_setup``, when gpudask records the applied state (for ``gpudask status``
     and the scheduler check).  Read only: never change anything.  **Called in:** only a process
-    that applied its own plan at import and runs a server: a ``dask scheduler --preload
-    gpudask``, each worker process of a nanny started with gpudask, a ``dask worker --no-nanny
-    --preload gpudask``.  Never in the nanny host, a nanny, a client, a server inside a client's
-    process, nor where ``WorkerPlugin`` / ``SchedulerPlugin`` were registered.
+    that applied its own plan at import and runs a server (a ``dask scheduler`` or a worker
+    process with ``--preload gpudask``); never where ``WorkerPlugin`` / ``SchedulerPlugin``
+    were registered, nor in a nanny host, a nanny, a client or a server in a client's process.
 
     :return: ``{key: {"planned": value, "actual": value}}`` for what this plugin decided and
         can read back (JSON-compatible values), or None.  A key whose two values differ is a
@@ -454,13 +441,12 @@ def gpudask_plan_finish(ctx: PlanContext, plan: ProcessPlan) -> None:
     ``gpudask_plan_memory`` (and before the user's exported variables replace planned ones).
     **Called in:** as ``gpudask_validate``.
 
-    A plugin reads another plugin's decisions only here or in a later step than the one they
-    were made in, and only through that plugin's *section* of the plan: ``plan.section("rmm")``
-    is the ``rmm`` plugin's section as the earlier steps left it (the spill plugin caps its
-    device limit by the pool's maximum size this way).  The plugin names the sections it reads
-    in its module attribute ``reads_sections`` (``reads_sections = ("rmm",)``); reading one it
-    did not name raises.  So the order between two plugins is the plan's steps', never their
-    priorities.
+    A plugin reads another plugin's decisions only in a later step than the one they were made
+    in, and only through that plugin's *section*: ``plan.section("rmm")`` is the ``rmm``
+    plugin's section as the earlier steps left it (the spill plugin caps its device limit by
+    the pool's maximum size this way).  The sections read are named in the module attribute
+    ``reads_sections`` (``("rmm",)``); reading another raises.  So the order between two plugins
+    is the plan's steps', never their priorities.
 
     :return: None (ignored); decisions are written as in the other plan hooks, a plugin's own
         with ``plan.set_section(values, why)``.
