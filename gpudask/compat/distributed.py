@@ -234,10 +234,9 @@ def set_offload_threshold(value: Any) -> None:
 
 def add_worker_metric(worker: Any, name: str, metric: Callable[[Any], Any], replace: bool = False) -> bool:
     """Add ``metric`` to ``worker.metrics`` as ``name`` (one of that name already there stays,
-    unless ``replace``); False when the server has no metrics (a nanny).  The dict is replaced, not changed: a
-    heartbeat iterates over it and awaits each awaitable metric on the way, and a WorkerPlugin
-    registered on a running worker adds its metric while that heartbeat waits (before:
-    "RuntimeError: dictionary changed size during iteration", and distributed closed the worker)."""
+    unless ``replace``); False when the server has no metrics (a nanny).  The dict is replaced,
+    not changed: a heartbeat iterating over it awaits metrics on the way, and a WorkerPlugin adds
+    its metric meanwhile (before: "dictionary changed size during iteration", the worker closed)."""
     metrics = getattr(worker, "metrics", None)
     if not isinstance(metrics, dict):
         return False

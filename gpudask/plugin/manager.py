@@ -310,10 +310,8 @@ class PluginManager:
     def likely_protocol(self, facts: Facts) -> str | None:
         """The protocol this host's scheduler most likely listens on, as the first plugin that
         knows says (``gpudask_likely_protocol``), or None."""
-        for _plugin, result in self._call("gpudask_likely_protocol", facts=facts):
-            if result is not None:
-                return str(result)
-        return None
+        return next((str(result) for _plugin, result in self._call("gpudask_likely_protocol", facts=facts)
+                     if result is not None), None)
 
     def ucx_offered(self, facts: Facts) -> list[str] | None:
         """The transports this host's UCX offers (``gpudask_ucx_offered``), or None when no plugin knows."""
