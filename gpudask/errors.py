@@ -29,10 +29,9 @@ class PluginError(GpudaskError):
         self.plugin = plugin
         self.distribution = distribution
         self.hook = hook
-        # the cause is kept as its text, read once here (gpudask.plaindata.exception_text: a
-        # plugin's exception whose text raises SystemExit is only named): nothing formats a
-        # plugin's exception later, and pickled to another process (a nanny receives a
-        # worker's startup failure) an exception type the other side cannot import never matters
+        # the cause as its text, read once here (exception_text: an exception whose text raises
+        # is only named): nothing formats a plugin's exception later, and pickled to another
+        # process (a nanny gets a worker's startup failure) no exception type needs importing
         self.cause = str.__str__(cause) if isinstance(cause, str) else exception_text(cause)
         where = f"plugin {plugin!r}" + (f" (from {distribution})" if distribution else "")
         super().__init__(f"gpudask {where} failed in {hook}: {self.cause}")

@@ -1,32 +1,11 @@
 """The public plugin API: everything a gpudask plugin imports from gpudask.
 
-Built-in plugins (``gpudask.plugins.*``), ``contrib/`` and third-party plugins import
-from this module only (and from the standard library and third-party libraries); a
-test holds the built-ins and ``contrib/`` to it.  What is here is kept stable; anything
-else in ``gpudask`` may move.  Nothing in gpudask's core imports this module, and it imports nothing above the plan
-stage (the apply stage answers :func:`applied_role` through :mod:`gpudask.plan.applied`).
-
-* hooks: :data:`hookimpl` (the hooks are documented in docs/hooks.md);
-* settings: :class:`Option` and its parsers; read values with ``ctx.setting(key)``;
-* errors: :class:`GpudaskError`, :class:`ConfigError`, :class:`PluginError`;
-* plans: :class:`PlanContext`, :class:`ProcessPlan` (a plugin's own decisions go in its
-  section, ``plan.set_section``), :class:`HostPlan`; the checks: :class:`Finding`,
-  :class:`ProcessSide` (what ``gpudask_scheduler_check`` receives);
-* shared rules: what a ``UCX_TLS`` value means (:func:`parse_ucx_tls`, the one parser,
-  :func:`tls_enables`, :func:`ucxx_creates_cuda_context`), which GPU a
-  process of the plan uses and who shares it (:func:`process_gpu`, :func:`workers_sharing_gpu`),
-  :func:`cpu_ranges`, :func:`format_bytes` / :func:`parse_bytes` (dask's);
-* facts a plugin owns: :class:`FactsSection` (``gpudask_facts_sections``), read with
-  ``ctx.facts.section(name)``; :func:`sysfs_root` (where a probe reads sysfs: /sys, or the
-  tests' fake tree); the user's private state directory, where a slow probe keeps its answer
-  (:func:`state_dir`, :class:`StateDirError`, :func:`read_private`, :func:`write_atomic`);
-* this process's state a plugin keeps (:func:`plugin_state`: forgotten with gpudask's own),
-  and the results of pure computations it keeps, bounded (:func:`remembered`);
-* facts of another process: :func:`facts_from_dict` (validates published facts),
-  :func:`fingerprint` (an exact key for plain data, to read the same facts once);
-* what a process publishes (typed: :class:`Published`, :class:`PublishedPlan`,
-  :class:`AppliedState`, :class:`Mismatch`, ...; under :data:`PUBLISHED_KEY` of a worker's
-  startup information): what ``gpudask_report_rows`` receives and a test reads back.
+Built-in plugins (``gpudask.plugins.*``), ``contrib/`` and third-party plugins import from this
+module only (and from the standard library and third-party libraries); a test holds the built-ins
+and ``contrib/`` to it.  What is here is kept stable; anything else in ``gpudask`` may move.
+Nothing in gpudask's core imports this module, and it imports nothing above the plan stage (the
+apply stage answers :func:`applied_role` through :mod:`gpudask.plan.applied`).  The hooks are
+documented in docs/hooks.md; ``__all__`` below groups the names by topic.
 """
 
 from __future__ import annotations

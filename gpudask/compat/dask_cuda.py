@@ -57,23 +57,43 @@ class Table:
 def table() -> Table:
     """The arguments the loaded plugins declare, then those of the built-in plugins that are
     not loaded (``loaded=False``: refused, naming the setting)."""
-    from gpudask import bootstrap
-
-    inputs = bootstrap.inputs()  # the bootstrap registers the plugins' defaults: the cluster's settings put back
     arguments: dict[str, Argument] = {}
     refused = dict(REFUSED_BY_CORE)
-    _add(arguments, refused, inputs.settings.options.values(), (p.obj for p in inputs.manager.plugins), True)
-    _add(arguments, refused, *_unloaded_builtins(inputs), False)
+    for options, plugins, loaded in _declarations():
+        for option in options:
+            name = getattr(option, "dask_cuda_kwarg", None)
+            if isinstance(name, str) and name not in arguments:
+                arguments[name] = Argument(name, option.key, option.dask_cuda_convert, loaded)
+        _refusals(plugins, "dask_cuda_refused", "", refused)
     return Table(arguments, refused)
 
 
-def _add(arguments: dict[str, Argument], refused: dict[str, str], options: Iterable[Any], plugins: Iterable[Any],
-         loaded: bool) -> None:
-    for option in options:
-        name = getattr(option, "dask_cuda_kwarg", None)
-        if isinstance(name, str) and name not in arguments:
-            arguments[name] = Argument(name, option.key, option.dask_cuda_convert, loaded)
-    _refusals(plugins, "dask_cuda_refused", "", refused)
+def _declarations() -> list[tuple[list[Any], list[Any], bool]]:
+    """``(options, plugin objects, loaded)`` of the loaded plugins, then of the built-ins that
+    are not loaded (disabled): those are read only to name what an argument would have set."""
+    from gpudask import bootstrap
+    from gpudask.plugin.registration import BUILTIN_PLUGINS
+
+    inputs = bootstrap.inputs()  # the bootstrap registers the plugins' defaults: the cluster's settings put back
+    loaded = {p.name for p in inputs.manager.plugins}
+    unloaded = []
+    for name, module_name in BUILTIN_PLUGINS:
+        if name not in loaded:
+            try:
+                unloaded.append(importlib.import_module(module_name))
+            except Exception:  # noqa: BLE001 - a built-in that cannot load is reported where plugins load
+                continue
+    return [(list(inputs.settings.options.values()), [p.obj for p in inputs.manager.plugins], True),
+            ([option for module in unloaded for option in _options_of(module)], unloaded, False)]
+
+
+def _options_of(plugin: Any) -> list[Any]:
+    """The options ``plugin`` declares ([] when its declaration fails: reported where plugins load)."""
+    declare = getattr(plugin, "gpudask_config_options", None)
+    try:
+        return list(declare() or []) if callable(declare) else []
+    except Exception:  # noqa: BLE001
+        return []
 
 
 def _refusals(plugins: Iterable[Any], attribute: str, prefix: str, refused: dict[str, str]) -> None:
@@ -84,27 +104,6 @@ def _refusals(plugins: Iterable[Any], attribute: str, prefix: str, refused: dict
         for name, instead in declared.items() if isinstance(declared, dict) else ():
             if isinstance(name, str) and name.startswith(prefix) and isinstance(instead, str):
                 refused.setdefault(name, instead)
-
-
-def _unloaded_builtins(inputs: Any) -> tuple[list[Any], list[Any]]:
-    """The options and modules of the built-in plugins that are not loaded (disabled) in the
-    bootstrap's ``inputs``: read only to name what an argument would have set."""
-    from gpudask.plugin.registration import BUILTIN_PLUGINS
-
-    loaded = {p.name for p in inputs.manager.plugins}
-    options: list[Any] = []
-    modules: list[Any] = []
-    for name, module_name in BUILTIN_PLUGINS:
-        if name in loaded:
-            continue
-        try:
-            module = importlib.import_module(module_name)
-            declare = getattr(module, "gpudask_config_options", None)
-            options += list(declare() or []) if callable(declare) else []
-        except Exception:  # noqa: BLE001 - a built-in that cannot load is reported where plugins load
-            continue
-        modules.append(module)
-    return options, modules
 
 
 def take_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -147,12 +146,9 @@ def refused_options() -> dict[str, str]:
     """``dask cuda worker`` options gpudask has no equivalent for: ``{option: what to do
     instead}``, from the core and each plugin's ``dask_cuda_refused_options`` (the loaded
     plugins and the disabled built-ins: the option is refused either way)."""
-    from gpudask import bootstrap
-
-    inputs = bootstrap.inputs()
     refused = dict(REFUSED_OPTIONS_BY_CORE)
-    _options, unloaded = _unloaded_builtins(inputs)
-    _refusals([p.obj for p in inputs.manager.plugins] + unloaded, "dask_cuda_refused_options", "--", refused)
+    for _options, plugins, _loaded in _declarations():
+        _refusals(plugins, "dask_cuda_refused_options", "--", refused)
     return refused
 
 
@@ -179,12 +175,9 @@ class CliOption:
 def cli_options() -> list[CliOption]:
     """The dask-cuda worker options the loaded plugins (and the disabled built-ins, to be
     refused naming their setting) declare, sorted by name."""
-    from gpudask import bootstrap
-
-    inputs = bootstrap.inputs()
     found: dict[str, CliOption] = {}
-    for group, loaded in ((list(inputs.settings.options.values()), True), (_unloaded_builtins(inputs)[0], False)):
-        for option in group:
+    for options, _plugins, loaded in _declarations():
+        for option in options:
             spelling = getattr(option, "dask_cuda_option", None)
             if isinstance(spelling, str) and spelling.startswith("--") and spelling not in found:
                 found[spelling] = CliOption(spelling, Argument(option.dask_cuda_kwarg or spelling, option.key,
@@ -250,37 +243,23 @@ def take_cli_argv(argv: list[str] | tuple[str, ...], command: str) -> tuple[dict
     return settings, names
 
 
-def owners() -> dict[str, str]:
-    """Which loaded plugin declares each setting: ``{key: plugin name}``."""
-    from gpudask import bootstrap
-
-    out: dict[str, str] = {}
-    for plugin in bootstrap.inputs().manager.plugins:
-        declare = getattr(plugin.obj, "gpudask_config_options", None)
-        try:
-            declared = list(declare() or []) if callable(declare) else []
-        except Exception:  # noqa: BLE001 - a plugin's failing declaration is reported where plugins load
-            continue
-        for option in declared:
-            key = getattr(option, "key", None)
-            if isinstance(key, str):
-                out.setdefault(key, plugin.name)
-    return out
-
-
 def without_effect(host: Any, given_as: dict[str, str]) -> list[str]:
     """The arguments given that do nothing here: a UCX-only setting (``Option.ucx_only``) with
     another protocol, and those whose plugin skipped every worker of ``host``'s plan (no GPU
     visible, ...): one line each, naming the argument and why."""
     from gpudask import bootstrap
 
-    options = bootstrap.inputs().settings.options
+    inputs = bootstrap.inputs()
+    options = inputs.settings.options
     ucx_only = [given for key, given in given_as.items() if getattr(options.get(key), "ucx_only", False)]
     lines = []
     if ucx_only and host.protocol not in ("ucx", "ucxx"):
         lines.append(f"{', '.join(ucx_only)} {'has' if len(ucx_only) == 1 else 'have'} no effect: the protocol is "
                      f"{host.protocol}, and UCX transports apply only over UCX (--protocol ucx, a ucx:// scheduler)")
-    declared = owners()
+    declared: dict[str, str] = {}  # setting -> the loaded plugin declaring it
+    for loaded in inputs.manager.plugins:
+        for option in _options_of(loaded.obj):
+            declared.setdefault(option.key, loaded.name)
     by_plugin: dict[tuple[str, str], list[str]] = {}
     for key, given in given_as.items():
         if given in ucx_only and lines:

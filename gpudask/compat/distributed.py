@@ -14,7 +14,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 
 # -- the preload, before a server exists ----------------------------------------------------
@@ -70,17 +70,15 @@ def worker_instances() -> list[Any]:
 
 
 # -- a client's coroutines, inside gpudask's own event loop ----------------------------------
+# (the public methods block on the client's loop, which the probe runs on)
 def client_run(client: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
-    """``Client._run``: the coroutine behind ``client.run``, awaited on the probe's loop (the
-    public method blocks on the client's loop, which the probe runs on)."""
-    result: Coroutine[Any, Any, Any] = client._run(function, *args, **kwargs)
-    return result
+    """``Client._run``: the coroutine behind ``client.run``."""
+    return cast(Coroutine[Any, Any, Any], client._run(function, *args, **kwargs))
 
 
 def client_run_on_scheduler(client: Any, function: Callable[..., Any], *args: Any) -> Coroutine[Any, Any, Any]:
     """``Client._run_on_scheduler``: the coroutine behind ``client.run_on_scheduler``."""
-    result: Coroutine[Any, Any, Any] = client._run_on_scheduler(function, *args)
-    return result
+    return cast(Coroutine[Any, Any, Any], client._run_on_scheduler(function, *args))
 
 
 def futures_done(futures: list[Any]) -> Coroutine[Any, Any, Any]:
@@ -88,14 +86,12 @@ def futures_done(futures: list[Any]) -> Coroutine[Any, Any, Any]:
     the tasks only (their data stays on the workers)."""
     from distributed.client import _wait
 
-    result: Coroutine[Any, Any, Any] = _wait(futures)
-    return result
+    return _wait(futures)
 
 
 def client_gather(client: Any, futures: list[Any], direct: bool) -> Coroutine[Any, Any, Any]:
     """``Client._gather``: the coroutine behind ``client.gather``."""
-    result: Coroutine[Any, Any, Any] = client._gather(futures, direct=direct)
-    return result
+    return cast(Coroutine[Any, Any, Any], client._gather(futures, direct=direct))
 
 
 # -- a scheduler's handlers ---------------------------------------------------------------
@@ -238,10 +234,9 @@ def set_offload_threshold(value: Any) -> None:
 
 def add_worker_metric(worker: Any, name: str, metric: Callable[[Any], Any], replace: bool = False) -> bool:
     """Add ``metric`` to ``worker.metrics`` as ``name`` (one of that name already there stays,
-    unless ``replace``); False when the server has no metrics (a nanny).  The dict is replaced, not changed: a
-    heartbeat iterates over it and awaits each awaitable metric on the way, and a WorkerPlugin
-    registered on a running worker adds its metric while that heartbeat waits (before:
-    "RuntimeError: dictionary changed size during iteration", and distributed closed the worker)."""
+    unless ``replace``); False when the server has no metrics (a nanny).  The dict is replaced,
+    not changed: a heartbeat iterating over it awaits metrics on the way, and a WorkerPlugin adds
+    its metric meanwhile (before: "dictionary changed size during iteration", the worker closed)."""
     metrics = getattr(worker, "metrics", None)
     if not isinstance(metrics, dict):
         return False

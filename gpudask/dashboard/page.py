@@ -24,6 +24,7 @@ from gpudask import bootstrap
 from gpudask.checks import EXTRA_KEY, PLUGIN_NAME, PUBLISHED_KEY, scheme
 from gpudask.checks.published import bound, bound_published
 from gpudask.dashboard.html import render
+from gpudask.dashboard.serve import BUILDER, MAX_JSON_BYTES, ROWS
 from gpudask.plan import applied
 
 MODULE = "gpudask.dashboard.page"  # the entry for distributed.scheduler.http.routes
@@ -51,8 +52,6 @@ def snapshot(scheduler: Any) -> dict[str, Any]:
 
 def build(snap: dict[str, Any]) -> bytes:
     """The page's JSON from a :func:`snapshot`, off the event loop (:mod:`gpudask.dashboard.serve`)."""
-    from gpudask.dashboard.serve import MAX_JSON_BYTES, ROWS
-
     report = snap["report"]
     work = []
     bounded: dict[str, dict[str, Any]] = {}  # each worker's published data, bounded once per build
@@ -238,8 +237,6 @@ class StateHandler(RequestHandler):
     """``/gpudask/json``: :func:`cluster_state`, served by :mod:`gpudask.dashboard.serve`."""
 
     async def get(self) -> None:
-        from gpudask.dashboard.serve import BUILDER
-
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         # allow_nan=False there: NaN/Infinity are not JSON and would blank the page (bound() replaced them)
@@ -250,8 +247,6 @@ class PageHandler(RequestHandler):
     """``/gpudask``: the page, drawn from the state."""
 
     async def get(self) -> None:
-        from gpudask.dashboard.serve import BUILDER
-
         body = await BUILDER.get(self.server, snapshot, build)  # shared with /gpudask/json's readers
         if _DRAWN[0] is not body:  # drawn once per build, off the event loop as the build is
             _DRAWN[:] = [body, await asyncio.to_thread(lambda: render(REFRESH_SECONDS, json.loads(body)))]

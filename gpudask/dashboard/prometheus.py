@@ -55,13 +55,9 @@ class WorkerMetricsCollector(_Collector):
         worker = self.server() if self.server is not None else None
         if worker is None:
             return
-        prefix = f"{_namespace()}_worker".lstrip("_")
-        for name, function in sorted(getattr(worker, "metrics", {}).items()):
-            if not name.startswith(METRIC_PREFIX):
-                continue
-            value = _call(function, worker, name)
-            if isinstance(value, dict):
-                yield from families(f"{prefix}_{_sanitize(name)}", name, value)
+        samples = [(None, name, _call(function, worker, name))
+                   for name, function in sorted(getattr(worker, "metrics", {}).items()) if name.startswith(METRIC_PREFIX)]
+        yield from _gauges(f"{_namespace()}_worker".lstrip("_"), samples)
 
 
 def register_scheduler_collector(scheduler: Any) -> bool:
@@ -74,35 +70,12 @@ class ClusterMetricsCollector(_Collector):
     """A prometheus_client collector of every worker's ``gpudask-*`` metrics, on the scheduler."""
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
         scheduler = self.server() if self.server is not None else None
         if scheduler is None:
             return
-        prefix = f"{_namespace()}_scheduler".lstrip("_")
-        gauges: dict[str, Any] = {}
-        infos: dict[str, list[tuple[str, dict[str, str]]]] = {}
-        for address, ws in sorted(list(scheduler.workers.items())):
-            for name, value in sorted(ws.metrics.items()):
-                if not name.startswith(METRIC_PREFIX) or not isinstance(value, dict):
-                    continue
-                base = f"{prefix}_{_sanitize(name)}"
-                numbers, labels = _split(value)
-                for key, number in numbers:
-                    if f"{base}_{key}" not in gauges:
-                        gauges[f"{base}_{key}"] = GaugeMetricFamily(
-                            f"{base}_{key}", f"gpudask worker metric {name}: {key}, per worker", labels=["worker"])
-                    gauges[f"{base}_{key}"].add_metric([address], number)
-                if labels:
-                    infos.setdefault(base, []).append((address, dict(labels)))
-        yield from gauges.values()
-        for base, rows in infos.items():
-            keys = sorted({k for _, labels in rows for k in labels})
-            info = GaugeMetricFamily(f"{base}_info", "gpudask worker metric: its text values, per worker",
-                                     labels=["worker", *keys])
-            for address, labels in rows:
-                info.add_metric([address, *(labels.get(k, "") for k in keys)], 1.0)
-            yield info
+        samples = [(address, name, value) for address, ws in sorted(list(scheduler.workers.items()))
+                   for name, value in sorted(ws.metrics.items()) if name.startswith(METRIC_PREFIX)]
+        yield from _gauges(f"{_namespace()}_scheduler".lstrip("_"), samples)
 
 
 def _namespace() -> str:
@@ -111,22 +84,40 @@ def _namespace() -> str:
     return dask.config.get("distributed.dashboard.prometheus.namespace", default="dask") or ""
 
 
-def families(base: str, metric: str, values: dict[str, Any]) -> list[Any]:
-    """Gauge families for one metric's dict (see the module's docstring)."""
+def _gauges(prefix: str, samples: list[tuple[str | None, str, Any]]) -> Iterator[Any]:
+    """Gauge families of ``samples``, ``(worker address, metric, value)``: a number of a dict
+    value is a gauge, its text values are the labels of ``<metric>_info``; with an address
+    (on the scheduler) every family has a ``worker`` label."""
     from prometheus_client.core import GaugeMetricFamily
 
-    numbers, labels = _split(values)
-    out = []
-    for key, number in numbers:
-        family = GaugeMetricFamily(f"{base}_{key}", f"gpudask worker metric {metric}: {key}")
-        family.add_metric([], number)
-        out.append(family)
-    if labels:
-        info = GaugeMetricFamily(f"{base}_info", f"gpudask worker metric {metric}: its text values",
-                                 labels=[k for k, _ in labels])
-        info.add_metric([v for _, v in labels], 1.0)
-        out.append(info)
-    return out
+    gauges: dict[str, Any] = {}
+    infos: dict[str, tuple[str, list[tuple[list[str], dict[str, str]]]]] = {}
+    for address, name, value in samples:
+        if not isinstance(value, dict):
+            continue
+        worker = [] if address is None else [address]
+        base = f"{prefix}_{_sanitize(name)}"
+        numbers, labels = _split(value)
+        for key, number in numbers:
+            if f"{base}_{key}" not in gauges:
+                gauges[f"{base}_{key}"] = GaugeMetricFamily(
+                    f"{base}_{key}", f"gpudask worker metric {name}: {key}" + (", per worker" if worker else ""),
+                    labels=["worker"] if worker else None)
+            gauges[f"{base}_{key}"].add_metric(worker, number)
+        if labels:
+            infos.setdefault(base, (name, []))[1].append((worker, dict(labels)))
+    yield from gauges.values()
+    for base, (name, rows) in infos.items():
+        if rows[0][0]:
+            keys = sorted({k for _, labels in rows for k in labels})
+            info = GaugeMetricFamily(f"{base}_info", "gpudask worker metric: its text values, per worker",
+                                     labels=["worker", *keys])
+        else:
+            keys = list(rows[0][1])
+            info = GaugeMetricFamily(f"{base}_info", f"gpudask worker metric {name}: its text values", labels=keys)
+        for worker, labels in rows:
+            info.add_metric([*worker, *(labels.get(k, "") for k in keys)], 1.0)
+        yield info
 
 
 def _split(values: dict[str, Any], prefix: str = "") -> tuple[list[tuple[str, float]], list[tuple[str, str]]]:

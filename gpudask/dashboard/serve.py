@@ -88,7 +88,7 @@ class Builder:
             return self.body
         if self.future is None or self.scheduler is not scheduler:
             self.scheduler = scheduler
-            self.future = self._start(build, snapshot(scheduler))
+            self.future = asyncio.ensure_future(asyncio.to_thread(_built, build, snapshot(scheduler)))
         future = self.future
         try:
             body = await asyncio.wait_for(asyncio.shield(future), BUILD_LIMIT_S)
@@ -98,28 +98,15 @@ class Builder:
             self.future, self.body, self.built_at = None, body, time.monotonic()
         return body
 
-    def _start(self, build: Callable[[dict[str, Any]], bytes], snap: dict[str, Any]) -> asyncio.Future[bytes]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bytes] = loop.create_future()
 
-        def settle(body: bytes) -> None:
-            if not future.done():
-                future.set_result(body)
-
-        def run() -> None:
-            try:
-                body = build(snap)
-            except BaseException as e:  # noqa: BLE001 -- SystemExit too: the reader gets one line
-                # made text here, in the thread: an exception handed to the event loop would be
-                # raised there (a SystemExit from a plugin's value ended the scheduler)
-                body = _problem(f"the page's data could not be built: {exception_text(e)}")
-            try:
-                loop.call_soon_threadsafe(settle, body)
-            except RuntimeError:  # the scheduler closed meanwhile
-                pass
-
-        threading.Thread(target=run, name="gpudask-dashboard", daemon=True).start()
-        return future
+def _built(build: Callable[[dict[str, Any]], bytes], snap: dict[str, Any]) -> bytes:
+    """``build(snap)`` in a thread (bounded: the rows' thread is waited for ROWS_LIMIT_S at most)."""
+    try:
+        return build(snap)
+    except BaseException as e:  # noqa: BLE001 -- SystemExit too: the reader gets one line
+        # made text here, in the thread: an exception handed to the event loop would be
+        # raised there (a SystemExit from a plugin's value ended the scheduler)
+        return _problem(f"the page's data could not be built: {exception_text(e)}")
 
 
 def _problem(text: str) -> bytes:

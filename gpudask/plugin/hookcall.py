@@ -14,7 +14,6 @@ bound the wait (the scheduler check's threads, the dashboard's build thread).
 
 from __future__ import annotations
 
-import math
 import signal
 import sys
 import threading
@@ -27,6 +26,7 @@ from gpudask.plaindata import exception_text
 
 TIMEOUT_KEY = "gpudask.plugins.hook-timeout"
 DEFAULT_TIMEOUT_S = 60.0
+_RETRY_S = 0.005  # a stop the interpreter dropped is raised again this soon
 
 
 class PluginStopped(PluginError):
@@ -46,16 +46,14 @@ _ACTIVE = threading.local()  # .depth: nested calls on the main thread arm the b
 
 def hook_timeout() -> float:
     """``gpudask.plugins.hook-timeout`` in seconds (a bad value: the default; Settings reports it)."""
+    import dask.config
+    from dask.utils import parse_timedelta
+
     try:
-        import dask.config
-
-        value = dask.config.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S)
-        from dask.utils import parse_timedelta
-
-        seconds = float(parse_timedelta(value, default="seconds"))
+        seconds = float(parse_timedelta(dask.config.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S), default="seconds"))
     except Exception:  # noqa: BLE001 -- validated, with its one line, by Settings
         return DEFAULT_TIMEOUT_S
-    return seconds if 0 < seconds < 1e9 and math.isfinite(seconds) else DEFAULT_TIMEOUT_S
+    return seconds if 0 < seconds < 1e9 else DEFAULT_TIMEOUT_S  # NaN too: the default
 
 
 def call_isolated(plugin: str, distribution: str | None, hook: str, function: Callable[..., Any],
@@ -63,7 +61,7 @@ def call_isolated(plugin: str, distribution: str | None, hook: str, function: Ca
     """``function(*args)``; any failure is a PluginError (``KeyboardInterrupt`` on the main
     thread aside; a thread never receives one, so there it is the plugin's)."""
     main = threading.current_thread() is threading.main_thread()
-    bound = _Bound(hook) if main else None
+    bound = _Bound() if main else None
     start = time.monotonic()
     try:
         if bound is not None:
@@ -112,12 +110,10 @@ def plugin_in_call(frame: Any) -> str | None:
 class _Bound:
     """The time bound and the stop signals of one call on the main thread."""
 
-    def __init__(self, hook: str):
-        self.hook = hook
-        self.saved: dict[int, Any] = {}
+    def __init__(self) -> None:
+        self.saved: dict[int, Any] = {}  # signal -> the handler that was there
         self.alarm = False
-        # a stop or the time limit the interpreter dropped (raised in a gc callback, a finaliser,
-        # a weakref callback: sys.unraisablehook gets it instead of the hook): raised again later
+        self.limit = 0.0
         self.pending: str | None = None
         self.saved_unraisablehook: Callable[[Any], Any] | None = None
 
@@ -131,18 +127,18 @@ class _Bound:
             if previous in (signal.SIG_IGN, None):
                 continue
             self.saved[sig] = previous
-            signal.signal(sig, self._stop_handler(sig, previous))
-        # where the interpreter drops an exception (a gc callback, a finaliser, a weakref
-        # callback, during a collection or not) it hands it to sys.unraisablehook: a stop or
-        # the time limit dropped there is kept and raised again, not printed
+            signal.signal(sig, self._stop)
+        # an exception raised where the interpreter drops it (a gc callback, a finaliser, a weakref
+        # callback) goes to sys.unraisablehook: a stop or the time limit dropped there is kept
+        # (pending) and raised again, not printed
         self.saved_unraisablehook = sys.unraisablehook
         sys.unraisablehook = self._unraisable
         if hasattr(signal, "setitimer") and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL \
                 and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
-            limit = hook_timeout()
+            self.limit = hook_timeout()
             self.saved[signal.SIGALRM] = signal.SIG_DFL
-            signal.signal(signal.SIGALRM, self._alarm_handler(limit))
-            signal.setitimer(signal.ITIMER_REAL, limit)
+            signal.signal(signal.SIGALRM, self._alarm)
+            signal.setitimer(signal.ITIMER_REAL, self.limit)
             self.alarm = True
 
     def disarm(self) -> None:
@@ -156,32 +152,18 @@ class _Bound:
 
     def _unraisable(self, unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, _Interrupted):
-            self.keep(unraisable.exc_value.why)
+            # raised again later: when the alarm is ours, in a few milliseconds; else when the call returns
+            self.pending = unraisable.exc_value.why
+            if self.alarm:
+                signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
         elif self.saved_unraisablehook is not None:
             self.saved_unraisablehook(unraisable)
 
-    def keep(self, why: str) -> None:
-        """Raise ``why`` later: when the alarm is ours, in a few milliseconds; else when the
-        call returns."""
-        self.pending = why
-        if self.alarm:
-            signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
+    def _alarm(self, signum: int, frame: Any) -> None:
+        raise _Interrupted(self.pending or f"did not finish within {self.limit:g} s ({TIMEOUT_KEY})")
 
-    def _alarm_handler(self, limit: float) -> Callable[[int, Any], None]:
-        def handler(signum: int, frame: Any) -> None:
-            raise _Interrupted(self.pending or f"did not finish within {limit:g} s ({TIMEOUT_KEY})")
-
-        return handler
-
-    def _stop_handler(self, sig: int, previous: Any) -> Callable[[int, Any], None]:
-        name = signal.Signals(sig).name
-
-        def handler(signum: int, frame: Any) -> None:
-            if callable(previous) and previous is not signal.default_int_handler:
-                previous(signum, frame)  # e.g. distributed's: the process closes once the hook is left
-            raise _Interrupted(f"stopped by {name}")
-
-        return handler
-
-
-_RETRY_S = 0.005
+    def _stop(self, signum: int, frame: Any) -> None:
+        previous = self.saved[signum]
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)  # e.g. distributed's: the process closes once the hook is left
+        raise _Interrupted(f"stopped by {signal.Signals(signum).name}")

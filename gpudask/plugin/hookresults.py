@@ -25,20 +25,18 @@ MAX_FINDINGS = 1000  # findings of one plugin's check; the rest are counted in o
 
 
 def options_problem(result: Any) -> str | None:
-    """``gpudask_config_options``: None or a list of Options whose keys are under ``gpudask.``."""
-    if result is not None and not isinstance(result, (list, tuple)):
+    """``gpudask_config_options``: a list of Options whose keys are under ``gpudask.``."""
+    if not isinstance(result, (list, tuple)):
         return (f"returned a {type(result).__name__} ({result!r:.60}); expected a list of "
                 "gpudask.pluginapi.Option")
-    for opt in result or []:
+    for opt in result:
         if not isinstance(opt, Option) or not opt.key.startswith("gpudask."):
             return f"options must be gpudask.pluginapi.Option with keys under 'gpudask.', got {opt!r}"
     return None
 
 
 def facts_packages_problem(result: Any) -> str | None:
-    """``gpudask_facts_packages``: None or ``{key: [distribution, ...]}`` of non-empty strings."""
-    if result is None:
-        return None
+    """``gpudask_facts_packages``: ``{key: [distribution, ...]}`` of non-empty strings."""
     if not isinstance(result, Mapping) or not all(
             isinstance(k, str) and k and isinstance(v, (list, tuple)) and v and all(isinstance(d, str) for d in v)
             for k, v in result.items()):
@@ -47,19 +45,15 @@ def facts_packages_problem(result: Any) -> str | None:
 
 
 def ucx_offered_problem(result: Any) -> str | None:
-    """``gpudask_ucx_offered``: None or a list of transport names."""
-    if result is None:
-        return None
+    """``gpudask_ucx_offered``: a list of transport names."""
     if not isinstance(result, (list, tuple)) or not all(isinstance(t, str) for t in result):
         return f"returned {result!r:.80}; expected a list of transport names (strings) or None"
     return None
 
 
 def setup_memory_problem(result: Any) -> str | None:
-    """``gpudask_setup_memory``: None or a dict of JSON values (the worker publishes it: refused
+    """``gpudask_setup_memory``: a dict of JSON values (the worker publishes it: refused
     here, not on the wire)."""
-    if result is None:
-        return None
     problem = value_problem(result) if isinstance(result, Mapping) else f"a {type(result).__name__}"
     if problem is not None:
         return f"returned {problem}; expected None or a dict of JSON values"
@@ -147,9 +141,7 @@ REPORT_ROW_KEYS: dict[str, type | tuple[type, ...]] = {"column": str, "summary":
 
 
 def report_rows_problem(result: Any) -> str | None:
-    """``gpudask_report_rows``: None or a list of rows, each a dict with a string ``column``."""
-    if result is None:
-        return None
+    """``gpudask_report_rows``: a list of rows, each a dict with a string ``column``."""
     if not isinstance(result, (list, tuple)):
         return f"returned a {type(result).__name__}; expected None or a list of rows"
     for row in result:
@@ -184,9 +176,7 @@ MAX_PREIMPORT = 32
 
 
 def preimport_problem(result: Any) -> str | None:
-    """``gpudask_preimport``: None or a list of at most 32 dotted module names."""
-    if result is None:
-        return None
+    """``gpudask_preimport``: a list of at most 32 dotted module names."""
     if (not isinstance(result, list) or len(result) > MAX_PREIMPORT
             or not all(isinstance(m, str) and len(m) <= 200 and _MODULE_NAME.fullmatch(m) for m in result)):
         return (f"returned {result!r:.80}; expected None or a list of at most {MAX_PREIMPORT} "
@@ -200,28 +190,27 @@ _PROTOCOL_NAME = re.compile(r"[a-z][a-z0-9+.-]{0,15}")
 
 
 def likely_protocol_problem(result: Any) -> str | None:
-    """``gpudask_likely_protocol``: None or a protocol name such as 'ucx' or 'tcp'."""
-    if result is None or (isinstance(result, str) and _PROTOCOL_NAME.fullmatch(result)):
+    """``gpudask_likely_protocol``: a protocol name such as 'ucx' or 'tcp'."""
+    if isinstance(result, str) and _PROTOCOL_NAME.fullmatch(result):
         return None
     return f"returned {result!r:.80}; expected None or a protocol name such as 'ucx' or 'tcp'"
 
 
 def _strict(result: Any) -> Any:
     try:
-        return None if result is None else plain(result, strict=True)
+        return plain(result, strict=True)
     except NotPlain as e:
         raise ResultProblem(f"returned {e}; {ACCEPTED}") from None
 
 
 def _rows(result: Any) -> Any:
     # the rows as the page and `gpudask status` show them: plain, an object's value as its text
-    rows = plain(result)
-    return rows if rows is None else [r for r in rows if isinstance(r, dict)]
+    return [r for r in plain(result) if isinstance(r, dict)]
 
 
 # hook -> (what is wrong with a result, the result made plain)
 _TAKE: dict[str, tuple[Callable[[Any], str | None], Callable[[Any], Any]]] = {
-    "gpudask_config_options": (options_problem, lambda result: list(result or [])),
+    "gpudask_config_options": (options_problem, list),
     "gpudask_facts_packages": (facts_packages_problem, _strict),
     "gpudask_ucx_offered": (ucx_offered_problem, _strict),
     "gpudask_preimport": (preimport_problem, _strict),
@@ -233,12 +222,13 @@ _TAKE: dict[str, tuple[Callable[[Any], str | None], Callable[[Any], Any]]] = {
 
 
 def take(hook: str, plugin: str, result: Any) -> Any:
-    """One plugin's result of ``hook``, checked and copied into plain data.
+    """One plugin's result of ``hook``, checked and copied into plain data (None, every hook's
+    "nothing": as it is).
 
     :raises ResultProblem: with the one line of what is wrong."""
     if hook == "gpudask_scheduler_check":
         return findings_of(plugin, result)
-    if hook not in _TAKE:
+    if result is None or hook not in _TAKE:
         return result
     problem, made_plain = _TAKE[hook]
     found = problem(result)

@@ -51,7 +51,6 @@ class _Pluggy(pluggy.PluginManager):
     def __init__(self, owner: PluginManager) -> None:
         super().__init__(hookspecs.PROJECT)
         self.owner = owner
-        self.direct = False  # True while gpudask's own register() calls pluggy's
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
         # a plain module: only a function of its __dict__ marked as a hook can be one, and most
@@ -67,8 +66,7 @@ class _Pluggy(pluggy.PluginManager):
         return super().parse_hookimpl_opts(plugin, name)
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
-        if self.direct:
-            return super().register(plugin, name)
+        # load_setuptools_entrypoints registers here; gpudask's own register() calls pluggy's directly
         loaded = self.owner.register(plugin, name=name, source="entry point", distribution=self.owner.loading_dist)
         return loaded.name if loaded is not None else None
 
@@ -102,19 +100,12 @@ class PluginManager:
             manager.enable_tracing()
         for name in chosen.blocked:
             manager._pm.set_blocked(name)
-        for name, module in chosen.builtins:
+        loads: list[tuple[Callable[[str, Any], None], str, Any]] = [
+            *((manager._load_builtin, name, module) for name, module in chosen.builtins),
+            *((manager._load_entry_point, name, dist) for name, dist in chosen.entry_points)]
+        for load, name, where in loads:
             try:
-                obj = importlib.import_module(module)
-            except Exception as e:  # noqa: BLE001 - any import failure is reported the same way
-                error = PluginError(name, BUILTIN_DISTRIBUTION, "import", e)
-                if broken is None:
-                    raise error from e
-                broken.append(error)
-                continue
-            manager.register(obj, name=name, source="builtin", distribution=BUILTIN_DISTRIBUTION)
-        for name, dist in chosen.entry_points:
-            try:
-                manager._load_entry_point(name, dist)
+                load(name, where)
             except PluginError as e:
                 if broken is None:
                     raise
@@ -127,12 +118,10 @@ class PluginManager:
 
     @classmethod
     def from_plan_plugins(cls, plugins: Iterable[Mapping[str, Any]], core: Settings) -> PluginManager:
-        """The plugins a planning process loaded (its host plan's ``plugins``), loaded again in
-        a worker process it started: the built-ins by name, entry points by name.  The parent
-        chose them (:func:`~gpudask.plugin.registration.select`, its enable and disable lists
-        checked); the installed distributions are scanned only when one of them is an entry
-        point (reading every distribution's entry points: 3 ms of a worker's start).  Plugin objects the parent registered
-        itself are not loaded here, as :meth:`from_environment` did not.
+        """The plugins a planning process loaded (its host plan's ``plugins``), loaded again by
+        name in a worker process it started, as the parent chose them (its enable and disable
+        lists applied).  The installed distributions are scanned only for an entry point (3 ms
+        of a worker's start); objects the parent registered itself are not loaded.
 
         :raises PluginError: a plugin that cannot be loaded (one line)."""
         manager = cls()
@@ -144,14 +133,17 @@ class PluginManager:
             if not isinstance(name, str):
                 continue  # no plugin gpudask listed (parse_document checks that each entry is an object)
             if source == "builtin" and name in modules:
-                try:
-                    obj = importlib.import_module(modules[name])
-                except Exception as e:  # noqa: BLE001 - any import failure is reported the same way
-                    raise PluginError(name, BUILTIN_DISTRIBUTION, "import", e) from e
-                manager.register(obj, name=name, source="builtin", distribution=BUILTIN_DISTRIBUTION)
+                manager._load_builtin(name, modules[name])
             elif source == "entry point":
                 manager._load_entry_point(name, plugin.get("distribution"))
         return manager
+
+    def _load_builtin(self, name: str, module: str) -> None:
+        try:
+            obj = importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - any import failure is reported the same way
+            raise PluginError(name, BUILTIN_DISTRIBUTION, "import", e) from e
+        self.register(obj, name=name, source="builtin", distribution=BUILTIN_DISTRIBUTION)
 
     def _load_entry_point(self, name: str, dist: str | None) -> None:
         self.loading_dist = dist  # for the one-line errors of its registration
@@ -165,10 +157,6 @@ class PluginManager:
             raise
         finally:
             self.loading_dist = None
-        for obj, distribution in self._pm.list_plugin_distributions():
-            for plugin in self.plugins:
-                if plugin.obj is obj and plugin.source == "entry point":
-                    plugin.distribution = distribution.metadata["name"]
 
     def register(self, obj: Any, name: str | None = None, source: str = "registered",
                  distribution: str | None = None) -> LoadedPlugin | None:
@@ -183,13 +171,10 @@ class PluginManager:
         if any(p.name == name for p in self.plugins):
             raise PluginError(name, distribution, "registration", "another plugin already has this name")
         target = pluggy_target(obj, name)
-        self._pm.direct = True
         try:
-            self._pm.register(target, name=name)
+            pluggy.PluginManager.register(self._pm, target, name=name)
         except (pluggy.PluginValidationError, ValueError) as e:
             raise PluginError(name, distribution, "registration", " ".join(str(e).split())) from e
-        finally:
-            self._pm.direct = False
         try:
             self._pm.check_pending()
         except pluggy.PluginValidationError as e:
@@ -251,8 +236,8 @@ class PluginManager:
 
     def _call(self, hook_name: str, plan: ProcessPlan | Mapping[str, Any] | None = None, isolate: bool = False,
               **kwargs: Any) -> list[tuple[LoadedPlugin, Any]]:
-        """Call each implementation in priority order.  With ``isolate`` a failing plugin's
-        PluginError is returned as its result instead of stopping the others."""
+        """Each implementation's result, in priority order; with ``isolate`` a failing plugin's
+        PluginError is its result instead of stopping the others."""
         if plan is not None:
             kwargs = dict(kwargs, plan=plan)
         # a ProcessPlan being built or applied (not a published plan's dict): its reasons name
@@ -286,7 +271,7 @@ class PluginManager:
     def config_options(self) -> list[Option]:
         options = list(CORE_OPTIONS)
         for _plugin, result in self._call("gpudask_config_options"):
-            options += result
+            options += result or []
         return options
 
     def facts_sections(self) -> list[tuple[str, FactsSection]]:
@@ -325,10 +310,8 @@ class PluginManager:
     def likely_protocol(self, facts: Facts) -> str | None:
         """The protocol this host's scheduler most likely listens on, as the first plugin that
         knows says (``gpudask_likely_protocol``), or None."""
-        for _plugin, result in self._call("gpudask_likely_protocol", facts=facts):
-            if result is not None:
-                return str(result)
-        return None
+        return next((str(result) for _plugin, result in self._call("gpudask_likely_protocol", facts=facts)
+                     if result is not None), None)
 
     def ucx_offered(self, facts: Facts) -> list[str] | None:
         """The transports this host's UCX offers (``gpudask_ucx_offered``), or None when no plugin knows."""

@@ -1,11 +1,8 @@
 """Which plugins load, and what a plugin must be to be registered: the stateless rules the
-plugin manager (:class:`gpudask.plugin.manager.PluginManager`) registers by.
-
-pluggy does the registration and spec validation, the blocking of disabled plugins
-(``set_blocked``), the loading of entry points and the check for unknown hooks
-(``check_pending``); gpudask adds the selection (:func:`select`), the declarations
-(:func:`declared`) and the refusal of hook wrappers and ``tryfirst``/``trylast``
-(:data:`REFUSED_HOOKIMPL_OPTIONS`).
+plugin manager registers by.  pluggy does the registration and spec validation, the blocking
+of disabled plugins, the loading of entry points and the check for unknown hooks; gpudask adds
+the selection (:func:`select`), the declarations (:func:`declared`) and the refusal of hook
+wrappers and ``tryfirst``/``trylast`` (:data:`REFUSED_HOOKIMPL_OPTIONS`).
 """
 
 from __future__ import annotations
@@ -95,9 +92,8 @@ def _third_party_entry_points() -> dict[str, tuple[importlib.metadata.EntryPoint
     found: dict[str, tuple[importlib.metadata.EntryPoint, str | None]] = {}
     # every distribution's own entry points, as pluggy reads them: entry_points(group=...)
     # keeps one per name and would hide a second distribution declaring the same name
-    declared = [(ep, d.metadata["name"]) for d in importlib.metadata.distributions() for ep in d.entry_points
-                if ep.group == ENTRY_POINT_GROUP]
-    for ep, dist in declared:
+    for ep, dist in [(ep, d.metadata["name"]) for d in importlib.metadata.distributions() for ep in d.entry_points
+                     if ep.group == ENTRY_POINT_GROUP]:
         if dist == BUILTIN_DISTRIBUTION and builtin_modules.get(ep.name) == ep.value:
             continue  # metadata of an older gpudask install that still lists its built-ins
         if ep.name in builtin_modules:
@@ -205,7 +201,7 @@ def pluggy_target(obj: Any, name: str) -> Any:
     ``SimpleNamespace``), a module with its attributes, hooks included.  pluggy's subset hook
     callers keep the plugins they leave out in a set, and pluggy reads hooks statically (no proxy)."""
     try:
-        hash(obj)
+        hash(obj)  # (a frozen dataclass holding a list says it is Hashable, and is not)
         return obj
     except TypeError:
         pass
