@@ -91,17 +91,15 @@ def reclaim_stale(base: pathlib.Path) -> list[str]:
     """Remove plan files and slot folders whose planning process is gone."""
     removed = []
     for entry in base.iterdir():
-        if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-            stem = entry.name[1:].split(".")[0]  # a write_atomic temporary file left by a killed process
-        else:
-            stem = entry.name.split(".")[0]
-        for prefix in ("plan-", "pid-", "ppid-"):
-            if stem.startswith(prefix) and stem[len(prefix):].isdigit() and not _alive(int(stem[len(prefix):])):
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-                removed.append(entry.name)
+        # .*.tmp: a write_atomic temporary file left by a killed process
+        name = entry.name[1:] if entry.name.startswith(".") and entry.name.endswith(".tmp") else entry.name
+        kind, _, pid = name.split(".")[0].partition("-")
+        if kind in ("plan", "pid", "ppid") and pid.isdigit() and not _alive(int(pid)):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry.name)
     return removed
 
 

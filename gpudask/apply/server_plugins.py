@@ -17,7 +17,7 @@ import dask.config
 from distributed.diagnostics import plugin as _dp
 
 from gpudask.apply import process as session
-from gpudask.apply import hostfile, read_back, running, runtime, slots
+from gpudask.apply import hostfile, running, runtime, slots
 from gpudask.apply.state import plugin_of
 from gpudask.checks.sides import scheme
 from gpudask.errors import GpudaskError
@@ -29,6 +29,10 @@ PLUGIN_NAME = "gpudask"
 PRELOAD = "gpudask"
 METADATA_KEY = "gpudask"  # client.get_metadata(["gpudask", "workers"]) / ["gpudask", "scheduler"]
 PUBLISH_HANDLER = "gpudask_publish"  # scheduler handler added by SchedulerPlugin
+# worker handler added by WorkerPlugin: what it publishes, read by the scheduler from the worker
+# itself -- a caller of gpudask_publish can make it read a worker's state again, never forge it
+PUBLISHED_HANDLER = "gpudask_published"
+READ_S = 10.0  # seconds the scheduler waits for the workers' own answers
 WHOLE_PLAN = "the whole plan, at import time (--preload gpudask)"
 
 
@@ -95,10 +99,10 @@ class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
         if needs:
             report["notes"].append(f"to apply the rest: {running.HOW}")
         self.report = report
-        published = running.publishable(s, report)
+        published = {**s.published(), "late": report}
         worker.startup_information["gpudask"] = lambda _worker: published
         # what the scheduler reads back from this worker's own address (gpudask_publish)
-        worker.handlers[read_back.HANDLER] = lambda: published
+        worker.handlers[PUBLISHED_HANDLER] = lambda: published
         from gpudask.dashboard.prometheus import register_worker_collector
 
         register_worker_collector(worker)
@@ -231,7 +235,7 @@ class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
             _set_late(late, report["applied"])
             # workers whose gpudask came in through WorkerPlugin before this plugin: read
             # back what each publishes, so the check below sees them as gpudask workers
-            await read_back.all_workers(scheduler)
+            await _read_all_workers(scheduler)
             before = set(scheduler.plugins)
             install_check(scheduler, s)
             _server_setup(s, scheduler, report)
@@ -254,7 +258,7 @@ class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
 
         page.install(scheduler)
         prometheus.register_scheduler_collector(scheduler)
-        self.published = running.publishable(s, report)
+        self.published = {**s.published(), "late": report}
         scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
         running.log_report(f"scheduler {scheduler.address}", report)
 
@@ -267,7 +271,7 @@ class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
         """Handler ``gpudask_publish``: read what the worker at ``worker`` publishes into its
         ``WorkerState.extra["gpudask"]`` and check it again.  Any client can call it: what is
         published is read back from the worker itself (``published`` is ignored)."""
-        problem = await read_back.one_worker(self.scheduler, worker)
+        problem = await _read_worker(self.scheduler, worker)
         if problem is not None:
             return problem
         from gpudask.checks import PLUGIN_NAME as CHECK_NAME
@@ -280,6 +284,33 @@ class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
     async def close(self) -> None:
         if self.scheduler is not None and self.scheduler.handlers.get(PUBLISH_HANDLER) == self.publish:
             del self.scheduler.handlers[PUBLISH_HANDLER]
+
+
+async def _read_worker(scheduler: Any, address: str) -> str | None:
+    """Put what the worker at ``address`` publishes into its ``WorkerState.extra``; None,
+    or why not."""
+    ws = scheduler.workers.get(address)
+    if ws is None:
+        return "unknown worker"
+    try:
+        published = await asyncio.wait_for(scheduler.rpc(address).gpudask_published(), READ_S)
+    except Exception as e:  # noqa: BLE001 - a worker without the handler, gone, or slow
+        return f"not read from the worker: {type(e).__name__}: {e}"[:300]
+    if scheduler.workers.get(address) is not ws:
+        return "unknown worker"
+    ws.extra["gpudask"] = published
+    return None
+
+
+async def _read_all_workers(scheduler: Any) -> None:
+    """:func:`_read_worker` for each connected worker that published nothing yet (together, at
+    most READ_S seconds)."""
+    pending = [_read_worker(scheduler, a) for a, ws in list(scheduler.workers.items()) if "gpudask" not in ws.extra]
+    if pending:
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending), READ_S)
+        except asyncio.TimeoutError:
+            logger.warning("gpudask: some workers did not say within %g s what they publish", READ_S)
 
 
 def _plan_scheduler(protocol: str | None) -> Any:

@@ -142,12 +142,10 @@ def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -
     if owner and base is not None:
         for mark in base.glob("slot-*.owner"):
             number = mark.name[len("slot-"):-len(".owner")]
-            if not number.isdigit() or int(number) >= limit:
-                continue
-            if statedir.read_private(mark, "worker slot owner file") == owner:
-                i = int(number)
-                order.remove(i)
-                order.insert(0, i)
+            if (number.isdigit() and int(number) < limit
+                    and statedir.read_private(mark, "worker slot owner file") == owner):
+                order.remove(int(number))
+                order.insert(0, int(number))
                 break
     without_files = base is None
     for i in order:

@@ -120,4 +120,5 @@ def record(session: Any) -> None:
         logger.error("gpudask: %s: %s is %s, planned %s (plugin %s): the plan did not take effect",
                      m["process"], m["key"], shown(m["actual"]), shown(m["planned"]), m["plugin"] or "gpudask")
     if len(session.mismatches) > MAX_MISMATCHES:
-        logger.error("gpudask: ... and %d more planned value(s) not in effect", len(session.mismatches) - MAX_MISMATCHES)
+        logger.error("gpudask: ... and %d more planned value(s) not in effect",
+                     len(session.mismatches) - MAX_MISMATCHES)

@@ -1,10 +1,7 @@
 """A pytest plugin: real ``dask scheduler`` / ``dask worker`` processes for a test, in the
-shape of pytest's own ``pytester`` (its fixtures, options and clean-up: docs/testing.md).
-
-Enable it with ``pytest_plugins = ["gpudask.testing.plugin"]`` in a ``conftest.py`` (or
-``pytest -p gpudask.testing.plugin``).  It is not loaded through a ``pytest11`` entry
-point on purpose: that would load it, and import gpudask, in every pytest run of every
-environment where gpudask is installed.
+shape of pytest's ``pytester`` (docs/testing.md).  Enabled with ``pytest_plugins =
+["gpudask.testing.plugin"]``; no ``pytest11`` entry point, which would import gpudask in every
+pytest run wherever gpudask is installed.
 """
 
 from __future__ import annotations
