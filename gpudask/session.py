@@ -103,11 +103,9 @@ def plugin_state(name: str, make: Callable[[], _T]) -> _T:
 
 
 def remembered(name: str, key: Any, make: Callable[[], _T], limit: int = 64) -> _T:
-    """``make()``, kept in this process under ``name`` and ``key`` (hashable; None: not kept):
-    at most ``limit`` results per name, the oldest forgotten first, all forgotten by
-    :func:`reset`.  For results that depend on the key alone (validated published facts, a
-    probe's answer): a process that meets the same data again does not redo the work.  An
-    exception from ``make`` is raised and nothing is kept."""
+    """``make()``, kept in this process under ``name`` and ``key`` (hashable; None: not kept), for
+    results that depend on the key alone: at most ``limit`` per name, the oldest forgotten
+    first, all by :func:`reset`.  An exception from ``make`` is raised and nothing is kept."""
     if key is None:
         return make()
     state = current()

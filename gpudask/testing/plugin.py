@@ -21,12 +21,9 @@ _KEEP_LOGS = pytest.StashKey["pathlib.Path | None"]()
 
 
 class Cluster(ProcessCluster):
-    """:class:`~gpudask.testing.processes.ProcessCluster` in a test's folder: the scheduler
-    and workers on 127.0.0.1, a log per process and the scheduler file in ``workdir``.
-
-    A process started without ``env=`` gets :func:`~gpudask.testing.processes.clean_env`
-    as it is when the process starts (so a test's ``monkeypatch.setenv`` before that counts),
-    never gpudask's bookkeeping from the pytest process."""
+    """:class:`~gpudask.testing.processes.ProcessCluster` in a test's folder.  A process started
+    without ``env=`` gets :func:`~gpudask.testing.processes.clean_env` as it is when the process
+    starts (a test's ``monkeypatch.setenv`` counts), never the pytest process's bookkeeping."""
 
     def __init__(self, workdir: str | os.PathLike[str], grace: float = 15.0):
         super().__init__(workdir, env={}, grace=grace)
