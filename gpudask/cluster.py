@@ -63,7 +63,7 @@ def _warn_if_sharing_gpus(n: int) -> None:
     from gpudask.apply import hostfile, process
 
     s = process.current()
-    if not n or s is None or s.host is None:
+    if not n or s is None:
         return
     found = hostfile.sharing_gpus(s.host)
     if found is not None:

@@ -131,16 +131,15 @@ def detect_role() -> tuple[str, CliArgs | None]:
 def set_listen_interface(interface: str) -> str:
     """Make the Worker being constructed listen on ``interface`` (it reads it before its
     preloads, uses it at ``listen()``).  A user's ``--host``/``--interface`` wins."""
-    from gpudask.compat.distributed import worker_init_locals
+    from gpudask.compat.distributed import set_worker_interface, worker_init_locals
 
     locals_ = worker_init_locals()
     worker = locals_.get("self")
     if worker is None:
         return "not applied: no Worker under construction in this process"
-    if locals_.get("host") or locals_.get("interface"):
-        return f"not applied: --host/--interface given ({locals_.get('host') or locals_.get('interface')})"
-    from gpudask.compat.distributed import set_worker_interface
-
+    given = locals_.get("host") or locals_.get("interface")
+    if given:
+        return f"not applied: --host/--interface given ({given})"
     set_worker_interface(worker, interface)
     return "applied"
 
@@ -152,11 +151,12 @@ def set_cli_interface(interface: str) -> str:
     if found is None:
         return "not applied: not inside dask scheduler / dask worker"
     _command, ctx = found
-    given = [a.split("=", 1)[0] for a in sys.argv if a.startswith(("--host", "--interface"))]
-    if given:  # on the command line, maybe after --preload (click has not parsed it yet)
-        return f"not applied: {given[0]} given"
-    if ctx.params.get("interface") or ctx.params.get("host"):
-        return f"not applied: --host/--interface given ({ctx.params.get('host') or ctx.params.get('interface')})"
+    on_argv = [a.split("=", 1)[0] for a in sys.argv if a.startswith(("--host", "--interface"))]
+    if on_argv:  # on the command line, maybe after --preload (click has not parsed it yet)
+        return f"not applied: {on_argv[0]} given"
+    given = ctx.params.get("host") or ctx.params.get("interface")
+    if given:
+        return f"not applied: --host/--interface given ({given})"
     if "interface" in ctx.params:
         ctx.params["interface"] = interface
     else:
