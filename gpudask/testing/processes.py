@@ -143,9 +143,7 @@ def stop(popens: list[subprocess.Popen[bytes]], grace: float = 1.0) -> list[int]
                 pass
         if not procs:
             break
-    for p in popens:
-        if p in _LIVE:
-            _LIVE.remove(p)
+    _LIVE[:] = [p for p in _LIVE if p not in popens]
     return sorted(pid for pid, proc in procs.items() if _running(proc))
 
 
