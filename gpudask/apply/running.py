@@ -25,7 +25,7 @@ CORE_READ_AT_START = ("distributed-ucxx.", "distributed.comm.ucx.", "distributed
 def read_at_start(manager: Any) -> tuple[str, ...]:
     """The prefixes of the dask config keys read only when a process starts or first
     connects: the core's and the loaded plugins' (``config_read_at_start``)."""
-    declared = [prefix for p in getattr(manager, "plugins", []) for prefix in p.read_at_start]
+    declared = [prefix for p in manager.plugins for prefix in p.read_at_start]
     return CORE_READ_AT_START + tuple(dict.fromkeys(declared))
 
 

@@ -42,7 +42,7 @@ def read(session: Any) -> dict[str, Any]:
         out["ucx"] = ucx
     # what this process paid for at start: a worker that read its host plan bootstrapped nothing
     out["startup"] = process_state.current().startup_counts()
-    plugins = session.manager.applied_state(ctx, plan) if hasattr(session.manager, "applied_state") else {}
+    plugins = session.manager.applied_state(ctx, plan)
     if plugins:
         out["plugins"] = plugins
     return out
