@@ -1,18 +1,9 @@
 """One worker per GPU on this machine, from Python: ``LocalGPUCluster`` and ``cluster_kwargs``.
 
-Both start *stock* dask workers (``Nanny`` processes) with gpudask preloaded, like
-``dask worker --preload gpudask`` does, and a scheduler with gpudask preloaded, like
-``dask scheduler --preload gpudask``.  Both call :func:`gpudask.initialize` first, so the
-client process gets its part of the plan (UCX environment and config, the start method
-of worker processes) before anything listens.
-
-Each worker process claims the lowest free worker number of this client's
-workers when it starts and takes that worker's plan (its GPU) from the host plan the
-client wrote -- the same mechanism as ``dask worker --nworkers N --preload gpudask``, and
-the same whether the script imports gpudask at the top or inside its main block.
-
-Importing this module imports ``distributed`` but never CUDA.  The cluster stage, above
-apply: nothing of the apply stage uses it.
+Both start stock ``Nanny`` workers and a scheduler with gpudask preloaded, after
+:func:`gpudask.initialize` gave this process its part of the plan.  Each worker process
+claims the lowest free worker number and takes its plan (its GPU) from the host plan this
+process wrote, as under ``dask worker --nworkers N --preload gpudask``.  Imports no CUDA.
 """
 
 from __future__ import annotations
@@ -68,12 +59,11 @@ def _merged_preload(value: Any) -> list[str]:
 
 
 def _warn_if_sharing_gpus(n: int) -> None:
-    """Another process of this host (a second LocalGPUCluster, a dask worker command) already
-    runs workers on the GPUs this cluster's workers are planned on: say so, once."""
+    """Warn when another process of this host already runs workers on this cluster's GPUs."""
     from gpudask.apply import hostfile, process
 
     s = process.current()
-    if not n or s is None or s.host is None:
+    if not n or s is None:
         return
     found = hostfile.sharing_gpus(s.host)
     if found is not None:
@@ -88,17 +78,13 @@ def _warn_if_sharing_gpus(n: int) -> None:
 
 def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
                    threads_per_worker: int | None = None, **kwargs: Any) -> dict[str, Any]:
-    """Keyword arguments for ``distributed.LocalCluster``: one worker per GPU, gpudask
-    preloaded in the scheduler and every worker.
+    """Keyword arguments for ``distributed.LocalCluster``: one worker per GPU, gpudask preloaded
+    in the scheduler and every worker (``LocalCluster(**gpudask.cluster_kwargs())``); calls
+    :func:`gpudask.initialize` first.
 
-    ``LocalCluster(**gpudask.cluster_kwargs())`` is the one-liner.  Calls
-    :func:`gpudask.initialize` (``protocol``) in this process first.
-
-    :param n_workers: default: one per visible GPU (``CUDA_VISIBLE_DEVICES`` applied),
-        1 without a GPU.  More workers than GPUs share GPUs round-robin (gpudask warns).
+    :param n_workers: default: one per visible GPU, 1 without a GPU (more share GPUs round-robin).
     :param protocol: ``"tcp"`` (default), ``"ucx"`` or ``"ucxx"``.
-    :param threads_per_worker: default: 1 with GPUs (like dask-cuda), otherwise
-        ``LocalCluster``'s default.
+    :param threads_per_worker: default: 1 with GPUs, otherwise ``LocalCluster``'s default.
     :param kwargs: any other ``LocalCluster`` argument; ``preload``, ``env`` and
         ``scheduler_kwargs`` are merged with gpudask's, not replaced.
     """
@@ -138,9 +124,8 @@ def cluster_kwargs(n_workers: int | None = None, protocol: str | None = None,
 
 
 def _check_arguments(kwargs: dict[str, Any]) -> None:
-    """Refuse, before anything starts, an argument that neither ``LocalCluster`` nor the
-    ``Nanny`` and ``Worker`` it hands its other arguments to accept (distributed would fail
-    inside the worker process, with two tracebacks)."""
+    """Refuse an argument none of ``LocalCluster``, ``Nanny`` and ``Worker`` accepts, before
+    anything starts (distributed would fail in the worker process, with two tracebacks)."""
     accepted = {name for f in (LocalCluster.__init__, Nanny.__init__, Worker.__init__)
                 for name, p in inspect.signature(f).parameters.items()
                 if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
@@ -158,9 +143,8 @@ def _check_arguments(kwargs: dict[str, Any]) -> None:
 
 
 def _one_line(error: GpudaskError, given_as: dict[str, str]) -> GpudaskError:
-    """The error a LocalGPUCluster raises: one exception, no chain -- a plugin's refusal of a
-    setting as the setting's own line (the plugin's name and hook help nobody who typed a
-    keyword), naming the keyword given when the line does not already."""
+    """The error a LocalGPUCluster raises: no chain, a plugin's refusal of a setting as the
+    setting's own line, naming the keyword given when the line does not already."""
     if isinstance(error, PluginError) and isinstance(error.__cause__, ConfigError):
         error = error.__cause__
     text = str(error)
@@ -180,25 +164,13 @@ def _is_nanny(cls: Any) -> bool:
 
 
 class LocalGPUCluster(LocalCluster):
-    """A ``LocalCluster`` with one stock worker per GPU and gpudask preloaded everywhere.
+    """A ``LocalCluster`` with one stock worker per GPU and gpudask preloaded everywhere: the
+    counterpart of dask-cuda's ``LocalCUDACluster`` (``scale(n)`` adds workers with the lowest
+    free names and worker numbers).
 
-    The counterpart of dask-cuda's ``LocalCUDACluster``::
-
-        from distributed import Client
-        import gpudask
-
-        cluster = gpudask.LocalGPUCluster()            # or protocol="ucx"
-        client = Client(cluster)
-
-    Each worker applies its own plan from ``gpudask info``: ``CUDA_VISIBLE_DEVICES`` rotated
-    to start with its GPU, the ``GPU=1`` resource, UCX settings, CPU affinity, the memory
-    pool.  ``scale(n)`` adds workers with the lowest free names and worker numbers.
-
-    Parameters are those of :func:`cluster_kwargs` (and so of ``LocalCluster``), and
-    dask-cuda's ``LocalCUDACluster`` arguments: each becomes the gpudask setting its plugin
-    declares it stands for, for this cluster (:mod:`gpudask.compat.dask_cuda`; the table
-    is in the migration guide), ``pre_import`` is added to ``preload``; one gpudask has no
-    equivalent for is refused in one line naming what to use instead.
+    Parameters are those of :func:`cluster_kwargs`, and dask-cuda's ``LocalCUDACluster``
+    arguments: each becomes the gpudask setting its plugin declares (the migration guide's
+    table); ``pre_import`` is added to ``preload``; one without an equivalent is refused.
     """
 
     def __init__(self, n_workers: int | None = None, protocol: str | None = None,
@@ -209,9 +181,8 @@ class LocalGPUCluster(LocalCluster):
             items = pre_import.split(",") if isinstance(pre_import, str) else list(pre_import)
             kwargs["preload"] = _merged_preload(kwargs.get("preload")) + [i.strip() for i in items if i.strip()]
         if settings:
-            # the plan (made in this process) and every worker process see the settings;
-            # the user's own dask config outside this cluster is left as it was.  A Nanny's
-            # config is nested ({"a": {"b": v}}): dask's dotted-key setter writes into a fresh dict
+            # this process's plan and every worker see them; the user's config stays as it was.
+            # A Nanny's config is nested: dask's dotted-key setter writes into a fresh dict
             nested: dict[str, Any] = {}
             dask.config.set(settings, config=nested)
             kwargs["config"] = dask.config.merge(nested, kwargs.get("config") or {})
@@ -246,13 +217,12 @@ class LocalGPUCluster(LocalCluster):
             from distributed.worker_memory import parse_memory_limit
 
             kw["memory_limit"] = parse_memory_limit("auto", 1, n, logger=logging.getLogger("distributed.deploy"))
-        # the scheduler's plan, made now: a setting it refuses is this call's exception (in the
-        # scheduler's dask_setup it would stop this process, the scheduler's)
+        # the scheduler's plan, now: a setting it refuses is this call's exception (in the
+        # scheduler's dask_setup it would stop this process)
         from gpudask.apply.preload import session_for
 
         session_for("scheduler")
-        # start with no worker, then add workers with their numbers (LocalCluster would give
-        # every worker the same spec)
+        # no worker first, then workers with their names (LocalCluster would give all one spec)
         super().__init__(n_workers=0, **kw)
         for _ in range(n):
             self.worker_spec.update(self.new_worker_spec())

@@ -1,10 +1,8 @@
 """What gpudask holds for this one process, in one object (the base stage).
 
-Each process gpudask runs in keeps one :class:`ProcessState`: what it did once and must not
-do again, the memos that spare it work, and the count of the costly steps it took (what the
-counts mean: docs/architecture.md).  The modules keep no registries of their own for these:
-they ask :func:`current`, so a test (or a process that must start clean) forgets everything
-with one :func:`reset`.
+Modules keep no registries of their own: they ask :func:`current`, so one :func:`reset`
+forgets everything (tests, a process that must start clean).  The counts of the costly
+steps are described in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -24,49 +22,39 @@ class ProcessState:
 
     # how many times this process took each costly step (module docstring)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
-    # where a value gpudask set in dask.config came from (a `dask worker` option, a
-    # LocalGPUCluster keyword): key -> (value, words naming it); gpudask.config.label_source
+    # key -> (value, words naming where gpudask's value came from); gpudask.config.label_source
     labels: dict[str, tuple[Any, str]] = field(default_factory=dict)
-    # digests of data that passed a schema in any process of this user on this host, read once
-    # from the state directory (gpudask.facts.validated)
+    # digests validated by any process of this user on this host (gpudask.facts.validated)
     validated: list[str] | None = None
-    # the plugins' facts sections probed in this process (gpudask.facts.sections)
+    # the plugins' facts sections probed here (gpudask.facts.sections)
     probed_sections: dict[tuple[Any, ...], Any] = field(default_factory=dict)
-    # the plan inputs built in this process, and their facts-free part (gpudask.bootstrap)
+    # plan inputs built here, and their facts-free part (gpudask.bootstrap)
     plan_inputs: collections.OrderedDict[str, Any] = field(default_factory=collections.OrderedDict)
     plugins: collections.OrderedDict[str, Any] = field(default_factory=collections.OrderedDict)
-    # the user's values of what gpudask applied in this process (gpudask.bootstrap.keep_user_values)
+    # the user's values of what gpudask applied here (gpudask.bootstrap.keep_user_values)
     kept: Any = None
     # key -> (file, value) as last merged from gpudask.toml / --config (gpudask.config_files)
     file_values: dict[str, tuple[str, Any]] = field(default_factory=dict)
-    # the apply stage's session of this process: the plan it applied, or a plan-only one
-    # (gpudask.apply.process.current)
+    # the apply stage's session: the plan applied here, or a plan-only one (gpudask.apply.process)
     applied: Any = None
-    # what gpudask_setup_memory returned here, by pid: a forked child sets up its own
+    # what gpudask_setup_memory returned, by pid: a forked child sets up its own
     memory_setup: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # plan-only sessions by (role, inputs), and the config keys such plans depend on
-    # (gpudask.apply.preload)
+    # plan-only sessions by (role, inputs), and the config keys they depend on (gpudask.apply.preload)
     plan_only: dict[tuple[str, str], Any] = field(default_factory=dict)
     plan_keys: set[str] = field(default_factory=set)
     # dask-cuda options taken from this command line: {setting: the option as given}
     taken_options: dict[str, str] = field(default_factory=dict)
     # this worker process's number once claimed late (gpudask.apply.server_plugins)
     late_index: int | None = None
-    # what gpudask_preimport named for this worker that its fork server had imported
-    # (gpudask.apply.process.start_worker)
+    # what gpudask_preimport named that the fork server had imported (process.start_worker)
     preimported: list[str] = field(default_factory=list)
     # what each plugin keeps for this process, by the plugin's name (:func:`plugin_state`)
     plugin_states: dict[str, Any] = field(default_factory=dict)
     # results of pure computations kept by name, each bounded (:func:`remembered`)
     memos: dict[str, collections.OrderedDict[Any, Any]] = field(default_factory=dict)
 
-    def count(self, what: str) -> None:
-        with _LOCK:
-            self.counts[what] += 1
-
     def startup_counts(self) -> dict[str, Any]:
-        """The counts as published with a process's applied state: the three steps, and the
-        settings parsed here by key."""
+        """The counts published with a process's applied state."""
         with _LOCK:
             counts = dict(self.counts)
         return {"bootstrap": counts.get("bootstrap", 0), "facts_read": counts.get("facts read", 0),
@@ -82,15 +70,14 @@ _STATE: ProcessState | None = None
 def current() -> ProcessState:
     """This process's state (made at first use)."""
     global _STATE
-    if _STATE is None:
-        with _LOCK:
-            if _STATE is None:
-                _STATE = ProcessState()
-    return _STATE
+    with _LOCK:
+        if _STATE is None:
+            _STATE = ProcessState()
+        return _STATE
 
 
 def reset() -> ProcessState:
-    """Forget everything this process held (tests; a process that starts clean); the new state."""
+    """Forget everything this process held; the new state."""
     global _STATE
     with _LOCK:
         _STATE = ProcessState()
@@ -99,7 +86,9 @@ def reset() -> ProcessState:
 
 def count(what: str) -> None:
     """Count one costly step of this process (module docstring)."""
-    current().count(what)
+    state = current()
+    with _LOCK:
+        state.counts[what] += 1
 
 
 def plugin_state(name: str, make: Callable[[], _T]) -> _T:
@@ -112,11 +101,9 @@ def plugin_state(name: str, make: Callable[[], _T]) -> _T:
 
 
 def remembered(name: str, key: Any, make: Callable[[], _T], limit: int = 64) -> _T:
-    """``make()``, kept in this process under ``name`` and ``key`` (hashable; None: not kept):
-    at most ``limit`` results per name, the oldest forgotten first, all forgotten by
-    :func:`reset`.  For results that depend on the key alone (validated published facts, a
-    probe's answer): a process that meets the same data again does not redo the work.  An
-    exception from ``make`` is raised and nothing is kept."""
+    """``make()``, kept in this process under ``name`` and ``key`` (hashable; None: not kept), for
+    results that depend on the key alone: at most ``limit`` per name, the oldest forgotten
+    first, all by :func:`reset`.  An exception from ``make`` is raised and nothing is kept."""
     if key is None:
         return make()
     state = current()

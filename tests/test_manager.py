@@ -229,12 +229,13 @@ def test_plugin_error_survives_pickling():
 
 
 def test_setup_memory_runs_once_per_process_and_keeps_its_result():
-    from gpudask.apply.process import forget_memory_setup, setup_memory
+    from gpudask import session
+    from gpudask.apply.process import setup_memory
 
     calls = []
     m = PluginManager()
     m.register(make_plugin("pool", gpudask_setup_memory=lambda plan: calls.append(plan.index) or {"n": len(calls)}))
-    forget_memory_setup()
+    session.current().memory_setup.clear()
     try:
         first = setup_memory(m, None, ProcessPlan("worker", 0))
         again = PluginManager()  # another manager of the same process (a re-plan) gets the same answer
@@ -244,7 +245,7 @@ def test_setup_memory_runs_once_per_process_and_keeps_its_result():
         assert setup_memory(again, None, ProcessPlan("worker", 1)) is first
         assert calls == [0]
     finally:
-        forget_memory_setup()
+        session.current().memory_setup.clear()
     # the manager itself keeps nothing: it runs the hooks at every call
     assert m.setup_memory(None, ProcessPlan("worker", 2)) == {"pool": {"n": 2}}
     assert calls == [0, 2]

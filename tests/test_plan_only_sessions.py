@@ -31,16 +31,16 @@ def fresh(monkeypatch):
 
 
 def test_the_same_inputs_reuse_the_plan_and_a_key_the_plans_depend_on_replans(fresh):
-    first = preload._session_for("worker")
-    assert preload._session_for("worker") is first
+    first = preload.session_for("worker")
+    assert preload.session_for("worker") is first
     # learnt from the plans, not listed in the core: rmm's legacy key, the key gpu-dask-defaults sets
     assert {"distributed.rmm.pool-size", "array.rechunk.method"} <= session.current().plan_keys
     with dask.config.set({"some.unrelated-key": 1}):
-        assert preload._session_for("worker") is first  # the rest of dask's config does not count
+        assert preload.session_for("worker") is first  # the rest of dask's config does not count
     with dask.config.set({"distributed.rmm.pool-size": "1GB"}):
-        legacy = preload._session_for("worker")
+        legacy = preload.session_for("worker")
         assert legacy is not first and "legacy key distributed.rmm.pool-size" in str(legacy.plan.reasons)
     with dask.config.set({"array.rechunk.method": "p2p"}):
-        kept = preload._session_for("worker")
+        kept = preload.session_for("worker")
         assert kept is not first and "array.rechunk.method" not in kept.plan.config
-    assert preload._session_for("worker") is first
+    assert preload.session_for("worker") is first

@@ -1,19 +1,17 @@
-"""The host plan, handed from the process that planned it to the worker processes it starts.
-
-A planning process (the ``dask worker`` process, or a client starting a ``LocalCluster``)
-writes its :class:`~gpudask.plan.HostPlan` to a file of the private state directory
-(:mod:`gpudask.facts.statedir`) named in ``$GPUDASK_HOST_PLAN``; its worker processes inherit
-the variable and take their plan from the file instead of planning again, each claiming its
-number in ``$GPUDASK_GROUP``.  A client writes nothing where gpudask decides nothing; files of
-processes that died are removed by the next planning process of the same user.
+"""The host plan, handed from the process that planned it to the worker processes it starts:
+a file of the private state directory named in ``$GPUDASK_HOST_PLAN``, which they inherit;
+each claims its number in ``$GPUDASK_GROUP``.  Files of dead processes are removed by the
+next planning process of the same user.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import pathlib
 import shutil
+import sys
 from typing import Any
 
 from gpudask import bootstrap
@@ -28,7 +26,7 @@ GROUP_ENV = "GPUDASK_GROUP"
 
 def publish(host: HostPlan, always: bool = False) -> None:
     """Write ``host`` for this process's worker processes; a no-op where nothing was decided
-    unless ``always`` (the ``dask worker`` process: its workers then never plan)."""
+    unless ``always``."""
     if not always and not decided_anything(host):
         return
     base = statedir.state_dir()
@@ -48,8 +46,8 @@ def decided_anything(host: HostPlan) -> bool:
 
 
 def load() -> HostPlan | None:
-    """The host plan this worker process's parent wrote, or None (none, or not safe to read),
-    with the parent's facts and settings (:func:`gpudask.bootstrap.from_plan`).
+    """The host plan this worker process's parent wrote, with its facts and settings; None
+    (none, or not safe to read).
 
     :raises PlanFileError: the file is not a host plan this gpudask reads (one line)."""
     path = os.environ.get(PLAN_ENV)
@@ -93,17 +91,15 @@ def reclaim_stale(base: pathlib.Path) -> list[str]:
     """Remove plan files and slot folders whose planning process is gone."""
     removed = []
     for entry in base.iterdir():
-        if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-            stem = entry.name[1:].split(".")[0]  # a write_atomic temporary file left by a killed process
-        else:
-            stem = entry.name.split(".")[0]
-        for prefix in ("plan-", "pid-", "ppid-"):
-            if stem.startswith(prefix) and stem[len(prefix):].isdigit() and not _alive(int(stem[len(prefix):])):
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-                removed.append(entry.name)
+        # .*.tmp: a write_atomic temporary file left by a killed process
+        name = entry.name[1:] if entry.name.startswith(".") and entry.name.endswith(".tmp") else entry.name
+        kind, _, pid = name.split(".")[0].partition("-")
+        if kind in ("plan", "pid", "ppid") and pid.isdigit() and not _alive(int(pid)):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry.name)
     return removed
 
 
@@ -127,8 +123,6 @@ def leave_fatal(line: str) -> None:
 def report_worker_failures() -> None:
     """When the ``dask worker`` process ends on an exception because a worker process stopped
     for gpudask, print that worker's one line instead of distributed's traceback."""
-    import sys
-
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
@@ -147,8 +141,6 @@ def report_worker_failures() -> None:
 def sharing_gpus(host: HostPlan) -> tuple[str, str] | None:
     """Other live planning processes of this user on this host whose workers were planned on
     GPUs ``host``'s workers use: ``("pid, pid", "GPU indices")``, or None."""
-    import json
-
     mine = {w.gpu for w in host.workers if w.gpu}
     if not mine:
         return None

@@ -1,9 +1,6 @@
-"""Importing, ahead of time, what a process is about to import (``gpudask_preimport``).
-
-A GPU worker's start is mostly imports (about 1.8 s on an H200 host: docs/process-start.md).
-The ``dask worker`` process waiting for the scheduler's file imports them in a background
-thread, and a fork server imports them once for every worker it forks.  The plugins name only
-modules whose import opens no CUDA or UCX context (the hookspec's contract).
+"""Importing, ahead of time, what a process is about to import (``gpudask_preimport``): a GPU
+worker's start is mostly imports (docs/process-start.md).  The ``dask worker`` process waiting
+for the scheduler's file imports them in a thread, a fork server once for all its workers.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import Any, cast
 
 from gpudask import session as process_state
@@ -47,21 +46,17 @@ def on_import() -> None:
     taken = process_state.current().taken_options if role in ("nanny", "worker") else {}
     from gpudask.compat.dask_cuda import without_effect
 
-    # the host's warnings once per command: by the process that planned the host, not again by
-    # each of its worker processes
+    # the host's warnings once per command: by the process that planned the host
     host_warnings = [] if s.planned_by_parent else list(s.host.warnings)
-    for warning in (host_warnings + _worker_count_warnings(s, cli) + _other_commands_warnings(s, cli)
-                    + (without_effect(s.host, taken) if taken else [])):
+    for warning in host_warnings + _dask_worker_warnings(s, cli) + (without_effect(s.host, taken) if taken else []):
         logger.warning("gpudask: %s", warning)
 
 
 def _take_preload_argv(cli: runtime.CliArgs) -> None:
-    """dask-cuda's worker options given after ``--preload gpudask`` (``--rmm-pool-size 1GB``):
-    each becomes its gpudask setting in this process's dask config before it plans (a nanny
-    passes it on to its workers), and ``dask_setup`` becomes the click command distributed
-    hands the arguments to.  distributed passes them to the one preload whose ``dask_setup``
-    is a click command: gpudask's, unless another preload is listed and none of the arguments
-    is an option gpudask knows (the user's own click preload keeps them)."""
+    """dask-cuda's worker options after ``--preload gpudask`` (``--rmm-pool-size 1GB``) become
+    gpudask settings in this process's dask config before it plans, and ``dask_setup`` the
+    click command distributed hands them to -- unless another preload is listed and none of
+    them is an option gpudask knows (the user's own click preload keeps them)."""
     global dask_setup
     from gpudask.compat import dask_cuda
 
@@ -85,43 +80,33 @@ def _take_preload_argv(cli: runtime.CliArgs) -> None:
     dask_setup = DASK_SETUP_COMMAND
 
 
-def _worker_count_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
-    """``dask worker`` on a host whose GPU count differs from the workers it starts."""
-    if cli is None or cli.command != "worker" or not cli.nanny or cli.nworkers == 0:
-        return []  # 0: distributed refuses the --nworkers given and says so itself
+def _dask_worker_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
+    """``dask worker`` leaving GPUs idle, or sharing them with another ``dask worker`` command
+    of this host (each numbers its workers from 0)."""
     gpus = len(s.ctx.gpus)
+    if cli is None or cli.command != "worker" or not cli.nanny or not gpus:
+        return []
+    out = []
     started = cli.nworkers or 1
-    if not gpus or started >= gpus:
-        return []  # more workers than GPUs: the plan already warns (GPUs shared round-robin)
-    return [f"dask worker starts {started} worker(s) on a host with {gpus} visible GPU(s): "
-            f"{gpus - started} GPU(s) stay idle; pass --nworkers {gpus} for one worker per GPU"]
-
-
-def _other_commands_warnings(s: process.Session, cli: runtime.CliArgs | None) -> list[str]:
-    """Several ``dask worker`` commands on one host each number their workers from 0, so their
-    workers share GPUs: say so once, naming the GPUs and the other commands."""
-    if cli is None or cli.command != "worker" or not cli.nanny or not s.ctx.gpus:
-        return []
+    # --nworkers 0: distributed refuses it and says so; more workers than GPUs: the plan warns
+    if cli.nworkers != 0 and started < gpus:
+        out.append(f"dask worker starts {started} worker(s) on a host with {gpus} visible GPU(s): "
+                   f"{gpus - started} GPU(s) stay idle; pass --nworkers {gpus} for one worker per GPU")
     found = hostfile.sharing_gpus(s.host)
-    if found is None:
-        return []
-    pids, indices = found
-    return [f"another dask worker command on this host (pid {pids}) already "
-            f"runs workers on GPU(s) {indices}: this command's "
-            f"{len(s.host.workers)} worker(s) share them (each command numbers its workers from 0); start one "
-            f"dask worker with --nworkers {len(s.ctx.gpus)}, or give each command its own CUDA_VISIBLE_DEVICES"]
+    if found is not None:
+        pids, indices = found
+        out.append(f"another dask worker command on this host (pid {pids}) already "
+                   f"runs workers on GPU(s) {indices}: this command's "
+                   f"{len(s.host.workers)} worker(s) share them (each command numbers its workers from 0); start one "
+                   f"dask worker with --nworkers {gpus}, or give each command its own CUDA_VISIBLE_DEVICES")
+    return out
 
 
 def _worker_running() -> bool:
     """Is a Worker already running in this process (gpudask imported late)?"""
     from gpudask.compat.distributed import worker_instances
 
-    workers = worker_instances()
-    if not workers:
-        return False
-    from distributed.core import Status
-
-    return any(w.status not in (Status.init, Status.undefined) for w in workers)
+    return any(w.status.name not in ("init", "undefined") for w in worker_instances())
 
 
 def _fail_here(step: Any, cli: runtime.CliArgs | None, report: bool = True) -> None:
@@ -173,7 +158,7 @@ def initialize(protocol: str | None = None, nworkers: int | None = None) -> proc
 _CORE_KEYS = ("gpudask", "distributed.worker.multiprocessing-method")
 
 
-def _session_for(role: str) -> process.Session:
+def session_for(role: str) -> process.Session:
     """The session of this process, or a plan-only one when gpudask was imported too late to
     act at import time, kept per role and inputs (a test suite plans once, not per server)."""
     s = process.current()
@@ -191,9 +176,6 @@ def _session_for(role: str) -> process.Session:
         state.plan_only[key if len(state.plan_keys) == known else (role, _inputs())] = made
         return made
     return cast(process.Session, state.plan_only[key])
-
-
-session_for = _session_for  # LocalGPUCluster makes its scheduler's plan before starting it
 
 
 def plan_keys(s: process.Session) -> set[str]:
@@ -222,11 +204,11 @@ def setup(server: Any) -> Any:
 
     try:
         if isinstance(server, Worker):
-            _setup_worker(_session_for("worker"), server)
+            _setup_worker(session_for("worker"), server)
         elif isinstance(server, Nanny):
-            _setup_nanny(_session_for("nanny"), server)
+            _setup_nanny(session_for("nanny"), server)
         elif isinstance(server, Scheduler):
-            _setup_scheduler(_session_for("scheduler"), server)
+            _setup_scheduler(session_for("scheduler"), server)
     except GpudaskError as e:
         fatal(e)  # distributed would log "Failed to start preload" and start the server anyway
     return None
@@ -247,7 +229,7 @@ def _setup_worker(s: process.Session, worker: Any) -> None:
 
     register_worker_collector(worker)  # gpudask-* worker metrics on the worker's /metrics
     if s.applied:
-        state.record(s, worker)
+        state.record(s)
     # built here, not at registration: distributed drops a failing startup_information silently
     published = s.published()
     worker.startup_information["gpudask"] = lambda _worker: published
@@ -271,7 +253,7 @@ def _setup_scheduler(s: process.Session, scheduler: Any) -> None:
     page.install(scheduler)  # /gpudask on the scheduler's HTTP server
     prometheus.register_scheduler_collector(scheduler)
     if s.applied:  # a scheduler inside a client's process runs with the client's plan
-        state.record(s, scheduler)
+        state.record(s)
 
 
 def _make_command() -> Any:

@@ -1,9 +1,6 @@
-"""This process's part of the plan, applied once (the apply stage).
-
-:func:`start` plans for a *planning* process (``dask scheduler``, the ``dask worker`` process
-that hosts the nannies, a client) and applies its part; :func:`start_worker` applies a nanny's
-worker process's part, taken from the host plan its parent wrote (:mod:`gpudask.apply.hostfile`):
-a worker process never plans again.  Each process keeps one :class:`Session`.
+"""This process's part of the plan, applied once (the apply stage): :func:`start` in a planning
+process (scheduler, the ``dask worker`` process, a client), :func:`start_worker` in a nanny's
+worker process, from the host plan its parent wrote (:mod:`gpudask.apply.hostfile`).
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import Any, cast
 
 from gpudask import bootstrap
 from gpudask import session as process_state
-from gpudask.apply import hostfile, preimport, runtime
+from gpudask.apply import hostfile, preimport, runtime, slots
 from gpudask.bootstrap import plan_host
 from gpudask.errors import GpudaskError
 from gpudask.plan import HostPlan, ProcessPlan, UserValues, applied
@@ -36,15 +33,13 @@ class Session:
     plan: ProcessPlan
     memory: dict[str, Any] = field(default_factory=dict)
     applied: bool = False
-    # the live state read after apply (gpudask.apply.state.read) and its differences from the plan
+    # the live state read after apply (gpudask.apply.state) and its differences from the plan
     state: dict[str, Any] = field(default_factory=dict)
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     # the user's values of what apply changed (later plans of this process start from them)
     user_values: UserValues = field(default_factory=UserValues)
-    # a worker process whose host plan a planning parent made: the parent said its warnings
-    planned_by_parent: bool = False
-    # the nanny host planned and applied for the likely protocol before its scheduler was up
-    planned_ahead: bool = False
+    planned_by_parent: bool = False  # the planning parent said the host's warnings
+    planned_ahead: bool = False  # planned for the likely protocol before the scheduler was up
 
     @property
     def manager(self) -> Any:
@@ -55,11 +50,9 @@ class Session:
         return self.host.ctx
 
     def published(self) -> Published:
-        """JSON-compatible summary for the worker's startup information / scheduler (its
-        shape: :class:`gpudask.pluginapi.Published`)."""
+        """What this process publishes (tests/test_published_shape.py holds it to the type)."""
         from gpudask._version import __version__
 
-        # the parts are built as plain dicts; tests/test_published_shape.py holds them to the type
         return cast(Published, {
             "version": __version__, "role": self.role, "protocol": self.host.protocol,
             "facts": self.host.facts.to_dict(), "facts_origin": self.host.facts.origin,
@@ -102,8 +95,7 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
     session = Session(role, host, host.for_role(role))
     existing = current()
     if apply or existing is None or not existing.applied:
-        # a plan-only session (e.g. a LocalCluster's scheduler inside a client process)
-        # never replaces the one this process applied
+        # a plan-only session (a LocalCluster's scheduler in a client) never replaces an applied one
         process_state.current().applied = session
     if apply:
         _apply(session, cli)
@@ -117,17 +109,12 @@ def start(role: str, cli: runtime.CliArgs | None = None, protocol: str | None = 
 
 
 def _start_ahead(role: str, cli: runtime.CliArgs, nworkers: int | None, apply: bool) -> Session | None:
-    """``dask worker --scheduler-file F`` started beside the scheduler waits for F, which says
-    the protocol.  The plan inputs do not depend on it (settings, plugins, facts): build them
-    now and import, in a background thread, what the plugins say this process will import.
-    Where a plugin names the likely protocol (``gpudask_likely_protocol``: UCX on a GPU host),
-    plan and apply for it now -- the fork server starts importing, the host plan is published
-    and the transport opened (``gpudask_listen_ahead``) while the scheduler starts (issue 41:
-    the wait was idle, then planning, UCX's start and the fork server's imports came one after
-    the other).  The session, when the scheduler's protocol is the one planned for; None when
-    there was nothing to do ahead, or it planned for another protocol (then everything the
-    plan applied to this process's environment and dask config is put back, with one info line,
-    and the caller plans for the scheduler's protocol)."""
+    """``dask worker --scheduler-file F`` waits for F, which says the protocol (issue 41: that
+    wait was idle).  Build the plan inputs now and preimport in the background; where a plugin
+    names the likely protocol (``gpudask_likely_protocol``), plan, apply and open the transport
+    (``gpudask_listen_ahead``) for it while the scheduler starts.  The session when the
+    scheduler's protocol is the one planned for; else None (what was applied is put back, with
+    an info line, and the caller plans for the scheduler's protocol)."""
     if cli.command != "worker" or cli.protocol or cli.scheduler_address or not cli.scheduler_file:
         return None
     if os.path.isfile(cli.scheduler_file):
@@ -140,8 +127,8 @@ def _start_ahead(role: str, cli: runtime.CliArgs, nworkers: int | None, apply: b
         preimport.in_background(nanny_imports)
         return None
     session = start(role, cli, protocol=likely, nworkers=nworkers)
-    # only now: a thread importing cupy and ucxx holds the GIL for most of a second, and the plan,
-    # its publication and the fork server's start (the workers' critical path) waited on it
+    # only now: a thread importing cupy and ucxx holds the GIL for most of a second, and the
+    # workers' critical path (plan, publication, fork server) waited on it
     preimport.in_background(nanny_imports)
     later = cli.preload[cli.preload.index("gpudask") + 1:] if "gpudask" in cli.preload else ()
     if not later:
@@ -172,10 +159,9 @@ def _listening_protocol(protocol: str) -> str:
 
 
 def start_worker(locals_: dict[str, Any] | None = None) -> Session:
-    """A nanny's worker process: take this worker's plan from the host plan and apply it (at
-    the first ``import gpudask`` of the process, whoever imports it)."""
+    """A nanny's worker process, at its first ``import gpudask``: apply this worker's plan."""
     locals_ = locals_ or {}
-    index = runtime.worker_index(str(locals_["nanny"]) if locals_.get("nanny") else None)
+    index = slots.worker_index(str(locals_["nanny"]) if locals_.get("nanny") else None)
     # loaded before this process planned or read anything: by the fork server it was forked from
     found_loaded = sorted(m for m in sys.modules if m.startswith("gpudask.plugins."))
     host = hostfile.load()
@@ -183,18 +169,18 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
     if host is not None:
         hostfile.restore_user_values(host)  # what the planning parent changed for itself
     else:
-        # no planning parent (e.g. LocalCluster(preload=["gpudask"]) without gpudask.initialize()):
-        # this process plans for itself, once, only what it applies (planner="worker")
+        # no planning parent (LocalCluster(preload=["gpudask"]) without gpudask.initialize()):
+        # plan for itself, once, only what it applies
         protocol = (locals_.get("protocol") or runtime.protocol_from(locals_.get("scheduler_ip"),
                                                                        locals_.get("scheduler_file")) or "tcp")
         planned = max(1, len(bootstrap.inputs().facts.visible_gpus()))  # what plan_host plans for by default
         host = plan_host(protocol.split("://", 1)[0], None if index < planned else index + 1,
                          user_interface=locals_.get("interface"), planner="worker")
     if index >= host.nworkers:
-        # more workers than the parent planned for (scale-up beyond it): this worker's plan is
-        # the one for index+1 workers, made here, once (GPUs shared round-robin, with a warning)
+        # scaled up beyond the parent's plan: the plan for index+1 workers, made here, with its
+        # own warning (GPUs shared round-robin)
         host = plan_host(host.protocol, index + 1, planner="worker")
-        by_parent = False  # a plan of its own, with its own warning (GPUs now shared)
+        by_parent = False
     elif not by_parent and index > 0:
         by_parent = True  # each worker process plans the same host for itself: worker 0 says its warnings
     session = Session("worker", host, host.for_role("worker", index), planned_by_parent=by_parent)
@@ -209,11 +195,9 @@ def start_worker(locals_: dict[str, Any] | None = None) -> Session:
 
 
 def _end_without_collecting_everything() -> None:
-    """At the exit of a nanny's worker process: keep CPython's finalization from collecting
-    every object of the process.  distributed kills a worker process still alive 4 s (8 s)
-    after its close, and collecting the ~94,000 objects of a worker with UCX and RMM took
-    1.2-3.9 s (``lab/fresh-machine/``); frozen, they are left to the operating system, as in a
-    forked child that leaves through ``os._exit``.  Module globals are still cleared."""
+    """Keep CPython's finalization from collecting every object at a worker process's exit:
+    distributed kills a worker still alive 4 s (8 s) after its close, and collecting the
+    ~94,000 objects of one with UCX and RMM took 1.2-3.9 s (``lab/fresh-machine/``)."""
     import gc
 
     gc.freeze()
@@ -248,19 +232,12 @@ def _apply(session: Session, cli: runtime.CliArgs | None = None) -> None:
 
 
 def setup_memory(manager: Any, ctx: Any, plan: ProcessPlan) -> dict[str, Any]:
-    """``gpudask_setup_memory`` once per process: every later call (a late WorkerPlugin, a
-    second preload, a re-plan) gets what the first returned, so a pool is never built twice."""
+    """``gpudask_setup_memory`` once per process: later calls (a late WorkerPlugin, a second
+    preload, a re-plan) get what the first returned, so a pool is never built twice."""
     done = process_state.current().memory_setup
-    kept = done.get(os.getpid())
-    if kept is None:
-        kept = manager.setup_memory(ctx, plan)
-        done[os.getpid()] = kept
-    return kept
-
-
-def forget_memory_setup() -> None:
-    """Forget what :func:`setup_memory` kept in this process (for tests that set up twice)."""
-    process_state.current().memory_setup.pop(os.getpid(), None)
+    if os.getpid() not in done:
+        done[os.getpid()] = manager.setup_memory(ctx, plan)
+    return done[os.getpid()]
 
 
 def apply_config(plan: ProcessPlan) -> dict[str, Any]:
@@ -285,7 +262,7 @@ def planned_config(plan: ProcessPlan) -> dict[str, Any]:
 
 def _gpudask_modules(session: Session) -> list[str]:
     """gpudask's modules a worker imports as it starts: its preload and the built-in plugins
-    this plan loads (a third party's module may do anything at import: the worker imports it)."""
+    (a third party's module may do anything at import: not imported ahead)."""
     builtins = [p.obj.__name__ for p in session.manager.plugins
                 if p.source == "builtin" and isinstance(p.obj, types.ModuleType)]
     return ["gpudask.apply.preload", "gpudask.plugin.manager", *builtins]
@@ -303,8 +280,7 @@ def _start_forkserver(preimport_modules: list[str]) -> None:
 
     # gpudask_forkserver imports them, every error caught (a failing import must not end the server)
     multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed", "gpudask_forkserver"])
-    # forked workers inherit the server's interpreter: give it what a nanny gives a spawned
-    # worker at start (MALLOC_TRIM_THRESHOLD_, PYTHONHASHSEED=6640), in its environment only
+    # forked workers inherit the server's environment: what a nanny gives a spawned worker
     pre_spawn = {k: str(v) for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ", default=None)
                                         or {}).items()}
     if pre_spawn.get("PYTHONHASHSEED") in (None, "0"):
@@ -320,41 +296,40 @@ def _start_forkserver(preimport_modules: list[str]) -> None:
 
 
 # the fork server listens on <multiprocessing's temp dir>/listener-XXXXXXXX: a Unix socket, whose
-# path the kernel limits to 107 bytes (sun_path)
+# path the kernel limits to 107 bytes (sun_path); the temp dir is <TMPDIR>/pymp-XXXXXXXX
 _SUN_PATH_MAX = 107
 _LISTENER_NAME = len("/listener-") + 8
+_PYMP_NAME = len("/pymp-") + 8
 
 
 def _short_multiprocessing_tempdir() -> None:
     """A TMPDIR too long for the fork server's socket fails with ``AF_UNIX path too long``
-    (Python 3.11 and 3.12 do not fall back): make multiprocessing's ``pymp-*`` temp dir in
-    ``/tmp`` instead; where that is impossible too, one line naming TMPDIR."""
+    (Python 3.11 and 3.12 do not fall back): make multiprocessing's temp dir in ``/tmp``
+    instead; where that is impossible too, one line naming TMPDIR."""
     import tempfile
     from multiprocessing import util
 
-    def fits(directory: str) -> bool:
-        return len(os.fsencode(directory)) + _LISTENER_NAME <= _SUN_PATH_MAX
+    def fits(directory: str) -> bool:  # a temp dir of multiprocessing's in ``directory``
+        return len(os.fsencode(directory)) + _PYMP_NAME + _LISTENER_NAME <= _SUN_PATH_MAX
 
-    pymp = len("/pymp-") + 8
-    if fits(os.path.join(tempfile.gettempdir(), "x" * (pymp - 1))):
-        return  # the usual case: multiprocessing's own choice fits
-    saved = tempfile.tempdir
-    for short in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK) and fits(short + "x" * pymp):
-            tempfile.tempdir = short
-            try:
-                chosen = util.get_temp_dir()  # cached by multiprocessing for this process
-            finally:
-                tempfile.tempdir = saved
-            if fits(chosen):
-                logger.info("gpudask: TMPDIR is too long for the fork server's Unix socket: it listens in %s",
-                            chosen)
-                return
-            break
+    if fits(tempfile.gettempdir()):
+        return  # the usual case
+    short = next((d for d in ("/tmp", "/var/tmp", "/dev/shm")
+                  if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK) and fits(d)), None)
+    if short is not None:
+        saved, tempfile.tempdir = tempfile.tempdir, short
+        try:
+            chosen = util.get_temp_dir()  # cached by multiprocessing for this process
+        finally:
+            tempfile.tempdir = saved
+        if fits(os.path.dirname(chosen)):
+            logger.info("gpudask: TMPDIR is too long for the fork server's Unix socket: it listens in %s",
+                        chosen)
+            return
     raise GpudaskError(
         f"TMPDIR={tempfile.gettempdir()} is too long for the fork server's Unix socket (a socket path "
         f"may have {_SUN_PATH_MAX} bytes) and /tmp is not writable; accepted: a TMPDIR of at most "
-        f"{_SUN_PATH_MAX - _LISTENER_NAME - pymp} bytes, or distributed.worker.multiprocessing-method: spawn")
+        f"{_SUN_PATH_MAX - _LISTENER_NAME - _PYMP_NAME} bytes, or distributed.worker.multiprocessing-method: spawn")
 
 
 def bind_cpus(cpus: list[int], ctx: Any) -> None:

@@ -1,9 +1,6 @@
-"""What of its plan a running process lacks, when gpudask is registered on it late.
-
-:func:`missing_in_running_process` sorts a plan into what can still be applied (dask config
-read later) and what *needs a restart* (the GPU, the transport, config read at start: the
-core's :data:`CORE_READ_AT_START` and each plugin's ``config_read_at_start``), each item
-naming the plugin that decided it.  Used by :mod:`gpudask.apply.server_plugins`.
+"""What of its plan a running process lacks, when gpudask is registered on it late: what can
+still be applied (dask config read later) and what *needs a restart* (the GPU, the transport,
+config read at start), each item naming the plugin that decided it.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ CORE_READ_AT_START = ("distributed-ucxx.", "distributed.comm.ucx.", "distributed
 def read_at_start(manager: Any) -> tuple[str, ...]:
     """The prefixes of the dask config keys read only when a process starts or first
     connects: the core's and the loaded plugins' (``config_read_at_start``)."""
-    declared = [prefix for p in getattr(manager, "plugins", []) for prefix in p.read_at_start]
+    declared = [prefix for p in manager.plugins for prefix in p.read_at_start]
     return CORE_READ_AT_START + tuple(dict.fromkeys(declared))
 
 
@@ -116,12 +113,6 @@ def context_check(plan: Any, ctx: Any) -> dict[str, Any] | None:
         return item("cuda_context", plan.gpu, uuid, "this process already has a CUDA context on another GPU: "
                      "needs a new worker process", plugin_of(plan, "CUDA_VISIBLE_DEVICES="))
     return None
-
-
-def publishable(s: Any, report: dict[str, Any]) -> dict[str, Any]:
-    published = s.published()
-    published["late"] = report
-    return published
 
 
 def log_report(what: str, report: dict[str, Any]) -> None:

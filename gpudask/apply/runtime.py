@@ -1,16 +1,12 @@
-"""This process: which role it plays and its command line.
-
-Role detection is cheap and never touches CUDA (it runs while ``dask worker``'s CLI imports the
-preload): a nanny's spawned worker process (``"Dask Worker process (from Nanny)"``) is a
-``worker``; ``dask scheduler`` a ``scheduler``; ``dask worker`` a ``nanny``, or a ``worker``
-with ``--no-nanny``; anything else a ``client``, where importing gpudask does nothing until
-:func:`gpudask.initialize`.
+"""This process: which role it plays and its command line, read cheaply and without CUDA
+(it runs while ``dask worker``'s CLI imports the preload).  A nanny's worker process is a
+``worker``; ``dask scheduler`` a ``scheduler``; ``dask worker`` a ``nanny`` (``worker`` with
+``--no-nanny``); anything else a ``client``, where gpudask waits for :func:`gpudask.initialize`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import multiprocessing
 import os
 import pathlib
@@ -18,11 +14,6 @@ import sys
 import time
 from dataclasses import dataclass
 from typing import Any
-
-# which worker of the host am I: its own module (the slot holds), named here as before
-from gpudask.apply.slots import worker_index as worker_index
-
-logger = logging.getLogger("distributed.gpudask")
 
 WORKER_PROCESS_NAME = "Dask Worker process (from Nanny)"
 
@@ -41,9 +32,8 @@ class CliArgs:
     preload_argv: tuple[str, ...] = ()  # what distributed passes a click-configurable preload
 
     def scheduler_protocol(self) -> str | None:
-        """The protocol of the scheduler this command serves or joins, if it can be known:
-        ``dask worker --scheduler-file F`` waits for F as distributed does (up to
-        ``--death-timeout``); ``dask scheduler`` writes F, so an old F says nothing."""
+        """The protocol of the scheduler this command serves or joins, if known: ``dask worker
+        --scheduler-file F`` waits for F (up to ``--death-timeout``); ``dask scheduler`` writes F."""
         if self.protocol or self.command != "worker":
             return self.protocol
         return protocol_from(self.scheduler_address, self.scheduler_file, wait=True, timeout=self.death_timeout)
@@ -82,9 +72,9 @@ def cli_args(command: str, ctx: Any) -> CliArgs:
 
 
 def resolve_nworkers(value: Any) -> int | None:
-    """``dask worker --nworkers`` as distributed resolves it: ``auto`` -> ``nprocesses_nthreads()``'s
-    count, a negative n -> CPU_COUNT + 1 + n.  None when not given (or not a number: click
-    refuses it); 0 when distributed refuses it (fewer than one worker: it starts nothing)."""
+    """``dask worker --nworkers`` as distributed resolves it (``auto``, a negative n: CPU_COUNT
+    + 1 + n); None when not given or not a number (click refuses it); 0 when distributed
+    refuses it (it starts nothing)."""
     if value in (None, ""):
         return None
     if value == "auto":
@@ -141,33 +131,32 @@ def detect_role() -> tuple[str, CliArgs | None]:
 def set_listen_interface(interface: str) -> str:
     """Make the Worker being constructed listen on ``interface`` (it reads it before its
     preloads, uses it at ``listen()``).  A user's ``--host``/``--interface`` wins."""
-    from gpudask.compat.distributed import worker_init_locals
+    from gpudask.compat.distributed import set_worker_interface, worker_init_locals
 
     locals_ = worker_init_locals()
     worker = locals_.get("self")
     if worker is None:
         return "not applied: no Worker under construction in this process"
-    if locals_.get("host") or locals_.get("interface"):
-        return f"not applied: --host/--interface given ({locals_.get('host') or locals_.get('interface')})"
-    from gpudask.compat.distributed import set_worker_interface
-
+    given = locals_.get("host") or locals_.get("interface")
+    if given:
+        return f"not applied: --host/--interface given ({given})"
     set_worker_interface(worker, interface)
     return "applied"
 
 
 def set_cli_interface(interface: str) -> str:
-    """Make ``dask scheduler`` / ``dask worker`` (its nannies) listen on ``interface``: the
-    default click gives ``--interface`` (its ``default_map``), or the parameter itself when
-    click already filled it in.  A user's ``--host``/``--interface`` wins."""
+    """Make ``dask scheduler`` / ``dask worker`` (its nannies) listen on ``interface``, through
+    click's ``default_map`` or the parameter it filled in.  A user's ``--host``/``--interface`` wins."""
     found = _click_command()
     if found is None:
         return "not applied: not inside dask scheduler / dask worker"
     _command, ctx = found
-    given = [a.split("=", 1)[0] for a in sys.argv if a.startswith(("--host", "--interface"))]
-    if given:  # on the command line, maybe after --preload (click has not parsed it yet)
-        return f"not applied: {given[0]} given"
-    if ctx.params.get("interface") or ctx.params.get("host"):
-        return f"not applied: --host/--interface given ({ctx.params.get('host') or ctx.params.get('interface')})"
+    on_argv = [a.split("=", 1)[0] for a in sys.argv if a.startswith(("--host", "--interface"))]
+    if on_argv:  # on the command line, maybe after --preload (click has not parsed it yet)
+        return f"not applied: {on_argv[0]} given"
+    given = ctx.params.get("host") or ctx.params.get("interface")
+    if given:
+        return f"not applied: --host/--interface given ({given})"
     if "interface" in ctx.params:
         ctx.params["interface"] = interface
     else:
@@ -186,10 +175,9 @@ def protocol_from(address: str | None, scheduler_file: str | None, wait: bool = 
     return scheme(address)
 
 
-# how often a file not written yet is looked for: distributed's json_load_robust sleeps 0.1 s, which
-# made a worker command started beside its scheduler find the file 50 ms late on average (issue 41);
-# after _FAST_S of waiting, as often as distributed: on a shared file system every node's worker
-# command looks for the file, and its metadata server answers each look
+# how often a file not written yet is looked for: distributed's 0.1 s made a worker find its
+# scheduler's file 50 ms late on average (issue 41); after _FAST_S as distributed does (on a
+# shared file system each look of every node is a metadata server's request)
 _POLL_S, _FAST_S, _SLOW_POLL_S = 0.01, 2.0, 0.1
 
 

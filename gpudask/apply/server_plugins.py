@@ -1,18 +1,9 @@
-"""gpudask on a cluster that is already running: ``client.register_plugin(...)``, for
-clusters started without ``--preload gpudask`` (or all at once: :func:`register`).
+"""gpudask on a cluster that is already running (docs/usage.md): ``client.register_plugin``
+of :class:`WorkerPlugin`, :class:`NannyPlugin` and :class:`SchedulerPlugin`, or :func:`register`.
 
-* :class:`WorkerPlugin` applies what still takes effect in a running worker (dask config
-  read later, the ``GPU`` resource, CPU affinity, the memory setup, ``gpudask_server_setup``),
-  publishes the plan and reports the rest (the GPU, the transport) as *needs restart*: in the
-  worker log, in :func:`status` / :func:`needs_restart` and in the scheduler's metadata
-  (``client.get_metadata(["gpudask", "workers"])``);
-* :class:`NannyPlugin` gives each nanny's next worker process its plan (as
-  ``--preload-nanny gpudask``); ``NannyPlugin(restart=True)`` restarts every worker now;
-* :class:`SchedulerPlugin` runs the ``gpudask_server_setup`` hooks (the scheduler check),
-  late config, and reports what needs a restart.
-
-On servers started with ``--preload gpudask`` they change nothing: they publish and confirm
-that nothing needs a restart.
+Each applies what still takes effect in a running process and reports the rest as *needs
+restart* (worker log, :func:`status`, the scheduler's metadata under ``["gpudask", ...]``).
+On servers started with ``--preload gpudask`` they change nothing but publish.
 """
 
 from __future__ import annotations
@@ -26,8 +17,9 @@ import dask.config
 from distributed.diagnostics import plugin as _dp
 
 from gpudask.apply import process as session
-from gpudask.apply import read_back, running, runtime
+from gpudask.apply import hostfile, running, runtime, slots
 from gpudask.apply.state import plugin_of
+from gpudask.checks.sides import scheme
 from gpudask.errors import GpudaskError
 from gpudask.printable import printable
 
@@ -37,6 +29,10 @@ PLUGIN_NAME = "gpudask"
 PRELOAD = "gpudask"
 METADATA_KEY = "gpudask"  # client.get_metadata(["gpudask", "workers"]) / ["gpudask", "scheduler"]
 PUBLISH_HANDLER = "gpudask_publish"  # scheduler handler added by SchedulerPlugin
+# worker handler added by WorkerPlugin: what it publishes, read by the scheduler from the worker
+# itself -- a caller of gpudask_publish can make it read a worker's state again, never forge it
+PUBLISHED_HANDLER = "gpudask_published"
+READ_S = 10.0  # seconds the scheduler waits for the workers' own answers
 WHOLE_PLAN = "the whole plan, at import time (--preload gpudask)"
 
 
@@ -45,20 +41,36 @@ def _failed(notes: list[str], what: str, error: GpudaskError) -> None:
     notes.append(f"{what} failed: {error}")
 
 
-def _scheme(address: Any) -> str | None:
-    from gpudask.checks import scheme
+async def _begin(role: str, address: str, plan: Any, *args: Any) -> tuple[Any, bool, list[Any], dict[str, Any]]:
+    """This process's session (a plan-only one, ``plan(*args)``, when gpudask was not preloaded),
+    whether it was preloaded, what needs a restart and the config that can still be set."""
+    current = session.current()
+    preloaded = current is not None and current.role == role and current.applied
+    # planning probes the host (NVML, ucx_info): keep the event loop free
+    s = current if preloaded else await asyncio.to_thread(plan, *args)
+    needs, late = running.missing_in_running_process(s.plan, s.ctx, address, running.read_at_start(s.manager))
+    return s, preloaded, needs, late
 
-    return scheme(address)
+
+def _set_late(late: dict[str, Any], applied: list[str]) -> None:
+    if late:
+        dask.config.set(late)
+        applied += [f"{k}={v!r}" for k, v in late.items()]
+
+
+def _server_setup(s: Any, server: Any, report: dict[str, Any]) -> None:
+    try:
+        s.manager.server_setup(s.ctx, s.plan, server)
+        report["applied"].append("gpudask_server_setup hooks")
+    except GpudaskError as e:  # a running server is not stopped for it: say so
+        _failed(report["notes"], "gpudask_server_setup hooks", e)
 
 
 class _SentEmpty:
     """Pickled without what it found where it ran: a fresh one on the other side."""
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), ()
 
 
 class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
@@ -76,13 +88,8 @@ class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
         self.report: dict[str, Any] | None = None
 
     async def setup(self, worker: Any) -> None:
-        current = session.current()
-        preloaded = current is not None and current.role == "worker" and current.applied
-        # planning probes the host (NVML, ucx_info): keep the event loop free
-        s = current if preloaded else await asyncio.to_thread(_plan_worker, worker)
+        s, preloaded, needs, late = await _begin("worker", worker.address, _plan_worker, worker)
         report = _report(preloaded, worker=worker.address, index=s.plan.index)
-        needs, late = running.missing_in_running_process(s.plan, s.ctx, worker.address,
-                                                       running.read_at_start(s.manager))
         if not preloaded:
             await self._apply_late(s, worker, report, needs, late)
             found = running.context_check(s.plan, s.ctx)
@@ -92,10 +99,10 @@ class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
         if needs:
             report["notes"].append(f"to apply the rest: {running.HOW}")
         self.report = report
-        published = running.publishable(s, report)
+        published = {**s.published(), "late": report}
         worker.startup_information["gpudask"] = lambda _worker: published
         # what the scheduler reads back from this worker's own address (gpudask_publish)
-        worker.handlers[read_back.HANDLER] = lambda: published
+        worker.handlers[PUBLISHED_HANDLER] = lambda: published
         from gpudask.dashboard.prometheus import register_worker_collector
 
         register_worker_collector(worker)
@@ -113,9 +120,7 @@ class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
                           late: dict[str, Any]) -> None:
         plan, ctx = s.plan, s.ctx
         applied, notes = report["applied"], report["notes"]
-        if late:
-            dask.config.set(late)
-            applied += [f"{k}={v!r}" for k, v in late.items()]
+        _set_late(late, applied)
         if plan.resources and not worker.state.total_resources:
             # as at preload time: resources the user gave the worker win
             await worker.set_resources(**plan.resources)
@@ -139,11 +144,7 @@ class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
             else:
                 if s.memory:
                     applied.append("memory setup (" + ", ".join(sorted(s.memory)) + ")")
-        try:
-            s.manager.server_setup(ctx, plan, worker)
-            applied.append("gpudask_server_setup hooks")
-        except GpudaskError as e:
-            _failed(notes, "gpudask_server_setup hooks", e)
+        _server_setup(s, worker, report)
         notes.append("gpudask_context_init runs at import time only (before UCX): not run on a running worker")
 
     def teardown(self, worker: Any) -> None:
@@ -154,16 +155,15 @@ class WorkerPlugin(_SentEmpty, _dp.WorkerPlugin):
 def _plan_worker(worker: Any) -> Any:
     """A plan-only session for this running worker process (it changes nothing in it)."""
     from gpudask import session as process_state
-    from gpudask.apply import hostfile
 
     state = process_state.current()
     if state.late_index is None:
         # $GPUDASK_WORKER_INDEX, or the lowest free number of this host's group (held
         # until the process exits; a restarted worker of the same nanny gets it back)
-        state.late_index = runtime.worker_index(str(worker.nanny) if worker.nanny else None)
+        state.late_index = slots.worker_index(str(worker.nanny) if worker.nanny else None)
     host = hostfile.load()  # the plan this worker's parent made, when it made one
     if host is None:
-        protocol = (_scheme(getattr(worker.scheduler, "address", None)) or _scheme(worker.address) or "tcp")
+        protocol = scheme(getattr(worker.scheduler, "address", None)) or scheme(worker.address) or "tcp"
         host = session.plan_host(protocol, None, planner="worker")  # only what this worker applies
     return session.Session("worker", host, host.for_role("worker", state.late_index))
 
@@ -182,8 +182,6 @@ class NannyPlugin(_dp.NannyPlugin):
         self.restart = bool(restart)
 
     def setup(self, nanny: Any) -> None:
-        from gpudask.apply import hostfile
-
         s = _plan_nanny(nanny)
         if not os.environ.get(hostfile.PLAN_ENV):
             hostfile.publish(s.host)  # the nanny's next worker process takes its plan from there
@@ -201,7 +199,7 @@ def _plan_nanny(nanny: Any) -> Any:
     if current is not None and current.role == "nanny":
         return current
     role, cli = runtime.detect_role()  # the `dask worker` CLI's --nworkers, when this is one
-    protocol = _scheme(getattr(nanny, "scheduler_addr", None)) or _scheme(nanny.address)
+    protocol = scheme(getattr(nanny, "scheduler_addr", None)) or scheme(nanny.address)
     return session.start("nanny", cli=cli if role == "nanny" else None, protocol=protocol, apply=False)
 
 
@@ -227,28 +225,20 @@ class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
     def __init__(self) -> None:
         self.report: dict[str, Any] | None = None
         self.scheduler: Any = None
+        self.published: Any = None
 
     async def start(self, scheduler: Any) -> None:
-        current = session.current()
-        preloaded = current is not None and current.role == "scheduler" and current.applied
-        s = current if preloaded else await asyncio.to_thread(_plan_scheduler, _scheme(scheduler.address))
+        s, preloaded, needs, late = await _begin("scheduler", scheduler.address, _plan_scheduler,
+                                                 scheme(scheduler.address))
         report = _report(preloaded, scheduler=scheduler.address)
-        needs, late = running.missing_in_running_process(s.plan, s.ctx, scheduler.address,
-                                                       running.read_at_start(s.manager))
         if not preloaded:
-            if late:
-                dask.config.set(late)
-                report["applied"] += [f"{k}={v!r}" for k, v in late.items()]
+            _set_late(late, report["applied"])
             # workers whose gpudask came in through WorkerPlugin before this plugin: read
             # back what each publishes, so the check below sees them as gpudask workers
-            await read_back.all_workers(scheduler)
+            await _read_all_workers(scheduler)
             before = set(scheduler.plugins)
             install_check(scheduler, s)
-            try:
-                s.manager.server_setup(s.ctx, s.plan, scheduler)
-                report["applied"].append("gpudask_server_setup hooks")
-            except GpudaskError as e:  # a running scheduler is not stopped for it: say so
-                _failed(report["notes"], "gpudask_server_setup hooks", e)
+            _server_setup(s, scheduler, report)
             # plugins added by the hooks (the scheduler check) start now, as they would
             # have at scheduler start; the check then also checks the connected workers
             for name in [n for n in scheduler.plugins if n not in before]:
@@ -268,20 +258,20 @@ class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
 
         page.install(scheduler)
         prometheus.register_scheduler_collector(scheduler)
-        self.published = running.publishable(s, report)
+        self.published = {**s.published(), "late": report}
         scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
         running.log_report(f"scheduler {scheduler.address}", report)
 
     def restart(self, scheduler: Any) -> None:
         """``client.restart()`` clears the scheduler's metadata: publish again."""
-        if getattr(self, "published", None) is not None:
+        if self.published is not None:
             scheduler.set_metadata(keys=[METADATA_KEY, "scheduler"], value=self.published)
 
     async def publish(self, worker: str, published: Any = None) -> str:
         """Handler ``gpudask_publish``: read what the worker at ``worker`` publishes into its
         ``WorkerState.extra["gpudask"]`` and check it again.  Any client can call it: what is
         published is read back from the worker itself (``published`` is ignored)."""
-        problem = await read_back.one_worker(self.scheduler, worker)
+        problem = await _read_worker(self.scheduler, worker)
         if problem is not None:
             return problem
         from gpudask.checks import PLUGIN_NAME as CHECK_NAME
@@ -292,9 +282,35 @@ class SchedulerPlugin(_SentEmpty, _dp.SchedulerPlugin):
         return "OK"
 
     async def close(self) -> None:
-        scheduler = getattr(self, "scheduler", None)
-        if scheduler is not None and scheduler.handlers.get(PUBLISH_HANDLER) == self.publish:
-            del scheduler.handlers[PUBLISH_HANDLER]
+        if self.scheduler is not None and self.scheduler.handlers.get(PUBLISH_HANDLER) == self.publish:
+            del self.scheduler.handlers[PUBLISH_HANDLER]
+
+
+async def _read_worker(scheduler: Any, address: str) -> str | None:
+    """Put what the worker at ``address`` publishes into its ``WorkerState.extra``; None,
+    or why not."""
+    ws = scheduler.workers.get(address)
+    if ws is None:
+        return "unknown worker"
+    try:
+        published = await asyncio.wait_for(scheduler.rpc(address).gpudask_published(), READ_S)
+    except Exception as e:  # noqa: BLE001 - a worker without the handler, gone, or slow
+        return f"not read from the worker: {type(e).__name__}: {e}"[:300]
+    if scheduler.workers.get(address) is not ws:
+        return "unknown worker"
+    ws.extra["gpudask"] = published
+    return None
+
+
+async def _read_all_workers(scheduler: Any) -> None:
+    """:func:`_read_worker` for each connected worker that published nothing yet (together, at
+    most READ_S seconds)."""
+    pending = [_read_worker(scheduler, a) for a, ws in list(scheduler.workers.items()) if "gpudask" not in ws.extra]
+    if pending:
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending), READ_S)
+        except asyncio.TimeoutError:
+            logger.warning("gpudask: some workers did not say within %g s what they publish", READ_S)
 
 
 def _plan_scheduler(protocol: str | None) -> Any:

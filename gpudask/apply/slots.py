@@ -20,9 +20,7 @@ from gpudask.errors import ConfigError, GpudaskError
 logger = logging.getLogger("distributed.gpudask")
 
 _held_slot: list[Any] = []  # what holds this process's slot: a locked file, a bound socket
-
-
-_SQUATTED = "squatted"  # _slot_socket: the name is bound by another user's process
+_SQUATTED = "squatted"  # _bind_slot: the name is bound by another user's process
 
 
 def _slot_name(group: str, i: int, alternate: bool = False) -> str:
@@ -90,8 +88,8 @@ def _bind_slot(name: str) -> Any:
 
 def _slot_socket(group: str, i: int) -> Any:
     """A second hold on slot ``i`` (Linux): an abstract socket name, freed when the process
-    dies.  None: a worker of this user holds it; True: no socket (the file lock alone); a name
-    bound by another user: the ``-alt`` name instead; both taken: :data:`_SQUATTED`."""
+    dies; the ``-alt`` name where another user bound the first.  None: a worker of this user
+    holds it; True: no socket (the file lock alone)."""
     if not sys.platform.startswith("linux"):
         return True
     primary = _bind_slot(_slot_name(group, i))
@@ -106,13 +104,15 @@ def _slot_socket(group: str, i: int) -> Any:
             return None
         return primary
     held = _bind_slot(alternate)
-    if held is not None:  # (None: a worker of ours holds the slot by its alternate name)
-        logger.warning("gpudask: worker number %d: its socket name is bound by a process of another user (%s); "
-                       "held by %s instead, never shared with a worker of yours", i,
-                       _holder_text(_holder_uid(_slot_name(group, i))),
-                       "its alternate name and lock file" if held is not _SQUATTED and held is not True
-                       else "its lock file")
-    return _SQUATTED if held is _SQUATTED or held is True else held
+    if held is None:
+        return None  # a worker of ours holds the slot by its alternate name
+    # both names taken by another user: no worker of ours holds them (a name has one holder)
+    lock_only = held is _SQUATTED or held is True
+    logger.warning("gpudask: worker number %d: its socket name is bound by a process of another user (%s); "
+                   "held by %s instead, never shared with a worker of yours", i,
+                   _holder_text(_holder_uid(_slot_name(group, i))),
+                   "its lock file" if lock_only else "its alternate name and lock file")
+    return True if lock_only else held
 
 
 def _holder_text(uid: int | None) -> str:
@@ -142,12 +142,10 @@ def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -
     if owner and base is not None:
         for mark in base.glob("slot-*.owner"):
             number = mark.name[len("slot-"):-len(".owner")]
-            if not number.isdigit() or int(number) >= limit:
-                continue
-            if statedir.read_private(mark, "worker slot owner file") == owner:
-                i = int(number)
-                order.remove(i)
-                order.insert(0, i)
+            if (number.isdigit() and int(number) < limit
+                    and statedir.read_private(mark, "worker slot owner file") == owner):
+                order.remove(int(number))
+                order.insert(0, int(number))
                 break
     without_files = base is None
     for i in order:
@@ -166,10 +164,6 @@ def claim_worker_slot(group: str, owner: str | None = None, limit: int = 4096) -
                     f.close()
                     continue
         sock = _slot_socket(group, i)
-        if sock is _SQUATTED:
-            # both names taken by another user: no worker of ours holds them (a name has one
-            # holder), so the lock file, when there is one, is the hold
-            sock = True
         if sock is None or (sock is True and f is None):  # held by a live worker / no hold at all
             if f is not None:
                 f.close()

@@ -1,18 +1,19 @@
-"""Proof of effect: what a process actually runs with, read from the live process.
-
-After setup each server process records its *applied state* (the keys its plan decides, the
-CUDA context NVML sees, ucxx's configuration, each plugin's ``gpudask_applied_state``) and
-compares it with its plan: each difference is a *mismatch* naming process, key, planned and
-actual value, reported by the scheduler check and ``gpudask status``.
+"""Proof of effect: after setup each server process reads its *applied state* (the keys its
+plan decides, the CUDA context NVML sees, ucxx's configuration, each plugin's
+``gpudask_applied_state``); each difference from the plan is a *mismatch* (process, key,
+planned, actual, plugin), reported by the scheduler check and ``gpudask status``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
 
 from gpudask import session as process_state
+
+logger = logging.getLogger("distributed.gpudask")
 
 
 def plugin_of(plan: Any, decision_prefix: str) -> str | None:
@@ -41,7 +42,7 @@ def read(session: Any) -> dict[str, Any]:
         out["ucx"] = ucx
     # what this process paid for at start: a worker that read its host plan bootstrapped nothing
     out["startup"] = process_state.current().startup_counts()
-    plugins = session.manager.applied_state(ctx, plan) if hasattr(session.manager, "applied_state") else {}
+    plugins = session.manager.applied_state(ctx, plan)
     if plugins:
         out["plugins"] = plugins
     return out
@@ -84,12 +85,10 @@ def find_mismatches(session: Any, live: dict[str, Any]) -> list[dict[str, Any]]:
     def differs(key: str, planned: Any, actual: Any, plugin: str | None) -> None:
         out.append({"process": who, "key": key, "planned": planned, "actual": actual, "plugin": plugin})
 
-    for name, value in plan.env.items():
-        if live["env"].get(name) != value:
-            differs(name, value, live["env"].get(name), plugin_of(plan, f"{name}="))
-    for key, value in plan.config.items():
-        if live["config"].get(key) != value:
-            differs(key, value, live["config"].get(key), plugin_of(plan, f"{key}="))
+    for kind, planned in (("env", plan.env), ("config", plan.config)):
+        for key, value in planned.items():
+            if live[kind].get(key) != value:
+                differs(key, value, live[kind].get(key), plugin_of(plan, f"{key}="))
     if plan.multiprocessing_method and live["multiprocessing_method"] != plan.multiprocessing_method:
         differs("multiprocessing_method", plan.multiprocessing_method, live["multiprocessing_method"],
                 plugin_of(plan, "multiprocessing_method="))
@@ -111,18 +110,15 @@ def find_mismatches(session: Any, live: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def record(session: Any, server: Any = None) -> list[dict[str, Any]]:
+def record(session: Any) -> None:
     """Read the live state, compare it with the plan, keep both on the session."""
-    import logging
-
     session.state = read(session)
     session.mismatches = find_mismatches(session, session.state)
     from gpudask.checks.published import MAX_MISMATCHES, shown
 
-    log = logging.getLogger("distributed.gpudask")
     for m in session.mismatches[:MAX_MISMATCHES]:
-        log.error("gpudask: %s: %s is %s, planned %s (plugin %s): the plan did not take effect",
-                  m["process"], m["key"], shown(m["actual"]), shown(m["planned"]), m["plugin"] or "gpudask")
+        logger.error("gpudask: %s: %s is %s, planned %s (plugin %s): the plan did not take effect",
+                     m["process"], m["key"], shown(m["actual"]), shown(m["planned"]), m["plugin"] or "gpudask")
     if len(session.mismatches) > MAX_MISMATCHES:
-        log.error("gpudask: ... and %d more planned value(s) not in effect", len(session.mismatches) - MAX_MISMATCHES)
-    return session.mismatches
+        logger.error("gpudask: ... and %d more planned value(s) not in effect",
+                     len(session.mismatches) - MAX_MISMATCHES)

@@ -59,14 +59,11 @@ def facts_file(directory: str | os.PathLike[str], base: str | Mapping[str, Any] 
 def plan_for(facts: str | os.PathLike[str], protocol: str = "ucx", nworkers: int | None = None, *,
              plugins: Iterable[Any] = (), config: Mapping[str, Any] | None = None,
              autoload: bool = False) -> HostPlan:
-    """The host plan for the described host ``facts`` (a path, or an example host's name):
-    the built-in plugins and ``plugins`` (modules or objects, registered as
-    ``gpudask.pluginapi.hookimpl`` plugins), with the dask config ``config`` set.
-
-    ``autoload`` (default off): also load the plugins installed through entry points --
-    off, an installed copy of the plugin under test is not loaded beside ``plugins``, and
-    another installed plugin changes nothing.  The result is what ``gpudask info --facts
-    FILE --protocol P --json`` prints (``plan.to_dict()``)."""
+    """The host plan for the described host ``facts`` (a path, or an example host's name) by
+    the built-in plugins and ``plugins`` (modules or objects), with the dask config ``config``
+    set: what ``gpudask info --facts FILE --protocol P --json`` prints (``plan.to_dict()``).
+    ``autoload``: also load the plugins installed through entry points (off: an installed copy
+    of the plugin under test is not loaded beside ``plugins``)."""
     import dask.config
 
     from gpudask.bootstrap import plan_host, put_env

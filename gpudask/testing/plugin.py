@@ -1,10 +1,7 @@
 """A pytest plugin: real ``dask scheduler`` / ``dask worker`` processes for a test, in the
-shape of pytest's own ``pytester`` (its fixtures, options and clean-up: docs/testing.md).
-
-Enable it with ``pytest_plugins = ["gpudask.testing.plugin"]`` in a ``conftest.py`` (or
-``pytest -p gpudask.testing.plugin``).  It is not loaded through a ``pytest11`` entry
-point on purpose: that would load it, and import gpudask, in every pytest run of every
-environment where gpudask is installed.
+shape of pytest's ``pytester`` (docs/testing.md).  Enabled with ``pytest_plugins =
+["gpudask.testing.plugin"]``; no ``pytest11`` entry point, which would import gpudask in every
+pytest run wherever gpudask is installed.
 """
 
 from __future__ import annotations
@@ -24,12 +21,9 @@ _KEEP_LOGS = pytest.StashKey["pathlib.Path | None"]()
 
 
 class Cluster(ProcessCluster):
-    """:class:`~gpudask.testing.processes.ProcessCluster` in a test's folder: the scheduler
-    and workers on 127.0.0.1, a log per process and the scheduler file in ``workdir``.
-
-    A process started without ``env=`` gets :func:`~gpudask.testing.processes.clean_env`
-    as it is when the process starts (so a test's ``monkeypatch.setenv`` before that counts),
-    never gpudask's bookkeeping from the pytest process."""
+    """:class:`~gpudask.testing.processes.ProcessCluster` in a test's folder.  A process started
+    without ``env=`` gets :func:`~gpudask.testing.processes.clean_env` as it is when the process
+    starts (a test's ``monkeypatch.setenv`` counts), never the pytest process's bookkeeping."""
 
     def __init__(self, workdir: str | os.PathLike[str], grace: float = 15.0):
         super().__init__(workdir, env={}, grace=grace)

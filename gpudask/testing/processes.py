@@ -1,14 +1,8 @@
 """Real dask processes on this host: ``python -m dask scheduler`` / ``dask worker`` started
-as separate process groups, waited for, and stopped with everything they started.
-
-One helper for gpudask's tests, for the tests of third-party plugins (through the pytest
-plugin :mod:`gpudask.testing.plugin`) and for ``gpudask bench`` (the gpudask-bench
-distribution), so all of them start and stop clusters the same way.  Each process gets its
-own session (a process group the helper can signal as a whole) and, on Linux, dies with
-the process that started it, even if that one is SIGKILLed.
-
-It imports neither pytest nor anything heavy: psutil and distributed are imported inside
-the functions that use them.
+as separate process groups (on Linux dying with their starter, even a SIGKILLed one), waited
+for, and stopped with everything they started.  For gpudask's tests, third-party plugins'
+tests (:mod:`gpudask.testing.plugin`) and ``gpudask bench``.  Imports neither pytest nor
+anything heavy.
 """
 
 from __future__ import annotations
@@ -28,8 +22,7 @@ LOOPBACK = "127.0.0.1"
 
 _LIVE: list[subprocess.Popen[bytes]] = []  # every process started here and not yet stopped
 _PRCTL: Any = None
-# each process started here -> its start time: once it has exited and been reaped, and its group
-# is empty, the kernel may give its pid to an unrelated new process
+# each process started here -> its start time: a reaped leader's pid may come back to another process
 _STARTED: weakref.WeakKeyDictionary[subprocess.Popen[bytes], float | None] = weakref.WeakKeyDictionary()
 
 
@@ -44,12 +37,9 @@ KEPT_VARIABLES = ("GPUDASK_DISABLE_PLUGIN_AUTOLOAD", "GPUDASK_LOAD_PLUGINS")
 
 
 def clean_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
-    """The environment for a cluster under test: ``base`` (default: this process's) without
-    gpudask's bookkeeping (``GPUDASK_*``: a parent's host plan, worker group, facts) or
-    gpudask settings (``DASK_GPUDASK__*``: a test sets its own) -- but with the choice of
-    which installed plugins load (:data:`KEPT_VARIABLES`) --, with unbuffered output (whole
-    logs), UCX quiet about variables it does not use, and worker processes that may start
-    processes of their own (``distributed.worker.daemon: False``); then ``extra``."""
+    """``base`` (default: this process's environment) without ``GPUDASK_*`` (but
+    :data:`KEPT_VARIABLES`) and ``DASK_GPUDASK__*``, with unbuffered output, UCX quiet about
+    unused variables and non-daemon worker processes; then ``extra``."""
     source = os.environ if base is None else base
     env = {k: v for k, v in source.items()
            if not k.startswith(("GPUDASK_", "DASK_GPUDASK__")) or k in KEPT_VARIABLES}
@@ -95,9 +85,8 @@ def _start_time(pid: int) -> float | None:
 
 
 def _ours(p: subprocess.Popen[bytes]) -> Any:
-    """``p``'s process (psutil), or None when it is gone or its pid is another process's now:
-    once a process has been reaped and its group is empty, the kernel gives its pid again (on a
-    busy machine soon: pid_max 32768), and signalling it then hit a test of another xdist worker."""
+    """``p``'s process (psutil), or None when it is gone or its pid is another process's now
+    (on a busy machine soon, pid_max 32768: signalling it hit another xdist worker's test)."""
     import psutil
 
     try:
@@ -112,8 +101,8 @@ def _ours(p: subprocess.Popen[bytes]) -> Any:
 
 
 def _our_group(p: subprocess.Popen[bytes]) -> bool:
-    """May ``os.killpg(p.pid)`` be sent?  Its leader ours, or gone: while members are left the
-    group's id is not given to a new process."""
+    """May ``os.killpg(p.pid)`` be sent?  Its leader ours, or gone (a group's id is not given
+    again while members are left)."""
     return _ours(p) is not None or _start_time(p.pid) is None
 
 
@@ -154,15 +143,13 @@ def stop(popens: list[subprocess.Popen[bytes]], grace: float = 1.0) -> list[int]
                 pass
         if not procs:
             break
-    for p in popens:
-        if p in _LIVE:
-            _LIVE.remove(p)
+    _LIVE[:] = [p for p in _LIVE if p not in popens]
     return sorted(pid for pid, proc in procs.items() if _running(proc))
 
 
 def _running(proc: Any) -> bool:
-    """Not gone and not a zombie (dead, waiting for a parent that does not reap it: in a
-    container whose init reaps nothing, every killed grandchild stays one)."""
+    """Not gone and not a zombie (in a container whose init reaps nothing, every killed
+    grandchild stays one)."""
     import psutil
 
     try:

@@ -61,7 +61,7 @@ def test_local_gpu_cluster_refuses_a_worker_count_before_planning(n):
 
 @pytest.mark.parametrize("value", ["-1", "99999999999999999999999", "4096", " 1x"])
 def test_gpudask_worker_index_out_of_range_is_refused(monkeypatch, value):
-    from gpudask.apply.runtime import worker_index
+    from gpudask.apply.slots import worker_index
 
     monkeypatch.setenv("GPUDASK_WORKER_INDEX", value)
     # before: -1 and 10**23 accepted (a worker on no GPU, or a hang indexing the plans)
