@@ -44,11 +44,13 @@ def on_import() -> None:
     level = logging.INFO if hostfile.decided_anything(s.host) else logging.DEBUG
     logger.log(level, process.startup_line(s))
     taken = process_state.current().taken_options if role in ("nanny", "worker") else {}
-    from gpudask.compat.dask_cuda import without_effect
-
     # the host's warnings once per command: by the process that planned the host
-    host_warnings = [] if s.planned_by_parent else list(s.host.warnings)
-    for warning in host_warnings + _dask_worker_warnings(s, cli) + (without_effect(s.host, taken) if taken else []):
+    warnings = ([] if s.planned_by_parent else list(s.host.warnings)) + _dask_worker_warnings(s, cli)
+    if taken:  # dask-cuda's table only where its options were given (3 ms of each worker's start)
+        from gpudask.compat.dask_cuda import without_effect
+
+        warnings += without_effect(s.host, taken)
+    for warning in warnings:
         logger.warning("gpudask: %s", warning)
 
 
