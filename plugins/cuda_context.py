@@ -191,7 +191,7 @@ def check_existing(ctx: PlanContext, plan: ProcessPlan, when: str) -> None:
     elif plan.role == "client":
         report(ctx, plan, f"{_where(plan)} already has a CUDA context on {_describe(info)} {when}: UCX in this "
                           "process is set up for that device, and processes forked from here inherit it.")
-    elif plan.role == "scheduler" and planned_context(ctx, plan):  # its own GPU: device 0
+    elif plan.role == "scheduler" and planned_context(ctx, plan) and ctx.gpus:  # its own GPU: device 0
         if _same_device(_uuid_of(info), plan, ctx):
             logger.info("gpudask: the scheduler has its CUDA context on its own GPU %s %s (planned: it relays GPU "
                         "frames over UCX)", _describe(info), when)

@@ -36,6 +36,33 @@ def run_form(out: pathlib.Path, form: str, protocol: str, array: str, *extra: st
     return mine
 
 
+def run_forms_together(out: pathlib.Path, forms: tuple[str, ...], protocol: str, array: str, *extra: str,
+                       timeout: float = 400) -> list[dict]:
+    """:func:`run_form` for each of ``forms`` at once (on the GPU machine's cores: the suite's longest
+    test ran them one after another, 128 s of a 400 s budget); each its own folder and its own ports."""
+    procs = {}
+    for form in forms:
+        (out / form).mkdir()
+        procs[form] = subprocess.Popen([sys.executable, "-m", "tests.workloads.run", "--form", form, "--protocol",
+                                        protocol, "--array", array, "--out", str(out / form), "--timeout", "60",
+                                        *extra], cwd=ROOT, env=base_env(), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for form, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=timeout)
+            mine = [json.loads(t) for t in stdout.splitlines() if t.startswith("{")]
+            mine = [line for line in mine if line["suite"] == f"{form}-{protocol}-{array}"]
+            assert mine, stdout + stderr
+            lines += mine
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return lines
+
+
 def by_name(lines: list[dict]) -> dict[str, dict]:
     return {line["workflow"]: line for line in lines}
 
@@ -141,9 +168,8 @@ def test_an_unknown_workflow_is_one_line_naming_the_accepted_ones(tmp_path):
 @pytest.mark.process
 def test_cupy_workflows_agree_across_all_three_forms(tmp_path):
     assert real_gpu_count() >= 1
-    lines = []
-    for form in ("processes", "local", "dask-cuda"):
-        lines += run_form(tmp_path, form, "ucx", "cupy", "--budget", "150", timeout=200)
+    lines = run_forms_together(tmp_path, ("processes", "local", "dask-cuda"), "ucx", "cupy", "--budget", "150",
+                               timeout=200)
     got = {(line["form"], line["workflow"]): line for line in lines}
     for form in ("processes", "local"):
         for name in GPUDASK_FORMS_ALL - {"rechunk_p2p_default"}:  # P2P on CuPy: compare's known limitation
