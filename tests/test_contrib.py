@@ -38,10 +38,11 @@ SITE: pathlib.Path | None = None  # where the fixture installed the two packages
 SOURCES: pathlib.Path | None = None  # copies of contrib/*: pip and pytest write next to the sources
 
 
-def install_command(dist: str, target: pathlib.Path) -> list[str]:
-    """pip install into ``target``, without build isolation when this environment can
-    build the package itself (setuptools >= 70.1, or setuptools >= 64 with wheel)."""
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(SOURCES / dist)]
+def install_command(target: pathlib.Path) -> list[str]:
+    """pip install of every package into ``target`` in one pip run, without build isolation when this
+    environment can build the packages itself (setuptools >= 70.1, or setuptools >= 64 with wheel)."""
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+           *(str(SOURCES / dist) for dist in PACKAGES)]
     try:
         import setuptools
 
@@ -54,7 +55,9 @@ def install_command(dist: str, target: pathlib.Path) -> list[str]:
     return cmd
 
 
-@pytest.fixture(scope="module", autouse=True)
+# session-wide: xdist's loadgroup keeps these tests on one test process, but may run another
+# module's tests between them, which ended a module fixture (two installs, 19 s each)
+@pytest.fixture(scope="session", autouse=True)
 def contrib_installed(tmp_path_factory):
     global SITE, SOURCES
     SITE = tmp_path_factory.mktemp("contrib-site")
@@ -62,9 +65,9 @@ def contrib_installed(tmp_path_factory):
     for dist in PACKAGES:
         shutil.copytree(CONTRIB / dist, SOURCES / dist,
                         ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    out = subprocess.run(install_command(SITE), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"installing contrib/{', '.join(PACKAGES)} failed:\n{out.stdout}\n{out.stderr}"
     for dist in PACKAGES:
-        out = subprocess.run(install_command(dist, SITE), capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, f"installing contrib/{dist} failed:\n{out.stdout}\n{out.stderr}"
         assert list(SITE.glob(dist.replace("-", "_") + "-*.dist-info")), dist
     yield
     SITE = SOURCES = None
