@@ -11,8 +11,15 @@ import re
 import subprocess
 import sys
 
-import distributed  # noqa: F401 - its config defaults must exist before any test snapshots dask.config
-import pytest
+# Every dask process the suite starts (and this one) without distributed's two sampling threads:
+# the worker profiler (every 10 ms) and the GIL-contention monitor (every 1 ms) burnt about 6 % of
+# a core in each idle worker, and the suite keeps two clusters alive at a time on CI's two cores.
+# Nothing here measures them; a user's setting of either still wins.
+os.environ.setdefault("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "False")
+os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__GIL__ENABLED", "False")
+
+import distributed  # noqa: E402,F401 - its config defaults must exist before any test snapshots dask.config
+import pytest  # noqa: E402
 
 # the process-cluster fixtures (gpudask_cluster, gpudask_cluster_factory): docs/testing.md.
 # Imported here too (for Cluster), so rewrite its asserts before the import does.
