@@ -1,11 +1,8 @@
-"""What a plugin's hook returned, checked and made plain data before the core uses it.
+"""What a plugin's hook returned, checked and copied into plain data before the core uses it.
 
-Each ``*_problem`` function says what is wrong with one plugin's result of one hook (the words
-of the manager's one-line PluginError), or None when it is what the hookspec asks for.
-:func:`take` runs *inside the call's isolation* (:func:`gpudask.plugin.hookcall.call_isolated`):
-the check, then the copy into plain data (:func:`gpudask.plaindata.plain`), so a result's
-``__str__`` or a mapping's ``items`` run where a ``SystemExit`` is the plugin's failure and the
-call is bounded, and what leaves the call cannot turn into plugin code on an event loop.
+:func:`take` runs inside the call's isolation (:func:`gpudask.plugin.hookcall.call_isolated`), so
+whatever plugin code the check or the copy runs (a ``__str__``, a mapping's ``items``) is bounded
+there, and what leaves the call cannot turn into plugin code on an event loop.
 """
 
 from __future__ import annotations
@@ -35,39 +32,32 @@ def options_problem(result: Any) -> str | None:
     return None
 
 
-def facts_packages_problem(result: Any) -> str | None:
-    """``gpudask_facts_packages``: ``{key: [distribution, ...]}`` of non-empty strings."""
-    if not isinstance(result, Mapping) or not all(
-            isinstance(k, str) and k and isinstance(v, (list, tuple)) and v and all(isinstance(d, str) for d in v)
-            for k, v in result.items()):
-        return f"returned {result!r:.80}; expected {{key: [distribution, ...]}} of strings"
-    return None
+def _returned(what: str, found: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    """A check whose message is ``returned <what found() says is wrong>; expected <what>``."""
+    def problem(result: Any) -> str | None:
+        wrong = found(result)
+        return None if wrong is None else f"returned {wrong}; expected {what}"
+    return problem
 
 
-def ucx_offered_problem(result: Any) -> str | None:
-    """``gpudask_ucx_offered``: a list of transport names."""
-    if not isinstance(result, (list, tuple)) or not all(isinstance(t, str) for t in result):
-        return f"returned {result!r:.80}; expected a list of transport names (strings) or None"
-    return None
+def _expected(what: str, fits: Callable[[Any], Any]) -> Callable[[Any], str | None]:
+    """A check whose message is ``returned <the result>; expected <what>``."""
+    return _returned(what, lambda result: None if fits(result) else f"{result!r:.80}")
 
 
-def setup_memory_problem(result: Any) -> str | None:
-    """``gpudask_setup_memory``: a dict of JSON values (the worker publishes it: refused
-    here, not on the wire)."""
-    problem = value_problem(result) if isinstance(result, Mapping) else f"a {type(result).__name__}"
-    if problem is not None:
-        return f"returned {problem}; expected None or a dict of JSON values"
-    return None
+def _strings(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value)
 
 
-def applied_state_problem(result: Any) -> str | None:
-    """``gpudask_applied_state``: None, or ``{key: {"planned": value, "actual": value}}``."""
-    if not result:
-        return None
-    problem = _applied_state_shape(result)
-    if problem is not None:
-        return f"returned {problem}; expected None or a dict {{key: {{'planned': value, 'actual': value}}}}"
-    return None
+# gpudask_facts_packages: {key: [distribution, ...]} of non-empty strings
+facts_packages_problem = _expected("{key: [distribution, ...]} of strings", lambda result: isinstance(
+    result, Mapping) and all(isinstance(k, str) and k and _strings(v) and v for k, v in result.items()))
+ucx_offered_problem = _expected("a list of transport names (strings) or None", _strings)
+# gpudask_setup_memory: a dict of JSON values (the worker publishes it: refused here, not on the wire)
+setup_memory_problem = _returned("None or a dict of JSON values", lambda result: value_problem(
+    result) if isinstance(result, Mapping) else f"a {type(result).__name__}")
+applied_state_problem = _returned("None or a dict {key: {'planned': value, 'actual': value}}",
+                                  lambda result: _applied_state_shape(result) if result else None)
 
 
 def _applied_state_shape(result: Any) -> str | None:
@@ -187,13 +177,8 @@ def preimport_problem(result: Any) -> str | None:
 
 
 _PROTOCOL_NAME = re.compile(r"[a-z][a-z0-9+.-]{0,15}")
-
-
-def likely_protocol_problem(result: Any) -> str | None:
-    """``gpudask_likely_protocol``: a protocol name such as 'ucx' or 'tcp'."""
-    if isinstance(result, str) and _PROTOCOL_NAME.fullmatch(result):
-        return None
-    return f"returned {result!r:.80}; expected None or a protocol name such as 'ucx' or 'tcp'"
+likely_protocol_problem = _expected("None or a protocol name such as 'ucx' or 'tcp'",
+                                    lambda result: isinstance(result, str) and _PROTOCOL_NAME.fullmatch(result))
 
 
 def _strict(result: Any) -> Any:
