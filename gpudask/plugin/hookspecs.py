@@ -343,8 +343,6 @@ def gpudask_setup_memory(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any] 
 def gpudask_server_setup(ctx: PlanContext, plan: ProcessPlan, server: Scheduler | Worker | Nanny) -> None:
     """Act on the server once it runs: add plugins, metrics, startup information, resources.
 
-    Named ``gpudask_preload`` up to gpudask 0.1.0; it never ran at the import of the preload.
-
     **When:** an apply hook, called once per server (``server``: the ``Worker``, ``Nanny`` or
     ``Scheduler``) from gpudask's ``dask_setup`` (after ``listen()``, before a worker
     registers), or, on a server gpudask was not preloaded into, when gpudask's
@@ -418,11 +416,11 @@ def gpudask_scheduler_check(ctx: PlanContext | None, reference: ProcessSide,
         ``{"role", "address", "facts", "protocol", "gpudask", "facts_origin"}``: the scheduler
         when a worker is checked in the scheduler and when a client is compared with the
         scheduler; a **worker** (``role == "worker"``) when a client is compared with that
-        worker.  (Named ``scheduler_facts`` up to 0.1.0.)
+        worker.
     :param subject: the side being checked, same shape: a worker (in the scheduler) or the
-        client (in :func:`gpudask.check`); None when that process does not run gpudask.  (Named
-        ``worker_facts`` up to 0.1.0.)  Both sides arrived over the network or were read here:
-        validated plain data (``facts`` is a valid schema-2 dict), never unpickled.
+        client (in :func:`gpudask.check`); None when that process does not run gpudask.  Both
+        sides arrived over the network or were read here: validated plain data (``facts`` is a
+        valid schema-2 dict), never unpickled.
     :return: a list of :class:`gpudask.pluginapi.Finding` (or dicts with ``severity``,
         ``code``, ``message``), possibly empty, or None.
 

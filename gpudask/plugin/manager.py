@@ -1,13 +1,9 @@
 """The plugin manager: the plugins of this process, registered into pluggy, and their hook calls.
 
-The rest of gpudask calls ``manager.select_transport(ctx, plan)``, never ``pm.hook.x``.  Which
-plugins load and what a plugin must be are :mod:`gpudask.plugin.registration`'s rules.  Each
+The rest of gpudask calls ``manager.select_transport(ctx, plan)``, never ``pm.hook.x``.  Each
 plugin is called on its own, in priority order, through pluggy's hook caller for it alone
-(``subset_hook_caller``), so a failure names the plugin, its distribution and the hook, reasons
-are attributed to it, and an isolating hook lets the others run.  Every call goes through
-:func:`gpudask.plugin.hookcall.call_isolated`; its result is checked by
-:mod:`gpudask.plugin.hookresults` inside it.  Only pluggy's public API is used; hook wrappers
-and ``tryfirst``/``trylast`` are refused at registration: the order is ``priority``.
+(``subset_hook_caller``), isolated (:func:`gpudask.plugin.hookcall.call_isolated`), so a failure
+names the plugin, its distribution and the hook, and an isolating hook lets the others run.
 """
 
 from __future__ import annotations
@@ -27,10 +23,9 @@ from gpudask.config import CORE_OPTIONS, Option, Settings
 from gpudask.errors import PluginError
 from gpudask.findings import Finding
 from gpudask.plugin.hookcall import PluginStopped, call_isolated
-from gpudask.plugin.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, DEFAULT_PRIORITY, ENTRY_POINT_GROUP,
-                                  ESSENTIAL_PLUGINS, HOOKS, MAX_PRIORITY, MIN_PRIORITY, REFUSED_HOOKIMPL_OPTIONS,
-                                  LoadedPlugin, declared, pluggy_target, refused_option, select,
-                                  trace_wanted, unknown_hook)
+from gpudask.plugin.registration import (BUILTIN_DISTRIBUTION, BUILTIN_PLUGINS, ENTRY_POINT_GROUP, ESSENTIAL_PLUGINS,
+                                         HOOKS, LoadedPlugin, declared, pluggy_target, refused_option, select,
+                                         trace_wanted, unknown_hook)
 
 logger = logging.getLogger("distributed.gpudask")
 
@@ -41,8 +36,7 @@ if TYPE_CHECKING:
     from gpudask.plan.context import PlanContext
     from gpudask.plan.model import ProcessPlan
 
-__all__ = ["BUILTIN_DISTRIBUTION", "BUILTIN_PLUGINS", "DEFAULT_PRIORITY", "ENTRY_POINT_GROUP", "ESSENTIAL_PLUGINS",
-           "HOOKS", "MAX_PRIORITY", "MIN_PRIORITY", "REFUSED_HOOKIMPL_OPTIONS", "LoadedPlugin", "PluginManager"]
+__all__ = ["BUILTIN_PLUGINS", "ESSENTIAL_PLUGINS", "HOOKS", "PluginManager"]  # what other modules import from here
 
 
 class _Pluggy(pluggy.PluginManager):
@@ -80,7 +74,6 @@ class PluginManager:
         self._pm.add_hookspecs(hookspecs)
         self.loading_dist: str | None = None  # the distribution of the entry point being loaded
         self.plugins: list[LoadedPlugin] = []
-        self._impls_of: dict[str, dict[str, pluggy.HookImpl]] = {}
         self._callers: dict[tuple[str, str], pluggy.HookCaller] = {}
         self.trace = False
         self._observe: Callable[[str, str, float], None] | None = None
@@ -189,7 +182,6 @@ class PluginManager:
                               registered=target)
         self.plugins.append(plugin)
         self.plugins.sort(key=lambda p: (p.priority, p.name))
-        self._impls_of.clear()
         self._callers.clear()
         return plugin
 
@@ -202,16 +194,10 @@ class PluginManager:
             self.trace = True
             self._pm.add_hookcall_monitoring(hooktrace.before, hooktrace.after)
 
-    def _impls(self, hook_name: str) -> dict[str, pluggy.HookImpl]:
-        if hook_name not in self._impls_of:
-            caller = getattr(self._pm.hook, hook_name)
-            self._impls_of[hook_name] = {impl.plugin_name: impl for impl in caller.get_hookimpls()}
-        return self._impls_of[hook_name]
-
     def _caller(self, hook_name: str, plugin: LoadedPlugin) -> pluggy.HookCaller:
         key = (hook_name, plugin.name)
         if key not in self._callers:
-            others = [p.registered for p in self.plugins if p.name != plugin.name and p.name in self._impls(hook_name)]
+            others = [p.registered for p in self.plugins if p is not plugin and hook_name in p.hooks]
             self._callers[key] = self._pm.subset_hook_caller(hook_name, remove_plugins=others)
         return self._callers[key]
 
@@ -223,7 +209,7 @@ class PluginManager:
 
     def hook_functions(self, hook_name: str) -> dict[str, Callable[..., Any]]:
         """plugin name -> the function implementing ``hook_name``."""
-        return {name: impl.function for name, impl in self._impls(hook_name).items()}
+        return {impl.plugin_name: impl.function for impl in getattr(self._pm.hook, hook_name).get_hookimpls()}
 
     @contextlib.contextmanager
     def timing(self, observe: Callable[[str, str, float], None]) -> Iterator[None]:
@@ -243,12 +229,11 @@ class PluginManager:
         # a ProcessPlan being built or applied (not a published plan's dict): its reasons name
         # the acting plugin, and section() shows the earlier steps' decisions only
         tracked = plan if plan is not None and not isinstance(plan, Mapping) else None
-        impls = self._impls(hook_name)
         if tracked is not None:
             tracked.settle_sections()
         results = []
         for plugin in self.plugins:
-            if plugin.name not in impls:
+            if hook_name not in plugin.hooks:
                 continue
             if tracked is not None:
                 tracked.acting_plugin, tracked.acting_reads = plugin.name, plugin.reads

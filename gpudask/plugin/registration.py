@@ -94,8 +94,6 @@ def _third_party_entry_points() -> dict[str, tuple[importlib.metadata.EntryPoint
     # keeps one per name and would hide a second distribution declaring the same name
     for ep, dist in [(ep, d.metadata["name"]) for d in importlib.metadata.distributions() for ep in d.entry_points
                      if ep.group == ENTRY_POINT_GROUP]:
-        if dist == BUILTIN_DISTRIBUTION and builtin_modules.get(ep.name) == ep.value:
-            continue  # metadata of an older gpudask install that still lists its built-ins
         if ep.name in builtin_modules:
             raise PluginError(ep.name, dist, "registration",
                               f"entry point {ep.name} = {ep.value} takes the name of the built-in plugin "
