@@ -1,8 +1,5 @@
-"""Errors gpudask raises on purpose.
-
-Every error here is meant to be shown to a user as one line: it names what was wrong
-(the key, the value, the file, the plugin) and what is accepted.  The CLI and the
-preload entry points print ``str(error)`` and never a traceback for these.
+"""Errors gpudask raises on purpose, each shown to a user as one line naming what was wrong
+(the key, the value, the file, the plugin) and what is accepted, never with a traceback.
 """
 
 from __future__ import annotations

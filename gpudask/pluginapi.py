@@ -1,11 +1,7 @@
-"""The public plugin API: everything a gpudask plugin imports from gpudask.
-
-Built-in plugins (``gpudask.plugins.*``), ``contrib/`` and third-party plugins import from this
-module only (and from the standard library and third-party libraries); a test holds the built-ins
-and ``contrib/`` to it.  What is here is kept stable; anything else in ``gpudask`` may move.
-Nothing in gpudask's core imports this module, and it imports nothing above the plan stage (the
-apply stage answers :func:`applied_role` through :mod:`gpudask.plan.applied`).  The hooks are
-documented in docs/hooks.md; ``__all__`` below groups the names by topic.
+"""The public plugin API: everything a gpudask plugin imports from gpudask (built-in, ``contrib/``
+and third-party plugins alike; a test holds the built-ins and ``contrib/`` to it).  What is here
+is kept stable; anything else in ``gpudask`` may move.  The core never imports this module, and it
+imports nothing above the plan stage (:func:`applied_role` comes through :mod:`gpudask.plan.applied`).
 """
 
 from __future__ import annotations

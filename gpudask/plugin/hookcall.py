@@ -1,15 +1,13 @@
 """Calling one plugin's hook implementation, isolated: the one place that decides what a
 plugin's call can do to the process calling it.
 
-:func:`call_isolated` turns whatever the call raises -- ``SystemExit`` and every other
-``BaseException`` too (``KeyboardInterrupt`` aside on the main thread, where it is the user's
-Ctrl-C) -- into a :class:`~gpudask.errors.PluginError` naming the plugin and the hook, so that
-``sys.exit()`` in a plugin never ends a server or a command.  On the main thread the call is
-also bounded: after ``gpudask.plugins.hook-timeout`` seconds (default 60) a ``SIGALRM``
-interrupts it, and a ``SIGTERM`` or ``SIGINT`` interrupts it too (after the handler that was
-there, e.g. distributed's), so a process stuck in a plugin still stops when told to.  Python
-cannot interrupt C code that does not return to the interpreter.  Off the main thread, callers
-bound the wait (the scheduler check's threads, the dashboard's build thread).
+:func:`call_isolated` turns whatever the call raises (``SystemExit`` too; ``KeyboardInterrupt``
+on the main thread is the user's Ctrl-C) into a :class:`~gpudask.errors.PluginError` naming the
+plugin and the hook, so ``sys.exit()`` in a plugin never ends a server or a command.  On the main
+thread the call is bounded: ``SIGALRM`` after ``gpudask.plugins.hook-timeout`` seconds, and
+``SIGTERM`` / ``SIGINT`` (after the handler that was there, e.g. distributed's), interrupt it, so a
+process stuck in a plugin still stops when told to (C code that never returns to the interpreter
+aside).  Off the main thread, callers bound the wait (the check's threads, the dashboard's).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """Tracing the plugins' hook calls through pluggy's ``add_hookcall_monitoring``: one line per
-plugin and call, ``gpudask trace: <hook> -> <plugin> role=<role> index=<n>: <result> (<ms> ms)``
-(docs/troubleshooting.md).  The manager calls each plugin through a hook caller of its own, so
-every monitored call is one plugin's.
+plugin and call, ``gpudask trace: <hook> -> <plugin> role=<role> index=<n>: <result> (<ms> ms)``.
 """
 
 from __future__ import annotations

@@ -170,10 +170,9 @@ class PluginManager:
             raise PluginError(name, distribution, "registration", " ".join(str(e).split())) from e
         try:
             self._pm.check_pending()
+            refused = refused_option(self._pm, target, name)
         except pluggy.PluginValidationError as e:
-            self._pm.unregister(target)
-            raise PluginError(name, distribution, "registration", unknown_hook(self._pm, e)) from e
-        refused = refused_option(self._pm, target, name)
+            refused = unknown_hook(self._pm, e)
         if refused is not None:
             self._pm.unregister(target)
             raise PluginError(name, distribution, "registration", refused)

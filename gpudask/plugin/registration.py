@@ -1,8 +1,5 @@
 """Which plugins load, and what a plugin must be to be registered: the stateless rules the
-plugin manager registers by.  pluggy does the registration and spec validation, the blocking
-of disabled plugins, the loading of entry points and the check for unknown hooks; gpudask adds
-the selection (:func:`select`), the declarations (:func:`declared`) and the refusal of hook
-wrappers and ``tryfirst``/``trylast`` (:data:`REFUSED_HOOKIMPL_OPTIONS`).
+plugin manager registers by (pluggy registers, validates, blocks and loads entry points).
 """
 
 from __future__ import annotations
