@@ -134,7 +134,7 @@ def test_a_plugin_whose_rows_are_malformed_is_left_out_with_one_warning(monkeypa
 def test_a_column_named_twice_keeps_the_first_and_warns_once_naming_both(monkeypatch):
     from gpudask.plugin import hookresults
 
-    monkeypatch.setattr(hookresults, "_COLUMNS_WARNED", set())
+    hookresults.warn_column_twice.cache_clear()
     row = {"column": "pool", "summary": "mine", "planned": 1, "actual": None}
     first = types.SimpleNamespace(name="first", priority=1, gpudask_report_rows=hookimpl(lambda plan: [row]))
     second = types.SimpleNamespace(name="second", priority=2, gpudask_report_rows=hookimpl(

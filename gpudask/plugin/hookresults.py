@@ -7,6 +7,7 @@ there, and what leaves the call cannot turn into plugin code on an event loop.
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -144,14 +145,9 @@ def report_rows_problem(result: Any) -> str | None:
     return None
 
 
-_COLUMNS_WARNED: set[tuple[str, str, str]] = set()
-
-
+@functools.cache  # said once per process
 def warn_column_twice(column: str, first: str, second: str) -> None:
-    """A report column two plugins name: the first keeps it, said once per process."""
-    if (column, first, second) in _COLUMNS_WARNED:
-        return
-    _COLUMNS_WARNED.add((column, first, second))
+    """A report column two plugins name: the first keeps it."""
     warnings.warn(f"report column {column!r} of plugin {second!r} left out: plugin {first!r} (earlier in "
                   "priority order) already has a column of that name; accepted: a column name of its own",
                   UserWarning, stacklevel=3)
