@@ -1,6 +1,5 @@
-"""Readable tables of plans and plugins (the CLI's non-JSON output).  Tables fit the
-terminal: a cell too wide wraps inside its column (at a comma, space, colon, slash, underscore
-or dash when it can); to a pipe or a file, lines stay whole unless ``COLUMNS`` is set.
+"""Readable tables of plans and plugins (the CLI's non-JSON output), fitting the terminal: a cell
+too wide wraps inside its column; to a pipe or a file, lines stay whole unless ``COLUMNS`` is set.
 """
 
 from __future__ import annotations
@@ -20,14 +19,13 @@ _BREAK = re.compile(r"(?<=[ ,;:/_=|-])")  # a cell may wrap after any of these
 
 
 def _unbreakable(word: str) -> bool:
-    """An address (``tcp://10.0.0.1:8786``) or a variable's name (``$DASK_GPUDASK__RMM__POOL_SIZE``):
-    never cut, however long."""
+    """An address (``tcp://10.0.0.1:8786``) or a variable's name (``$DASK_...``): never cut."""
     return "://" in word or word.startswith("$")
 
 
 def _pieces(text: str) -> list[str]:
-    """``text`` cut where a cell may wrap: between words; inside a word (after a colon, slash,
-    dash ...) only a long one (a path), never an address nor a name (``scheduler-parity``)."""
+    """``text`` cut where a cell may wrap: between words; inside a long word (a path) after a
+    colon, slash, dash ..., never inside an address nor a name (``scheduler-parity``)."""
     return [piece for word in re.split(r"(?<=[ ,])", text)
             for piece in ([word] if _unbreakable(word) or len(word.rstrip(" ,")) <= _WHOLE_WORD
                           else _BREAK.split(word)) if piece]
@@ -52,9 +50,8 @@ def _wrap_cell(text: str, width: int) -> list[str]:
 
 
 def _fit(cells: list[list[str]], width: int | None) -> list[int]:
-    """Column widths for a table no wider than ``width``, wrapping as few lines as it can:
-    each step narrows the column (and by as much) as costs the fewest extra lines per
-    character saved."""
+    """Column widths for a table no wider than ``width``: each step narrows the column (by as much)
+    as costs the fewest extra lines per character saved."""
     natural = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     budget = None if width is None else width - len(_GAP) * (len(natural) - 1)
     if budget is None or sum(natural) <= budget:
@@ -91,7 +88,7 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
 
 
 def table(headers: list[str], rows: list[list[Any]], width: int | None = -1) -> str:
-    """A plain-text table; ``width`` -1 means the terminal's (see :func:`terminal_width`)."""
+    """A plain-text table; ``width`` -1: the terminal's."""
     if width == -1:
         width = terminal_width()
     # a cell may hold what another process published: escaped, never sent to the terminal raw
@@ -118,7 +115,7 @@ def _memory(plan: ProcessPlan, host: HostPlan) -> str:
 
 
 def _facts_words(host: HostPlan) -> str:
-    """The plugins' few words on their facts sections, each after a comma (``, 2 active ... port(s)``)."""
+    """The plugins' words on their facts sections, each after a comma."""
     manager = getattr(host.ctx, "manager", None)
     if manager is None:
         return ""
@@ -162,7 +159,7 @@ _Column = tuple[str, list[str], tuple[str, ...]]
 
 def _table_columns(host: HostPlan) -> tuple[list[_Column], list[_Column]]:
     """The columns worth one (the GPU, what differs between workers, all that is set for a single
-    worker), and the others: the same in every worker, said once."""
+    worker), and the others (the same in every worker)."""
     columns = [(name, [str(value(w, host)) for w in host.workers], prefixes) for name, value, prefixes in _WORKER_COLUMNS]
     single = len(host.workers) == 1
     shown = [c for c in columns if c[0] == "gpu" or len(set(c[1])) > 1 or (single and c[1][0] != "-")]
@@ -177,8 +174,7 @@ def _worker_table(host: HostPlan, width: int | None) -> str:
 
 def _changes(plan: ProcessPlan, host: HostPlan, user_env: Any, user_config: Any) -> list[tuple[str, str]]:
     """(decision, plugin) for what this process does differently from stock dask in the same
-    environment and dask config (variables, config values, the process settings); notes that
-    change nothing are left to --reasons."""
+    environment and dask config; notes that change nothing are left to --reasons."""
     import dask.config
 
     settings = ("CUDA_VISIBLE_DEVICES=", "interface=", "cpu_affinity=", "multiprocessing_method=", "memory:",
@@ -276,7 +272,7 @@ _SIDE_ROLES = ("scheduler", "nanny", "client")
 
 
 def _short_uuids_in(text: str, host: HostPlan) -> str:
-    """The host's GPU UUIDs in ``text`` shortened as ``gpudask status`` shows them (``--json``: whole)."""
+    """The host's GPU UUIDs in ``text`` shortened as ``gpudask status`` shows them."""
     from gpudask.cli.status import short_uuids
 
     short = short_uuids([g.uuid for g in host.facts.gpus if g.uuid])
@@ -284,8 +280,8 @@ def _short_uuids_in(text: str, host: HostPlan) -> str:
 
 
 def plan_table(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
-    """Everything: the workers, every process's settings and decisions with their reasons, each
-    said once under the processes that share it (:mod:`gpudask.cli.said_once`)."""
+    """Every process's settings and decisions with their reasons, each said once under the
+    processes that share it (:mod:`gpudask.cli.said_once`)."""
     out = [wrap_text("\n".join(_header(host)), width), "", _worker_table(host, width)]
     shared = _table_columns(host)[1]
     if shared and len(host.workers) > 1:
