@@ -180,20 +180,22 @@ def _badge(status: Any) -> str:
     return _el("span", f"badge {status or 'none'}", _e(status or "not checked"))
 
 
+def _transports(transports: dict[str, Any], missing: str) -> str:
+    tls = transports.get("UCX_TLS")
+    return _lines("mono", [(None, transports.get("protocol")), (None, f"UCX_TLS={tls}") if tls else ("muted", missing)])
+
+
 def _worker_row(w: dict[str, Any]) -> str:
     gpu = w.get("gpu") or {}
-    planned = (w.get("transports") or {}).get("planned") or {}
-    active = (w.get("transports") or {}).get("active") or {}
+    transports = w.get("transports") or {}
     cells = [
         _lines(None, [("worker-title", w.get("title")), ("mono muted", w.get("address")),
                       ("muted", f"gpudask {_dash(w.get('version'))}" if w.get("gpudask") else "no gpudask")]),
         _lines(None, [("gpu-name", gpu.get("name")), ("gpu-uuid mono", gpu.get("uuid")),
                       ("muted", "CUDA_VISIBLE_DEVICES=" + _dash(gpu.get("cuda_visible_devices"))),
                       ("muted", _bytes(gpu["memory_total"]) if gpu.get("memory_total") else None)]),
-        _lines("mono", [(None, planned.get("protocol")), (None if planned.get("UCX_TLS") else "muted",
-                         f"UCX_TLS={planned['UCX_TLS']}" if planned.get("UCX_TLS") else "no UCX_TLS")]),
-        _lines("mono", [(None, active.get("protocol")), (None if active.get("UCX_TLS") else "muted",
-                         f"UCX_TLS={active['UCX_TLS']}" if active.get("UCX_TLS") else "UCX_TLS not reported")]),
+        _transports(transports.get("planned") or {}, "no UCX_TLS"),
+        _transports(transports.get("active") or {}, "UCX_TLS not reported"),
     ]
     rows = {column: (row or {}).get("summary") for column, row in (w.get("rows") or {}).items()}
     plan = _kv(rows, "no plugin decisions") if rows or not w.get("skipped") else ""
