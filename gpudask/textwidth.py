@@ -1,6 +1,4 @@
-"""Text wrapped to the terminal: the width to fit (``COLUMNS`` or the terminal's; none for a
-pipe or a file) and prose wrapped between words.  Base stage: every command's output uses it
-(the check's and the probe's reports as well as the CLI's own)."""
+"""Text wrapped to the terminal (``COLUMNS`` or its width; none for a pipe or a file) between words."""
 
 from __future__ import annotations
 

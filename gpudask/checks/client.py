@@ -1,8 +1,5 @@
-"""The client side of the scheduler check: ``gpudask.check(client)`` and ``gpudask check``.
-
-The scheduler's report, plus this client compared with the scheduler and each worker: the
-client deserialises what it gathers, so it should match them too.
-"""
+"""``gpudask.check(client)`` and ``gpudask check``: the scheduler's report, plus this client
+compared with the scheduler and each worker (it deserialises what it gathers)."""
 
 from __future__ import annotations
 
@@ -34,13 +31,9 @@ def _fetch_scheduler_report(client: Any) -> dict[str, Any]:
 
 def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
               here: tuple[Any, Any, Any] | None = None) -> dict[str, Any]:
-    """The report of the scheduler check, with this client compared too; ``report["status"]``:
-    ``"ok"``, ``"info"``, ``"warning"`` or ``"error"``.
-
-    :param client: default: the current client.
-    :param extra_plugins: gpudask plugin objects whose checks run here too.
-    :param here: ``(manager, ctx, facts)`` of this process; default: :func:`plan_here`.
-    """
+    """The report of the scheduler check, this client compared too; ``report["status"]``: ``"ok"``,
+    ``"info"``, ``"warning"`` or ``"error"``.  ``extra_plugins``: plugin objects whose checks run
+    here too; ``here``: ``(manager, ctx, facts)`` of this process (default: :func:`plan_here`)."""
     if client is None:
         client = get_client()
     try:
@@ -55,8 +48,7 @@ def run_check(client: Any = None, extra_plugins: Iterable[Any] = (),
 
 def with_client(remote: dict[str, Any], scheduler_address: str, here: tuple[Any, Any, Any] | None = None,
                 extra_plugins: Iterable[Any] = ()) -> dict[str, Any]:
-    """The scheduler's report (``remote``, with its ``sides``) completed with this client's
-    comparisons: what :func:`run_check` returns."""
+    """The scheduler's report (``remote``, with its ``sides``) completed with this client's comparisons."""
     findings: list[Finding] = []
     sides = remote.pop("sides", None) or {}
     if remote.get("problem"):
@@ -103,8 +95,7 @@ check = run_check  # gpudask.check(client)
 
 def format_report(report: dict[str, Any], table: Callable[[list[str], list[list[Any]]], str],
                   width: int | None = -1) -> str:
-    """``gpudask check`` without ``--json``; ``table`` renders headers and rows as text; prose
-    is wrapped to ``width`` (-1: the terminal's)."""
+    """``gpudask check`` without ``--json``; prose wrapped to ``width`` (-1: the terminal's)."""
     sched = report.get("scheduler") or {}
     gpus = sched.get("gpus")
     origin = sched.get("facts_origin")

@@ -26,8 +26,8 @@ HOOK = "gpudask_scheduler_check"
 
 
 class Threads:
-    """A few daemon threads running the checks: unlike concurrent.futures' pool, a plugin
-    that never returns does not keep the scheduler from exiting (no join at exit)."""
+    """Daemon threads: unlike concurrent.futures' pool, a plugin that never returns does not keep
+    the scheduler from exiting (no join at exit)."""
 
     def __init__(self, size: int):
         self.size = size
@@ -50,9 +50,7 @@ class Threads:
         while True:
             with self.lock:
                 self.idle += 1
-            try:
-                # an idle thread ends: a scheduler that closed leaves none behind (distributed's
-                # own tests fail on a leaked thread), and the next check starts one again
+            try:  # an idle thread ends (IDLE_S); the next check starts one again
                 future, fn, args = self.queue.get(timeout=IDLE_S)
             except queue.Empty:
                 with self.lock:

@@ -1,7 +1,6 @@
-"""``gpudask check --probe``: a small array (CuPy when the workers have a GPU, else NumPy)
-through each path data takes in a dask cluster, each within its own time limit (paths, rates
-and ``slow``: docs/scheduler-check.md).  The report is also a ``gpudask-probe`` event on the
-scheduler, which the ``/gpudask`` page shows.  CuPy is imported only where the workers use it.
+"""``gpudask check --probe``: an array (CuPy when the workers have a GPU) through each path data
+takes in a dask cluster, each within its own time limit (docs/scheduler-check.md).  The report is
+also a ``gpudask-probe`` event on the scheduler, which the ``/gpudask`` page shows.
 """
 
 from __future__ import annotations
@@ -83,12 +82,8 @@ def _one_line(e: BaseException) -> str:
 
 def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = None,
               nbytes: int = SIZE * 8) -> dict[str, Any]:
-    """Probe every path; the report (``report["status"]``: ``ok``, ``slow`` or ``failed``).
-
-    :param timeout: seconds for each path.
-    :param workers: ``[source, destination]``; default: the first two workers by address.
-    :param nbytes: the payload (int64 elements of that many bytes; 64 MiB by default).
-    """
+    """Probe every path within ``timeout`` seconds each; ``workers``: ``[source, destination]``
+    (default: the first two by address); the report's ``status``: ``ok``, ``slow`` or ``failed``."""
     n = max(1, int(nbytes) // 8)
     from distributed.comm.addressing import parse_address
 
@@ -244,8 +239,7 @@ def run_probe(client: Any, timeout: float = 10.0, workers: list[str] | None = No
 
 
 async def _pull(address: str, key: Any, repeats: int, dask_worker: Any = None) -> float:
-    """Best seconds of ``repeats`` fetches of ``key`` from ``address``, in this worker, the way
-    ``gather_dep`` fetches (no scheduling in the figure; nothing kept)."""
+    """Best seconds of ``repeats`` fetches of ``key`` from ``address``, the way ``gather_dep`` fetches."""
     from distributed.worker import get_data_from_worker
 
     best = float("inf")
@@ -278,8 +272,8 @@ def _rates(report: dict[str, Any], protocol: str, module: str, nbytes: int = SIZ
 
 
 def format_probe(report: dict[str, Any], width: int | None = -1) -> str:
-    """One line per path: ``ok`` with its time, or what failed and the fix; wrapped between
-    words to ``width`` (-1: the terminal's), continuations under the detail."""
+    """One line per path: ``ok`` with its time, or what failed and the fix; wrapped to ``width``
+    (-1: the terminal's)."""
     from gpudask.textwidth import terminal_width, wrap_text
 
     if width == -1:

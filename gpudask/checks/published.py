@@ -1,8 +1,7 @@
-"""Bounds on what a worker publishes (``WorkerState.extra["gpudask"]``) besides its facts
-(validated whole: :func:`gpudask.checks.sides.side_from_published`): the plan, applied state
-and mismatches are *bounded*, never refused.  Nothing here raises on odd data, and a bounded
-value passes through again unchanged: every reader bounds what it reads (a mark saying
-"bounded already" could be published by a worker too).
+"""Bounds on what a worker publishes (``WorkerState.extra["gpudask"]``) besides its facts: the
+plan, applied state and mismatches are *bounded*, never refused.  Nothing here raises on odd data,
+and a bounded value passes through again unchanged: every reader bounds what it reads (a mark
+saying "bounded already" could be published by a worker too).
 """
 
 from __future__ import annotations
@@ -88,8 +87,8 @@ def bound_published(published: Any) -> Any:
 
 
 def mismatches(published: Any) -> tuple[list[dict[str, Any]], int, int]:
-    """``(first, more, malformed)``: the first :data:`MAX_MISMATCHES` mismatches (bounded), how
-    many more there are, and how many items are not dicts."""
+    """``(first, more, malformed)``: the first :data:`MAX_MISMATCHES` mismatches (bounded), how many
+    more, how many items are not dicts."""
     raw = published.get("mismatches") if isinstance(published, dict) else None
     if not isinstance(raw, (list, tuple)):  # msgpack gives tuples
         return [], 0, 0

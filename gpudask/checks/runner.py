@@ -1,9 +1,7 @@
 """The scheduler check runner: a ``SchedulerPlugin`` comparing each worker with the scheduler,
 installed by the apply stage (:func:`install`) or registered by a client (docs/scheduler-check.md).
-
-Each worker's comparison runs in a thread (:mod:`gpudask.checks.jobs`), never on the event
-loop; ``add_worker`` waits for it at most :data:`INLINE_WAIT_S` (a normal check takes a few
-ms), not at all once a check was slow.  A plugin that never returns keeps its thread.
+Each comparison runs in a thread (:mod:`gpudask.checks.jobs`); ``add_worker`` waits for it at most
+:data:`INLINE_WAIT_S`, not at all once a check was slow.
 """
 
 from __future__ import annotations
@@ -37,10 +35,7 @@ NOT_THE_WORKERS = ("check-timeout", "slow-check")
 
 def plan_here(protocol: str | None, extra_plugins: Iterable[Any] = ()) -> tuple[Any, Any, Any]:
     """``(manager, ctx, facts)`` of this process where gpudask applied no plan (a client, a
-    scheduler without gpudask), from its plan inputs (:mod:`gpudask.bootstrap`).
-
-    :raises GpudaskError: when gpudask cannot plan here (a described host that cannot run ``protocol``).
-    """
+    scheduler without gpudask); GpudaskError when gpudask cannot plan here."""
     from gpudask.bootstrap import plan_host
 
     # the whole plan is built so that a host gpudask cannot plan for is reported as such
@@ -205,17 +200,15 @@ class SchedulerCheck(SchedulerPlugin):
         except asyncio.TimeoutError:
             self.slow_seen = True
             self._record(job, [timeout_finding(job, self.timeout, self.manager)], None)
-            try:
-                findings, side = await wrapped
-            except Exception:  # noqa: BLE001 - the executor shut down
-                return
-            findings = findings + [slow_finding(job, self.timeout)]
-        self._record(job, findings, side)
+            await asyncio.wait([wrapped])
+            self._late(job, wrapped)
+        else:
+            self._record(job, findings, side)
 
     def _late(self, job: Job, future: Any) -> None:
         try:
             findings, side = future.result()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the executor shut down
             return
         self._record(job, findings + [slow_finding(job, self.timeout)], side)
 

@@ -1,8 +1,6 @@
-"""The comparison itself, pure: each process is a *side*, a worker's from what its gpudask
-published (:func:`side_from_published`: validated, never unpickled), the scheduler's and the
-client's from their own facts (:func:`local_side`); the plugins' ``gpudask_scheduler_check``
-hooks compare them.
-"""
+"""The comparison itself, pure: each process is a *side*, a worker's from what it published
+(:func:`side_from_published`, validated, never unpickled), the scheduler's and the client's from
+their own facts (:func:`local_side`); the ``gpudask_scheduler_check`` hooks compare them."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ _ABSENT = object()
 
 
 def scheme(address: object) -> str | None:
-    """``"ucx"`` for ``"ucx://10.0.0.1:8786"``; None for anything without a scheme
-    (distributed's own address parser; the one place gpudask reads an address's scheme)."""
+    """``"ucx"`` for ``"ucx://10.0.0.1:8786"``; None for anything without a scheme."""
     if not isinstance(address, str) or "://" not in address:
         return None
     from distributed.comm.addressing import parse_address
@@ -38,7 +35,6 @@ def scheme(address: object) -> str | None:
 
 
 def local_side(facts: Any, role: str, address: str | None, protocol: str | None) -> dict[str, Any]:
-    """This process as a side of the comparison, from its own facts."""
     # the plan this process applied (the apply stage's session: checks does not import apply)
     plan = getattr(process_state.current().applied, "plan", None)
     left = _left_out_here({"plan": plan.to_dict()}) if plan is not None else []
@@ -64,8 +60,8 @@ def side_from_published(published: Any, role: str, address: str | None) -> dict[
             raise ValueError(f"{key!r} must be a string, got {type(data[key]).__name__}")
     return {"role": role, "address": address, "facts": facts, "protocol": data.get("protocol"),
             "gpudask": data.get("version"), "facts_origin": data.get("facts_origin"),
-            "ucx_tls": _planned_ucx_tls(published), "memory": _memory(published),
-            "left_out_here": _left_out_here(published)}
+            "ucx_tls": _planned_ucx_tls(published), "left_out_here": _left_out_here(published),
+            "memory": bounds.bound(published["memory"]) if isinstance(published.get("memory"), dict) else None}
 
 
 def _left_out_here(published: dict[str, Any]) -> list[str]:
@@ -87,12 +83,6 @@ def _planned_ucx_tls(published: dict[str, Any]) -> str | None:
     env = plan.get("env") if isinstance(plan, dict) else None
     value = env.get("UCX_TLS") if isinstance(env, dict) else None
     return bounds.truncate(value, 1000) if isinstance(value, str) else None
-
-
-def _memory(published: dict[str, Any]) -> dict[str, Any] | None:
-    """The memory setup report, by plugin, bounded like every published field."""
-    memory = published.get("memory")
-    return bounds.bound(memory) if isinstance(memory, dict) else None
 
 
 def _valid_facts(published: Any, role: str) -> dict[str, Any]:
@@ -122,12 +112,12 @@ def run_hooks(manager: Any, ctx: Any, reference: dict[str, Any], other: dict[str
     """Call every plugin's ``gpudask_scheduler_check``; a failing plugin becomes a finding."""
     try:
         results = manager.scheduler_check(ctx, reference, other)
-    except GpudaskError as e:
-        return [Finding("warning", "plugin-failed", f"the check could not finish: {e}",
-                        plugin=getattr(e, "plugin", None) or "gpudask", subject=subject, reference=reference_name)]
     except Exception as e:  # noqa: BLE001 - e.g. a plugin returned something that is not a Finding
-        return [Finding("warning", "plugin-failed", f"the check could not finish: {type(e).__name__}: {e}",
-                        plugin="gpudask", subject=subject, reference=reference_name)]
+        ours = isinstance(e, GpudaskError)
+        return [Finding("warning", "plugin-failed",
+                        f"the check could not finish: {e if ours else f'{type(e).__name__}: {e}'}",
+                        plugin=(ours and getattr(e, "plugin", None)) or "gpudask", subject=subject,
+                        reference=reference_name)]
     findings = []
     for item in results:
         if isinstance(item, dict):

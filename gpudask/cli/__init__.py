@@ -72,8 +72,7 @@ def _unknown_command(ctx: click.Context, name: str) -> str:
 
 
 def _printable_output() -> None:
-    """A character the terminal's encoding cannot show (LANG=C, PYTHONIOENCODING=ascii) is
-    escaped (``\\u6771``), as on stderr, instead of a UnicodeEncodeError traceback."""
+    """A character the terminal's encoding cannot show (LANG=C) is escaped, not a traceback."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None and getattr(stream, "errors", None) == "strict":

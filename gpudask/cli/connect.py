@@ -1,5 +1,5 @@
-"""Reaching the scheduler for ``gpudask check`` and ``gpudask status``: its address (given,
-or read from a scheduler file), a client within ``--timeout``, every failure one line."""
+"""Reaching the scheduler for ``gpudask check`` and ``gpudask status``: its address (given or
+from a scheduler file), a client within ``--timeout``, every failure one line."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ MAX_TIMEOUT_S = 7 * 86400.0  # --timeout's upper end: a week
 
 
 def target(address: str | None, address_option: str | None, scheduler_file: str | None, timeout: float) -> str:
-    """The scheduler's address from :func:`scheduler_options`' values, checked for form; two
-    different ones are refused, as is an unusable ``--timeout``."""
+    """The scheduler's address from :func:`scheduler_options`' values, checked for form."""
     accepted = "accepted: one of ADDRESS, --address ADDRESS, --scheduler-file FILE"
     if address and address_option and address != address_option:
         raise GpudaskError(f"two scheduler addresses given ({address!r} and --address {address_option!r}); {accepted}")
@@ -48,13 +47,9 @@ def target(address: str | None, address_option: str | None, scheduler_file: str 
 
 
 def read_scheduler_file(path: str, timeout: float = 30.0) -> str:
-    """The ``address`` in a dask scheduler file, read within ``timeout`` seconds (in a thread:
-    a hung network file system).  Only a regular file of at most :data:`MAX_SCHEDULER_FILE`
-    bytes: opened non-blocking (a FIFO waits for a writer for ever), checked with ``fstat``
-    before a byte is read (``/dev/zero`` never ends).
-
-    :raises GpudaskError: one line naming the file, what is wrong and what is accepted.
-    """
+    """The ``address`` in a dask scheduler file, read within ``timeout`` seconds (in a thread: a hung
+    network file system).  Only a regular file of at most :data:`MAX_SCHEDULER_FILE` bytes, opened
+    non-blocking (a FIFO waits for a writer for ever), checked with ``fstat`` before a byte is read."""
     accepted = "accepted: the JSON file `dask scheduler --scheduler-file` writes"
     result: list[Any] = []
 
@@ -110,8 +105,8 @@ def check_timeout(value: float, option: str = "--timeout") -> float:
 
 
 def client_security(address: str) -> Any:
-    """distributed's TLS settings for a ``tls://`` scheduler, refused in one line when there are
-    none (``Client`` would raise a TypeError and hang at exit); None for every other scheme."""
+    """distributed's TLS settings for a ``tls://`` scheduler, refused in one line when there are none
+    (``Client`` would hang at exit); None for every other scheme."""
     if scheme(address) != "tls":
         return None
     from distributed.security import Security
@@ -151,8 +146,8 @@ def open_client(address: str, timeout: float) -> Any:
 
 
 def _probe(address: str, timeout: float) -> None:
-    """Connect once and hang up: an unreachable TCP scheduler fails here, within ``timeout``,
-    not inside ``Client()`` (whose half-made object hangs at exit)."""
+    """Connect once and hang up: an unreachable TCP scheduler fails here, not inside ``Client()``
+    (whose half-made object hangs at exit)."""
     from distributed.comm.core import connect
 
     host, port = parse_host_port(parse_address(address)[1])
@@ -171,19 +166,16 @@ def _probe(address: str, timeout: float) -> None:
 
 
 def ucx_output_to_stderr(environ: dict[str, str] | Any = os.environ) -> None:
-    """Keep UCX off a client command's stdout, which is its report (``--json`` is read by
-    programs): UCX logs to stdout unless ``UCX_LOG_FILE`` says otherwise when it loads, and
-    warns there about ``UCX_MEMTYPE_CACHE``, which ucxx sets itself (the ucx plugin plans the
-    same ``UCX_WARN_UNUSED_ENV_VARS=n`` for gpudask's servers).  A user's own values win."""
+    """Keep UCX's log and its warning about ``UCX_MEMTYPE_CACHE`` (which ucxx sets itself) off a
+    client command's stdout, its report; a user's own values win."""
     environ.setdefault("UCX_LOG_FILE", "stderr")
     environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 
 
 @contextlib.contextmanager
 def deadline(seconds: float, address: str) -> Iterator[None]:
-    """Exit (status 2, one line) when the scheduler has not answered within ``seconds`` plus
-    one: a peer that accepts and never answers cannot hold a command past its ``--timeout``,
-    and Python cannot cancel a blocked call from outside."""
+    """Exit (status 2, one line) when the scheduler has not answered within ``seconds`` plus one:
+    Python cannot cancel a blocked call from outside."""
     def expire() -> None:
         sys.stderr.write(f"gpudask: error: no answer from the scheduler at {address} within {seconds:g} s "
                          "(--timeout)\n")

@@ -46,9 +46,8 @@ def _answers(url: str) -> int | None:
 
 def _decisions(published: list[dict[str, Any]], n: int, say: Callable[[str], None],
                raw: Callable[[str], None]) -> None:
-    """Every plugin's decisions, each said once: one the workers share once (naming them), those
-    of one plugin, or skips, for the same reason on one row; a plugin that decided something is
-    not also listed as skipped."""
+    """Every plugin's decisions, each said once: those the workers share, or of one plugin or skips
+    for the same reason, on one row; a plugin that decided something is not also listed as skipped."""
     from gpudask.cli.report import table
 
     found: dict[tuple[str, str, str], list[str]] = {}

@@ -1,14 +1,13 @@
-"""Readable tables of plans and plugins (the CLI's non-JSON output).  Tables fit the
-terminal: a cell too wide wraps inside its column (at a comma, space, colon, slash, underscore
-or dash when it can); to a pipe or a file, lines stay whole unless ``COLUMNS`` is set.
+"""Readable tables of plans and plugins (the CLI's non-JSON output), fitting the terminal: a cell
+too wide wraps inside its column; to a pipe or a file, lines stay whole unless ``COLUMNS`` is set.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
-from gpudask.cli.said_once import shape, template, template_roles
 from gpudask.plan import HostPlan, ProcessPlan, cpu_ranges as _cpu_ranges
 from gpudask.printable import printable
 from gpudask.textwidth import terminal_width, wrap_text
@@ -20,14 +19,13 @@ _BREAK = re.compile(r"(?<=[ ,;:/_=|-])")  # a cell may wrap after any of these
 
 
 def _unbreakable(word: str) -> bool:
-    """An address (``tcp://10.0.0.1:8786``) or a variable's name (``$DASK_GPUDASK__RMM__POOL_SIZE``):
-    never cut, however long."""
+    """An address (``tcp://10.0.0.1:8786``) or a variable's name (``$DASK_...``): never cut."""
     return "://" in word or word.startswith("$")
 
 
 def _pieces(text: str) -> list[str]:
-    """``text`` cut where a cell may wrap: between words; inside a word (after a colon, slash,
-    dash ...) only a long one (a path), never an address nor a name (``scheduler-parity``)."""
+    """``text`` cut where a cell may wrap: between words; inside a long word (a path) after a
+    colon, slash, dash ..., never inside an address nor a name (``scheduler-parity``)."""
     return [piece for word in re.split(r"(?<=[ ,])", text)
             for piece in ([word] if _unbreakable(word) or len(word.rstrip(" ,")) <= _WHOLE_WORD
                           else _BREAK.split(word)) if piece]
@@ -52,9 +50,8 @@ def _wrap_cell(text: str, width: int) -> list[str]:
 
 
 def _fit(cells: list[list[str]], width: int | None) -> list[int]:
-    """Column widths for a table no wider than ``width``, wrapping as few lines as it can:
-    each step narrows the column (and by as much) as costs the fewest extra lines per
-    character saved."""
+    """Column widths for a table no wider than ``width``: each step narrows the column (by as much)
+    as costs the fewest extra lines per character saved."""
     natural = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     budget = None if width is None else width - len(_GAP) * (len(natural) - 1)
     if budget is None or sum(natural) <= budget:
@@ -91,7 +88,7 @@ def _fit(cells: list[list[str]], width: int | None) -> list[int]:
 
 
 def table(headers: list[str], rows: list[list[Any]], width: int | None = -1) -> str:
-    """A plain-text table; ``width`` -1 means the terminal's (see :func:`terminal_width`)."""
+    """A plain-text table; ``width`` -1: the terminal's."""
     if width == -1:
         width = terminal_width()
     # a cell may hold what another process published: escaped, never sent to the terminal raw
@@ -118,7 +115,7 @@ def _memory(plan: ProcessPlan, host: HostPlan) -> str:
 
 
 def _facts_words(host: HostPlan) -> str:
-    """The plugins' few words on their facts sections, each after a comma (``, 2 active ... port(s)``)."""
+    """The plugins' words on their facts sections, each after a comma."""
     manager = getattr(host.ctx, "manager", None)
     if manager is None:
         return ""
@@ -162,7 +159,7 @@ _Column = tuple[str, list[str], tuple[str, ...]]
 
 def _table_columns(host: HostPlan) -> tuple[list[_Column], list[_Column]]:
     """The columns worth one (the GPU, what differs between workers, all that is set for a single
-    worker), and the others: the same in every worker, said once."""
+    worker), and the others (the same in every worker)."""
     columns = [(name, [str(value(w, host)) for w in host.workers], prefixes) for name, value, prefixes in _WORKER_COLUMNS]
     single = len(host.workers) == 1
     shown = [c for c in columns if c[0] == "gpu" or len(set(c[1])) > 1 or (single and c[1][0] != "-")]
@@ -177,8 +174,7 @@ def _worker_table(host: HostPlan, width: int | None) -> str:
 
 def _changes(plan: ProcessPlan, host: HostPlan, user_env: Any, user_config: Any) -> list[tuple[str, str]]:
     """(decision, plugin) for what this process does differently from stock dask in the same
-    environment and dask config (variables, config values, the process settings); notes that
-    change nothing are left to --reasons."""
+    environment and dask config; notes that change nothing are left to --reasons."""
     import dask.config
 
     settings = ("CUDA_VISIBLE_DEVICES=", "interface=", "cpu_affinity=", "multiprocessing_method=", "memory:",
@@ -274,9 +270,70 @@ def plan_summary(host: HostPlan, interface: str | None = None, width: int | None
 
 _SIDE_ROLES = ("scheduler", "nanny", "client")
 
+# Saying a thing once for several processes: the same reason in every worker but for its own
+# GPU's number, UUID, CPUs or port (one templated line, ``N`` for the worker's number, ``…`` for
+# its own value), or in the scheduler and the client but for naming themselves.
+_UUID = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+
+
+def shape(text: str) -> str:
+    """``text`` with its numbers and UUIDs blanked: two workers' reasons of the same shape are
+    one rule applied to each worker's own GPU, CPUs or port."""
+    return re.sub(r"[0-9a-f]*\d[0-9a-f]*", "#", _UUID.sub("#", text))
+
+
+def _by_word(texts: list[str], merged: Callable[[list[str], str, list[str], str], None]) -> str:
+    """``texts`` word by word: a word they share as it is; where they differ, ``merged(out, head,
+    middles, tail)`` adds what stands for them (``head``, ``tail``: :func:`common_edge`)."""
+    split = [t.split(" ") for t in texts]
+    out: list[str] = []
+    for k, word in enumerate(split[0]):
+        words = [s[k] for s in split]
+        if len(set(words)) == 1:
+            out.append(word)
+            continue
+        head = common_edge(words, front=True)
+        tail = common_edge([w[len(head):] for w in words], front=False)
+        merged(out, head, [w[len(head):len(w) - len(tail)] for w in words], tail)
+    return " ".join(out)
+
+
+def template(texts: list[str], numbers: list[str]) -> str:
+    """One text for several of the same shape (:func:`shape`): a word where they differ is
+    ``N`` when each has its own worker number there, else ``…`` inside what they share of it
+    (``GPU-…),``); a run of such words (a list of peers) is one ``…``."""
+    def merged(out: list[str], head: str, middles: list[str], tail: str) -> None:
+        placeholder = head + ("N" if middles == numbers else "…") + tail
+        if placeholder.strip(",;") == "…" and out and out[-1].strip(",;") == "…":
+            out[-1] = placeholder  # "peers 1, 2, 3" -> "peers …"
+        else:
+            out.append(placeholder)
+
+    return _by_word(texts, merged)
+
+
+def common_edge(texts: list[str], front: bool) -> str:
+    """What ``texts`` share at their start (``front``) or end, never splitting a word: ``GPU-``
+    of two UUIDs, ``),`` at an end."""
+    shared = ""
+    for chars in zip(*(t if front else t[::-1] for t in texts)):
+        if len(set(chars)) > 1:
+            break
+        shared += chars[0]
+    while shared and shared[-1].isalnum():
+        shared = shared[:-1]
+    return shared if front else shared[::-1]
+
+
+def template_roles(texts: list[str], roles: list[str]) -> str:
+    """One text for the same reason in several processes that differ only by naming their own
+    role (``the scheduler mapped`` / ``the client mapped``): ``the scheduler/client mapped``."""
+    return _by_word(texts, lambda out, head, middles, tail: out.append(head + "/".join(middles) + tail))
+
+
 
 def _short_uuids_in(text: str, host: HostPlan) -> str:
-    """The host's GPU UUIDs in ``text`` shortened as ``gpudask status`` shows them (``--json``: whole)."""
+    """The host's GPU UUIDs in ``text`` shortened as ``gpudask status`` shows them."""
     from gpudask.cli.status import short_uuids
 
     short = short_uuids([g.uuid for g in host.facts.gpus if g.uuid])
@@ -284,8 +341,8 @@ def _short_uuids_in(text: str, host: HostPlan) -> str:
 
 
 def plan_table(host: HostPlan, interface: str | None = None, width: int | None = -1) -> str:
-    """Everything: the workers, every process's settings and decisions with their reasons, each
-    said once under the processes that share it (:mod:`gpudask.cli.said_once`)."""
+    """Every process's settings and decisions with their reasons, each said once under the
+    processes that share it (:func:`template`, :func:`template_roles`)."""
     out = [wrap_text("\n".join(_header(host)), width), "", _worker_table(host, width)]
     shared = _table_columns(host)[1]
     if shared and len(host.workers) > 1:

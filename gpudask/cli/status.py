@@ -1,6 +1,5 @@
-"""``gpudask status``: the running cluster, one row per worker, its plan against its *applied
-state* (:mod:`gpudask.apply.state`); a difference is a *mismatch*.  What a worker published is
-printed escaped and cut, and a field of the wrong shape is one ``warning:`` line.
+"""``gpudask status``: one row per worker, its plan against its *applied state*
+(:mod:`gpudask.apply.state`); a difference is a *mismatch*, a field of the wrong shape a ``warning:``.
 """
 
 from __future__ import annotations
@@ -68,8 +67,7 @@ def _mismatches(published: Mapping[str, Any], problems: list[str]) -> list[dict[
 
 def _plugin_columns(plan: Mapping[str, Any], published: Mapping[str, Any], manager: Any,
                     problems: list[str]) -> dict[str, dict[str, Any]]:
-    """The plugins' columns (``gpudask_report_rows``): planned, actual, note, how to show it and
-    the mismatch keys that mark it."""
+    """The plugins' columns (``gpudask_report_rows``)."""
     rows, failed = manager.report_rows(plan, published)
     problems.extend(failed)
     return {r["column"]: {"planned": r.get("planned"), "actual": r.get("actual"), "note": r.get("note"),
@@ -79,8 +77,8 @@ def _plugin_columns(plan: Mapping[str, Any], published: Mapping[str, Any], manag
 
 
 def worker_row(address: str, info: Any, manager: Any = None) -> dict[str, Any]:
-    """One worker, planned and actual, from what it published; ``problems``: each field of the
-    wrong shape.  ``manager`` (whose plugins supply their columns): loaded when not given."""
+    """One worker, planned and actual, from what it published; ``problems``: each field of the wrong
+    shape.  ``manager`` (whose plugins supply columns): loaded when not given."""
     if manager is None:
         from gpudask import bootstrap
 
@@ -170,8 +168,8 @@ def _shown_pair(d: Mapping[str, Any], mismatch: bool, show: Any) -> str:
 
 
 def short_uuids(uuids: list[str]) -> dict[str, str]:
-    """GPU UUIDs shortened, each still told apart from the others: ``GPU-3f2a…9c1e``, the first four
-    hex digits and as many of the last (at least four) as tell it apart."""
+    """GPU UUIDs shortened, each still told apart: ``GPU-3f2a…9c1e``, the first four hex digits and
+    as many of the last (at least four) as tell it apart."""
     whole = sorted({u for u in uuids if u})
     out = {}
     for u in whole:

@@ -1,11 +1,6 @@
-"""gpudask's page on the scheduler's dashboard: ``/gpudask`` (HTML) and ``/gpudask/json``,
-plain tornado handlers (bokeh or not).  Two ways onto a scheduler's HTTP server:
-
-* a plan that adds :data:`MODULE` to ``distributed.scheduler.http.routes`` before the
-  scheduler is created: ``Scheduler.__init__`` mounts each listed module's ``routes``;
-* :func:`install`, on a running scheduler, which also links the page from the bokeh dashboard.
-
-The plugins' parts come through their ``gpudask_report_rows``: they add to the page without touching it.
+"""``/gpudask`` (HTML) and ``/gpudask/json``, plain tornado handlers on the scheduler's HTTP
+server: mounted from ``distributed.scheduler.http.routes`` (:data:`MODULE`, listed by a plan), or
+by :func:`install` on a running scheduler.  The plugins add their parts through ``gpudask_report_rows``.
 """
 
 from __future__ import annotations
@@ -34,8 +29,7 @@ REFRESH_SECONDS = 3
 
 
 def cluster_state(scheduler: Any) -> dict[str, Any]:
-    """What the page shows (``/gpudask/json``), built in the caller's thread; never raises on odd
-    worker data."""
+    """What ``/gpudask/json`` returns, built in the caller's thread."""
     return json.loads(build(snapshot(scheduler)))  # type: ignore[no-any-return]
 
 
@@ -126,7 +120,7 @@ def last_probe(scheduler: Any) -> dict[str, Any] | None:
 def worker_state(address: str, ws: Any, check_result: dict[str, Any] | None,
                  rows: dict[str, dict[str, Any]] | None = None,
                  published: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One worker's row, from what its gpudask published and its heartbeat metrics; ``rows``
+    """One worker's row, from what it published and its heartbeat metrics; ``rows``
     (:func:`rows_by_column`) and ``published`` (bounded) are made here when not given."""
     if published is None:
         published = _dict(bound_published(ws.extra.get(PUBLISHED_KEY)))
@@ -261,8 +255,8 @@ routes: list[tuple] = [(PAGE, PageHandler, {}), (f"{PAGE}/json", StateHandler, {
 
 
 def install(scheduler: Any, prefix: str | None = None) -> bool:
-    """Add the page to a running scheduler's HTTP server (idempotent) and link it from
-    the bokeh dashboard's navigation.  Returns whether handlers were added now."""
+    """Add the page to a running scheduler's HTTP server and link it from the bokeh dashboard
+    (idempotent); whether handlers were added now."""
     app = getattr(scheduler, "http_application", None)
     if app is None:  # a scheduler without an HTTP server
         return False
@@ -278,9 +272,8 @@ def install(scheduler: Any, prefix: str | None = None) -> bool:
 
 
 def link_from_bokeh(scheduler: Any) -> bool:
-    """Put ``gpudask`` into the bokeh dashboard's navigation (False: no bokeh dashboard here).
-    distributed draws it from ``template_variables(scheduler)["pages"]``, memoised per
-    scheduler and read when a page opens: adding to that list is enough, nothing is patched."""
+    """Put ``gpudask`` into the bokeh dashboard's navigation (False: no bokeh dashboard here): the
+    list ``template_variables(scheduler)["pages"]``, memoised per scheduler, read when a page opens."""
     if _bokeh_app(scheduler) is None:
         return False
     board = sys.modules["distributed.dashboard.scheduler"]
@@ -307,8 +300,7 @@ def _rules(router: Any) -> list[Any]:
 
 
 def _http_prefix(app: Any) -> str:
-    """The scheduler's ``--dashboard-prefix``, read from where distributed's own
-    ``/health`` route was mounted (the scheduler does not keep the prefix)."""
+    """The scheduler's ``--dashboard-prefix``, read from where distributed's ``/health`` route was mounted."""
     for rule in _rules(app.default_router):
         pattern = getattr(getattr(rule, "matcher", None), "regex", None)
         if pattern is not None and pattern.pattern.endswith("health$"):

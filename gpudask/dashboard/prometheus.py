@@ -18,17 +18,17 @@ from typing import Any
 logger = logging.getLogger("distributed.gpudask.prometheus")
 
 METRIC_PREFIX = "gpudask-"
-# one collector of each kind per process, pointed at the latest server (as distributed's own)
-_COLLECTORS: dict[type, Any] = {}
+# one collector of each kind (worker, scheduler) per process, pointed at the latest server
+_COLLECTORS: dict[str, Any] = {}
 
 
-def _point(kind: type, server: Any) -> bool:
+def _point(kind: str, server: Any) -> bool:
     try:
         import prometheus_client
     except ImportError:
         return False
     if kind not in _COLLECTORS:
-        _COLLECTORS[kind] = kind()
+        _COLLECTORS[kind] = _Collector(kind)
         prometheus_client.REGISTRY.register(_COLLECTORS[kind])
     _COLLECTORS[kind].server = weakref.ref(server)
     return True
@@ -37,45 +37,38 @@ def _point(kind: type, server: Any) -> bool:
 def register_worker_collector(worker: Any) -> bool:
     """Export ``worker``'s ``gpudask-*`` metrics on ``/metrics``; a later call points the one
     collector at the later worker.  False without prometheus_client."""
-    return _point(WorkerMetricsCollector, worker)
-
-
-class _Collector:
-    def __init__(self) -> None:
-        self.server: Any = None  # weakref to the Worker (or the Scheduler)
-
-    def describe(self) -> list[Any]:
-        return []  # names depend on what plugins report: nothing to declare up front
-
-
-class WorkerMetricsCollector(_Collector):
-    """A prometheus_client collector of one worker's ``gpudask-*`` metrics."""
-
-    def collect(self) -> Iterator[Any]:
-        worker = self.server() if self.server is not None else None
-        if worker is None:
-            return
-        samples = [(None, name, _call(function, worker, name))
-                   for name, function in sorted(getattr(worker, "metrics", {}).items()) if name.startswith(METRIC_PREFIX)]
-        yield from _gauges(f"{_namespace()}_worker".lstrip("_"), samples)
+    return _point("worker", worker)
 
 
 def register_scheduler_collector(scheduler: Any) -> bool:
     """Every worker's ``gpudask-*`` metrics of its last heartbeat on the scheduler's ``/metrics``,
     with a ``worker`` label: one scrape target for the cluster.  False without prometheus_client."""
-    return _point(ClusterMetricsCollector, scheduler)
+    return _point("scheduler", scheduler)
 
 
-class ClusterMetricsCollector(_Collector):
-    """A prometheus_client collector of every worker's ``gpudask-*`` metrics, on the scheduler."""
+class _Collector:
+    """A prometheus_client collector of a worker's ``gpudask-*`` metrics, or on the scheduler of
+    every worker's."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.server: Any = None  # weakref to the Worker (or the Scheduler)
+
+    def describe(self) -> list[Any]:
+        return []  # names depend on what plugins report: nothing to declare up front
 
     def collect(self) -> Iterator[Any]:
-        scheduler = self.server() if self.server is not None else None
-        if scheduler is None:
+        server = self.server() if self.server is not None else None
+        if server is None:
             return
-        samples = [(address, name, value) for address, ws in sorted(list(scheduler.workers.items()))
-                   for name, value in sorted(ws.metrics.items()) if name.startswith(METRIC_PREFIX)]
-        yield from _gauges(f"{_namespace()}_scheduler".lstrip("_"), samples)
+        if self.kind == "worker":
+            samples = [(None, name, _call(function, server, name))
+                       for name, function in sorted(getattr(server, "metrics", {}).items())
+                       if name.startswith(METRIC_PREFIX)]
+        else:
+            samples = [(address, name, value) for address, ws in sorted(list(server.workers.items()))
+                       for name, value in sorted(ws.metrics.items()) if name.startswith(METRIC_PREFIX)]
+        yield from _gauges(f"{_namespace()}_{self.kind}".lstrip("_"), samples)
 
 
 def _namespace() -> str:

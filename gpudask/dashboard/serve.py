@@ -1,10 +1,8 @@
-"""Serving ``/gpudask/json`` without costing the scheduler's event loop.
-
-Only a shallow :func:`~gpudask.dashboard.page.snapshot` is taken on the event loop (ms for
-1000 workers); the rows are built in a daemon thread, the plugins' ``gpudask_report_rows``
-waited for at most :data:`ROWS_LIMIT_S` (past it the page names the plugin still running,
-and no new call starts until it ends); the JSON is cut at :data:`MAX_JSON_BYTES`.  Readers
-share one build, served again for :data:`CACHE_S`: twenty readers cost one build.
+"""Serving ``/gpudask/json`` without costing the scheduler's event loop: only a shallow
+:func:`~gpudask.dashboard.page.snapshot` is taken on the loop; the build runs in a thread, the
+plugins' ``gpudask_report_rows`` waited for at most :data:`ROWS_LIMIT_S` (past it the page names
+the plugin still running, and no new call starts until it ends).  Readers share one build, served
+again for :data:`CACHE_S`.
 """
 
 from __future__ import annotations
@@ -100,12 +98,10 @@ class Builder:
 
 
 def _built(build: Callable[[dict[str, Any]], bytes], snap: dict[str, Any]) -> bytes:
-    """``build(snap)`` in a thread (bounded: the rows' thread is waited for ROWS_LIMIT_S at most)."""
     try:
         return build(snap)
     except BaseException as e:  # noqa: BLE001 -- SystemExit too: the reader gets one line
-        # made text here, in the thread: an exception handed to the event loop would be
-        # raised there (a SystemExit from a plugin's value ended the scheduler)
+        # made text here, in the thread: raised on the event loop, a plugin's SystemExit ended the scheduler
         return _problem(f"the page's data could not be built: {exception_text(e)}")
 
 
