@@ -176,14 +176,12 @@ def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
                             f"{doc['nworkers']}; accepted: one plan per worker")
     settings = _settings(doc.get("settings"), where)
     try:
-        from gpudask.facts.loader import from_dict
+        from gpudask.facts.loader import facts_from_dict
 
-        origin = doc["facts_origin"]
         # the planning process validated these facts before it wrote them: the same bytes need
         # no second schema validation; anything else is validated in full
         checked = isinstance(doc.get("facts_digest"), str) and doc["facts_digest"] == facts_digest(doc.get("facts"))
-        facts = from_dict(doc.get("facts"), origin, f"{where}, key 'facts'", described=origin != "probed",
-                          schema_checked=checked)
+        facts = facts_from_dict(doc.get("facts"), doc["facts_origin"], f"{where}, key 'facts'", checked)
     except FactsError as e:
         raise PlanFileError(f"{e}; {_ACCEPTED}") from None
     plans = [("scheduler", doc.get("scheduler")), ("nanny", doc.get("nanny")), ("client", doc.get("client"))]
