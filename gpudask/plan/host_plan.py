@@ -1,17 +1,7 @@
-"""The plan of one host, and its file format (``to_json`` / ``from_json``).
-
-A :class:`HostPlan` is what ``gpudask info`` prints and what a planning process hands its
-worker processes in a file, with its resolved settings, so a worker bootstraps nothing.
-:func:`parse_document` trusts nothing in the file: every field of the expected type, or one
-line (:class:`PlanFileError`).  Format 1::
-
-    {"format": 1, "facts": {...schema 2...}, "facts_origin": "probed" | path,
-     "protocol": "ucx", "nworkers": 2, "plugins": [{"name": ..., ...}], "warnings": [str],
-     "scheduler": {process plan}, "nanny": {...}, "client": {...}, "workers": [{...}] * nworkers,
-     "user_values": {"env": {name: str | null}, "config": {key: value}},
-     "settings": {key: {"value": ..., "source": str}}, "facts_digest": "sha256 hex"}
-
-A reader whose facts have the ``facts_digest`` does not run the facts schema again.
+"""The plan of one host, and its file format (``to_json`` / ``from_json``; docs/architecture.md,
+"The host plan file"): what ``gpudask info`` prints and what a planning process hands its
+workers, with its resolved settings, so a worker bootstraps nothing.  :func:`parse_document`
+trusts nothing in the file: every field of the expected type, or one line (:class:`PlanFileError`).
 """
 
 from __future__ import annotations
