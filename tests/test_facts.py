@@ -150,17 +150,13 @@ def test_wrong_type(tmp_path):
 
 
 def test_a_schema_1_file_is_refused_in_one_line_naming_the_key(tmp_path):
-    """The pre-release format (plugins' facts as GPU and top-level keys) is not read: one line
-    says to rewrite it as schema 2."""
+    """The pre-release format is not read: the schema's const says so."""
     data = raw("hgx-4gpu-2ib.json")
     data["schema"] = 1
     path = write(tmp_path, data)
     with pytest.raises(FactsError) as e:
         F.load_facts(path)
-    assert str(e.value) == (f"{path}: key 'schema' is 1, a format gpudask no longer reads; rewrite the file as "
-                            "schema 2 (the plugins' facts move into 'sections': docs/facts.md)")
-    with pytest.raises(FactsError, match="key 'schema' is 1"):
-        F.facts_from_dict({"schema": 1, "gpus": "lots"}, "facts of the worker")
+    assert str(e.value) == f"{path}: key 'schema' must be 2, got 1"
 
 
 def test_missing_key_in_a_section(tmp_path):

@@ -14,7 +14,7 @@ from conftest import base_env
 
 from gpudask import session
 from gpudask.facts import validated
-from gpudask.facts.loader import FactsError, _schema_error
+from gpudask.facts.loader import FactsError, remembered_error, schema
 from gpudask.facts.sections import FactsSection, section_error
 
 SECTION = FactsSection("ports", {"type": "object", "properties": {"n": {"type": "integer", "x-accepts": "an integer"}},
@@ -56,7 +56,7 @@ def test_a_record_that_is_not_ours_is_ignored_and_everything_validated(own_state
     own_state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (own_state_dir / validated.FILE).write_text(content)
     (own_state_dir / validated.FILE).chmod(0o600)
-    assert _schema_error("a facts file", {"schema": 2}) is not None  # still refused: validated in full
+    assert remembered_error(schema(), {"schema": 2}, "a facts file") is not None  # still refused: validated in full
     assert section_error("probed", SECTION, {"n": 2}, "demo") is None and _validations() == 2
 
 

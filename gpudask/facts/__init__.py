@@ -1,6 +1,5 @@
-"""Facts: what this host is (docs/architecture.md, "Facts"), from a facts file (a *described*
-host, :mod:`~gpudask.facts.loader`), ``$GPUDASK_PROBED_FACTS`` (JSON taken as this host's probe,
-for tests) or a probe (:mod:`~gpudask.facts.probe`; the plugins' sections:
+"""Facts: what this host is (docs/architecture.md, "Facts"): read from a facts file
+(:mod:`~gpudask.facts.loader`) or probed (:mod:`~gpudask.facts.probe`; the plugins' sections:
 :mod:`~gpudask.facts.sections`).  Importing this package never touches CUDA.
 """
 
@@ -12,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from gpudask.errors import FactsError
-from gpudask.facts.loader import SCHEMA_PATH, facts_from_dict, from_dict, load_facts, parse_json, schema
+from gpudask.facts.loader import SCHEMA_PATH, facts_from_dict, load_facts, parse_json, schema
 from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts
 from gpudask.facts.probe import probe_facts
 
@@ -25,7 +24,7 @@ _cached_file = functools.lru_cache(maxsize=None)(load_facts)
 
 @functools.lru_cache(maxsize=None)
 def _cached_env(text: str) -> Facts:
-    return from_dict(parse_json(text, "$GPUDASK_PROBED_FACTS"), "probed", "$GPUDASK_PROBED_FACTS", described=False)
+    return facts_from_dict(parse_json(text, "$GPUDASK_PROBED_FACTS"), "probed", "$GPUDASK_PROBED_FACTS")
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,7 +1,6 @@
 """Reading a facts file (a described host) against ``facts.schema.json``, the one definition
 of the format (docs/facts.md): an error is one line naming the file, the key path and the
-key's ``x-accepts`` text.  What JSON Schema cannot say (references between keys) and the
-bounds are checked here.  ``jsonschema`` is imported when a file is first read.
+key's ``x-accepts`` text.  References between keys and the bounds are checked here.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any
 
 from gpudask import session
 from gpudask.errors import FactsError
-from gpudask.facts.model import GPU, SCHEMA_VERSION, Facts, resolve_visible
+from gpudask.facts.model import GPU, Facts, resolve_visible
 
 SCHEMA_PATH = pathlib.Path(__file__).with_name("facts.schema.json")
 
@@ -68,15 +67,6 @@ def _key(path: Iterable[Any]) -> str:
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
-
-
-def _schema_error(where: str, data: Any) -> FactsError | None:
-    """The first violation of the facts schema in ``data`` as a one-line FactsError, or None."""
-    if isinstance(data, dict) and type(data.get("schema")) is int and data["schema"] == 1:
-        # the pre-release format (plugins' facts as GPU and top-level keys): not read any more
-        return FactsError(f"{where}: key 'schema' is 1, a format gpudask no longer reads; rewrite the file as "
-                          f"schema {SCHEMA_VERSION} (the plugins' facts move into 'sections': docs/facts.md)")
-    return remembered_error(schema(), data, where)
 
 
 def remembered_error(schema: Any, data: Any, where: str, prefix: Iterable[Any] = ()) -> FactsError | None:
@@ -185,13 +175,16 @@ def _bounds_error(where: str, data: Any) -> FactsError | None:
     return None
 
 
-def from_dict(data: Any, origin: str, where: str, described: bool, schema_checked: bool = False) -> Facts:
-    """Validate parsed JSON and build Facts; errors name ``where`` and the key.  A
-    ``described`` host is also checked for CPU numbers and its ``cuda_visible_devices``.
-    ``schema_checked``: a host plan's digest says its writer ran the schema (the rest runs)."""
-    error = _bounds_error(where, data) or (None if schema_checked else _schema_error(where, data))
+def facts_from_dict(data: Any, origin: str, where: str | None = None, schema_checked: bool = False) -> Facts:
+    """Validate parsed facts JSON (schema 2) and build Facts; errors name ``where`` (else
+    ``origin``) and the key.  A described host (``origin`` not "probed") is also checked for CPU
+    numbers and its ``cuda_visible_devices``.  ``schema_checked``: a host plan's digest says its
+    writer ran the schema (the rest runs)."""
+    where = where or origin
+    error = _bounds_error(where, data) or (None if schema_checked else remembered_error(schema(), data, where))
     if error is not None:
         raise error
+    described = origin != "probed"
     _cross_checks(data, where, described)
     facts = _build(data, origin)
     if described:
@@ -200,15 +193,10 @@ def from_dict(data: Any, origin: str, where: str, described: bool, schema_checke
     return facts
 
 
-def facts_from_dict(data: Any, origin: str) -> Facts:
-    """Validate parsed facts JSON (schema 2); errors name ``origin`` and the key."""
-    return from_dict(data, origin, where=origin, described=origin != "probed")
-
-
 def load_facts(path: str | os.PathLike[str]) -> Facts:
     """Read a facts file (a described host)."""
     where = os.fspath(path)
-    return from_dict(parse_json(_read_regular(where), where), where, where, described=True)
+    return facts_from_dict(parse_json(_read_regular(where), where), where)
 
 
 def parse_json(text: str, where: str) -> Any:

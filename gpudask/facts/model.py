@@ -1,6 +1,5 @@
-"""The facts model: one host's GPUs, interfaces, versions and packages, and the plugins'
-sections.  Plain dataclasses, read-only by convention (:func:`gpudask.facts.get_facts` hands
-out cached instances); standard library only (loaded in every ``dask worker`` CLI process).
+"""The facts model: plain dataclasses, read-only by convention (:func:`gpudask.facts.get_facts`
+hands out cached instances); standard library only (loaded in every ``dask worker`` CLI process).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Any
 
 from gpudask.errors import FactsError
 
-SCHEMA_VERSION = 2  # schema 1 (pre-release) is refused with one line (loader.py)
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -59,7 +58,7 @@ class Facts:
 
     def section(self, name: str) -> Any:
         """The facts section ``name`` a plugin declared (``gpudask_facts_sections``); None when
-        a described host does not say.  A section that decides nothing is probed when first read."""
+        a described host does not say."""
         if name not in self.sections and name in self.deferred:
             self.sections[name] = self.deferred.pop(name)()
         return self.sections.get(name)
@@ -79,7 +78,6 @@ class Facts:
             "net_interfaces": {k: list(v) for k, v in self.net_interfaces.items()},
             "cuda_visible_devices": self.cuda_visible_devices,
             "packages": dict(self.packages),
-            # only when a plugin's section is there: facts without one read as before
             **({"sections": copy.deepcopy(self.sections)} if self.sections else {}),
         }
 

@@ -190,53 +190,51 @@ def nvml_session() -> Iterator[NVMLSession | None]:
 def _probe_nvml() -> tuple[str | None, int | None, list[GPU]]:
     """Driver, CUDA driver version and GPUs through NVML (never a CUDA context)."""
     with nvml_session() as session:
-        return (None, None, []) if session is None else _probe_gpus(session.module, session.call)
+        if session is None:
+            return None, None, []
+        nv = session.call
+        driver, cuda = nv("nvmlSystemGetDriverVersion"), nv("nvmlSystemGetCudaDriverVersion")
+        ncpu = os.cpu_count() or 1
+        gpus = []
+        for i in range(nv("nvmlDeviceGetCount", default=0)):
+            h = nv("nvmlDeviceGetHandleByIndex", i)
+            if h is None:
+                continue  # a lost or inaccessible GPU
+            pci = nv("nvmlDeviceGetPciInfo", h)
+            bus = norm_bus_id(pci.busId) if pci is not None else None
+            sysdev = os.path.join(sysfs_root(), "bus", "pci", "devices", bus) if bus else None
+            mem = nv("nvmlDeviceGetMemoryInfo", h)
+            cc = nv("nvmlDeviceGetCudaComputeCapability", h)
+
+            numa = sysfs_numa_node(os.path.join(sysdev, "numa_node")) if sysdev else None
+            if numa is None:
+                numa = nv("nvmlDeviceGetNumaNodeId", h)
+                numa = numa if isinstance(numa, int) and numa >= 0 else None
+
+            mask = nv("nvmlDeviceGetCpuAffinity", h, (ncpu + 63) // 64)
+            cpus = [w * 64 + b for w, word in enumerate(mask or []) for b in range(64) if int(word) >> b & 1]
+            if not cpus and sysdev:
+                cpus = _parse_cpulist(read_sysfs(os.path.join(sysdev, "local_cpulist")))
+
+            gpus.append(GPU(
+                index=i,
+                uuid=_text(nv("nvmlDeviceGetUUID", h, default="")),
+                name=_text(nv("nvmlDeviceGetName", h, default="")),
+                memory_total=int(mem.total) if mem is not None else 0,
+                compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
+                pci_bus_id=bus,
+                pci_path=sysfs_realpath(sysdev) if sysdev else None,
+                numa_node=numa,
+                cpu_affinity=cpus,
+                mig=_probe_mig(session, h),
+            ))
+        return (_text(driver) if driver is not None else None), cuda, gpus
 
 
-def _probe_gpus(pynvml: Any, nv: Any) -> tuple[str | None, int | None, list[GPU]]:
-    driver = nv("nvmlSystemGetDriverVersion")
-    cuda = nv("nvmlSystemGetCudaDriverVersion")
-    ncpu = os.cpu_count() or 1
-    root = sysfs_root()
-    gpus = []
-    for i in range(nv("nvmlDeviceGetCount", default=0)):
-        h = nv("nvmlDeviceGetHandleByIndex", i)
-        if h is None:
-            continue  # a lost or inaccessible GPU
-        pci = nv("nvmlDeviceGetPciInfo", h)
-        bus = norm_bus_id(pci.busId) if pci is not None else None
-        sysdev = os.path.join(root, "bus", "pci", "devices", bus) if bus else None
-        mem = nv("nvmlDeviceGetMemoryInfo", h)
-        cc = nv("nvmlDeviceGetCudaComputeCapability", h)
-
-        numa = sysfs_numa_node(os.path.join(sysdev, "numa_node")) if sysdev else None
-        if numa is None:
-            numa = nv("nvmlDeviceGetNumaNodeId", h)
-            numa = numa if isinstance(numa, int) and numa >= 0 else None
-
-        mask = nv("nvmlDeviceGetCpuAffinity", h, (ncpu + 63) // 64)
-        cpus = [w * 64 + b for w, word in enumerate(mask or []) for b in range(64) if int(word) >> b & 1]
-        if not cpus and sysdev:
-            cpus = _parse_cpulist(read_sysfs(os.path.join(sysdev, "local_cpulist")))
-
-        gpus.append(GPU(
-            index=i,
-            uuid=_text(nv("nvmlDeviceGetUUID", h, default="")),
-            name=_text(nv("nvmlDeviceGetName", h, default="")),
-            memory_total=int(mem.total) if mem is not None else 0,
-            compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
-            pci_bus_id=bus,
-            pci_path=sysfs_realpath(sysdev) if sysdev else None,
-            numa_node=numa,
-            cpu_affinity=cpus,
-            mig=_probe_mig(pynvml, nv, h),
-        ))
-    return (_text(driver) if driver is not None else None), cuda, gpus
-
-
-def _probe_mig(pynvml: Any, nv: Any, h: Any) -> dict[str, Any]:
+def _probe_mig(session: NVMLSession, h: Any) -> dict[str, Any]:
+    nv = session.call
     mode = nv("nvmlDeviceGetMigMode", h)
-    enabled = bool(mode) and mode[0] == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1)
+    enabled = bool(mode) and mode[0] == getattr(session.module, "NVML_DEVICE_MIG_ENABLE", 1)
     instances = []
     if enabled:
         for j in range(nv("nvmlDeviceGetMaxMigDeviceCount", h, default=0)):

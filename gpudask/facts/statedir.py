@@ -1,9 +1,7 @@
 """The per-user state directory (host plans, worker slots, the plugins' probe caches), which
 only its owner may write, as ssh requires of its own: ``$XDG_RUNTIME_DIR/gpudask`` when that is
-a directory of this user nobody else can write, else ``<tempdir>/gpudask-<uid>``; created 0700,
-refused with one line (:class:`StateDirError`) when it is a symlink, another user's, or
-group/world-writable.  Files are written atomically (0600) and read only when private
-(:func:`read_private`).  Standard library only: this runs on every worker's start-up path.
+private to this user, else ``<tempdir>/gpudask-<uid>``.  Standard library only: this runs on
+every worker's start-up path.
 """
 
 from __future__ import annotations

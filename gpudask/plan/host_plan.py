@@ -1,17 +1,7 @@
-"""The plan of one host, and its file format (``to_json`` / ``from_json``).
-
-A :class:`HostPlan` is what ``gpudask info`` prints and what a planning process hands its
-worker processes in a file, with its resolved settings, so a worker bootstraps nothing.
-:func:`parse_document` trusts nothing in the file: every field of the expected type, or one
-line (:class:`PlanFileError`).  Format 1::
-
-    {"format": 1, "facts": {...schema 2...}, "facts_origin": "probed" | path,
-     "protocol": "ucx", "nworkers": 2, "plugins": [{"name": ..., ...}], "warnings": [str],
-     "scheduler": {process plan}, "nanny": {...}, "client": {...}, "workers": [{...}] * nworkers,
-     "user_values": {"env": {name: str | null}, "config": {key: value}},
-     "settings": {key: {"value": ..., "source": str}}, "facts_digest": "sha256 hex"}
-
-A reader whose facts have the ``facts_digest`` does not run the facts schema again.
+"""The plan of one host, and its file format (``to_json`` / ``from_json``; docs/architecture.md,
+"The host plan file"): what ``gpudask info`` prints and what a planning process hands its
+workers, with its resolved settings, so a worker bootstraps nothing.  :func:`parse_document`
+trusts nothing in the file: every field of the expected type, or one line (:class:`PlanFileError`).
 """
 
 from __future__ import annotations
@@ -176,14 +166,12 @@ def parse_document(text: str | bytes, where: str = "host plan") -> PlanDocument:
                             f"{doc['nworkers']}; accepted: one plan per worker")
     settings = _settings(doc.get("settings"), where)
     try:
-        from gpudask.facts.loader import from_dict
+        from gpudask.facts.loader import facts_from_dict
 
-        origin = doc["facts_origin"]
         # the planning process validated these facts before it wrote them: the same bytes need
         # no second schema validation; anything else is validated in full
         checked = isinstance(doc.get("facts_digest"), str) and doc["facts_digest"] == facts_digest(doc.get("facts"))
-        facts = from_dict(doc.get("facts"), origin, f"{where}, key 'facts'", described=origin != "probed",
-                          schema_checked=checked)
+        facts = facts_from_dict(doc.get("facts"), doc["facts_origin"], f"{where}, key 'facts'", checked)
     except FactsError as e:
         raise PlanFileError(f"{e}; {_ACCEPTED}") from None
     plans = [("scheduler", doc.get("scheduler")), ("nanny", doc.get("nanny")), ("client", doc.get("client"))]

@@ -7,7 +7,7 @@ environment and ``--interface`` win over what was detected.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpudask.errors import ConfigError
