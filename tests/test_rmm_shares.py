@@ -120,7 +120,7 @@ def test_dead_reused_and_broken_plans_are_not_counted(own_state, sleeper):
 
 def test_the_facts_probe_counts_other_commands(own_state, sleeper, monkeypatch):
     from gpudask.facts import load_facts
-    from gpudask.plugins.rmm import facts as rmm_facts
+    from gpudask.plugins.rmm import shares as rmm_facts
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML here: free memory unknown
     pid = sleeper()

@@ -17,12 +17,11 @@ from gpudask.pluginapi import (ConfigError, Finding, hookimpl, parse_bytes, proc
                                workers_sharing_gpu)
 
 # hooks of this plugin defined beside what they call (pluggy reads this module's names)
-from .facts import gpudask_facts_sections, of_gpu  # noqa: F401
 from .options import (ALIGNMENT, DEFAULT_FRACTION, SHARED_MAXIMUM_FRACTION, UCXX_POOL_KEYS, RmmSettings,
                       allocator_kind, gib, gpudask_config_options, parse_pool_size, read_settings, share_maximum,
                       share_of, shown)  # noqa: F401
 from .setup import gpudask_applied_state, gpudask_server_setup, gpudask_setup_memory, reserve  # noqa: F401
-from .shares import holders_text
+from .shares import gpudask_facts_sections, holders_text, of_gpu  # noqa: F401
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import Facts, PlanContext, ProcessPlan, ProcessSide
