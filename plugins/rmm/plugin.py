@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import dask.config
-
 from gpudask.pluginapi import (ConfigError, Finding, hookimpl, parse_bytes, process_gpu, tls_enables,
                                workers_sharing_gpu)
 
@@ -24,7 +22,7 @@ from .setup import gpudask_applied_state, gpudask_server_setup, gpudask_setup_me
 from .shares import gpudask_facts_sections, holders_text, of_gpu  # noqa: F401
 
 if TYPE_CHECKING:
-    from gpudask.pluginapi import Facts, PlanContext, ProcessPlan, ProcessSide
+    from gpudask.pluginapi import GPU, Facts, PlanContext, ProcessPlan, ProcessSide
 
 
 name = "rmm"
@@ -127,8 +125,7 @@ def _plan_scheduler(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, ...]:
         ctx.warn(why)
         plan.note("no scheduler pool", why)
         return ()
-    target = Target(f"GPU {gpus[0].index} ({gpus[0].name}, {gpus[0].uuid}, {gib(gpus[0].memory_total)})",
-                     int(gpus[0].memory_total), gpus[0].uuid, gpus[0].index)
+    target = Target(_label(gpus[0]), int(gpus[0].memory_total), gpus[0].uuid, gpus[0].index)
     size = resolve(s.scheduler_pool, target)
     check_fits(ctx, key, size, target, "the scheduler")
     if not ctx.facts.packages.get("rmm"):
@@ -366,8 +363,11 @@ def target_of(ctx: PlanContext, plan: ProcessPlan) -> Target | None:
         label = (f"MIG instance {chosen.get('uuid')} of GPU {gpu.index} ({gpu.name}, {gib(memory)})")
         return Target(label, memory, chosen.get("uuid"), gpu.index)
     shared = max(1, len(workers_sharing_gpu(ctx, plan)))
-    label = f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}, {gib(gpu.memory_total)})"
-    return Target(label, int(gpu.memory_total), gpu.uuid, gpu.index, shared, *of_gpu(ctx.facts, gpu.index))
+    return Target(_label(gpu), int(gpu.memory_total), gpu.uuid, gpu.index, shared, *of_gpu(ctx.facts, gpu.index))
+
+
+def _label(gpu: GPU) -> str:
+    return f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}, {gib(gpu.memory_total)})"
 
 
 def resolve(value: float | int, target: Target) -> int:
@@ -397,8 +397,7 @@ TRANSPORT_NAMES = {"cuda_ipc": "NVLink (cuda_ipc)", "rc": "InfiniBand (rc)"}
 
 def _user_ucxx_keys(ctx: PlanContext) -> dict[str, Any]:
     """distributed-ucxx's pool keys the user set (their values)."""
-    return {k: v for k in UCXX_POOL_KEYS
-            if (v := dask.config.get(k, default=None, config=dict(ctx.user_config))) is not None}
+    return {k: v for k in UCXX_POOL_KEYS if (v := ctx.user_dask_config(k)) is not None}
 
 
 def reset_ucxx_keys(ctx: PlanContext, plan: ProcessPlan, keep: tuple[str, ...] = ()) -> None:

@@ -1,16 +1,10 @@
-"""Who shares a GPU, and who holds its memory (part of the rmm plugin), and the plugin's facts
-section (``ctx.facts.section("rmm")``, probed through NVML, never a CUDA context).
+"""Who shares a GPU and who holds its memory, and the rmm facts section (``ctx.facts.section("rmm")``,
+docs/facts.md), from the private state directory and NVML only (never a CUDA context): this runs
+in the ``dask worker`` CLI and at every worker's start.
 
-A default pool is a share of the GPU's *total* memory between every worker planned on it --
-this command's and those of this user's other live gpudask commands, counted from their host
-plans (``plan-<pid>.json``) and slot files (``pid-<pid>/slot-<i>.lock``) in the private state
-directory, which stay through a worker's restart -- never a fraction of what happens to be free.
-Standard library and NVML only: this runs in the ``dask worker`` CLI and at every worker's start.
-
-The facts section: ``memory_free``: GPU index -> bytes free when the facts were read (a GPU not
-listed: unknown); ``other_workers`` (optional): GPU index -> {pid of another gpudask command of this
-user: its workers planned on that GPU}; ``processes`` (optional): GPU index -> the processes NVML
-lists on it, with the bytes each holds."""
+A default pool is a share of the GPU's *total* memory between every worker planned on it -- this
+command's and those of this user's other live gpudask commands, counted from their host plans
+(``plan-<pid>.json``) and slot files (``pid-<pid>/slot-<i>.lock``), which stay through a restart."""
 
 from __future__ import annotations
 
