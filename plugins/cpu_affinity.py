@@ -1,10 +1,6 @@
-"""Bind each worker to the CPUs local to its GPU.
-
-The plan records the CPUs NVML reports as local to the worker's GPU (facts
-``gpu.cpu_affinity``).  The core applies them in the worker process
-(the apply stage): it intersects them with the CPUs the process may use
-(``os.sched_getaffinity``: cgroups, Slurm, taskset) and only warns when that fails.
-"""
+"""Bind each worker to the CPUs NVML reports as local to its GPU (facts ``gpu.cpu_affinity``); the
+apply stage intersects them with the CPUs the process may use (``os.sched_getaffinity``: cgroups,
+Slurm, taskset) and only warns when that fails."""
 
 from __future__ import annotations
 

@@ -648,7 +648,7 @@ def test_probe_with_fake_nvml(tmp_path, monkeypatch):
     assert F.facts_from_dict(json.loads(json.dumps(f.to_dict())), "probed") == f
 
     # the plugins' probes, through the same NVML: NVLink peers (nvlink), free memory (rmm)
-    from gpudask.plugins.rmm import facts as RF
+    from gpudask.plugins.rmm import shares as RF
     from gpudask.plugins.ucx import nvlink_facts as NF
 
     f = with_sections(f)
@@ -662,7 +662,7 @@ def test_probe_with_fake_nvml(tmp_path, monkeypatch):
 def test_the_plugins_probes_find_no_gpu_of_another_host(monkeypatch):
     """Facts handed in for GPUs this host's NVML does not have (by UUID): nothing is probed
     for them, so no other GPU's free memory or links are taken for theirs."""
-    from gpudask.plugins.rmm import facts as RF
+    from gpudask.plugins.rmm import shares as RF
     from gpudask.plugins.ucx import nvlink_facts as NF
 
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNVML())
@@ -672,7 +672,7 @@ def test_the_plugins_probes_find_no_gpu_of_another_host(monkeypatch):
 
 
 def test_the_plugins_probes_without_nvml(monkeypatch):
-    from gpudask.plugins.rmm import facts as RF
+    from gpudask.plugins.rmm import shares as RF
     from gpudask.plugins.ucx import nvlink_facts as NF
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed

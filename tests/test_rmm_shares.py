@@ -26,7 +26,7 @@ import pytest
 from conftest import HOSTS, base_env, host, plan_on
 
 from gpudask.errors import GpudaskError
-from gpudask.plugins.rmm import fit, shares
+from gpudask.plugins.rmm import shares
 from gpudask.plugins.rmm import setup as rmm_setup
 
 GiB = 2**30
@@ -120,7 +120,7 @@ def test_dead_reused_and_broken_plans_are_not_counted(own_state, sleeper):
 
 def test_the_facts_probe_counts_other_commands(own_state, sleeper, monkeypatch):
     from gpudask.facts import load_facts
-    from gpudask.plugins.rmm import facts as rmm_facts
+    from gpudask.plugins.rmm import shares as rmm_facts
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML here: free memory unknown
     pid = sleeper()
@@ -233,9 +233,9 @@ def test_short_memory_names_who_holds_it_in_one_line():
     section = {"allocator": "pool", "initial_pool_size": 40 * GiB, "maximum_pool_size": None, "gpu": "GPU-x",
                "fit_to_free": False}
     with pytest.raises(GpudaskError) as e:
-        fit.fit(section, 20 * GiB, 100 * GiB, "worker 0", text)
+        rmm_setup.fit(section, 20 * GiB, 100 * GiB, "worker 0", text)
     assert "\n" not in str(e.value) and "pid 12 (gpudask worker 0 of pid-99) 71680 MiB" in str(e.value)
-    fitted, line = fit.fit(dict(section, fit_to_free=True), 20 * GiB, 100 * GiB, "worker 0", text)
+    fitted, line = rmm_setup.fit(dict(section, fit_to_free=True), 20 * GiB, 100 * GiB, "worker 0", text)
     assert fitted["initial_pool_size"] < 20 * GiB and "pid 12" in line and "\n" not in line
     assert shares.holders_text(None) == "NVML cannot list the processes on this GPU"
 

@@ -24,14 +24,22 @@ MAX_RELEASE_WAIT = 600.0
 # distributed-ucxx builds a pool from these keys in *every* process that opens UCX
 # (``init_once``); gpudask keeps them unset and builds worker pools itself.
 UCXX_POOL_KEYS = ("distributed-ucxx.rmm.pool-size", "distributed.rmm.pool-size")
+SIZE_FORM = ("a size (4GB = 4*10**9 bytes, 4GiB = 2**32, 4000000000) or a fraction of the GPU's memory "
+             "(0.5, '0.5', '50%')")
+_OFF_WORDS = ("off", "false", "no", "disabled")
 
 
 def gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
-SIZE_FORM = ("a size (4GB = 4*10**9 bytes, 4GiB = 2**32, 4000000000) or a fraction of the GPU's memory "
-             "(0.5, '0.5', '50%')")
-_OFF_WORDS = ("off", "false", "no", "disabled")
+
+def share_of(total: int, workers: int, fraction: float = DEFAULT_FRACTION) -> int:
+    return int(fraction * total / max(1, workers)) // ALIGNMENT * ALIGNMENT
+
+
+def share_maximum(total: int, workers: int) -> int | None:
+    """A shared GPU's default pool stops growing at its share of :data:`SHARED_MAXIMUM_FRACTION` (None: one worker)."""
+    return None if workers <= 1 else share_of(total, workers, SHARED_MAXIMUM_FRACTION)
 
 
 # --------------------------------------------------------------------------- parsing

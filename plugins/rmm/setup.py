@@ -1,5 +1,9 @@
 """The rmm plugin's apply side: build the planned RMM memory resource in a worker process
-(rmm, cupy, numba and torch are imported here only inside functions)."""
+(rmm, cupy, numba and torch are imported here only inside functions).
+
+The GPU may have changed since the plan (another command's workers, a peer still mapping an old
+pool), so each worker, under a host lock, reads NVML's free memory right before it allocates: a
+default size that no longer fits becomes half of what is free, a size the user set is refused in one line."""
 
 from __future__ import annotations
 
@@ -9,10 +13,10 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import GpudaskError, add_worker_metric, hookimpl, host_lock
+from gpudask.pluginapi import GpudaskError, add_worker_metric, hookimpl, host_lock, nvml_session
 
-from . import fit, options, shares, target
-from .options import DEFAULT_FRACTION
+from . import shares
+from .options import ALIGNMENT, DEFAULT_FRACTION, gib, share_maximum, share_of
 
 if TYPE_CHECKING:
     from distributed import Nanny, Scheduler, Worker
@@ -67,7 +71,7 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
     if waited is not None:
         report["waited"] = waited
     with host_lock(f"gpu-{memory.get('gpu')}"):  # read what is free and allocate, one process at a time
-        memory, fitted = _fit(memory, who)
+        memory, fitted = _fit_to_gpu(memory, who)
         mr = _build(rmm, memory)
     shares.record(plan.index, memory.get("gpu"), memory.get("initial_pool_size"))
     if fitted:
@@ -82,17 +86,69 @@ def _setup(ctx: PlanContext, plan: ProcessPlan) -> dict[str, Any]:
     return report
 
 
-def _fit(memory: dict[str, Any], who: str) -> tuple[dict[str, Any], str | None]:
+def _fit_to_gpu(memory: dict[str, Any], who: str) -> tuple[dict[str, Any], str | None]:
     gpu = memory.get("gpu")
     if not memory.get("initial_pool_size") or not gpu or not str(gpu).startswith("GPU-"):
         return memory, None  # no initial pool, or a MIG instance (NVML's free is the parent GPU's)
-    found = fit.device_memory(str(gpu))
+    found = device_memory(str(gpu))
     if found is None:
         return memory, None
     holding = None
-    if memory["initial_pool_size"] > found[0] - fit.reserve(found[1]):  # short: name who holds it
+    if memory["initial_pool_size"] > found[0] - reserve(found[1]):  # short: name who holds it
         holding = shares.holders_text(shares.gpu_processes(str(gpu)), shares.known_workers())
-    return fit.fit(memory, found[0], found[1], who, holding)
+    return fit(memory, found[0], found[1], who, holding)
+
+
+# left free beside a pool: the worker's own CUDA context grows (cuBLAS / cuFFT handles, UCX's
+# bounce buffers), and so do its neighbours'
+MIN_RESERVE = 256 * 2**20
+RESERVE_FRACTION = 0.01
+# a default pool smaller than this is not worth a pool
+MIN_POOL = 64 * 2**20
+
+
+def device_memory(uuid: str) -> tuple[int, int] | None:
+    with nvml_session() as nvml:
+        handle = nvml.call("nvmlDeviceGetHandleByUUID", uuid) if nvml else None
+        info = nvml.call("nvmlDeviceGetMemoryInfo", handle) if nvml and handle is not None else None
+        return None if info is None else (int(info.free), int(info.total))
+
+
+def reserve(total: int) -> int:
+    return max(MIN_RESERVE, int(RESERVE_FRACTION * total))
+
+
+def fit(memory: dict[str, Any], free: int, total: int, who: str,
+        holding: str | None = None) -> tuple[dict[str, Any], str | None]:
+    """``memory`` with an initial pool that fits in ``free``, and the line saying what changed (None: nothing);
+    GpudaskError (one line) when a size the user set does not fit."""
+    initial = memory.get("initial_pool_size")
+    if not initial or memory.get("allocator") not in ("pool", "async"):
+        return memory, None
+    room = free - reserve(total)
+    if initial <= room:
+        return memory, None
+    gpu = memory.get("gpu")
+    held = f"{gib(free)} of {gib(total)} free now, other processes hold {gib(total - free)}"
+    if holding:
+        held += f": {holding}"
+    if not memory.get("fit_to_free"):
+        raise GpudaskError(
+            f"gpudask.rmm.pool-size: the pool of {initial} bytes ({gib(initial)}) set for {who} does not fit on GPU "
+            f"{gpu} ({held}); accepted: at most {max(0, room) // ALIGNMENT * ALIGNMENT} bytes now, a smaller size "
+            "or fraction, or no gpudask.rmm.pool-size (a default pool fits itself to what is free)")
+    smaller = int(DEFAULT_FRACTION * free) // ALIGNMENT * ALIGNMENT
+    smaller = min(smaller, max(0, room) // ALIGNMENT * ALIGNMENT)
+    if smaller < MIN_POOL:
+        raise GpudaskError(
+            f"gpudask.rmm: no room for {who}'s default pool on GPU {gpu} ({held}); accepted: free the GPU, "
+            "give this worker another GPU (CUDA_VISIBLE_DEVICES), or gpudask.rmm.pool-size: false (no pool)")
+    fitted = dict(memory, initial_pool_size=smaller)
+    if fitted.get("maximum_pool_size") == initial:  # capped at the initial size (PyTorch beside it): still so
+        fitted["maximum_pool_size"] = smaller
+    line = (f"{who}: the default RMM pool planned at {gib(initial)} does not fit on GPU {gpu} ({held}): it starts "
+            f"at {gib(smaller)}, {DEFAULT_FRACTION:g} of what is free (gpudask.rmm.pool-size sets it)")
+    return fitted, line
 
 
 def _recount(ctx: PlanContext, plan: ProcessPlan, memory: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -111,7 +167,7 @@ def _recount(ctx: PlanContext, plan: ProcessPlan, memory: dict[str, Any]) -> tup
     n = max(int(declared), counted) if isinstance(declared, int) else counted
     if n == share.get("workers"):
         return memory, None
-    initial = target.share_of(total, n, float(share.get("fraction") or DEFAULT_FRACTION))
+    initial = share_of(total, n, float(share.get("fraction") or DEFAULT_FRACTION))
     maximum = memory.get("maximum_pool_size")
     rule = share.get("maximum")
     if rule == "set":
@@ -119,12 +175,12 @@ def _recount(ctx: PlanContext, plan: ProcessPlan, memory: dict[str, Any]) -> tup
     elif rule == "initial":
         maximum = initial
     else:
-        cap = target.share_maximum(total, n)
+        cap = share_maximum(total, n)
         maximum = None if cap is None else max(initial, cap)
     where = " + ".join([f"{command} of this command"] + [f"{k} of pid {pid}" for pid, k in sorted(others.items())])
     line = (f"worker {plan.index}: {n} workers share GPU {gpu} now ({where}), {share.get('workers')} when this "
-            f"command planned: its default RMM pool is {options.gib(initial)}, {DEFAULT_FRACTION:g} of the GPU / {n} "
-            f"(planned {options.gib(int(memory['initial_pool_size']))}; gpudask.rmm.workers-per-gpu declares the count)")
+            f"command planned: its default RMM pool is {gib(initial)}, {DEFAULT_FRACTION:g} of the GPU / {n} "
+            f"(planned {gib(int(memory['initial_pool_size']))}; gpudask.rmm.workers-per-gpu declares the count)")
     return dict(memory, initial_pool_size=initial, maximum_pool_size=maximum,
                 share=dict(share, workers=n, other_workers={str(p): k for p, k in sorted(others.items())})), line
 
@@ -140,7 +196,7 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
     before = shares.predecessor(plan.index)
     known = shares.known_workers()
 
-    read = functools.partial(fit.device_memory, uuid)
+    read = functools.partial(device_memory, uuid)
 
     def leaving() -> bool:
         # the predecessor is this process's sibling (same nanny host, same pid namespace): while it
@@ -154,7 +210,7 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
     first = read()
     if first is None:
         return None
-    needed = int(initial) + fit.reserve(first[1])
+    needed = int(initial) + reserve(first[1])
     if first[0] >= needed:
         return None
     wait = memory.get("release_wait")
@@ -166,7 +222,7 @@ def _wait_for_release(memory: dict[str, Any], plan: ProcessPlan, who: str) -> di
            "needed": needed, "predecessor": before}
     if waited.free >= needed:
         logger.info("gpudask: %s: waited %.1f s for GPU %s memory being released (predecessor pid %s): %s free",
-                    who, waited.seconds, uuid, before, options.gib(waited.free))
+                    who, waited.seconds, uuid, before, gib(waited.free))
     return out
 
 
@@ -292,7 +348,7 @@ def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict
     chain = [type(m).__name__ for m in _upstreams(mr)]
     out: dict[str, dict[str, Any]] = {"resource": {"planned": planned,
                                                    "actual": planned if planned in chain else " -> ".join(chain)}}
-    # a default pool fitted to what was free at start (fit.py) is in place at its fitted size; the
+    # a default pool fitted to what was free at start (fit) is in place at its fitted size; the
     # fit is said at start and is the check's pool-fitted finding, not a plan that did not take effect
     # a default pool's share counted again at start (another command's workers joined) likewise
     initial = ((_REPORT or {}).get("fitted_initial_pool_size") or (_REPORT or {}).get("initial_pool_size")

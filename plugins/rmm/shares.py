@@ -1,10 +1,10 @@
-"""Who shares a GPU, and who holds its memory (part of the rmm plugin).
+"""Who shares a GPU and who holds its memory, and the rmm facts section (``ctx.facts.section("rmm")``,
+docs/facts.md), from the private state directory and NVML only (never a CUDA context): this runs
+in the ``dask worker`` CLI and at every worker's start.
 
-A default pool is a share of the GPU's *total* memory between every worker planned on it --
-this command's and those of this user's other live gpudask commands, counted from their host
-plans (``plan-<pid>.json``) and slot files (``pid-<pid>/slot-<i>.lock``) in the private state
-directory, which stay through a worker's restart -- never a fraction of what happens to be free.
-Standard library and NVML only: this runs in the ``dask worker`` CLI and at every worker's start."""
+A default pool is a share of the GPU's *total* memory between every worker planned on it -- this
+command's and those of this user's other live gpudask commands, counted from their host plans
+(``plan-<pid>.json``) and slot files (``pid-<pid>/slot-<i>.lock``), which stay through a restart."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpudask.pluginapi import nvml_session, read_private, state_dir, write_atomic
+from gpudask.pluginapi import FactsSection, hookimpl, nvml_session, read_private, state_dir, write_atomic
+
+if TYPE_CHECKING:
+    from gpudask.pluginapi import Facts
 
 # the environment a planning process gives its worker processes (gpudask/apply/hostfile.py)
 PLAN_ENV = "GPUDASK_HOST_PLAN"
@@ -25,6 +28,7 @@ MAX_PLANS = 256
 POLL = 0.2  # seconds between two readings of the GPU's free memory while waiting
 # a wait ends early when for this long nothing on the GPU is going away and free memory stopped growing
 SETTLE = 3.0
+SECTION = "rmm"
 
 
 # --------------------------------------------------------------------------- processes
@@ -255,3 +259,116 @@ def wait_for_memory(read: Callable[[], tuple[int, int] | None], needed: int, tim
             last_growth = clock()
         free, total = found
     return Waited(free, total, clock() - start, "enough free" if free >= needed else "unreadable")
+
+
+# --------------------------------------------------------------------------- the facts section
+_INDEX = {"pattern": "^(0|[1-9][0-9]*)$", "x-accepts": 'a GPU index ("0", "1", ...)'}
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "x-accepts": 'an object {"memory_free": {GPU index: bytes free}}',
+    "required": ["memory_free"],
+    "properties": {
+        "memory_free": {
+            "type": "object",
+            "x-accepts": 'an object {GPU index ("0"): bytes free when the facts were read}',
+            "propertyNames": _INDEX,
+            "additionalProperties": {"type": "integer", "minimum": 0, "x-accepts": "an integer >= 0 (bytes)"},
+        },
+        "other_workers": {
+            "type": "object",
+            "x-accepts": 'an object {GPU index ("0"): {pid of another gpudask command: its workers on that GPU}}',
+            "propertyNames": _INDEX,
+            "maxProperties": 1024,
+            "additionalProperties": {
+                "type": "object", "maxProperties": 1024,
+                "x-accepts": 'an object {pid ("4711"): workers of that command on the GPU (an integer >= 1)}',
+                "propertyNames": {"pattern": "^[1-9][0-9]{0,9}$", "x-accepts": 'a process id ("4711")'},
+                "additionalProperties": {"type": "integer", "minimum": 1, "maximum": 4096,
+                                         "x-accepts": "an integer from 1 to 4096"},
+            },
+        },
+        "processes": {
+            "type": "object",
+            "x-accepts": 'an object {GPU index ("0"): [{"pid": ..., "used": bytes or null}]}',
+            "propertyNames": _INDEX,
+            "maxProperties": 1024,
+            "additionalProperties": {
+                "type": "array", "maxItems": 4096,
+                "x-accepts": 'a list of {"pid": process id, "used": bytes or null}',
+                "items": {
+                    "type": "object", "required": ["pid"], "additionalProperties": False,
+                    "x-accepts": 'an object {"pid": process id, "used": bytes or null}',
+                    "properties": {
+                        "pid": {"type": "integer", "minimum": 0, "maximum": 2**31,
+                                "x-accepts": "a process id (an integer >= 0)"},
+                        "used": {"type": ["integer", "null"], "minimum": 0,
+                                 "x-accepts": "an integer >= 0 (bytes) or null"},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def of_gpu(facts: Facts, index: int) -> tuple[int | None, dict[int, int], list[tuple[int, int | None]] | None]:
+    """GPU ``index``'s (bytes free, {pid of another gpudask command: its workers on it}, (pid, bytes) of the
+    processes NVML listed on it); None: not known."""
+    section = facts.section(SECTION) or {}
+    free = section.get("memory_free", {}).get(str(index))
+    others = (section.get("other_workers") or {}).get(str(index)) or {}
+    found = (section.get("processes") or {}).get(str(index))
+    return (None if free is None else int(free), {int(pid): int(n) for pid, n in others.items()},
+            None if found is None else [(int(p["pid"]), None if p.get("used") is None else int(p["used"]))
+                                        for p in found])
+
+
+def probe(facts: Facts) -> dict[str, Any]:
+    """Free memory of each GPU, by UUID (another host's GPUs find none here, and say unknown)."""
+    free: dict[str, int] = {}
+    out: dict[str, Any] = {"memory_free": free}
+    if not facts.gpus:
+        return out
+    others = other_commands(str(facts.hostname))
+    by_uuid = {g.uuid: g.index for g in facts.gpus}
+    counted = {str(by_uuid[u]): {str(pid): n for pid, n in per.items()} for u, per in others.items() if u in by_uuid}
+    if counted:
+        out["other_workers"] = counted
+    with nvml_session() as nvml:
+        if nvml is None:  # no driver, no libnvidia-ml: unknown
+            return out
+        for gpu in facts.gpus:
+            handle = nvml.call("nvmlDeviceGetHandleByUUID", gpu.uuid)
+            info = nvml.call("nvmlDeviceGetMemoryInfo", handle) if handle is not None else None
+            value = getattr(info, "free", None)
+            if value is not None:  # else a lost GPU, an old binding: unknown
+                free[str(gpu.index)] = int(value)
+    listed = {str(g.index): [{"pid": pid, "used": used} for pid, used in found]
+              for g in facts.gpus if (found := gpu_processes(g.uuid)) is not None}
+    if listed:
+        out["processes"] = listed
+    return out
+
+
+def check(value: Any, facts: Facts) -> tuple[list[str | int], str, Any] | None:
+    """Every GPU named is one of the host's, and its free memory at most its memory_total."""
+    by_index = {g.index: g for g in facts.gpus}
+    known = ", ".join(map(str, sorted(by_index))) or "none"
+    for part in ("other_workers", "processes"):
+        for key in value.get(part) or {}:
+            if int(key) not in by_index:
+                return [part, key], f"keyed by the index of a GPU of the host ({known})", key
+    for key, free in value["memory_free"].items():
+        gpu = by_index.get(int(key))
+        if gpu is None:
+            return ["memory_free", key], f"keyed by the index of a GPU of the host ({known})", key
+        if free > gpu.memory_total:
+            return ["memory_free", key], f"at most memory_total ({gpu.memory_total})", free
+    return None
+
+
+@hookimpl
+def gpudask_facts_sections() -> list[FactsSection]:
+    """Device memory free on each GPU when the facts were read."""
+    return [FactsSection(SECTION, SCHEMA, probe, check=check)]
