@@ -1,16 +1,11 @@
 """The CUDA-context-first check: no stray context before UCX, the worker's context on its own GPU.
 
-A CUDA context that exists before gpudask set ``CUDA_VISIBLE_DEVICES`` (a module-level ``import
-cudf``, a library that touches CUDA on import, a preload listed before gpudask) sits on the wrong
-GPU, holds memory there, and UCX, initialising at the first ``listen()``, is set up for it.  In
-every process gpudask runs in, this plugin looks for one through NVML (which never creates one) and
-says which device, which process, the likely cause and the fix (``gpudask.context.on-existing``).
-In workers and the scheduler it sets ``RAPIDS_NO_INITIALIZE=1`` and, when UCX will need a context,
-creates it first on the process's own GPU with cuda.core (what ucxx uses), checking the device
-UUID.  Nothing touching a device runs on a described host (``GPUDASK_FACTS``).
-
-Its plan section, for the scheduler and the nanny host of a GPU host, is the GPU their context is
-planned on (``context_gpu``: a UUID, or None); ``gpudask_applied_state`` compares it with NVML's.
+A CUDA context made before gpudask set ``CUDA_VISIBLE_DEVICES`` (``import cudf``, a preload listed
+before gpudask) sits on the wrong GPU, and UCX is set up for it.  Every process looks for one
+through NVML (which never creates one) and says where, the likely cause and the fix.  Workers and
+the scheduler get ``RAPIDS_NO_INITIALIZE=1`` and, when UCX will need a context, have it made first
+on their own GPU with cuda.core (what ucxx uses), its UUID checked.  Nothing touching a device runs
+on a described host.  The plan section (scheduler, nanny host): ``context_gpu``, the planned UUID or None.
 """
 
 from __future__ import annotations
