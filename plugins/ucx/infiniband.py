@@ -16,7 +16,7 @@ from . import infiniband_facts
 from .infiniband_facts import Port, active_ports
 from .infiniband_facts import ports as all_ports
 from .rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, leave_out_on_described_host, mode, mode_why,
-                    parse_name_or_list, pick, set_flag, user_tls)
+                    parse_name_or_list, pick, set_flag, set_tls_flag, user_tls)
 from .ucx_info import supports as ucx_supports
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
             plan.note("no UCX transport rc", ib_why)
         elif plan.role in ("worker", "client", "nanny"):
             plan.note("skipped", ib_why)
-        set_flag(plan, "infiniband", False, "no rc in UCX_TLS")
+        set_tls_flag(plan, "infiniband", "rc", False)
         set_flag(plan, "rdmacm", False, "no InfiniBand: connections are set up over TCP")
         return
     if not ports:
@@ -183,7 +183,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     plan.add_ucx_transport("rc", ib_why)
     # rc first, as distributed-ucxx and dask-cuda write UCX_TLS (the order is cosmetic for UCX)
     plan.ucx_transports.insert(0, plan.ucx_transports.pop(plan.ucx_transports.index("rc")))
-    set_flag(plan, "infiniband", True, "rc in UCX_TLS")
+    set_tls_flag(plan, "infiniband", "rc", True)
     _rdmacm(ctx, plan, has_port=True)
 
     gpu, _ = process_gpu(ctx, plan)
