@@ -105,15 +105,16 @@ def own_gpu(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, int] | None:
 
 
 # -- apply ---------------------------------------------------------------------------
-def _nvml_context() -> Any:
-    """NVML's ``has_cuda_context()`` for this process (never creates one); None when NVML fails."""
+def _nvml_context() -> tuple[bool, Any]:
+    """(NVML answered, the CudaDeviceInfo of this process's CUDA context or None): NVML never creates one."""
     from distributed.diagnostics import nvml
 
     try:
-        return nvml.has_cuda_context()  # type: ignore[no-untyped-call]  # distributed is untyped
+        found = nvml.has_cuda_context()  # type: ignore[no-untyped-call]  # distributed is untyped
     except Exception as e:  # noqa: BLE001 - NVML errors must not stop a process
         logger.debug("gpudask: NVML could not list CUDA contexts: %s", e)
-        return None
+        return False, None
+    return True, found.device_info if found.has_context else None
 
 
 def _describe(info: Any) -> str:
@@ -168,8 +169,7 @@ def report(ctx: PlanContext, plan: ProcessPlan, message: str) -> None:
 
 def check_existing(ctx: PlanContext, plan: ProcessPlan, when: str) -> None:
     """Report a CUDA context this process should not have at this point."""
-    found = _nvml_context()
-    info = found.device_info if found is not None and found.has_context else None  # CudaDeviceInfo
+    _, info = _nvml_context()
     if info is None:
         return
     if plan.role == "worker":
@@ -283,10 +283,9 @@ def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict
     """A scheduler's CUDA context where its plan has it (NVML: creates none)."""
     if plan.role not in ("scheduler", "nanny") or not ctx.gpus or ctx.facts.described:
         return None
-    found = _nvml_context()
-    if found is None:
+    answered, info = _nvml_context()
+    if not answered:
         return None  # NVML missing or failing: nothing to compare
-    info = found.device_info if found.has_context else None
     return compare_context(ctx, plan, _uuid_of(info) if info is not None else None)
 
 
