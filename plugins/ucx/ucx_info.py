@@ -5,6 +5,7 @@ are cached per boot in the private state directory: every ``dask worker`` start 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -146,10 +147,8 @@ def _cached(kind: str, run: Callable[[], list[Any] | None], extra: str = "") -> 
             return value
     value = run()
     if path is not None:
-        try:
+        with contextlib.suppress(OSError):
             write_atomic(path, json.dumps({"value": value, "at": time.time()}))
-        except OSError:
-            pass
     return value
 
 
