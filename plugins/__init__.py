@@ -1,9 +1,7 @@
 """gpudask's built-in plugins, installed as ``gpudask.plugins``.
 
-A plugin is one module (``gpu_pinning``, ``cpu_affinity``, ``forkserver``, ``cuda_context``,
-``worker_memory``) or a folder whose ``plugin`` module holds the hooks beside the plugin's own
-helpers (``rmm/``, ``spill/``, ``scheduler_parity/``, ``dask_defaults/``); ``ucx/`` holds the
-three transport plugins and the rules they share.  The core registers them from
-:data:`gpudask.plugin.manager.BUILTIN_PLUGINS` and calls them exactly like a third-party plugin:
+A plugin is one module (``forkserver``, ``cuda_context``, ...) or a folder whose ``plugin`` module
+holds the hooks beside its helpers (``rmm/``, ``scheduler_parity/``, ...); ``ucx/`` holds the three
+transport plugins and the rules they share.  The core calls them exactly like third-party plugins:
 they import only :mod:`gpudask.pluginapi` and their own folder.
 """

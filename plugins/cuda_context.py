@@ -1,16 +1,11 @@
 """The CUDA-context-first check: no stray context before UCX, the worker's context on its own GPU.
 
-A CUDA context that exists before gpudask set ``CUDA_VISIBLE_DEVICES`` (a module-level ``import
-cudf``, a library that touches CUDA on import, a preload listed before gpudask) sits on the wrong
-GPU, holds memory there, and UCX, initialising at the first ``listen()``, is set up for it.  In
-every process gpudask runs in, this plugin looks for one through NVML (which never creates one) and
-says which device, which process, the likely cause and the fix (``gpudask.context.on-existing``).
-In workers and the scheduler it sets ``RAPIDS_NO_INITIALIZE=1`` and, when UCX will need a context,
-creates it first on the process's own GPU with cuda.core (what ucxx uses), checking the device
-UUID.  Nothing touching a device runs on a described host (``GPUDASK_FACTS``).
-
-Its plan section, for the scheduler and the nanny host of a GPU host, is the GPU their context is
-planned on (``context_gpu``: a UUID, or None); ``gpudask_applied_state`` compares it with NVML's.
+A CUDA context made before gpudask set ``CUDA_VISIBLE_DEVICES`` (``import cudf``, a preload listed
+before gpudask) sits on the wrong GPU, and UCX is set up for it.  Every process looks for one
+through NVML (which never creates one) and says where, the likely cause and the fix.  Workers and
+the scheduler get ``RAPIDS_NO_INITIALIZE=1`` and, when UCX will need a context, have it made first
+on their own GPU with cuda.core (what ucxx uses), its UUID checked.  Nothing touching a device runs
+on a described host.  The plan section (scheduler, nanny host): ``context_gpu``, the planned UUID or None.
 """
 
 from __future__ import annotations
@@ -110,15 +105,16 @@ def own_gpu(ctx: PlanContext, plan: ProcessPlan) -> tuple[str, int] | None:
 
 
 # -- apply ---------------------------------------------------------------------------
-def _nvml_context() -> Any:
-    """NVML's ``has_cuda_context()`` for this process (never creates one); None when NVML fails."""
+def _nvml_context() -> tuple[bool, Any]:
+    """(NVML answered, the CudaDeviceInfo of this process's CUDA context or None): NVML never creates one."""
     from distributed.diagnostics import nvml
 
     try:
-        return nvml.has_cuda_context()  # type: ignore[no-untyped-call]  # distributed is untyped
+        found = nvml.has_cuda_context()  # type: ignore[no-untyped-call]  # distributed is untyped
     except Exception as e:  # noqa: BLE001 - NVML errors must not stop a process
         logger.debug("gpudask: NVML could not list CUDA contexts: %s", e)
-        return None
+        return False, None
+    return True, found.device_info if found.has_context else None
 
 
 def _describe(info: Any) -> str:
@@ -173,8 +169,7 @@ def report(ctx: PlanContext, plan: ProcessPlan, message: str) -> None:
 
 def check_existing(ctx: PlanContext, plan: ProcessPlan, when: str) -> None:
     """Report a CUDA context this process should not have at this point."""
-    found = _nvml_context()
-    info = found.device_info if found is not None and found.has_context else None  # CudaDeviceInfo
+    _, info = _nvml_context()
     if info is None:
         return
     if plan.role == "worker":
@@ -288,10 +283,9 @@ def gpudask_applied_state(ctx: PlanContext, plan: ProcessPlan) -> dict[str, dict
     """A scheduler's CUDA context where its plan has it (NVML: creates none)."""
     if plan.role not in ("scheduler", "nanny") or not ctx.gpus or ctx.facts.described:
         return None
-    found = _nvml_context()
-    if found is None:
+    answered, info = _nvml_context()
+    if not answered:
         return None  # NVML missing or failing: nothing to compare
-    info = found.device_info if found.has_context else None
     return compare_context(ctx, plan, _uuid_of(info) if info is not None else None)
 
 

@@ -1,15 +1,10 @@
 """The forkserver start method for worker processes: on GPU hosts, and always with InfiniBand.
 
-A process that has opened an InfiniBand device through UCX must not ``fork()``: the child shares
-its registered (pinned) memory copy-on-write, which can corrupt data.  With ``--protocol ucx`` the
-nanny opens UCX before it starts its workers, so they are started by a fork server that gpudask
-starts at import, before UCX exists there (the core calls ``ensure_running()``).  On any GPU host it
-is also the faster start: a forked worker finds distributed imported (docs/process-start.md); the
-server never imports CUDA libraries, so workers start as clean as spawned ones.
-
-Opt-in diagnostics (``gpudask.forkserver.diagnose-fork``) set ``UCX_IB_FORK_INIT=n`` so that UCX
-warns at every ``fork()`` after it opened an InfiniBand device, and gpudask says which process
-forked and from where.
+A process that has opened InfiniBand through UCX must not ``fork()`` (the child shares its pinned
+memory copy-on-write, which can corrupt data), and the nanny opens UCX before it starts its
+workers: a fork server started at gpudask's import, before UCX, starts them.  On any GPU host it is
+also the faster start (docs/process-start.md); the server never imports CUDA libraries.  Opt-in
+diagnostics (``gpudask.forkserver.diagnose-fork``) name the process and code of a fork after UCX.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """A client that rechunks with P2P while GPU workers are connected is told once (part of gpu-dask-defaults).
 
-P2P rechunk fails on CuPy-backed arrays (distributed reads shards through ``memoryview``), and
-the method is chosen in the client: a plain client that does not import gpudask keeps P2P.
-:class:`P2PRechunkWarning` spots P2P rechunk transfer keys in a graph while GPU workers are
-connected and warns that client through distributed's ``"warn"`` event; the graph runs as it is."""
+P2P rechunk fails on CuPy-backed arrays, and a client without gpudask keeps it: on the scheduler,
+:class:`P2PRechunkWarning` warns it through distributed's ``"warn"`` event; the graph runs as it is."""
 
 from __future__ import annotations
 

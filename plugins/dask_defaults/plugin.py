@@ -1,20 +1,13 @@
 """Dask defaults that break on GPU data, changed where the graph is built; a value the user set wins.
 
-* ``array.rechunk.method``: dask picks P2P for large rechunks whenever a distributed client
-  exists, and P2P fails on CuPy-backed arrays.  The method is read where the graph is built
-  (``dask.array.rechunk`` at the call, array-expr's ``Rechunk._lower`` at ``optimize()``): the
-  client, and a worker whose tasks build graphs (``worker_client``); so they get ``"tasks"``.
-* ``dataframe.shuffle.method``: P2P shuffles go through pyarrow and do not support cuDF data;
-  chosen at lowering (the client's ``optimize()``): ``"tasks"`` where cuDF is installed.
-* ``distributed.comm.offload`` for GPU workers over UCX (``gpudask.comm.offload-threshold``):
-  distributed hands (de)serialisation above it to a thread, GPU frames too (a 64 MiB GPU pull:
-  1.83 ms, 0.77 without, H200).  It reads the value once, when ``distributed.comm.utils`` is
-  imported -- before a worker's plan applies -- so it is copied into ``OFFLOAD_THRESHOLD`` at
-  server setup.
+* ``array.rechunk.method``: dask picks P2P for large rechunks with a distributed client, and P2P
+  fails on CuPy-backed arrays; ``"tasks"`` where graphs are built (the client, worker_client tasks).
+* ``dataframe.shuffle.method``: P2P shuffles go through pyarrow, without cuDF support; ``"tasks"``
+  where cuDF is installed (chosen at the client's ``optimize()``).
+* ``distributed.comm.offload`` for GPU workers over UCX: read once, when ``distributed.comm.utils``
+  is imported, before a worker's plan applies, so copied into ``OFFLOAD_THRESHOLD`` at server setup.
 
-A client that does not import gpudask keeps dask's defaults: on the scheduler,
-:class:`~gpudask.plugins.dask_defaults.p2p.P2PRechunkWarning` warns one whose graph rechunks with
-P2P while GPU workers are connected.
+A client without gpudask keeps dask's defaults: :mod:`.p2p` warns it from the scheduler.
 """
 
 from __future__ import annotations

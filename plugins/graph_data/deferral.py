@@ -1,11 +1,10 @@
 """GPU objects in task graphs stay host bytes on the scheduler (part of gpu-graph-data).
 
-distributed unpickles every task graph on the scheduler, so a CuPy argument or meta becomes a
-device array there (``cudaErrorNoDevice`` without a GPU, a CUDA context and a copy with one).
-Here the graph of an ``update-graph`` message only (a context variable) is read with an
-unpickler whose ``find_class`` answers a deferred global for names of a deferred module: calls
-are recorded, not made, and pickle again as :func:`call_deferred`, made by the worker that runs
-the task.  Standard library only: a worker imports this when it unpickles a deferred call."""
+distributed unpickles every task graph on the scheduler, so a CuPy argument becomes a device array
+there (``cudaErrorNoDevice`` without a GPU).  The graph of an ``update-graph`` message is read with
+an unpickler that defers the globals of GPU modules: calls are recorded, and pickle again as
+:func:`call_deferred`, made by the worker that runs the task.  Standard library only: a worker
+imports this when it unpickles a deferred call."""
 
 from __future__ import annotations
 

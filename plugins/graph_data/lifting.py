@@ -1,10 +1,9 @@
 """Large GPU objects in a client's graph travel worker-direct (part of gpu-graph-data).
 
 A large CuPy argument pickled into the graph goes host -> scheduler -> worker -> GPU (a second,
-where ``scatter(direct=True)`` then ``submit`` takes 21 ms).  :func:`lift` scatters every GPU
-object of at least the threshold found as a task argument or in a materialised layer straight
-to a worker, and the task takes the key as a dependency; what is not reached stays in the graph
-(:mod:`.deferral` keeps it host bytes).  A client on the event loop's thread cannot wait: skipped."""
+where ``scatter(direct=True)`` then ``submit`` takes 21 ms).  :func:`lift` scatters the large GPU
+objects of task arguments and materialised layers straight to a worker, the task taking the key
+as a dependency; the rest stays in the graph (:mod:`.deferral` keeps it host bytes)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """The scheduler has what the workers need (GPU, driver, CUDA, packages).
 
-The scheduler deserialises data now and then (arguments passed directly to ``client.submit``,
-graphs) and, over UCX, allocates device buffers for the GPU frames it relays; the client
-deserialises what it gathers.  The scheduler check (the core's runner) compares two processes'
-published facts here.  A scheduler without a GPU is a supported shape: a UCX one that cannot
-receive GPU frames gets :class:`~gpudask.plugins.scheduler_parity.relay.RelayGuard`.
+The scheduler deserialises some data (``client.submit`` arguments, graphs) and, over UCX, receives
+the GPU frames it relays; the client deserialises what it gathers.  The scheduler check compares
+two processes' published facts here.  A scheduler without a GPU is a supported shape: a UCX one
+that cannot receive GPU frames gets :class:`.relay.RelayGuard`.
 """
 
 from __future__ import annotations

@@ -82,13 +82,11 @@ _CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("gpudask_re
 class RelayGuard(SchedulerPlugin):
     """Warn clients of a scheduler that cannot relay GPU frames, and stop the gather retry loop.
 
-    Each client gets one warning through distributed's own ``"warn"`` event once it subscribes to
-    that topic (``add_client`` runs before the client's stream exists); a failed gather of a GPU
-    result answers with a builtin ``RuntimeError`` carrying the one line, instead of distributed's
-    endless retry.  ``has_gpus(WorkerState.extra)``: does that worker have a GPU.  ``graphs`` (no
-    GPU here, so no GPU objects unpickle): what ``update-graph`` reports for a graph that cannot be
-    deserialised here is rewritten too (a context variable limits that to the client's own call).
-    """
+    Each client is warned once through distributed's ``"warn"`` event, once it subscribes to that
+    topic (``add_client`` runs before its stream exists); a failed gather of a GPU result answers
+    with a builtin ``RuntimeError`` instead of distributed's endless retry.  ``has_gpus(extra)``:
+    does that worker have a GPU.  ``graphs``: also rewrite what ``update-graph`` reports for a graph
+    that cannot be deserialised here (within the client's own call, by a context variable)."""
 
     name = NAME
     idempotent = True

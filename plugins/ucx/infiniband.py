@@ -16,7 +16,7 @@ from . import infiniband_facts
 from .infiniband_facts import Port, active_ports
 from .infiniband_facts import ports as all_ports
 from .rules import (EXPLICIT, INTERFACE, UCX_AUTO, decide, leave_out_on_described_host, mode, mode_why,
-                    parse_name_or_list, pick, set_flag, user_tls)
+                    parse_name_or_list, pick, set_flag, set_tls_flag, user_tls)
 from .ucx_info import supports as ucx_supports
 
 if TYPE_CHECKING:
@@ -117,13 +117,11 @@ def nearest_ports(gpus: list[GPU], ports: list[Port]) -> dict[int, tuple[Port, s
 def _ignored(facts: Facts) -> str:
     out = []
     for d in sorted(all_ports(facts), key=lambda d: (d.name, d.port)):
-        if d.is_infiniband:
-            continue
         if d.state != "ACTIVE":
             out.append(f"{port_label(d)} is {d.state}")
-        else:
-            kind = " (RoCE)" if d.link_layer == "Ethernet" else ""
-            out.append(f"{port_label(d)} has link layer {d.link_layer}{kind}")
+        elif not d.is_infiniband:
+            roce = " (RoCE)" if d.link_layer == "Ethernet" else ""
+            out.append(f"{port_label(d)} has link layer {d.link_layer}{roce}")
     return "; ".join(out)
 
 
@@ -168,7 +166,7 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
             plan.note("no UCX transport rc", ib_why)
         elif plan.role in ("worker", "client", "nanny"):
             plan.note("skipped", ib_why)
-        set_flag(plan, "infiniband", False, "no rc in UCX_TLS")
+        set_tls_flag(plan, "infiniband", "rc", False)
         set_flag(plan, "rdmacm", False, "no InfiniBand: connections are set up over TCP")
         return
     if not ports:
@@ -180,13 +178,13 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
         plan.note("no InfiniBand port", f"{ib_why}; no active InfiniBand port on this host, so UCX has no rc "
                                         "device and connections are set up over TCP (no rdmacm)")
         set_flag(plan, "infiniband", False, "no active InfiniBand port")
-        _rdmacm_without_port(ctx, plan)
+        _rdmacm(ctx, plan, has_port=False)
         return
     plan.add_ucx_transport("rc", ib_why)
     # rc first, as distributed-ucxx and dask-cuda write UCX_TLS (the order is cosmetic for UCX)
     plan.ucx_transports.insert(0, plan.ucx_transports.pop(plan.ucx_transports.index("rc")))
-    set_flag(plan, "infiniband", True, "rc in UCX_TLS")
-    _rdmacm(ctx, plan)
+    set_tls_flag(plan, "infiniband", "rc", True)
+    _rdmacm(ctx, plan, has_port=True)
 
     gpu, _ = process_gpu(ctx, plan)
     if gpu is None:
@@ -241,21 +239,18 @@ def _names_infiniband(ctx: PlanContext) -> bool:
     return s is not None and s.value is True
 
 
-def _rdmacm_without_port(ctx: PlanContext, plan: ProcessPlan) -> None:
+def _rdmacm(ctx: PlanContext, plan: ProcessPlan, has_port: bool) -> None:
     user = ctx.user_env.get("UCX_SOCKADDR_TLS_PRIORITY")
     s = ctx.setting(RDMACM)
-    if user and "rdmacm" in user:
-        ctx.warn(f"UCX_SOCKADDR_TLS_PRIORITY={user} set in the environment names rdmacm, but this host has no "
-                 "active InfiniBand port: UCX may fail to listen ('cannot create listener'); unset it")
-    elif s is not None and s.value is True:
-        ctx.warn(f"{RDMACM}=True (from {s.source}) ignored: this host has no active InfiniBand port, and rdmacm "
-                 "needs one (UCX could not listen)")
-    set_flag(plan, "rdmacm", False, "no active InfiniBand port: connections are set up over TCP")
-
-
-def _rdmacm(ctx: PlanContext, plan: ProcessPlan) -> None:
-    user = ctx.user_env.get("UCX_SOCKADDR_TLS_PRIORITY")
-    s = ctx.setting(RDMACM)
+    if not has_port:
+        if user and "rdmacm" in user:
+            ctx.warn(f"UCX_SOCKADDR_TLS_PRIORITY={user} set in the environment names rdmacm, but this host has no "
+                     "active InfiniBand port: UCX may fail to listen ('cannot create listener'); unset it")
+        elif s is not None and s.value is True:
+            ctx.warn(f"{RDMACM}=True (from {s.source}) ignored: this host has no active InfiniBand port, and "
+                     "rdmacm needs one (UCX could not listen)")
+        set_flag(plan, "rdmacm", False, "no active InfiniBand port: connections are set up over TCP")
+        return
     if user:
         on = "rdmacm" in user
         why = f"UCX_SOCKADDR_TLS_PRIORITY={user} set in the environment (explicit settings win)"

@@ -76,25 +76,21 @@ def active_ports(facts: Facts) -> list[Port]:
 
 
 # -- the probe: sysfs ----------------------------------------------------------------------
-def probe_ports() -> list[Port]:
-    base = os.path.join(sysfs_root(), "class", "infiniband")
+def _listdir(path: str) -> list[str]:
     try:
-        names = sorted(os.listdir(base))
+        return sorted(os.listdir(path))
     except OSError:
         return []
+
+
+def probe_ports() -> list[Port]:
+    base = os.path.join(sysfs_root(), "class", "infiniband")
     result = []
-    for name in names:
+    for name in _listdir(base):
         dev = os.path.join(base, name)
         device = os.path.join(dev, "device")
-        try:
-            nets = sorted(os.listdir(os.path.join(device, "net")))
-        except OSError:
-            nets = []
-        try:
-            numbers = sorted((p for p in os.listdir(os.path.join(dev, "ports")) if p.isdigit()), key=int)
-        except OSError:
-            numbers = []
-        for number in numbers:
+        nets = _listdir(os.path.join(device, "net"))
+        for number in sorted((p for p in _listdir(os.path.join(dev, "ports")) if p.isdigit()), key=int):
             pdir = os.path.join(dev, "ports", number)
             state = (read_sysfs(os.path.join(pdir, "state")) or "").split(":")[-1].strip()  # "4: ACTIVE"
             # A two-port card has one netdev per port; dev_port tells them apart.

@@ -5,14 +5,14 @@ get none and no context from UCX; a ``create-cuda-context`` the user set wins.""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpudask.pluginapi import (FactsSection, Finding, Option, facts_from_dict, hookimpl, parse_optional_bool,
                                process_gpu, tls_enables, ucxx_creates_cuda_context, workers_sharing_gpu)
 
 from . import nvlink_facts
 from .ucx_info import supports as ucx_supports
-from .rules import UCX_AUTO, decide, leave_out_on_described_host, mode, mode_why, set_flag, user_tls
+from .rules import UCX_AUTO, decide, leave_out_on_described_host, mode, mode_why, offer, set_flag, set_tls_flag, user_tls
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import GPU, PlanContext, ProcessPlan, ProcessSide
@@ -83,13 +83,10 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
         ctx.warn(f"the scheduler has GPU {gpu.index} but no CUDA transport ({copy_why}): GPU results a client "
                  "gathers through it and CuPy/cuDF arguments of submit cannot pass; gather direct "
                  "(Client(direct_to_workers=True)) or let the scheduler use cuda_copy")
-    for transport, on, why in (("cuda_copy", copy_on, copy_why), ("cuda_ipc", ipc_on, ipc_why)):
-        if on:
-            plan.add_ucx_transport(transport, why)
-        else:
-            plan.note(f"no UCX transport {transport}", why)
-    set_flag(plan, "cuda-copy", copy_on, "cuda_copy in UCX_TLS" if copy_on else "no cuda_copy in UCX_TLS")
-    set_flag(plan, "nvlink", ipc_on, "cuda_ipc in UCX_TLS" if ipc_on else "no cuda_ipc in UCX_TLS")
+    offer(plan, "cuda_copy", copy_on, copy_why)
+    offer(plan, "cuda_ipc", ipc_on, ipc_why)
+    set_tls_flag(plan, "cuda-copy", "cuda_copy", copy_on)
+    set_tls_flag(plan, "nvlink", "cuda_ipc", ipc_on)
     if ipc_on and plan.role in ("scheduler", "client"):
         plan.note("UCX's CUDA IPC cache kept", f"as dask-cuda keeps it: without it the {plan.role} mapped and "
                   "unmapped every frame it received (client paths up to 1.4x dask-cuda's on an H200)")

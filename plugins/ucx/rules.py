@@ -72,6 +72,18 @@ def set_flag(plan: ProcessPlan, flag: str, value: bool, why: str) -> None:
     plan.set_config(f"distributed-ucxx.{flag}", value, why)
 
 
+def offer(plan: ProcessPlan, transport: str, on: bool, why: str) -> None:
+    """``transport`` in UCX_TLS or, with the reason, not."""
+    if on:
+        plan.add_ucx_transport(transport, why)
+    else:
+        plan.note(f"no UCX transport {transport}", why)
+
+
+def set_tls_flag(plan: ProcessPlan, flag: str, transport: str, on: bool) -> None:
+    set_flag(plan, flag, on, f"{transport} in UCX_TLS" if on else f"no {transport} in UCX_TLS")
+
+
 # -- apply: a described host --------------------------------------------------------------
 def without(tls: str | None, names: frozenset[str], alias: str) -> str | None:
     """``UCX_TLS`` with none of ``names`` (``alias``: UCX's name for all of them), as close to ``tls`` as

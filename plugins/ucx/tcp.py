@@ -10,7 +10,8 @@ from gpudask.pluginapi import (ConfigError, FactsSection, Option, choice, hookim
                                start_ucx)
 
 from . import ucx_info
-from .rules import AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why, parse_name_or_list, pick, set_flag
+from .rules import (AUTO, EXPLICIT, INTERFACE, MODE, UCX_AUTO, decide, mode, mode_why, offer, parse_name_or_list, pick,
+                    set_tls_flag)
 
 if TYPE_CHECKING:
     from gpudask.pluginapi import Facts, PlanContext, ProcessPlan
@@ -170,11 +171,8 @@ def gpudask_select_transport(ctx: PlanContext, plan: ProcessPlan) -> None:
     on, why, _ = decide(ctx, TCP, "tcp", detected, detect_why,
                         implied_by=("gpudask.transport.nvlink", "gpudask.transport.infiniband",
                                     "gpudask.transport.cuda-copy"))
-    if on:
-        plan.add_ucx_transport("tcp", why)
-    else:
-        plan.note("no UCX transport tcp", why)
-    set_flag(plan, "tcp", on, "tcp in UCX_TLS" if on else "no tcp in UCX_TLS")
+    offer(plan, "tcp", on, why)
+    set_tls_flag(plan, "tcp", "tcp", on)
 
 
 def _quiet_ucx(ctx: PlanContext, plan: ProcessPlan) -> None:

@@ -1,15 +1,11 @@
-"""The tcp plugin's facts: what this host's UCX offers, through UCX's own ``ucx_info``.
-
-Its section (``ctx.facts.section("ucx_info")``) is ``{"transports": [...]}``, the transports
-``ucx_info -d`` lists, or ``null`` when UCX is not installed or ``ucx_info`` fails; the tcp plugin
-answers ``gpudask_ucx_offered`` with it.  Also here: which ``UCX_*`` variables UCX would not use
-(:func:`ucx_unused_variables`).  ``ucx_info`` (the libucx wheel's first, what ucxx loads, then
-``PATH``'s) runs with a timeout; its answers -- and failures, for a while -- are cached per boot in
-the user's private state directory, so that every ``dask worker`` start does not pay for it.
-"""
+"""The tcp plugin's facts: the transports this host's UCX offers (``{"transports": [...]}``, null
+without UCX), and the ``UCX_*`` variables UCX would not use, both from UCX's own ``ucx_info`` (the
+libucx wheel's first, what ucxx loads, then ``PATH``'s).  Its answers -- and failures, for a while --
+are cached per boot in the private state directory: every ``dask worker`` start would pay for it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -64,10 +60,8 @@ def probe(facts: Facts) -> dict[str, Any]:
 
 SECTIONS = [FactsSection(SECTION, SCHEMA, probe)]
 
-# How long `ucx_info` may take before we give up on it.
 UCX_INFO_TIMEOUT_S = 10
-# A failed ucx_info (missing, crashed, timed out under load) is remembered this long, so that
-# every worker start does not wait for it again; a success for the whole boot.
+# a failed ucx_info (missing, crashed, timed out under load) is remembered this long, a success for the boot
 UCX_FAILURE_TTL_S = 600.0
 
 
@@ -104,13 +98,10 @@ def probe_ucx_transports(installed: bool) -> list[str] | None:
 
 
 def _ucx_cache_path(kind: str, extra: str) -> pathlib.Path | None:
-    """Where this boot's `ucx_info` answer of ``kind`` is kept, in the private state directory.
-
-    `ucx_info` costs ~0.4 s (seconds under load), paid by every `dask worker` start otherwise.
-    Its answer changes only with the UCX build or the hardware, so the key is the boot id (new
-    devices mean a reboot or a driver reload), the UCX library's identity and ``extra``.
-    None when there is no boot id or the state directory is not safe to use (said once).
-    """
+    """Where this boot's `ucx_info` answer of ``kind`` is kept (~0.4 s a run, seconds under load); None
+    without a boot id or a safe state directory (said once).  The answer changes only with the UCX
+    build or the hardware (new devices mean a reboot or a driver reload): the key is the boot id,
+    the UCX library's identity and ``extra``."""
     import hashlib
 
     try:
@@ -156,10 +147,8 @@ def _cached(kind: str, run: Callable[[], list[Any] | None], extra: str = "") -> 
             return value
     value = run()
     if path is not None:
-        try:
+        with contextlib.suppress(OSError):
             write_atomic(path, json.dumps({"value": value, "at": time.time()}))
-        except OSError:
-            pass
     return value
 
 
@@ -188,12 +177,8 @@ def _run_ucx_info() -> list[str] | None:
 
 def ucx_unused_variables(variables: dict[str, str]) -> list[tuple[str, str | None]] | None:
     """The names among ``variables`` (UCX_* the user exported) that UCX would report as unused, with
-    UCX's own suggestion ("maybe: UCX_TLS?"), or None when UCX is not here.
-
-    Asks UCX itself: ``ucx_info -e -u t`` builds a UCP context with exactly these variables and
-    prints its "unused environment variable" warnings.  gpudask turns UCX's warning off in the
-    processes it configures (it fires for variables ucxx sets itself) and reports the user's own
-    misspellings in its place.  The answer is cached like :func:`probe_ucx_transports`'s."""
+    UCX's own suggestion ("maybe: UCX_TLS?"), or None when UCX is not here: ``ucx_info -e -u t``
+    builds a UCP context with exactly these variables and prints its warnings (cached likewise)."""
     names = {k: v for k, v in variables.items() if k.startswith("UCX_") and k != "UCX_WARN_UNUSED_ENV_VARS"}
     if not names:
         return []
