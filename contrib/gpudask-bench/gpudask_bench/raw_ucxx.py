@@ -17,7 +17,7 @@ from typing import Any, Callable
 from gpudask.testing import processes
 from gpudask_bench.configs import Host, Options, base_env, has_module
 from gpudask_bench.measures import proto_info
-from gpudask_bench.report import brief, finish, size_label, timed_pair
+from gpudask_bench.report import brief, size_label, timed_pair
 from gpudask_bench.runner import Column
 
 NAME = "raw-ucxx"
@@ -144,12 +144,8 @@ class RawRunner(Column):
         finally:
             self.strays += self.peers.stop()
             self.keep_logs(self._logs())
-        finish(*self.figures.values())
-        if self.strays:
-            self.notes.append(f"processes that survived SIGKILL: {self.strays}")
         self.notes.append(_NOT_MEASURED)
-        self.result.update({"figures": self.figures, "notes": self.notes})
-        return self.result
+        return self.report()
 
     def _run(self) -> None:
         peers, notes = placement(self.host, self.opts)

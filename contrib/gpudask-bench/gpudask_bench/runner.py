@@ -41,6 +41,14 @@ class Column:
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
+    def report(self) -> dict[str, Any]:
+        """The result, with the figures (their best and median) and the notes."""
+        finish(*self.figures.values())
+        if self.strays:
+            self.notes.append(f"processes that survived SIGKILL: {self.strays}")
+        self.result.update({"figures": self.figures, "notes": self.notes})
+        return self.result
+
     def keep_logs(self, paths: list[str], *where: str) -> None:
         """Copy ``paths`` to ``log_dir/<column>/<where...>`` (with --log-dir only)."""
         if not self.log_dir:
@@ -131,14 +139,10 @@ class Runner(Column):
                 self._spill()
             else:
                 self.notes.append("no spill figure: it needs CuPy arrays on a GPU")
-        finish(*self.figures.values())  # ready_s among them
-        self.result["figures"] = self.figures
-        self.result["notes"] = self.notes
+        result = self.report()
         if self.opts.profile:
-            self.result["profile"] = summarize_profiles(self.profiles)
-        if self.strays:
-            self.notes.append(f"processes that survived SIGKILL: {self.strays}")
-        return self.result
+            result["profile"] = summarize_profiles(self.profiles)
+        return result
 
     def _launch(self, i: int | str, spill: bool = False) -> Cluster | None:
         """Launch ``i`` (a number, or ``"spill"`` for the spill launch); None when it failed (noted)."""
