@@ -32,17 +32,6 @@ def skip_reason() -> str | None:
     return None if has_module("ucxx") else "ucxx (distributed-ucxx) is not installed"
 
 
-def _interface_ip(interface: str) -> str | None:
-    import socket
-
-    import psutil
-
-    for addr in psutil.net_if_addrs().get(interface, []):
-        if addr.family == socket.AF_INET:
-            return str(addr.address)
-    return None
-
-
 def _ucxx_options(config: dict[str, Any], env: dict[str, str]) -> tuple[dict[str, str], str | None]:
     """The ``UCX_*`` variables distributed-ucxx would pass to ``ucxx.init`` in a worker with this
     dask config, less those ``env`` already sets (the environment wins there too), and why they
@@ -95,9 +84,9 @@ def placement(host: Host, opts: Options) -> tuple[list[dict[str, Any]], list[str
         # the plan binds CPUs and picks an interface only on a real host (not a described one)
         real = not plan.facts.described
         cpus = wp.cpu_affinity if real else None
-        ip = _interface_ip(wp.interface) if (real and wp.interface) else None
+        ips = plan.facts.net_interfaces.get(wp.interface, []) if (real and wp.interface) else []
         peers.append({"worker": wp.index, "env": env, "plan_env": added, "cpus": cpus,
-                      "interface": wp.interface, "host": ip or get_ip()})
+                      "interface": wp.interface, "host": ips[0] if ips else get_ip()})
     return peers, notes
 
 
