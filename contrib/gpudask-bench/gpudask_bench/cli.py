@@ -24,8 +24,8 @@ from gpudask.testing import processes
 from gpudask_bench import raw_ucxx
 from gpudask_bench.configs import (CONFIGS, FULL_SIZES, SMALL_SIZES, Host, Options, Spec, build_spec, detect_host,
                                    parse_config_env, versions)
-from gpudask_bench.report import add_ratios, add_raw_shares, finish, render_table
-from gpudask_bench.runner import Interrupted, Runner
+from gpudask_bench.report import add_ratios, add_raw_shares, render_table
+from gpudask_bench.runner import Column, Interrupted, Runner
 
 
 def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float | None, log_dir: str | None,
@@ -77,7 +77,7 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
                 results.append(_skipped(name, "time box: --max-seconds spent before this configuration"))
                 echo(f"[{name}] skipped: time box")
                 continue
-            runner: Runner | raw_ucxx.RawRunner
+            runner: Column
             if spec is None:
                 # placed like the gpudask workers; compared with them when they ran before it
                 gpudask = next((r for r in results if r["name"] == "gpudask" and r.get("status") != "skipped"), None)
@@ -87,9 +87,8 @@ def run_bench(configs: list[str], opts: Options, host: Host, max_seconds: float 
             try:
                 results.append(runner.run())
             except Interrupted:
-                runner.result.update({"status": "interrupted", "figures": runner.figures, "notes": runner.notes})
-                finish(*runner.figures.values())
-                results.append(runner.result)
+                runner.result["status"] = "interrupted"
+                results.append(runner.report())
                 results += [_skipped(rest, "interrupted") for rest, _, _ in todo]
                 raise
     except Interrupted:

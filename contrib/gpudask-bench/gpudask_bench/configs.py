@@ -51,11 +51,8 @@ class Options:
     spill_limit: int = 0
     # the environment the bench was started with, before it changed its own: the clusters get this
     user_env: dict[str, str] | None = None
-    # in-worker pulls per size, after the warm-ups (the median of these is the pull figure)
     pulls: int = 20
-    # --config-env: {configuration: more environment for its processes (scheduler and workers)}
     config_env: dict[str, dict[str, str]] = field(default_factory=dict)
-    # --no-workloads: ready time (and the spill launch) only
     workloads: bool = True
 
 

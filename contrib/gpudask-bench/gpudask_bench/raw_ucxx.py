@@ -17,8 +17,8 @@ from typing import Any, Callable
 from gpudask.testing import processes
 from gpudask_bench.configs import Host, Options, base_env, has_module
 from gpudask_bench.measures import proto_info
-from gpudask_bench.report import brief, finish, size_label, timed_pair
-from gpudask_bench.runner import keep_logs
+from gpudask_bench.report import brief, size_label, timed_pair
+from gpudask_bench.runner import Column
 
 NAME = "raw-ucxx"
 # run by path through runpy: ``python .../ucxx_peer.py`` would put gpudask_bench/ first on
@@ -30,17 +30,6 @@ _NOT_MEASURED = ("ready, (x + x.T).sum() and GPU memory outside workers are not 
 
 def skip_reason() -> str | None:
     return None if has_module("ucxx") else "ucxx (distributed-ucxx) is not installed"
-
-
-def _interface_ip(interface: str) -> str | None:
-    import socket
-
-    import psutil
-
-    for addr in psutil.net_if_addrs().get(interface, []):
-        if addr.family == socket.AF_INET:
-            return str(addr.address)
-    return None
 
 
 def _ucxx_options(config: dict[str, Any], env: dict[str, str]) -> tuple[dict[str, str], str | None]:
@@ -95,9 +84,9 @@ def placement(host: Host, opts: Options) -> tuple[list[dict[str, Any]], list[str
         # the plan binds CPUs and picks an interface only on a real host (not a described one)
         real = not plan.facts.described
         cpus = wp.cpu_affinity if real else None
-        ip = _interface_ip(wp.interface) if (real and wp.interface) else None
+        ips = plan.facts.net_interfaces.get(wp.interface, []) if (real and wp.interface) else []
         peers.append({"worker": wp.index, "env": env, "plan_env": added, "cpus": cpus,
-                      "interface": wp.interface, "host": ip or get_ip()})
+                      "interface": wp.interface, "host": ips[0] if ips else get_ip()})
     return peers, notes
 
 
@@ -118,20 +107,14 @@ def compare_with_gpudask(peers: list[dict[str, Any]], gpudask: dict[str, Any] | 
     return "UCX_TLS and CUDA_VISIBLE_DEVICES match the gpudask workers of this run"
 
 
-class RawRunner:
+class RawRunner(Column):
     """Runs the two peers once, within the column's share of the time box."""
 
     def __init__(self, host: Host, opts: Options, workdir: str, deadline: float, echo: Callable[[str], None],
                  log_dir: str | None = None, gpudask: dict[str, Any] | None = None):
-        self.host, self.opts, self.workdir, self.deadline = host, opts, workdir, deadline
-        self.echo, self.log_dir, self.gpudask = echo, log_dir, gpudask
-        self.figures: dict[str, dict[str, Any]] = {}
-        self.notes: list[str] = []
-        self.result: dict[str, Any] = {"name": NAME, "protocol": "ucx", "status": "ok"}
+        super().__init__(NAME, "ucx", host, opts, workdir, deadline, echo, log_dir)
+        self.gpudask = gpudask
         self.peers = processes.ProcessCluster(workdir, grace=1.0)  # logs: peer-a.log, peer-b.log
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
 
     def _argv(self, role: str, cpus: list[int] | None, *extra: str) -> list[str]:
         from gpudask_bench import ucxx_peer
@@ -148,11 +131,10 @@ class RawRunner:
             self.notes.append(f"{type(e).__name__}: {e}")
             self.echo(f"[{NAME}] failed: {type(e).__name__}: {e}")
         finally:
-            self._stop()
-        finish(*self.figures.values())
+            self.strays += self.peers.stop()
+            self.keep_logs(self._logs())
         self.notes.append(_NOT_MEASURED)
-        self.result.update({"figures": self.figures, "notes": self.notes})
-        return self.result
+        return self.report()
 
     def _run(self) -> None:
         peers, notes = placement(self.host, self.opts)
@@ -227,9 +209,3 @@ class RawRunner:
     def _log_tail(self, lines: int = 8) -> str:
         return "; ".join(f"{label}.log: " + " | ".join(self.peers.log(label).splitlines()[-lines:])
                          for label in self.peers.logs)
-
-    def _stop(self) -> None:
-        survivors = self.peers.stop()
-        if survivors:
-            self.notes.append(f"processes that survived SIGKILL: {survivors}")
-        keep_logs(self.log_dir, self._logs(), NAME)

@@ -26,36 +26,51 @@ class Interrupted(BaseException):
     ``Exception`` (as KeyboardInterrupt), so that no ``except Exception`` takes it for a failure."""
 
 
-def keep_logs(log_dir: str | None, paths: list[str], *where: str) -> None:
-    """Copy ``paths`` to ``log_dir/<where...>`` (with --log-dir only)."""
-    if not log_dir:
-        return
-    dest = os.path.join(log_dir, *where)
-    os.makedirs(dest, exist_ok=True)
-    for path in paths:
-        if os.path.exists(path):
-            shutil.copy(path, dest)
+class Column:
+    """What every column keeps, measured within its share of the time box: figures, notes, result."""
 
-
-class Runner:
-    def __init__(self, spec: Spec, host: Host, opts: Options, workdir: str, deadline: float,
-                 echo: Callable[[str], None], log_dir: str | None = None):
-        self.spec, self.host, self.opts, self.workdir = spec, host, opts, workdir
+    def __init__(self, name: str, protocol: str, host: Host, opts: Options, workdir: str, deadline: float,
+                 echo: Callable[[str], None], log_dir: str | None):
+        self.name, self.host, self.opts, self.workdir = name, host, opts, workdir
         self.log_dir, self.deadline, self.echo = log_dir, deadline, echo
         self.figures: dict[str, dict[str, Any]] = {}
-        self.notes: list[str] = list(spec.notes)
-        self.result: dict[str, Any] = {"name": spec.name, "protocol": spec.protocol, "status": "ok",
-                                       "commands": {"scheduler": argv_text(spec.scheduler_argv),
-                                                    "workers": [argv_text(a) for a, _ in spec.workers]},
-                                       "env": {"scheduler": spec.scheduler_env,
-                                               "workers": [e for _, e in spec.workers]}}
-        self.launches = 0
-        self.profiles: list[dict[str, Any]] = []
-        self.strays: list[int] = []
+        self.notes: list[str] = []
+        self.result: dict[str, Any] = {"name": name, "protocol": protocol, "status": "ok"}
+        self.strays: list[int] = []  # pids that survived SIGKILL
 
-    # -- time box ----------------------------------------------------------------------
     def left(self) -> float:
         return self.deadline - time.perf_counter()
+
+    def report(self) -> dict[str, Any]:
+        """The result, with the figures (their best and median) and the notes."""
+        finish(*self.figures.values())
+        if self.strays:
+            self.notes.append(f"processes that survived SIGKILL: {self.strays}")
+        self.result.update({"figures": self.figures, "notes": self.notes})
+        return self.result
+
+    def keep_logs(self, paths: list[str], *where: str) -> None:
+        """Copy ``paths`` to ``log_dir/<column>/<where...>`` (with --log-dir only)."""
+        if not self.log_dir:
+            return
+        dest = os.path.join(self.log_dir, self.name, *where)
+        os.makedirs(dest, exist_ok=True)
+        for path in paths:
+            if os.path.exists(path):
+                shutil.copy(path, dest)
+
+
+class Runner(Column):
+    def __init__(self, spec: Spec, host: Host, opts: Options, workdir: str, deadline: float,
+                 echo: Callable[[str], None], log_dir: str | None = None):
+        super().__init__(spec.name, spec.protocol, host, opts, workdir, deadline, echo, log_dir)
+        self.spec = spec
+        self.notes += spec.notes
+        self.result["commands"] = {"scheduler": argv_text(spec.scheduler_argv),
+                                   "workers": [argv_text(a) for a, _ in spec.workers]}
+        self.result["env"] = {"scheduler": spec.scheduler_env, "workers": [e for _, e in spec.workers]}
+        self.launches = 0
+        self.profiles: list[dict[str, Any]] = []
 
     def timeout(self, at_least: float) -> float:
         return min(600.0, max(at_least, self.left() + 10.0))
@@ -63,7 +78,7 @@ class Runner:
     def _failed(self, what: str, e: Exception) -> None:
         self.result["status"] = "partial"
         self.notes.append(f"{what} failed: {type(e).__name__}: {e}")
-        self.echo(f"[{self.spec.name}] {what} failed: {type(e).__name__}: {e}")
+        self.echo(f"[{self.name}] {what} failed: {type(e).__name__}: {e}")
 
     def _loop(self, fig: dict[str, Any], run: Callable[[], float | None], estimate: float = 0.0) -> None:
         """Warm-up (unless --quick) then --repeat runs, each only if time is left."""
@@ -96,7 +111,7 @@ class Runner:
             try:
                 warm = i == 0 and not self.opts.quick
                 (ready["warmup"] if warm else ready["runs"]).append(cluster.ready_s)
-                self.echo(f"[{self.spec.name}] launch {i + 1}: ready in {cluster.ready_s:.2f} s"
+                self.echo(f"[{self.name}] launch {i + 1}: ready in {cluster.ready_s:.2f} s"
                           + (" (warm-up)" if warm else ""))
                 if self.opts.profile:
                     try:
@@ -116,29 +131,25 @@ class Runner:
             finally:
                 t_stop = time.perf_counter()
                 self._stop(cluster, i)
-                self.echo(f"[{self.spec.name}] teardown {time.perf_counter() - t_stop:.1f} s")
+                self.echo(f"[{self.name}] teardown {time.perf_counter() - t_stop:.1f} s")
             if last:
                 break
-        if self.spec.name in SPILLING and self.opts.spill_limit and self.launches:
+        if self.name in SPILLING and self.opts.spill_limit and self.launches:
             if self.host.backend == "cupy":
                 self._spill()
             else:
                 self.notes.append("no spill figure: it needs CuPy arrays on a GPU")
-        finish(*self.figures.values())  # ready_s among them
-        self.result["figures"] = self.figures
-        self.result["notes"] = self.notes
+        result = self.report()
         if self.opts.profile:
-            self.result["profile"] = summarize_profiles(self.profiles)
-        if self.strays:
-            self.notes.append(f"processes that survived SIGKILL: {self.strays}")
-        return self.result
+            result["profile"] = summarize_profiles(self.profiles)
+        return result
 
     def _launch(self, i: int | str, spill: bool = False) -> Cluster | None:
         """Launch ``i`` (a number, or ``"spill"`` for the spill launch); None when it failed (noted)."""
         workdir = os.path.join(self.workdir, f"launch-{i}")
         os.makedirs(workdir, exist_ok=True)
         # the scheduler file and local directory are per launch: rebuild the commands
-        spec = build_spec(self.spec.name, self.host, self.opts, os.path.join(workdir, "scheduler.json"),
+        spec = build_spec(self.name, self.host, self.opts, os.path.join(workdir, "scheduler.json"),
                           os.path.join(workdir, "local"), spill=spill)
         assert isinstance(spec, Spec)
         cluster = Cluster(spec, self.host, self.opts, workdir)
@@ -154,13 +165,13 @@ class Runner:
             label = f"launch {i + 1}" if isinstance(i, int) else f"the {i} launch"
             self.notes.append(f"{label} failed: {type(e).__name__}: {e}")
             self.result["log_tail"] = cluster.log_tail()
-            self.echo(f"[{self.spec.name}] {label} failed: {e}\n{cluster.log_tail()}")
+            self.echo(f"[{self.name}] {label} failed: {e}\n{cluster.log_tail()}")
             return None
 
     def _stop(self, cluster: Cluster, i: int | str) -> None:
         """Stop launch ``i``'s processes; keep its logs in --log-dir."""
         self.strays += cluster.stop()
-        keep_logs(self.log_dir, cluster.logs(), self.spec.name, f"launch-{i}")
+        self.keep_logs(cluster.logs(), f"launch-{i}")
 
     def _spill(self) -> None:
         """The spill launch (:func:`gpudask_bench.spill.spill_figure`), ``--repeat`` times after a
@@ -212,7 +223,7 @@ class Runner:
             steps += [(f"pull {size_label(n)}", functools.partial(self._pull, cluster, n)) for n in sizes]
             steps += [(f"transfer {size_label(n)}", functools.partial(self._transfer, cluster, n)) for n in sizes]
         steps.append((f"transpose-sum {side}^2", lambda: self._transpose_sum(cluster, side, chunk)))
-        if self.spec.name in ("gpudask", "dask-cuda") and self.host.backend == "cupy":
+        if self.name in ("gpudask", "dask-cuda") and self.host.backend == "cupy":
             steps.append(("dask-cuda local_cupy", lambda: self._dc_local_cupy(cluster)))
         for i, (label, step) in enumerate(steps):
             try:
@@ -221,7 +232,7 @@ class Runner:
             except TimeBox:
                 skipped = ", ".join(s for s, _ in steps[i:])
                 self.notes.append(f"time box: skipped {skipped}")
-                self.echo(f"[{self.spec.name}] time box: skipped {skipped}")
+                self.echo(f"[{self.name}] time box: skipped {skipped}")
                 break
             except Exception as e:
                 self._failed(label, e)
@@ -246,7 +257,7 @@ class Runner:
         info = cluster.client.run(remote.detached(remote.worker_info))
         self.result["transports"] = info
         loaded = [a for a, i in info.items() if i.get("gpudask_loaded")]
-        if self.spec.name != "gpudask" and loaded:
+        if self.name != "gpudask" and loaded:
             self.notes.append(f"gpudask was imported in stock workers {loaded}: results are not stock")
 
     def _pull(self, cluster: Cluster, nbytes: int) -> None:
@@ -267,7 +278,7 @@ class Runner:
             del src
         for fig, values in ((t_fig, times), (bw_fig, [nbytes / t / 1e9 for t in times])):
             fig["warmup"], fig["runs"] = values[:warm], values[warm:]
-        self.echo(f"[{self.spec.name}] pull {label}: {brief(t_fig, 's')}, {brief(bw_fig, 'GB/s')}")
+        self.echo(f"[{self.name}] pull {label}: {brief(t_fig, 's')}, {brief(bw_fig, 'GB/s')}")
 
     def _source(self, cluster: Cluster, nbytes: int, seed: int, key: str, timeout: float) -> Any:
         """An array of ``nbytes`` made on the first worker, once it is there."""
@@ -310,7 +321,7 @@ class Runner:
             bw_fig["note"] = ("bytes over the duration distributed logs in transfer_incoming_log, which is not the "
                               "transfer's own time (it spans gather_dep's whole request); the pull rows time the "
                               "transfer itself")
-        self.echo(f"[{self.spec.name}] transfer {label}: {brief(t_fig, 's')}, {brief(bw_fig, 'GB/s')}")
+        self.echo(f"[{self.name}] transfer {label}: {brief(t_fig, 's')}, {brief(bw_fig, 'GB/s')}")
 
     def _dc_local_cupy(self, cluster: Cluster) -> None:
         """dask-cuda's own benchmark, a client gpudask did not write, against this cluster."""
@@ -331,14 +342,14 @@ class Runner:
             cluster.client.wait_for_workers(self.opts.nworkers, timeout=self.timeout(30.0))
             log = os.path.join(self.workdir, f"local_cupy-{op}.txt")
             out = dc.run(cluster.sched_file, self.spec.protocol, op, size, chunk, runs, self.timeout(60.0), log=log)
-            keep_logs(self.log_dir, [log], self.spec.name)
+            self.keep_logs([log])
             fig["runs"] = out["runs"]
             if out.get("error"):
                 fig["note"] = f"local_cupy {op} failed: {out['error']}"
             elif out["p2p"]:
                 fig["note"] = f"local_cupy's p2p 25/50/75%: {'; '.join(out['p2p'])}"
             finish(fig)
-            self.echo(f"[{self.spec.name}] dask-cuda local_cupy {op}: {brief(fig, 's')}"
+            self.echo(f"[{self.name}] dask-cuda local_cupy {op}: {brief(fig, 's')}"
                       + (f" ({out['error']})" if out.get("error") else ""))
             self.notes.append(f"local_cupy {op}: -p {self.spec.protocol} -t gpu -s {size} -c {chunk} "
                               f"--runs {runs} --disable-rmm (each side keeps its own memory "
@@ -374,4 +385,4 @@ class Runner:
             self._loop(fig, once, estimate=1.0)
         finally:
             del x
-        self.echo(f"[{self.spec.name}] transpose-sum: {brief(fig, 's')}")
+        self.echo(f"[{self.name}] transpose-sum: {brief(fig, 's')}")

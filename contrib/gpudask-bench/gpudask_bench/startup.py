@@ -18,7 +18,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,52 +43,30 @@ def _launch(preload: bool, nworkers: int, env: dict[str, str], timeout: float, s
     0.1 s, which would round each launch up); the client's time only if the log says nothing.
     ``scheduler_first``: the worker command is launched once the scheduler has written its file,
     and timed from its own launch (nothing of its start overlaps the scheduler's)."""
-    from distributed import Client
+    from gpudask.testing.processes import ProcessCluster, wait_for_scheduler_file
 
     extra = ["--preload", "gpudask"] if preload else []
     with tempfile.TemporaryDirectory(prefix="gpudask-startup-") as d:
-        sched_file = os.path.join(d, "scheduler.json")
-        log_path = os.path.join(d, "scheduler.log")
-        common = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env, "cwd": d}
+        cluster = ProcessCluster(d, env=env, grace=20.0)
+        sched_file = cluster.scheduler_file
         wall0, t0 = time.time(), time.perf_counter()
-        with open(log_path, "w") as log:
-            procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                                       "--port", "0", "--no-dashboard", "--scheduler-file", sched_file, *extra],
-                                      start_new_session=True, **{**common, "stderr": log})]  # type: ignore[call-overload]
-        if scheduler_first:
-            _wait_for(sched_file, t0, timeout)
-            wall0, t0 = time.time(), time.perf_counter()
-        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
-                                       sched_file, "--nworkers", str(nworkers), "--nthreads", "1",
-                                       "--no-dashboard", *extra],
-                                      start_new_session=True, **common))  # type: ignore[call-overload]
         try:
-            _wait_for(sched_file, t0, timeout)
-            with Client(scheduler_file=sched_file, timeout=timeout) as client:
+            cluster.spawn("scheduler", [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                        "--port", "0", "--no-dashboard", "--scheduler-file", sched_file, *extra])
+            if scheduler_first:
+                wait_for_scheduler_file(sched_file, cluster.procs, timeout)
+                wall0, t0 = time.time(), time.perf_counter()
+            cluster.spawn("workers", [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                                      sched_file, "--nworkers", str(nworkers), "--nthreads", "1", "--no-dashboard",
+                                      *extra])
+            wait_for_scheduler_file(sched_file, cluster.procs, timeout)
+            with cluster.client(timeout) as client:
                 client.wait_for_workers(nworkers, timeout=timeout)
                 seen = time.perf_counter() - t0
-            with open(log_path) as log:
-                registered = last_registration(log.read(), nworkers)
+            registered = last_registration(cluster.log("scheduler"), nworkers)
             return seen if registered is None else registered - wall0
         finally:
-            for p in reversed(procs):
-                try:
-                    os.killpg(p.pid, 15)
-                except ProcessLookupError:
-                    pass
-            for p in reversed(procs):
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, 9)
-                    p.wait()
-
-
-def _wait_for(sched_file: str, t0: float, timeout: float) -> None:
-    while not os.path.exists(sched_file):
-        if time.perf_counter() - t0 > timeout:
-            raise TimeoutError("the scheduler wrote no scheduler file")
-        time.sleep(0.01)
+            cluster.stop()
 
 
 def spread(values: list[float]) -> dict[str, float]:

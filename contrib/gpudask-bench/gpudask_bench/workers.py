@@ -7,15 +7,13 @@ from typing import Callable
 
 
 def make_array(nbytes, backend, seed):
+    import importlib
+
+    xp = importlib.import_module(backend)  # numpy or cupy
+    x = xp.random.default_rng(seed).random(nbytes // 8)
     if backend == "cupy":
-        import cupy
-
-        x = cupy.random.default_rng(seed).random(nbytes // 8)
-        cupy.cuda.get_current_stream().synchronize()
-        return x
-    import numpy
-
-    return numpy.random.default_rng(seed).random(nbytes // 8)
+        xp.cuda.get_current_stream().synchronize()
+    return x
 
 
 def consume(x):
@@ -23,16 +21,12 @@ def consume(x):
 
 
 def random_block(block, backend, block_info=None):
+    import importlib
+
     seed = 0
     if block_info is not None:
         seed = hash(tuple(block_info[0]["chunk-location"])) & 0xFFFFFFFF
-    if backend == "cupy":
-        import cupy
-
-        return cupy.random.default_rng(seed).random(block.shape)
-    import numpy
-
-    return numpy.random.default_rng(seed).random(block.shape)
+    return importlib.import_module(backend).random.default_rng(seed).random(block.shape)
 
 
 def to_float(x):
